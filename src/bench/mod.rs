@@ -1,0 +1,205 @@
+//! `tpsgate bench`: an active sweep client for OpenAI- and Anthropic-compatible servers.
+//!
+//! Closed loop ([`closed_loop`]) keeps `c` streaming requests in flight and reports, per level,
+//! TTFT and per-user TPS quantiles and system TPS. So that each level describes a steady state,
+//! not a burst:
+//! - each worker's first request is warm-up and not measured; worker `i` of `c` asks in it for
+//!   `i / c` of the output length, which spreads the workers' phases evenly over one request's
+//!   lifetime at this very concurrency, so arrivals do not pile up in synchronised waves (with
+//!   equal requests a burst start would repeat itself forever);
+//! - workers keep the load on (unmeasured) until the last measured request ends, so every
+//!   measured request ran at the stated concurrency.
+//!
+//! Open loop ([`open_loop`]) sends Poisson arrivals at a rate for a bounded time and scores each
+//! request against an SLO: attainment is the share of requests that met both targets, goodput
+//! the number of such requests per second of wall time (first arrival to last completion).
+//! Per-request definitions are in [`client`].
+
+pub mod client;
+pub mod stats;
+
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+pub use client::{BenchDialect, HttpClient, RequestSpec, Sample, http_client};
+pub use stats::{LevelReport, Slo};
+
+/// Runs one request with a time limit.
+async fn timed(client: &HttpClient, spec: &RequestSpec, limit: Duration) -> Sample {
+    match tokio::time::timeout(limit, client::run_one(client, spec)).await {
+        Ok(sample) => sample,
+        Err(_) => Sample {
+            error: Some(format!(
+                "no complete response within {}s",
+                limit.as_secs_f64()
+            )),
+            ..Sample::default()
+        },
+    }
+}
+
+/// Measures `requests` requests at a steady `concurrency` (see the module docs).
+pub async fn closed_loop(
+    client: &HttpClient,
+    spec: &RequestSpec,
+    concurrency: usize,
+    requests: usize,
+    limit: Duration,
+    progress: &ProgressBar,
+) -> LevelReport {
+    let concurrency = concurrency.max(1);
+    let tickets = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (done_tx, done_rx) = watch::channel(requests == 0);
+    let done_tx = std::sync::Arc::new(done_tx);
+    let mut workers = JoinSet::new();
+    for i in 0..concurrency {
+        let (client, spec, progress) = (client.clone(), spec.clone(), progress.clone());
+        let (tickets, finished, done_tx) = (tickets.clone(), finished.clone(), done_tx.clone());
+        let mut done = done_rx.clone();
+        workers.spawn(async move {
+            use std::sync::atomic::Ordering::SeqCst;
+            let mut mine = Vec::new();
+            let phase = (u64::from(spec.max_tokens) * i as u64 / concurrency as u64).max(1);
+            let mut warm_up = Some(spec.with_max_tokens(u32::try_from(phase).unwrap_or(1)));
+            loop {
+                if let Some(first) = warm_up.take() {
+                    tokio::select! {
+                        _ = timed(&client, &first, limit) => {}
+                        _ = done.wait_for(|d| *d) => break,
+                    }
+                    continue;
+                }
+                let measured = tickets.fetch_add(1, SeqCst) < requests;
+                if measured {
+                    mine.push(timed(&client, &spec, limit).await);
+                    progress.inc(1);
+                    if finished.fetch_add(1, SeqCst) + 1 == requests {
+                        let _ = done_tx.send(true);
+                    }
+                } else {
+                    if *done.borrow() {
+                        break;
+                    }
+                    // Filler load: dropped (the request cancelled) once the level is measured.
+                    tokio::select! {
+                        _ = timed(&client, &spec, limit) => {}
+                        _ = done.wait_for(|d| *d) => break,
+                    }
+                }
+            }
+            mine
+        });
+    }
+    let samples: Vec<Sample> = workers.join_all().await.into_iter().flatten().collect();
+    // Little's law on a closed loop: c requests always in flight, each yielding tokens/total.
+    let ok = samples.iter().filter(|s| s.error.is_none());
+    let tokens: f64 = ok.clone().map(|s| f64::from(s.output_tokens)).sum();
+    let time: f64 = ok.map(|s| s.total).sum();
+    let system_tps = if time > 0.0 {
+        concurrency as f64 * tokens / time
+    } else {
+        0.0
+    };
+    LevelReport {
+        concurrency: Some(concurrency),
+        ..LevelReport::from_samples(&samples, system_tps)
+    }
+}
+
+/// Sends Poisson arrivals at `rate` per second for `duration`, then waits for them all.
+pub async fn open_loop(
+    client: &HttpClient,
+    spec: &RequestSpec,
+    rate: f64,
+    duration: Duration,
+    slo: Option<Slo>,
+    limit: Duration,
+    progress: &ProgressBar,
+) -> LevelReport {
+    let mut rng = SmallRng::from_os_rng();
+    let start = Instant::now();
+    let mut at = 0.0;
+    let mut inflight = JoinSet::new();
+    loop {
+        // Exponential gaps: -ln(U) / rate, with U in (0, 1].
+        at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
+        if at > duration.as_secs_f64() {
+            break;
+        }
+        tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
+        let (client, spec, progress) = (client.clone(), spec.clone(), progress.clone());
+        inflight.spawn(async move {
+            let sample = timed(&client, &spec, limit).await;
+            progress.inc(1);
+            sample
+        });
+    }
+    let samples = inflight.join_all().await;
+    let wall = (Instant::now() - start).as_secs_f64().max(1e-9);
+    let tokens: f64 = samples
+        .iter()
+        .filter(|s| s.error.is_none())
+        .map(|s| f64::from(s.output_tokens))
+        .sum();
+    let mut report = LevelReport::from_samples(&samples, tokens / wall);
+    report.rate_rps = Some(rate);
+    if let Some(slo) = slo {
+        let good = samples.iter().filter(|s| slo.met(s)).count();
+        report.slo = Some(slo);
+        report.slo_attainment = Some(if samples.is_empty() {
+            0.0
+        } else {
+            good as f64 / samples.len() as f64
+        });
+        report.goodput_rps = Some(good as f64 / wall);
+    }
+    report
+}
+
+/// A progress bar on stderr (hidden when stderr is not a terminal).
+pub fn progress_bar(len: u64, label: String) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(label);
+    bar
+}
+
+/// The human table's header line.
+pub const TABLE_HEADER: &str = "level        reqs  err  ttft_p50  ttft_p90  ttft_p99 | tps_p10  tps_p50  tps_p90 | sys_tps  gap_p99   slo_ok  goodput";
+
+/// One row of the human table.
+pub fn table_row(r: &LevelReport) -> String {
+    let level = match (r.concurrency, r.rate_rps) {
+        (Some(c), _) => format!("c={c}"),
+        (None, Some(rate)) => format!("{rate}/s"),
+        (None, None) => "-".to_owned(),
+    };
+    let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |s| format!("{:.1}ms", s * 1e3));
+    let num = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"));
+    let pct = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0));
+    format!(
+        "{level:<12} {:>4} {:>4} {:>9} {:>9} {:>9} | {:>7} {:>8} {:>8} | {:>7.1} {:>8} {:>8} {:>8}",
+        r.requests,
+        r.errors,
+        ms(r.ttft_p50_s),
+        ms(r.ttft_p90_s),
+        ms(r.ttft_p99_s),
+        num(r.per_user_tps_p10),
+        num(r.per_user_tps_p50),
+        num(r.per_user_tps_p90),
+        r.system_tps,
+        ms(r.chunk_gap_p99_s),
+        pct(r.slo_attainment),
+        num(r.goodput_rps),
+    )
+}

@@ -1,0 +1,149 @@
+//! Summaries of a set of samples: quantiles, per-level report rows, SLO attainment.
+
+use serde::Serialize;
+
+use super::client::Sample;
+
+/// The `q` quantile (0..=1) of `values`, linearly interpolated between order statistics (numpy's
+/// default). `None` when there are no values.
+pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let pos = q.clamp(0.0, 1.0) * (values.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    Some(values[lo] + (values[hi] - values[lo]) * (pos - lo as f64))
+}
+
+/// An SLO a request must meet to count as good.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Slo {
+    /// Largest acceptable TTFT, seconds.
+    pub ttft_s: f64,
+    /// Smallest acceptable per-user TPS.
+    pub tps: f64,
+}
+
+impl Slo {
+    /// Whether a sample met both targets.
+    pub fn met(&self, s: &Sample) -> bool {
+        s.error.is_none()
+            && s.ttft.is_some_and(|t| t <= self.ttft_s)
+            && s.per_user_tps().is_some_and(|tps| tps >= self.tps)
+    }
+}
+
+/// One line of bench output: a concurrency level (closed loop) or an arrival rate (open loop).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LevelReport {
+    /// Requests kept in flight (closed loop); absent in open loop.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<usize>,
+    /// Poisson arrival rate, requests per second (open loop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_rps: Option<f64>,
+    /// Measured requests.
+    pub requests: usize,
+    /// Of those, how many failed.
+    pub errors: usize,
+    /// TTFT quantiles, seconds.
+    pub ttft_p50_s: Option<f64>,
+    /// See `ttft_p50_s`.
+    pub ttft_p90_s: Option<f64>,
+    /// See `ttft_p50_s`.
+    pub ttft_p99_s: Option<f64>,
+    /// Per-user TPS quantiles (p10 is the slow tail).
+    pub per_user_tps_p10: Option<f64>,
+    /// See `per_user_tps_p10`.
+    pub per_user_tps_p50: Option<f64>,
+    /// See `per_user_tps_p10`.
+    pub per_user_tps_p90: Option<f64>,
+    /// Output tokens per second across all requests in flight.
+    pub system_tps: f64,
+    /// 99th percentile of gaps between content events, seconds.
+    pub chunk_gap_p99_s: Option<f64>,
+    /// Requests whose token count was estimated (the stream carried no usage).
+    pub estimated: usize,
+    /// Open loop: the SLO requests were scored against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo: Option<Slo>,
+    /// Open loop: share of measured requests that met the SLO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_attainment: Option<f64>,
+    /// Open loop: requests per second that met the SLO.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput_rps: Option<f64>,
+    /// The first error seen, to say what went wrong.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+}
+
+impl LevelReport {
+    /// Summarises `samples`; `system_tps` is computed by the caller, who knows the load shape.
+    pub fn from_samples(samples: &[Sample], system_tps: f64) -> Self {
+        let ok = || samples.iter().filter(|s| s.error.is_none());
+        let mut ttft: Vec<f64> = ok().filter_map(|s| s.ttft).collect();
+        let mut tps: Vec<f64> = ok().filter_map(Sample::per_user_tps).collect();
+        let mut gaps: Vec<f64> = ok().flat_map(|s| s.gaps.iter().copied()).collect();
+        Self {
+            concurrency: None,
+            rate_rps: None,
+            requests: samples.len(),
+            errors: samples.iter().filter(|s| s.error.is_some()).count(),
+            ttft_p50_s: quantile(&mut ttft, 0.5),
+            ttft_p90_s: quantile(&mut ttft, 0.9),
+            ttft_p99_s: quantile(&mut ttft, 0.99),
+            per_user_tps_p10: quantile(&mut tps, 0.1),
+            per_user_tps_p50: quantile(&mut tps, 0.5),
+            per_user_tps_p90: quantile(&mut tps, 0.9),
+            system_tps,
+            chunk_gap_p99_s: quantile(&mut gaps, 0.99),
+            estimated: ok().filter(|s| s.estimated).count(),
+            slo: None,
+            slo_attainment: None,
+            goodput_rps: None,
+            first_error: samples.iter().find_map(|s| s.error.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_interpolate_between_order_statistics() {
+        let mut v = vec![4.0, 1.0, 3.0, 2.0];
+        assert_eq!(quantile(&mut v, 0.5), Some(2.5));
+        assert_eq!(quantile(&mut v, 0.0), Some(1.0));
+        assert_eq!(quantile(&mut v, 1.0), Some(4.0));
+        assert_eq!(quantile(&mut [], 0.5), None);
+    }
+
+    #[test]
+    fn slo_needs_both_ttft_and_speed() {
+        let slo = Slo {
+            ttft_s: 1.0,
+            tps: 20.0,
+        };
+        let fast = Sample {
+            ttft: Some(0.5),
+            decode: 0.09,
+            output_tokens: 10,
+            ..Sample::default()
+        };
+        let slow_start = Sample {
+            ttft: Some(1.5),
+            ..fast.clone()
+        };
+        let slow_decode = Sample {
+            decode: 1.0,
+            ..fast.clone()
+        };
+        assert!(slo.met(&fast));
+        assert!(!slo.met(&slow_start));
+        assert!(!slo.met(&slow_decode));
+    }
+}

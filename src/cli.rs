@@ -1,0 +1,380 @@
+//! The command line: `tpsgate serve | check | sim | bench | demo`.
+//!
+//! Everything the binary prints to stdout goes through [`say`]; logs go to stderr via tracing.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use http::{HeaderName, HeaderValue};
+
+use crate::bench::{self, BenchDialect, LevelReport, RequestSpec, Slo};
+use crate::sim::config::{BackendRaw, EngineRaw, Mode, StreamRaw};
+use crate::sim::{Fleet, FleetRaw};
+use crate::yaml;
+
+/// tpsgate: an LLM gateway that measures per-user tokens per second and TTFT against
+/// concurrency, and routes by them.
+#[derive(Debug, Parser)]
+#[command(name = "tpsgate", version, about, long_about = None)]
+pub struct Cli {
+    /// Tokio worker threads (default: one per core).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway (not built yet).
+    Serve(ConfigArg),
+    /// Validate a gateway config and print a summary (not built yet).
+    Check(ConfigArg),
+    /// Serve simulated LLM backends (OpenAI and Anthropic APIs) with a known curve.
+    Sim(SimArgs),
+    /// Measure TTFT, per-user TPS and goodput of a server, closed or open loop.
+    Bench(BenchArgs),
+    /// Run simulated backends, the gateway, traffic and the dashboard (not built yet).
+    Demo,
+}
+
+/// `--config FILE`.
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// Gateway config file (YAML).
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+}
+
+/// `tpsgate sim` arguments: a fleet file, or one backend described by flags.
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Fleet file with several backends (e.g. config/sim-fleet.yaml).
+    #[arg(long, short, conflicts_with_all = ["listen", "name", "model"])]
+    pub config: Option<PathBuf>,
+    /// Address of the single backend (without --config).
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    pub listen: String,
+    /// Name of the single backend.
+    #[arg(long, default_value = "sim")]
+    pub name: String,
+    /// Model the single backend serves (repeat for several).
+    #[arg(long = "model", default_value = "sim-model")]
+    pub model: Vec<String>,
+    /// Engine and stream settings for the single backend.
+    #[command(flatten)]
+    pub engine: EngineFlags,
+}
+
+/// Engine flags of `tpsgate sim`; unset flags keep the defaults of a large batching server.
+#[derive(Debug, Args)]
+#[group(conflicts_with = "config")]
+pub struct EngineFlags {
+    /// `batching` or `serial` [default: batching].
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+    /// Fixed part of a decode step, ms [default: 13.5].
+    #[arg(long)]
+    pub step_base_ms: Option<f64>,
+    /// Added to a step per running request, ms [default: 0.83].
+    #[arg(long)]
+    pub step_per_seq_ms: Option<f64>,
+    /// Most requests decoding at once [default: 64; 1 in serial mode].
+    #[arg(long)]
+    pub max_batch: Option<u32>,
+    /// Prefill speed, prompt tokens per second [default: 8000].
+    #[arg(long)]
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Per-token timing jitter, percent of a step (0-50) [default: 0].
+    #[arg(long)]
+    pub jitter_pct: Option<f64>,
+    /// Fixed delay before the engine sees a request, ms [default: 0].
+    #[arg(long)]
+    pub extra_ttft_ms: Option<f64>,
+    /// Output length when a request names no max_tokens [default: 256].
+    #[arg(long)]
+    pub default_max_tokens: Option<u32>,
+    /// Tokens per SSE chunk [default: 1].
+    #[arg(long)]
+    pub tokens_per_chunk: Option<u32>,
+    /// Send usage on the finish chunk instead of a final usage-only chunk.
+    #[arg(long)]
+    pub usage_on_finish: bool,
+}
+
+/// `tpsgate bench` arguments.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Server root, e.g. http://127.0.0.1:8080 (bench appends /v1/...).
+    #[arg(long)]
+    pub url: String,
+    /// Model to ask for.
+    #[arg(long)]
+    pub model: String,
+    /// Closed loop: concurrency levels to sweep, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub concurrency: Vec<usize>,
+    /// Closed loop: measured requests per level (warm-up and filler requests come on top).
+    #[arg(long, default_value_t = 64)]
+    pub requests: usize,
+    /// Output tokens per request (max_tokens).
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: u32,
+    /// Prompt length in tokens (4 bytes of text each).
+    #[arg(long, default_value_t = 64)]
+    pub prompt_tokens: u32,
+    /// API dialect.
+    #[arg(long, value_enum, default_value = "openai")]
+    pub dialect: BenchDialect,
+    /// Open loop: Poisson arrival rates, requests per second, comma-separated (replaces the
+    /// closed loop).
+    #[arg(long, value_delimiter = ',')]
+    pub rate: Vec<f64>,
+    /// Open loop: how long arrivals go on at each rate, seconds.
+    #[arg(long, default_value_t = 30.0)]
+    pub duration: f64,
+    /// Open loop SLO: largest acceptable TTFT, ms (with --slo-tps).
+    #[arg(long, requires = "slo_tps")]
+    pub slo_ttft_ms: Option<f64>,
+    /// Open loop SLO: smallest acceptable per-user tokens per second (with --slo-ttft-ms).
+    #[arg(long, requires = "slo_ttft_ms")]
+    pub slo_tps: Option<f64>,
+    /// Extra request header, `Name: value` (repeatable).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// API key: sent as `Authorization: Bearer` (openai) or `x-api-key` (anthropic).
+    #[arg(long, env = "TPSGATE_BENCH_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Give up on a request after this many seconds.
+    #[arg(long, default_value_t = 300.0)]
+    pub timeout: f64,
+    /// Print one JSON object per level instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Prints one line to stdout: the only place the binary writes there.
+#[expect(clippy::print_stdout, reason = "the CLI's one output channel")]
+pub fn say(line: &str) {
+    println!("{line}");
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> ExitCode {
+    init_tracing();
+    let threads = cli.threads;
+    match cli.command {
+        Command::Serve(_) => not_built("serve", "the proxy core issue"),
+        Command::Check(_) => not_built("check", "the proxy core issue"),
+        Command::Demo => not_built("demo", "the ecosystem issue"),
+        Command::Sim(args) => block_on(threads, sim(args)),
+        Command::Bench(args) => block_on(threads, run_bench(args)),
+    }
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn not_built(command: &str, issue: &str) -> ExitCode {
+    eprintln!("tpsgate {command}: not built yet (arrives with {issue})");
+    ExitCode::from(2)
+}
+
+fn block_on(threads: Option<usize>, work: impl Future<Output = Result<(), String>>) -> ExitCode {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = threads {
+        builder.worker_threads(n.max(1));
+    }
+    let runtime = match builder.build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tpsgate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(work) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("tpsgate: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+// === sim ===
+
+impl SimArgs {
+    /// The fleet these arguments describe.
+    fn fleet(&self) -> Result<FleetRaw, String> {
+        if let Some(file) = &self.config {
+            return yaml::from_file(file).map_err(|e| e.to_string());
+        }
+        let defaults = EngineRaw::default();
+        let f = &self.engine;
+        let engine = EngineRaw {
+            mode: f.mode.unwrap_or(defaults.mode),
+            step_base_ms: f.step_base_ms.unwrap_or(defaults.step_base_ms),
+            step_per_seq_ms: f.step_per_seq_ms.unwrap_or(defaults.step_per_seq_ms),
+            max_batch: f.max_batch.or(defaults.max_batch),
+            prefill_tokens_per_s: f
+                .prefill_tokens_per_s
+                .unwrap_or(defaults.prefill_tokens_per_s),
+            jitter_pct: f.jitter_pct.unwrap_or(defaults.jitter_pct),
+            extra_ttft_ms: f.extra_ttft_ms.unwrap_or(defaults.extra_ttft_ms),
+            default_max_tokens: f.default_max_tokens.unwrap_or(defaults.default_max_tokens),
+        };
+        let stream = StreamRaw {
+            tokens_per_chunk: f.tokens_per_chunk.unwrap_or(1),
+            usage_on_finish: f.usage_on_finish,
+        };
+        Ok(FleetRaw {
+            backends: vec![BackendRaw {
+                name: self.name.clone(),
+                listen: self.listen.clone(),
+                models: self.model.clone(),
+                engine,
+                stream,
+                faults: Vec::new(),
+            }],
+        })
+    }
+}
+
+async fn sim(args: SimArgs) -> Result<(), String> {
+    let fleet = args.fleet()?;
+    let specs = fleet.validate().map_err(|e| match &args.config {
+        Some(file) => e.in_file(file).to_string(),
+        None => format!("sim flags: {}", e.message),
+    })?;
+    let running = Fleet::start(&specs).await.map_err(|e| e.to_string())?;
+    for ((name, addr), spec) in running.addrs().zip(&specs) {
+        say(&format!(
+            "sim backend {name} listening on http://{addr} (models: {})",
+            spec.models.join(", ")
+        ));
+    }
+    shutdown_signal().await;
+    running.stop().await;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+// === bench ===
+
+impl BenchArgs {
+    fn request_spec(&self) -> Result<RequestSpec, String> {
+        let mut headers = Vec::with_capacity(self.headers.len() + 1);
+        for raw in &self.headers {
+            let (name, value) = raw
+                .split_once(':')
+                .ok_or_else(|| format!("--header `{raw}`: write it as `Name: value`"))?;
+            let name = HeaderName::try_from(name.trim())
+                .map_err(|e| format!("--header `{raw}`: bad header name: {e}"))?;
+            let value = HeaderValue::try_from(value.trim())
+                .map_err(|e| format!("--header `{raw}`: bad header value: {e}"))?;
+            headers.push((name, value));
+        }
+        if let Some(key) = &self.api_key {
+            let (name, value) = match self.dialect {
+                BenchDialect::Openai => ("authorization", format!("Bearer {key}")),
+                BenchDialect::Anthropic => ("x-api-key", key.clone()),
+            };
+            let mut value = HeaderValue::try_from(value)
+                .map_err(|_| "--api-key contains characters not allowed in a header".to_owned())?;
+            value.set_sensitive(true);
+            headers.push((HeaderName::from_static(name), value));
+        }
+        RequestSpec::new(
+            &self.url,
+            self.dialect,
+            &self.model,
+            self.prompt_tokens,
+            self.max_tokens,
+            headers,
+        )
+    }
+}
+
+async fn run_bench(args: BenchArgs) -> Result<(), String> {
+    let spec = args.request_spec()?;
+    if args.concurrency.contains(&0) {
+        return Err("--concurrency: levels must be at least 1".into());
+    }
+    if args.rate.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err("--rate: rates must be positive numbers".into());
+    }
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.duration) || !positive(args.timeout) {
+        return Err("--duration and --timeout must be positive numbers of seconds".into());
+    }
+    let slo = match (args.slo_ttft_ms, args.slo_tps) {
+        (Some(ttft_ms), Some(tps)) => Some(Slo {
+            ttft_s: ttft_ms / 1e3,
+            tps,
+        }),
+        _ => None,
+    };
+    let client = bench::http_client();
+    let limit = Duration::from_secs_f64(args.timeout);
+    let show = |report: &LevelReport| {
+        if args.json {
+            say(&serde_json::to_string(report).unwrap_or_default());
+        } else {
+            say(&bench::table_row(report));
+        }
+    };
+    if !args.json {
+        say(bench::TABLE_HEADER);
+    }
+    if args.rate.is_empty() {
+        for &c in &args.concurrency {
+            let bar = bench::progress_bar(args.requests as u64, format!("c={c}"));
+            let report = bench::closed_loop(&client, &spec, c, args.requests, limit, &bar).await;
+            bar.finish_and_clear();
+            show(&report);
+        }
+    } else {
+        let duration = Duration::from_secs_f64(args.duration);
+        for &rate in &args.rate {
+            let expected = (rate * args.duration).ceil() as u64;
+            let bar = bench::progress_bar(expected, format!("{rate}/s"));
+            let report = bench::open_loop(&client, &spec, rate, duration, slo, limit, &bar).await;
+            bar.finish_and_clear();
+            show(&report);
+        }
+    }
+    Ok(())
+}

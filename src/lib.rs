@@ -1,0 +1,21 @@
+//! tpsgate: a reverse proxy for LLM inference APIs that times every streamed token and routes by
+//! the measured curve of per-user tokens per second and time to first token against concurrency.
+//!
+//! This crate is one library with one binary (`tpsgate`). The pieces that exist today:
+//!
+//! - [`sim`]: a simulated continuous-batching LLM server (`tpsgate sim`), the upstream every test,
+//!   benchmark and demo runs against, and which publishes its own analytic curve.
+//! - [`bench`]: an active sweep client (`tpsgate bench`) that measures TTFT, per-user TPS and
+//!   goodput of any OpenAI- or Anthropic-compatible server.
+//! - [`sse`]: an incremental Server-Sent Events parser (pure: no I/O).
+//! - [`listen`]: the accept loop shared by every server we run.
+//! - [`cli`]: the command line.
+//!
+//! Words (TTFT, TPOT, per-user TPS, experienced concurrency, goodput) are defined in README.md.
+
+pub mod bench;
+pub mod cli;
+pub mod listen;
+pub mod sim;
+pub mod sse;
+pub mod yaml;

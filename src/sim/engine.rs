@@ -1,0 +1,435 @@
+//! The simulated engine: one scheduler task per backend that decodes every running request.
+//!
+//! # The timing rule
+//!
+//! A decode step with `b` requests running takes `s(b) = step_base + step_per_seq * b` and yields
+//! one token for each of them; requests beyond `max_batch` wait FIFO. The scheduler keeps a
+//! virtual clock `V` counting completed steps: it advances at `1 / s(b)` per second for the batch
+//! size `b` of the moment, so a change of batch changes everyone's speed from that instant on.
+//! Request `r` admitted at virtual time `v0` gets token `k` when `V` reaches `v0 + k` (plus the
+//! jitter, drawn per token from `±jitter` of a step around that grid point, so it never drifts).
+//!
+//! Admitting a request with a prompt of `P` tokens stalls decoding for all running requests by
+//! `P / prefill_tokens_per_s` (`V` stands still: the prefill lengthens the step it joins, as with
+//! chunked prefill); prompts admitted together prefill back to back. The newcomer's first token
+//! comes one full step after its prefill ends. With nothing queued ahead, TTFT is therefore
+//! `P / prefill + s(b)` exactly, where `b` counts the newcomer.
+//!
+//! Requests are not phase-aligned: each decodes on its own grid at the shared rate. Real engines
+//! align tokens to global step boundaries, which adds a uniformly distributed residual of up to
+//! one step to TTFT that depends on arrival phase; leaving it out keeps the analytic curve exact
+//! for both closed and open loops, and a gateway cannot observe the phase anyway.
+//!
+//! The clock comes from `tokio::time`, so the engine can run under paused time in tests.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use slab::Slab;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::config::Timing;
+
+/// One token, delivered to the request's stream. The channel closes after the last one.
+pub type TokenRx = mpsc::UnboundedReceiver<()>;
+
+/// A handle to a running engine. Cloning is cheap; the engine stops when every handle is gone.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    commands: mpsc::UnboundedSender<Command>,
+    stats: Arc<EngineStats>,
+}
+
+/// Live counters of an engine, readable from any thread.
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    running: AtomicU64,
+    queued: AtomicU64,
+    admitted: AtomicU64,
+    completed: AtomicU64,
+    cancelled: AtomicU64,
+    tokens: AtomicU64,
+}
+
+/// A snapshot of [`EngineStats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct StatsSnapshot {
+    /// Requests decoding now.
+    pub running: u64,
+    /// Requests waiting for a batch slot.
+    pub queued: u64,
+    /// Requests ever admitted to the batch.
+    pub admitted: u64,
+    /// Requests that got all their tokens.
+    pub completed: u64,
+    /// Requests whose client went away first.
+    pub cancelled: u64,
+    /// Tokens emitted.
+    pub tokens: u64,
+}
+
+impl EngineStats {
+    /// Reads all counters.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let get = |c: &AtomicU64| c.load(AtomicOrdering::Relaxed);
+        StatsSnapshot {
+            running: get(&self.running),
+            queued: get(&self.queued),
+            admitted: get(&self.admitted),
+            completed: get(&self.completed),
+            cancelled: get(&self.cancelled),
+            tokens: get(&self.tokens),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Command {
+    Submit(Job),
+    Retime(Timing),
+}
+
+#[derive(Debug)]
+struct Job {
+    prompt_tokens: u32,
+    max_tokens: u32,
+    tokens: mpsc::UnboundedSender<()>,
+}
+
+impl Engine {
+    /// Starts the scheduler task on the current Tokio runtime.
+    pub fn spawn(timing: Timing) -> Self {
+        let (commands, rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(EngineStats::default());
+        let scheduler = Scheduler::new(timing, Arc::clone(&stats));
+        tokio::spawn(scheduler.run(rx));
+        Self { commands, stats }
+    }
+
+    /// Queues a request; its tokens arrive on the returned channel, which closes after the
+    /// `max_tokens`-th. Dropping the receiver cancels the request.
+    pub fn submit(&self, prompt_tokens: u32, max_tokens: u32) -> TokenRx {
+        self.submit_after(Duration::ZERO, prompt_tokens, max_tokens)
+    }
+
+    /// Like [`Engine::submit`], but the engine sees the request only after `delay` (a hosted
+    /// API's network and queue time, which holds no batch slot).
+    pub fn submit_after(&self, delay: Duration, prompt_tokens: u32, max_tokens: u32) -> TokenRx {
+        let (tokens, rx) = mpsc::unbounded_channel();
+        let job = Command::Submit(Job {
+            prompt_tokens,
+            max_tokens: max_tokens.max(1),
+            tokens,
+        });
+        // A send fails only once the scheduler has stopped; the receiver then closes empty and
+        // the caller reports the truncated stream.
+        if delay.is_zero() {
+            let _ = self.commands.send(job);
+        } else {
+            let commands = self.commands.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = commands.send(job);
+            });
+        }
+        rx
+    }
+
+    /// Changes the timing from now on; running requests keep their progress.
+    pub fn retime(&self, timing: Timing) {
+        let _ = self.commands.send(Command::Retime(timing));
+    }
+
+    /// Live counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.stats.snapshot()
+    }
+}
+
+// === impl Scheduler ===
+
+struct Scheduler {
+    timing: Timing,
+    stats: Arc<EngineStats>,
+    rng: SmallRng,
+    /// Virtual time: decode steps completed by any request running throughout.
+    v: f64,
+    /// When `v` was last brought up to date.
+    last: Instant,
+    /// Decoding stands still until then (prefill in progress).
+    stall_until: Instant,
+    running: Slab<Running>,
+    due: BinaryHeap<Due>,
+    waiting: VecDeque<Job>,
+}
+
+struct Running {
+    v0: f64,
+    emitted: u32,
+    max_tokens: u32,
+    tokens: mpsc::UnboundedSender<()>,
+}
+
+/// The next token of one running request, ordered so that the heap pops the earliest first.
+struct Due {
+    v: f64,
+    key: usize,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other
+            .v
+            .total_cmp(&self.v)
+            .then_with(|| other.key.cmp(&self.key))
+    }
+}
+
+impl Scheduler {
+    fn new(timing: Timing, stats: Arc<EngineStats>) -> Self {
+        let now = Instant::now();
+        Self {
+            timing,
+            stats,
+            rng: SmallRng::from_os_rng(),
+            v: 0.0,
+            last: now,
+            stall_until: now,
+            running: Slab::new(),
+            due: BinaryHeap::new(),
+            waiting: VecDeque::new(),
+        }
+    }
+
+    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        let sleep = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(sleep);
+        let mut received = Vec::with_capacity(64);
+        loop {
+            let wake = self.next_wake();
+            if let Some(at) = wake {
+                sleep.as_mut().reset(at);
+            }
+            tokio::select! {
+                biased;
+                got = commands.recv_many(&mut received, 256) => {
+                    if got == 0 {
+                        return;
+                    }
+                }
+                () = &mut sleep, if wake.is_some() => {}
+            }
+            let now = Instant::now();
+            self.advance(now);
+            for command in received.drain(..) {
+                match command {
+                    Command::Submit(job) => self.waiting.push_back(job),
+                    Command::Retime(timing) => self.timing = timing,
+                }
+            }
+            self.emit_due();
+            self.admit(now);
+            self.publish();
+        }
+    }
+
+    /// Brings the virtual clock up to `now` at the rate of the current batch.
+    fn advance(&mut self, now: Instant) {
+        let from = self.last.max(self.stall_until);
+        if now > from && !self.running.is_empty() {
+            self.v += (now - from).as_secs_f64() / self.timing.step(self.running.len());
+        }
+        self.last = self.last.max(now);
+    }
+
+    /// When the earliest due token is due, at the current rate.
+    fn next_wake(&self) -> Option<Instant> {
+        let next = self.due.peek()?;
+        let from = self.last.max(self.stall_until);
+        let steps = (next.v - self.v).max(0.0);
+        let secs = steps * self.timing.step(self.running.len());
+        Some(from + Duration::from_secs_f64(secs))
+    }
+
+    fn emit_due(&mut self) {
+        // A hair of slack so that a wake-up computed from `v` is never one float ulp short.
+        while self.due.peek().is_some_and(|d| d.v <= self.v + 1e-9) {
+            let Some(Due { key, .. }) = self.due.pop() else {
+                break;
+            };
+            let Some(run) = self.running.get_mut(key) else {
+                continue;
+            };
+            if run.tokens.send(()).is_err() {
+                self.running.remove(key);
+                self.stats.cancelled.fetch_add(1, AtomicOrdering::Relaxed);
+                continue;
+            }
+            self.stats.tokens.fetch_add(1, AtomicOrdering::Relaxed);
+            run.emitted += 1;
+            if run.emitted >= run.max_tokens {
+                self.running.remove(key);
+                self.stats.completed.fetch_add(1, AtomicOrdering::Relaxed);
+            } else {
+                let v = run.v0 + f64::from(run.emitted + 1) + self.jitter();
+                self.due.push(Due { v, key });
+            }
+        }
+    }
+
+    /// Moves waiting requests into the batch while there is room, each stalling decode for its
+    /// prefill.
+    fn admit(&mut self, now: Instant) {
+        while self.running.len() < self.timing.max_batch {
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            if job.tokens.is_closed() {
+                self.stats.cancelled.fetch_add(1, AtomicOrdering::Relaxed);
+                continue;
+            }
+            let prefill = Duration::from_secs_f64(self.timing.prefill(job.prompt_tokens));
+            self.stall_until = self.stall_until.max(now) + prefill;
+            let v0 = self.v;
+            let first = v0 + 1.0 + self.jitter();
+            let key = self.running.insert(Running {
+                v0,
+                emitted: 0,
+                max_tokens: job.max_tokens,
+                tokens: job.tokens,
+            });
+            self.due.push(Due { v: first, key });
+            self.stats.admitted.fetch_add(1, AtomicOrdering::Relaxed);
+        }
+    }
+
+    fn jitter(&mut self) -> f64 {
+        let j = self.timing.jitter;
+        if j > 0.0 {
+            self.rng.random_range(-j..=j)
+        } else {
+            0.0
+        }
+    }
+
+    fn publish(&self) {
+        self.stats
+            .running
+            .store(self.running.len() as u64, AtomicOrdering::Relaxed);
+        self.stats
+            .queued
+            .store(self.waiting.len() as u64, AtomicOrdering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing(base_ms: f64, per_seq_ms: f64, max_batch: usize) -> Timing {
+        Timing {
+            step_base: base_ms / 1e3,
+            step_per_seq: per_seq_ms / 1e3,
+            max_batch,
+            prefill_tokens_per_s: 1000.0,
+            jitter: 0.0,
+            extra_ttft: Duration::ZERO,
+            default_max_tokens: 16,
+        }
+    }
+
+    /// Token arrival times of one request, relative to `start`.
+    async fn arrivals(mut rx: TokenRx, start: Instant) -> Vec<f64> {
+        let mut out = Vec::new();
+        while rx.recv().await.is_some() {
+            out.push((Instant::now() - start).as_secs_f64());
+        }
+        out
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lone_request_gets_prefill_then_one_step_per_token() {
+        let engine = Engine::spawn(timing(10.0, 2.0, 8));
+        let start = Instant::now();
+        let times = arrivals(engine.submit(100, 5), start).await;
+        // prefill 100 tokens at 1000/s = 100 ms, then steps of 12 ms.
+        let want = [0.112, 0.124, 0.136, 0.148, 0.160];
+        assert_eq!(times.len(), 5);
+        for (got, want) in times.iter().zip(want) {
+            assert!((got - want).abs() < 0.0011, "{times:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_of_four_decodes_at_the_four_way_step() {
+        let engine = Engine::spawn(timing(10.0, 2.0, 8));
+        let start = Instant::now();
+        let rxs: Vec<_> = (0..4).map(|_| engine.submit(0, 50)).collect();
+        let all =
+            futures_util::future::join_all(rxs.into_iter().map(|rx| arrivals(rx, start))).await;
+        for times in all {
+            let tpot = (times[49] - times[0]) / 49.0;
+            assert!((tpot - 0.018).abs() < 1e-4, "tpot {tpot}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_beyond_max_batch_wait_in_fifo_order() {
+        let engine = Engine::spawn(timing(10.0, 0.0, 1));
+        let start = Instant::now();
+        let rxs: Vec<_> = (0..3).map(|_| engine.submit(0, 10)).collect();
+        let all =
+            futures_util::future::join_all(rxs.into_iter().map(|rx| arrivals(rx, start))).await;
+        let firsts: Vec<f64> = all.iter().map(|t| t[0]).collect();
+        // Each waits for the ones ahead: 10 tokens of 10 ms each.
+        for (i, first) in firsts.iter().enumerate() {
+            let want = 0.010 + 0.100 * i as f64;
+            assert!((first - want).abs() < 0.0015, "{firsts:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_the_stream_cancels_the_request() {
+        let engine = Engine::spawn(timing(10.0, 0.0, 1));
+        let rx = engine.submit(0, 1000);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(rx);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let stats = engine.stats();
+        assert_eq!((stats.running, stats.cancelled), (0, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retime_changes_speed_from_that_moment() {
+        let engine = Engine::spawn(timing(10.0, 0.0, 8));
+        let start = Instant::now();
+        let rx = engine.submit(0, 20);
+        let handle = tokio::spawn(arrivals(rx, start));
+        tokio::time::sleep(Duration::from_millis(105)).await;
+        engine.retime(timing(20.0, 0.0, 8));
+        let times = handle.await.unwrap();
+        let early = times[5] - times[4];
+        let late = times[19] - times[18];
+        assert!(
+            (early - 0.010).abs() < 0.0011 && (late - 0.020).abs() < 0.0011,
+            "{times:?}"
+        );
+    }
+}

@@ -1,0 +1,613 @@
+//! The HTTP face of one simulated backend: OpenAI and Anthropic endpoints over the engine, the
+//! `/sim/*` control endpoints, and the fleet runner that serves several backends from one process.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::config::{BackendRaw, BackendSpec, FaultAction, Params, merge_json};
+use super::engine::{Engine, StatsSnapshot, TokenRx};
+use super::faults::FaultPlan;
+use super::truth;
+use super::wire::{Dialect, Finish, Framer, GenRequest, complete_body};
+use crate::listen;
+
+/// Response body of the simulator.
+pub type SimBody = UnsyncBoxBody<Bytes, io::Error>;
+
+/// Largest request body the simulator reads.
+const MAX_BODY: usize = 16 << 20;
+
+/// One simulated backend: its engine and its live parameters.
+#[derive(Debug)]
+pub struct SimBackend {
+    name: String,
+    models: Vec<String>,
+    engine: Engine,
+    live: ArcSwap<Live>,
+    ids: AtomicU64,
+}
+
+/// Parameters in force, swapped whole by `POST /sim/params`.
+#[derive(Debug)]
+struct Live {
+    params: Params,
+    raw: BackendRaw,
+    faults: FaultPlan,
+}
+
+impl Live {
+    fn new(params: Params, raw: BackendRaw) -> Self {
+        let faults = FaultPlan::new(params.faults.clone());
+        Self {
+            params,
+            raw,
+            faults,
+        }
+    }
+}
+
+impl SimBackend {
+    /// Starts the engine of `spec` on the current runtime.
+    pub fn new(spec: &BackendSpec) -> Arc<Self> {
+        Arc::new(Self {
+            name: spec.name.clone(),
+            models: spec.models.clone(),
+            engine: Engine::spawn(spec.params.timing.clone()),
+            live: ArcSwap::from_pointee(Live::new(spec.params.clone(), spec.raw.clone())),
+            ids: AtomicU64::new(0),
+        })
+    }
+
+    /// Backend name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Engine counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.engine.stats()
+    }
+
+    /// Answers one HTTP request.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<SimBody> {
+        let dialect = match req.uri().path() {
+            "/v1/chat/completions" => Some(Dialect::Chat),
+            "/v1/completions" => Some(Dialect::Completions),
+            "/v1/messages" => Some(Dialect::Messages),
+            _ => None,
+        };
+        match (req.method(), req.uri().path(), dialect) {
+            (&Method::POST, _, Some(dialect)) => self.generate(dialect, req).await,
+            (&Method::GET, "/v1/models", _) => self.models(),
+            (&Method::GET, "/sim/truth", _) => self.truth(req.uri().query().unwrap_or("")),
+            (&Method::GET, "/sim/stats", _) => json_response(
+                StatusCode::OK,
+                &json!({"backend": self.name, "stats": self.engine.stats()}),
+            ),
+            (&Method::GET, "/sim/params", _) => self.params_response(),
+            (&Method::POST, "/sim/params", _) => self.patch_params(req).await,
+            (_, "/v1/models" | "/sim/truth" | "/sim/stats" | "/sim/params", _)
+            | (_, _, Some(_)) => error(
+                Dialect::Chat,
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "method_not_allowed",
+                "method not allowed on this path",
+            ),
+            _ => error(
+                Dialect::Chat,
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "not_found",
+                "no such endpoint",
+            ),
+        }
+    }
+
+    async fn generate(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
+        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => {
+                return error(
+                    dialect,
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    "body_too_large",
+                    "request body over 16 MiB or unreadable",
+                );
+            }
+        };
+        let gen_req = match dialect.parse(&body) {
+            Ok(r) => r,
+            Err(bad) => {
+                return error(
+                    dialect,
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "invalid_request",
+                    &bad.0,
+                );
+            }
+        };
+        if !self.models.contains(&gen_req.model) {
+            let message = format!(
+                "The model `{}` does not exist. Available: {}",
+                gen_req.model,
+                self.models.join(", ")
+            );
+            let kind = if dialect == Dialect::Messages {
+                "not_found_error"
+            } else {
+                "invalid_request_error"
+            };
+            return error(
+                dialect,
+                StatusCode::NOT_FOUND,
+                kind,
+                "model_not_found",
+                &message,
+            );
+        }
+        let live = self.live.load_full();
+        let fault = live.faults.pick();
+        match fault {
+            Some(FaultAction::Status {
+                status,
+                retry_after,
+            }) => {
+                return fault_status(dialect, status, retry_after);
+            }
+            Some(FaultAction::SlowFirstByte(delay)) => tokio::time::sleep(delay).await,
+            _ => {}
+        }
+        let timing = &live.params.timing;
+        let (target, finish) = match gen_req.max_tokens {
+            Some(n) => (n, Finish::Length),
+            None => (timing.default_max_tokens, Finish::Stop),
+        };
+        let tokens = self
+            .engine
+            .submit_after(timing.extra_ttft, gen_req.prompt_tokens, target);
+        let id = self.ids.fetch_add(1, Ordering::Relaxed).to_string();
+        let created = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if gen_req.stream {
+            let state = StreamState {
+                framer: Framer::new(
+                    dialect,
+                    &gen_req,
+                    &id,
+                    created,
+                    live.params.stream.usage_on_finish,
+                ),
+                tokens,
+                target,
+                sent: 0,
+                per_chunk: live.params.stream.tokens_per_chunk,
+                finish,
+                fault,
+                phase: Phase::Head,
+            };
+            let body = StreamBody::new(futures_util::stream::unfold(state, StreamState::next));
+            let mut resp = Response::new(UnsyncBoxBody::new(body));
+            let headers = resp.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            resp
+        } else {
+            self.complete(
+                dialect, &gen_req, tokens, target, finish, fault, &id, created,
+            )
+            .await
+        }
+    }
+
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one call site; a struct would only rename them"
+    )]
+    async fn complete(
+        &self,
+        dialect: Dialect,
+        req: &GenRequest,
+        mut tokens: TokenRx,
+        target: u32,
+        finish: Finish,
+        fault: Option<FaultAction>,
+        id: &str,
+        created: u64,
+    ) -> Response<SimBody> {
+        let mut got = 0;
+        while tokens.recv().await.is_some() {
+            got += 1;
+        }
+        match fault {
+            Some(FaultAction::Stall { pause, .. }) => tokio::time::sleep(pause).await,
+            Some(FaultAction::Reset { .. }) => {
+                let reset = futures_util::stream::once(async { Err(reset_error()) });
+                return Response::new(UnsyncBoxBody::new(StreamBody::new(reset)));
+            }
+            _ => {}
+        }
+        if got < target {
+            return error(
+                dialect,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                "engine_stopped",
+                "the engine stopped before the response was complete",
+            );
+        }
+        let body = complete_body(dialect, req, id, created, got, finish);
+        let mut resp = Response::new(full(body));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+
+    fn models(&self) -> Response<SimBody> {
+        let data: Vec<_> = self
+            .models
+            .iter()
+            .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "tpsgate-sim"}))
+            .collect();
+        json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+    }
+
+    fn truth(&self, query: &str) -> Response<SimBody> {
+        let live = self.live.load();
+        let timing = &live.params.timing;
+        let mut prompt_tokens = 0;
+        let mut output_tokens = timing.default_max_tokens;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let slot = match key {
+                "prompt_tokens" => &mut prompt_tokens,
+                "output_tokens" => &mut output_tokens,
+                _ => {
+                    return error(
+                        Dialect::Chat,
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "unknown_parameter",
+                        &format!(
+                            "unknown query parameter `{key}`; use prompt_tokens and output_tokens"
+                        ),
+                    );
+                }
+            };
+            match value.parse::<u32>() {
+                Ok(n) => *slot = n,
+                Err(_) => {
+                    return error(
+                        Dialect::Chat,
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "invalid_parameter",
+                        &format!("`{key}` must be a whole number, got `{value}`"),
+                    );
+                }
+            }
+        }
+        let curve = truth::curve(&self.name, timing, prompt_tokens, output_tokens.max(1));
+        json_response(StatusCode::OK, &curve)
+    }
+
+    fn params_response(&self) -> Response<SimBody> {
+        let raw = &self.live.load().raw;
+        json_response(
+            StatusCode::OK,
+            &json!({"engine": raw.engine, "stream": raw.stream, "faults": raw.faults}),
+        )
+    }
+
+    /// Applies a JSON patch to engine, stream and faults; the whole patch is validated before any
+    /// of it takes effect.
+    async fn patch_params(&self, req: Request<Incoming>) -> Response<SimBody> {
+        let bad = |msg: &str| {
+            error(
+                Dialect::Chat,
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                "invalid_params",
+                msg,
+            )
+        };
+        let Ok(body) = Limited::new(req.into_body(), MAX_BODY).collect().await else {
+            return bad("unreadable body");
+        };
+        let patch: serde_json::Value = match serde_json::from_slice(&body.to_bytes()) {
+            Ok(v @ serde_json::Value::Object(_)) => v,
+            Ok(_) => return bad("the patch must be a JSON object with engine, stream or faults"),
+            Err(e) => return bad(&format!("invalid JSON: {e}")),
+        };
+        if let Some(key) = patch.as_object().and_then(|o| {
+            o.keys()
+                .find(|k| !matches!(k.as_str(), "engine" | "stream" | "faults"))
+        }) {
+            return bad(&format!(
+                "`{key}` cannot be changed at runtime; patch engine, stream or faults"
+            ));
+        }
+        let current = self.live.load_full();
+        let Ok(mut merged) = serde_json::to_value(&current.raw) else {
+            return bad("internal: cannot serialise the current parameters");
+        };
+        merge_json(&mut merged, patch);
+        let raw: BackendRaw = match serde_path_to_error::deserialize(merged) {
+            Ok(raw) => raw,
+            Err(e) => return bad(&format!("{}: {}", e.path(), e.inner())),
+        };
+        let params = match raw.params("") {
+            Ok(p) => p,
+            Err(e) => {
+                return bad(&format!(
+                    "{}: {}",
+                    e.path.trim_start_matches('.'),
+                    e.message
+                ));
+            }
+        };
+        if params.timing != current.params.timing {
+            self.engine.retime(params.timing.clone());
+        }
+        self.live.store(Arc::new(Live::new(params, raw)));
+        self.params_response()
+    }
+}
+
+// === streaming ===
+
+struct StreamState {
+    framer: Framer,
+    tokens: TokenRx,
+    target: u32,
+    sent: u32,
+    per_chunk: u32,
+    finish: Finish,
+    fault: Option<FaultAction>,
+    phase: Phase,
+}
+
+enum Phase {
+    Head,
+    Tokens,
+    Tail,
+    Done,
+}
+
+type Next = Option<(Result<Frame<Bytes>, io::Error>, StreamState)>;
+
+impl StreamState {
+    /// Produces the next SSE frame: head, one frame per chunk of tokens as the engine emits them,
+    /// then the tail. Faults strike at the first chunk boundary at or after their token count.
+    async fn next(mut self) -> Next {
+        loop {
+            match self.phase {
+                Phase::Head => {
+                    self.phase = Phase::Tokens;
+                    if let Some(head) = self.framer.head() {
+                        return Some((Ok(Frame::data(head)), self));
+                    }
+                }
+                Phase::Tokens => {
+                    match self.fault {
+                        Some(FaultAction::Stall {
+                            after_tokens,
+                            pause,
+                        }) if self.sent >= after_tokens => {
+                            self.fault = None;
+                            tokio::time::sleep(pause).await;
+                        }
+                        Some(FaultAction::Reset { after_tokens }) if self.sent >= after_tokens => {
+                            self.phase = Phase::Done;
+                            return Some((Err(reset_error()), self));
+                        }
+                        _ => {}
+                    }
+                    let want = self.per_chunk.min(self.target - self.sent);
+                    let mut got = 0;
+                    while got < want && self.tokens.recv().await.is_some() {
+                        got += 1;
+                    }
+                    if got < want {
+                        self.phase = Phase::Done;
+                        let err = io::Error::other("engine stopped mid-stream");
+                        return Some((Err(err), self));
+                    }
+                    let first = self.sent;
+                    self.sent += got;
+                    let last = self.sent == self.target;
+                    let chunk = self.framer.content(first, got, last.then_some(self.finish));
+                    if last {
+                        self.phase = Phase::Tail;
+                    }
+                    return Some((Ok(Frame::data(chunk)), self));
+                }
+                Phase::Tail => {
+                    self.phase = Phase::Done;
+                    let tail = self.framer.tail(self.sent, self.finish);
+                    return Some((Ok(Frame::data(tail)), self));
+                }
+                Phase::Done => return None,
+            }
+        }
+    }
+}
+
+fn reset_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "injected fault: connection reset",
+    )
+}
+
+// === responses ===
+
+fn full(body: Bytes) -> SimBody {
+    UnsyncBoxBody::new(Full::new(body).map_err(|never| match never {}))
+}
+
+fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<SimBody> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut resp = Response::new(full(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn error(
+    dialect: Dialect,
+    status: StatusCode,
+    kind: &str,
+    code: &str,
+    message: &str,
+) -> Response<SimBody> {
+    let mut resp = Response::new(full(dialect.error_body(kind, code, message)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn fault_status(dialect: Dialect, status: u16, retry_after: Option<u32>) -> Response<SimBody> {
+    let (status, kind, code) = match status {
+        429 => (
+            StatusCode::TOO_MANY_REQUESTS,
+            if dialect == Dialect::Messages {
+                "rate_limit_error"
+            } else {
+                "rate_limit_exceeded"
+            },
+            "rate_limit_exceeded",
+        ),
+        503 => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            if dialect == Dialect::Messages {
+                "overloaded_error"
+            } else {
+                "server_error"
+            },
+            "service_unavailable",
+        ),
+        _ => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            if dialect == Dialect::Messages {
+                "api_error"
+            } else {
+                "server_error"
+            },
+            "internal_error",
+        ),
+    };
+    let mut resp = error(dialect, status, kind, code, "injected fault");
+    if let Some(secs) = retry_after {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    resp
+}
+
+// === fleet ===
+
+/// Several simulated backends served from this process until stopped or dropped.
+#[derive(Debug)]
+pub struct Fleet {
+    backends: Vec<(Arc<SimBackend>, SocketAddr)>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Fleet {
+    /// Binds every backend's address (all or none) and starts serving.
+    pub async fn start(specs: &[BackendSpec]) -> io::Result<Self> {
+        let mut listeners = Vec::with_capacity(specs.len());
+        for spec in specs {
+            listeners.push(listen::bind(spec.listen).await?);
+        }
+        let (stop, _) = watch::channel(false);
+        let mut backends = Vec::with_capacity(specs.len());
+        let mut tasks = Vec::with_capacity(specs.len());
+        for (spec, listener) in specs.iter().zip(listeners) {
+            let addr = listener.local_addr()?;
+            let backend = SimBackend::new(spec);
+            let for_service = Arc::clone(&backend);
+            let service = hyper::service::service_fn(move |req| {
+                let backend = Arc::clone(&for_service);
+                async move { Ok::<_, Infallible>(backend.handle(req).await) }
+            });
+            let mut stopped = stop.subscribe();
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            tasks.push(tokio::spawn(listen::serve(
+                listener,
+                service,
+                shutdown,
+                Duration::from_secs(1),
+            )));
+            backends.push((backend, addr));
+        }
+        Ok(Self {
+            backends,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Each backend's name and bound address, in config order.
+    pub fn addrs(&self) -> impl Iterator<Item = (&str, SocketAddr)> {
+        self.backends.iter().map(|(b, a)| (b.name(), *a))
+    }
+
+    /// The address of the backend called `name`.
+    pub fn addr(&self, name: &str) -> Option<SocketAddr> {
+        self.addrs().find(|(n, _)| *n == name).map(|(_, a)| a)
+    }
+
+    /// The backend called `name`.
+    pub fn backend(&self, name: &str) -> Option<&Arc<SimBackend>> {
+        self.backends
+            .iter()
+            .map(|(b, _)| b)
+            .find(|b| b.name() == name)
+    }
+
+    /// Stops accepting and waits (up to a second) for open connections to finish.
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}

@@ -1,0 +1,483 @@
+//! What the simulator says on the wire: request parsing and the exact bytes of OpenAI chat
+//! completions, completions and Anthropic messages, streamed and not, as vLLM and Anthropic's API
+//! send them.
+//!
+//! Prompt tokens are estimated deterministically: the UTF-8 bytes of the prompt text (message
+//! contents, text parts, the system prompt, or the completion prompt) divided by 4, rounded up.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// The API a request speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/messages` (Anthropic).
+    Messages,
+}
+
+/// What the engine needs to know about a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GenRequest {
+    /// Requested model.
+    pub model: String,
+    /// Stream with SSE.
+    pub stream: bool,
+    /// Output cap the client asked for, if any.
+    pub max_tokens: Option<u32>,
+    /// OpenAI: `stream_options.include_usage`; Anthropic always reports usage.
+    pub include_usage: bool,
+    /// Estimated prompt tokens.
+    pub prompt_tokens: u32,
+}
+
+/// Why a request body was refused; becomes a 400.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest(pub String);
+
+#[derive(Deserialize)]
+struct RawRequest {
+    model: Option<String>,
+    messages: Option<Value>,
+    prompt: Option<Value>,
+    system: Option<Value>,
+    stream: Option<bool>,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    stream_options: Option<RawStreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct RawStreamOptions {
+    include_usage: Option<bool>,
+}
+
+impl Dialect {
+    /// Parses a request body of this dialect.
+    pub fn parse(self, body: &[u8]) -> Result<GenRequest, BadRequest> {
+        let raw: RawRequest = serde_json::from_slice(body)
+            .map_err(|e| BadRequest(format!("invalid JSON body: {e}")))?;
+        let model = raw
+            .model
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| BadRequest("missing required field `model`".into()))?;
+        let text_bytes = match self {
+            Self::Chat | Self::Messages => {
+                let messages = raw
+                    .messages
+                    .ok_or_else(|| BadRequest("missing required field `messages`".into()))?;
+                let Value::Array(list) = &messages else {
+                    return Err(BadRequest("`messages` must be an array".into()));
+                };
+                let system = raw.system.as_ref().map_or(0, content_bytes);
+                system
+                    + list
+                        .iter()
+                        .map(|m| m.get("content").map_or(0, content_bytes))
+                        .sum::<usize>()
+            }
+            Self::Completions => {
+                let prompt = raw
+                    .prompt
+                    .ok_or_else(|| BadRequest("missing required field `prompt`".into()))?;
+                content_bytes(&prompt)
+            }
+        };
+        let max_tokens = raw.max_completion_tokens.or(raw.max_tokens);
+        if self == Self::Messages && max_tokens.is_none() {
+            return Err(BadRequest("missing required field `max_tokens`".into()));
+        }
+        if max_tokens == Some(0) {
+            return Err(BadRequest("`max_tokens` must be at least 1".into()));
+        }
+        let include_usage = self == Self::Messages
+            || raw
+                .stream_options
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false);
+        Ok(GenRequest {
+            model,
+            stream: raw.stream.unwrap_or(false),
+            max_tokens,
+            include_usage,
+            prompt_tokens: u32::try_from(text_bytes.div_ceil(4)).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// An error body in this dialect's shape.
+    pub fn error_body(self, kind: &str, code: &str, message: &str) -> Bytes {
+        let body = match self {
+            Self::Messages => json!({"type": "error", "error": {"type": kind, "message": message}}),
+            Self::Chat | Self::Completions => {
+                json!({"error": {"message": message, "type": kind, "code": code}})
+            }
+        };
+        Bytes::from(body.to_string())
+    }
+}
+
+/// UTF-8 bytes of a content value: a string, or text parts (`[{"type":"text","text":...}]`).
+fn content_bytes(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.len(),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| match p {
+                Value::String(s) => s.len(),
+                other => other
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .map_or(0, str::len),
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// The words tokens are made of; token `i` is `WORDS[i % WORDS.len()]`.
+const WORDS: [&str; 16] = [
+    " the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", " and", " keeps",
+    " running", " past", " our", " gateway", ".",
+];
+
+fn push_tokens(buf: &mut BytesMut, first: u32, count: u32) {
+    for i in first..first + count {
+        buf.put_slice(WORDS[i as usize % WORDS.len()].as_bytes());
+    }
+}
+
+/// The text of `count` tokens starting at token `first`.
+pub fn token_text(first: u32, count: u32) -> String {
+    (first..first + count)
+        .map(|i| WORDS[i as usize % WORDS.len()])
+        .collect()
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// The client's max_tokens was reached.
+    Length,
+    /// The model "chose" to stop (the request named no max_tokens).
+    Stop,
+}
+
+impl Finish {
+    fn openai(self) -> &'static str {
+        match self {
+            Self::Length => "length",
+            Self::Stop => "stop",
+        }
+    }
+
+    fn anthropic(self) -> &'static str {
+        match self {
+            Self::Length => "max_tokens",
+            Self::Stop => "end_turn",
+        }
+    }
+}
+
+/// Builds the SSE bytes of one streamed response. The per-request JSON around each token is
+/// rendered once, so a chunk costs one buffer and a few copies.
+#[derive(Debug)]
+pub struct Framer {
+    dialect: Dialect,
+    /// Everything before the token text of a content event.
+    prefix: String,
+    /// Id, object, created and model fields shared by OpenAI chunks.
+    envelope: String,
+    usage_on_finish: bool,
+    include_usage: bool,
+    prompt_tokens: u32,
+}
+
+impl Framer {
+    /// A framer for one response; `id` and `created` (unix seconds) identify it.
+    pub fn new(
+        dialect: Dialect,
+        req: &GenRequest,
+        id: &str,
+        created: u64,
+        usage_on_finish: bool,
+    ) -> Self {
+        let model = Value::String(req.model.clone()).to_string();
+        let envelope = match dialect {
+            Dialect::Chat => format!(
+                r#""id":"chatcmpl-{id}","object":"chat.completion.chunk","created":{created},"model":{model}"#
+            ),
+            Dialect::Completions => format!(
+                r#""id":"cmpl-{id}","object":"text_completion","created":{created},"model":{model}"#
+            ),
+            Dialect::Messages => format!(r#""id":"msg_{id}","model":{model}"#),
+        };
+        let prefix = match dialect {
+            Dialect::Chat => {
+                format!(r#"data: {{{envelope},"choices":[{{"index":0,"delta":{{"content":""#)
+            }
+            Dialect::Completions => {
+                format!(r#"data: {{{envelope},"choices":[{{"index":0,"text":""#)
+            }
+            Dialect::Messages => r#"event: content_block_delta
+data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""#
+                .to_owned(),
+        };
+        Self {
+            dialect,
+            prefix,
+            envelope,
+            usage_on_finish,
+            include_usage: req.include_usage,
+            prompt_tokens: req.prompt_tokens,
+        }
+    }
+
+    fn usage_json(&self, output_tokens: u32) -> String {
+        let p = self.prompt_tokens;
+        format!(
+            r#""usage":{{"prompt_tokens":{p},"total_tokens":{},"completion_tokens":{output_tokens}}}"#,
+            p + output_tokens
+        )
+    }
+
+    /// What is sent before any token: the role-only chunk (chat), message_start and
+    /// content_block_start (Anthropic), or nothing (completions).
+    pub fn head(&self) -> Option<Bytes> {
+        match self.dialect {
+            Dialect::Chat => Some(Bytes::from(format!(
+                "data: {{{},\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
+                self.envelope
+            ))),
+            Dialect::Completions => None,
+            Dialect::Messages => Some(Bytes::from(format!(
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{{},\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":1}}}}}}\n\n\
+                 event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+                 event: ping\ndata: {{\"type\":\"ping\"}}\n\n",
+                self.envelope, self.prompt_tokens
+            ))),
+        }
+    }
+
+    /// One content event carrying tokens `first .. first + count`. `finish` marks the last one
+    /// (OpenAI puts finish_reason, and usage when asked to, on it).
+    pub fn content(&self, first: u32, count: u32, finish: Option<Finish>) -> Bytes {
+        let mut buf = BytesMut::with_capacity(self.prefix.len() + 128 + 8 * count as usize);
+        buf.put_slice(self.prefix.as_bytes());
+        push_tokens(&mut buf, first, count);
+        match (self.dialect, finish) {
+            (Dialect::Messages, _) => buf.put_slice(b"\"}}\n\n"),
+            (Dialect::Chat, None) => {
+                buf.put_slice(b"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n")
+            }
+            (Dialect::Completions, None) => {
+                buf.put_slice(b"\",\"logprobs\":null,\"finish_reason\":null}]}\n\n")
+            }
+            (Dialect::Chat | Dialect::Completions, Some(finish)) => {
+                let close = if self.dialect == Dialect::Chat {
+                    "\"}"
+                } else {
+                    "\""
+                };
+                buf.put_slice(close.as_bytes());
+                buf.put_slice(b",\"logprobs\":null,\"finish_reason\":\"");
+                buf.put_slice(finish.openai().as_bytes());
+                buf.put_slice(b"\"}]");
+                if self.include_usage && self.usage_on_finish {
+                    buf.put_u8(b',');
+                    buf.put_slice(self.usage_json(first + count).as_bytes());
+                }
+                buf.put_slice(b"}\n\n");
+            }
+        }
+        buf.freeze()
+    }
+
+    /// Everything after the last content event: the usage chunk (when asked for and not on the
+    /// finish chunk) and `[DONE]` (OpenAI); content_block_stop, message_delta, message_stop
+    /// (Anthropic).
+    pub fn tail(&self, output_tokens: u32, finish: Finish) -> Bytes {
+        match self.dialect {
+            Dialect::Chat | Dialect::Completions => {
+                let mut out = String::new();
+                if self.include_usage && !self.usage_on_finish {
+                    out.push_str(&format!(
+                        "data: {{{},\"choices\":[],{}}}\n\n",
+                        self.envelope,
+                        self.usage_json(output_tokens)
+                    ));
+                }
+                out.push_str("data: [DONE]\n\n");
+                Bytes::from(out)
+            }
+            Dialect::Messages => Bytes::from(format!(
+                "event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":0}}\n\n\
+                 event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{{\"output_tokens\":{output_tokens}}}}}\n\n\
+                 event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n",
+                finish.anthropic()
+            )),
+        }
+    }
+}
+
+/// The whole non-streamed response body.
+pub fn complete_body(
+    dialect: Dialect,
+    req: &GenRequest,
+    id: &str,
+    created: u64,
+    output_tokens: u32,
+    finish: Finish,
+) -> Bytes {
+    let text = token_text(0, output_tokens);
+    let p = req.prompt_tokens;
+    let usage = json!({"prompt_tokens": p, "completion_tokens": output_tokens, "total_tokens": p + output_tokens});
+    let body = match dialect {
+        Dialect::Chat => json!({
+            "id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": created,
+            "model": req.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": null, "finish_reason": finish.openai()}],
+            "usage": usage,
+        }),
+        Dialect::Completions => json!({
+            "id": format!("cmpl-{id}"), "object": "text_completion", "created": created,
+            "model": req.model,
+            "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish.openai()}],
+            "usage": usage,
+        }),
+        Dialect::Messages => json!({
+            "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": req.model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": finish.anthropic(), "stop_sequence": null,
+            "usage": {"input_tokens": p, "output_tokens": output_tokens},
+        }),
+    };
+    Bytes::from(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(dialect: Dialect, body: &Value) -> GenRequest {
+        dialect.parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    fn events(bytes: &[u8]) -> Vec<Value> {
+        std::str::from_utf8(bytes)
+            .unwrap()
+            .split("\n\n")
+            .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn prompt_tokens_are_bytes_over_four_rounded_up() {
+        let r = req(
+            Dialect::Chat,
+            &json!({"model": "m", "messages": [{"role": "user", "content": "12345"},
+                   {"role": "user", "content": [{"type": "text", "text": "abc"}]}]}),
+        );
+        assert_eq!(r.prompt_tokens, 2);
+        let r = req(
+            Dialect::Completions,
+            &json!({"model": "m", "prompt": "x".repeat(400)}),
+        );
+        assert_eq!(r.prompt_tokens, 100);
+    }
+
+    #[test]
+    fn max_completion_tokens_wins_over_max_tokens() {
+        let r = req(
+            Dialect::Chat,
+            &json!({"model": "m", "messages": [], "max_tokens": 5, "max_completion_tokens": 7}),
+        );
+        assert_eq!(r.max_tokens, Some(7));
+    }
+
+    #[test]
+    fn missing_fields_are_named() {
+        let err = Dialect::Chat.parse(br#"{"messages": []}"#).unwrap_err();
+        assert!(err.0.contains("`model`"));
+        let err = Dialect::Messages
+            .parse(br#"{"model": "m", "messages": []}"#)
+            .unwrap_err();
+        assert!(err.0.contains("`max_tokens`"));
+        let err = Dialect::Chat.parse(b"{nope").unwrap_err();
+        assert!(err.0.starts_with("invalid JSON"));
+    }
+
+    #[test]
+    fn chat_stream_is_valid_json_with_role_first_and_usage_last() {
+        let r = req(
+            Dialect::Chat,
+            &json!({"model": "m\"x", "messages": [], "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        );
+        let f = Framer::new(Dialect::Chat, &r, "1", 7, false);
+        let mut all = f.head().unwrap().to_vec();
+        all.extend_from_slice(&f.content(0, 2, None));
+        all.extend_from_slice(&f.content(2, 1, Some(Finish::Length)));
+        all.extend_from_slice(&f.tail(3, Finish::Length));
+        let evs = events(&all);
+        assert_eq!(evs.len(), 4);
+        assert_eq!(evs[0]["choices"][0]["delta"], json!({"role": "assistant"}));
+        assert_eq!(evs[1]["choices"][0]["delta"]["content"], " the quick");
+        assert_eq!(evs[1]["model"], "m\"x");
+        assert_eq!(evs[2]["choices"][0]["finish_reason"], "length");
+        assert_eq!(evs[3]["choices"], json!([]));
+        assert_eq!(evs[3]["usage"]["completion_tokens"], 3);
+        assert!(all.ends_with(b"data: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn usage_on_finish_moves_usage_to_the_last_content_chunk() {
+        let r = req(
+            Dialect::Chat,
+            &json!({"model": "m", "messages": [], "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        );
+        let f = Framer::new(Dialect::Chat, &r, "1", 7, true);
+        let last = events(&f.content(0, 1, Some(Finish::Stop)));
+        assert_eq!(last[0]["usage"]["completion_tokens"], 1);
+        assert_eq!(&f.tail(1, Finish::Stop)[..], b"data: [DONE]\n\n");
+    }
+
+    #[test]
+    fn anthropic_stream_has_every_event_in_order() {
+        let r = req(
+            Dialect::Messages,
+            &json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 2, "stream": true}),
+        );
+        let f = Framer::new(Dialect::Messages, &r, "1", 7, false);
+        let mut all = f.head().unwrap().to_vec();
+        all.extend_from_slice(&f.content(0, 1, None));
+        all.extend_from_slice(&f.content(1, 1, Some(Finish::Length)));
+        all.extend_from_slice(&f.tail(2, Finish::Length));
+        let types: Vec<String> = events(&all)
+            .iter()
+            .map(|e| e["type"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            types,
+            [
+                "message_start",
+                "content_block_start",
+                "ping",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        assert_eq!(events(&all)[6]["usage"]["output_tokens"], 2);
+    }
+}

@@ -1,0 +1,9 @@
+//! Server-Sent Events, read incrementally as bytes arrive.
+//!
+//! Pure: no I/O, no clock. The parser follows the WHATWG event-stream rules that matter to LLM
+//! streams: lines end in CR, LF or CRLF (split across reads too), `:` starts a comment, `data:`
+//! takes one optional space, several data lines join with `\n`, and a blank line dispatches.
+
+mod parser;
+
+pub use parser::{SseEvent, SseParser};
