@@ -132,6 +132,7 @@ mod tests {
             ttft: Some(0.5),
             decode: 0.09,
             output_tokens: 10,
+            content_events: 10,
             ..Sample::default()
         };
         let slow_start = Sample {

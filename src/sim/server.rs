@@ -308,7 +308,14 @@ impl SimBackend {
                 }
             }
         }
-        let curve = truth::curve(&self.name, timing, prompt_tokens, output_tokens.max(1));
+        let per_chunk = live.params.stream.tokens_per_chunk;
+        let curve = truth::curve(
+            &self.name,
+            timing,
+            per_chunk,
+            prompt_tokens,
+            output_tokens.max(1),
+        );
         json_response(StatusCode::OK, &curve)
     }
 
@@ -419,6 +426,9 @@ impl StreamState {
                             tokio::time::sleep(pause).await;
                         }
                         Some(FaultAction::Reset { after_tokens }) if self.sent >= after_tokens => {
+                            // Cut when the next token would go out, so that the ones before it
+                            // have left the socket buffer.
+                            let _ = self.tokens.recv().await;
                             self.phase = Phase::Done;
                             return Some((Err(reset_error()), self));
                         }

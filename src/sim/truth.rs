@@ -11,8 +11,9 @@
 //!   therefore runs a share `1 - λp` of the time.
 //! - TPOT: `s(b) / (1 - λp)`, solved as a fixed point with `L = p + s(b) + (T - 1) * TPOT`
 //!   (`T` = output tokens).
-//! - TTFT: `extra_ttft + W + (p + s(b)) / (1 - λp)`: the own prefill and one step, stretched by
-//!   others' prefills landing meanwhile; `W = (c - b) * L / b` is the FIFO wait once the batch is
+//! - TTFT: `extra_ttft + W + (p + k * s(b)) / (1 - λp)`: the own prefill and the `k` steps that
+//!   fill the first chunk (`k = min(tokens_per_chunk, T)`), stretched by others' prefills
+//!   landing meanwhile; `W = (c - b) * L / b` is the FIFO wait once the batch is
 //!   full (Little's law on the `b` slots).
 //!
 //! Arrivals are assumed spread over the lifetime, not synchronised in waves; `tpsgate bench`
@@ -45,20 +46,36 @@ pub struct Truth {
     pub prompt_tokens: u32,
     /// Output tokens assumed.
     pub output_tokens: u32,
-    /// Points for concurrency 1 ..= 2 * max_batch.
+    /// Points for concurrency 1 ..= 2 * max_batch (at least 8).
     pub points: Vec<TruthPoint>,
 }
 
-/// Largest concurrency a curve lists, whatever `max_batch` says.
+/// Smallest and largest concurrency a curve lists up to, whatever `max_batch` says (a serial
+/// backend still gets enough points to show its queue).
+const MIN_POINTS: usize = 8;
 const MAX_POINTS: usize = 4096;
 
-/// The analytic point at concurrency `c` (>= 1).
+/// The analytic point at concurrency `c` (>= 1) for a backend that streams one token per
+/// chunk; see [`point_chunked`].
 pub fn point(timing: &Timing, c: usize, prompt_tokens: u32, output_tokens: u32) -> TruthPoint {
+    point_chunked(timing, c, prompt_tokens, output_tokens, 1)
+}
+
+/// The analytic point when tokens go out `per_chunk` at a time: the first content then arrives
+/// after `min(per_chunk, T)` steps instead of one.
+pub fn point_chunked(
+    timing: &Timing,
+    c: usize,
+    prompt_tokens: u32,
+    output_tokens: u32,
+    per_chunk: u32,
+) -> TruthPoint {
     let c = c.max(1);
     let b = c.min(timing.max_batch);
     let s = timing.step(b);
     let p = timing.prefill(prompt_tokens);
     let t = f64::from(output_tokens.max(1));
+    let first_steps = f64::from(per_chunk.clamp(1, output_tokens.max(1)));
     let others = (b - 1) as f64;
     // Share of time decode runs; the fixed point converges in a few rounds since λp < 1 whenever
     // a lifetime holds more than the others' prefills.
@@ -74,20 +91,26 @@ pub fn point(timing: &Timing, c: usize, prompt_tokens: u32, output_tokens: u32) 
     TruthPoint {
         concurrency: c,
         per_user_tps: 1.0 / tpot,
-        ttft_s: timing.extra_ttft.as_secs_f64() + wait + (p + s) / running,
+        ttft_s: timing.extra_ttft.as_secs_f64() + wait + (p + first_steps * s) / running,
         system_tps: b as f64 / tpot,
     }
 }
 
-/// The whole curve for concurrency 1 ..= 2 * max_batch.
-pub fn curve(backend: &str, timing: &Timing, prompt_tokens: u32, output_tokens: u32) -> Truth {
-    let top = (2 * timing.max_batch).clamp(2, MAX_POINTS);
+/// The whole curve for concurrency 1 ..= 2 * max_batch (at least 8).
+pub fn curve(
+    backend: &str,
+    timing: &Timing,
+    per_chunk: u32,
+    prompt_tokens: u32,
+    output_tokens: u32,
+) -> Truth {
+    let top = (2 * timing.max_batch).clamp(MIN_POINTS, MAX_POINTS);
     Truth {
         backend: backend.to_owned(),
         prompt_tokens,
         output_tokens,
         points: (1..=top)
-            .map(|c| point(timing, c, prompt_tokens, output_tokens))
+            .map(|c| point_chunked(timing, c, prompt_tokens, output_tokens, per_chunk))
             .collect(),
     }
 }
@@ -120,8 +143,9 @@ mod tests {
 
     #[test]
     fn per_user_tps_falls_and_system_tps_rises_with_concurrency() {
-        let truth = curve("x", &timing(8), 10, 100);
+        let truth = curve("x", &timing(8), 1, 10, 100);
         assert_eq!(truth.points.len(), 16);
+        assert_eq!(curve("x", &timing(1), 1, 0, 10).points.len(), 8);
         for w in truth.points[..8].windows(2) {
             assert!(w[1].per_user_tps < w[0].per_user_tps);
             assert!(w[1].system_tps > w[0].system_tps);

@@ -1,0 +1,188 @@
+//! A client measuring the simulator sees the analytic curve the simulator publishes.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+use tpsgate::bench::{self, BenchDialect, LevelReport, RequestSpec};
+use tpsgate::sim::config::{EngineRaw, Mode, StreamRaw};
+
+use crate::support::{self, rel_err};
+
+const PROMPT: u32 = 64;
+const OUTPUT: u32 = 32;
+
+async fn level(
+    addr: std::net::SocketAddr,
+    dialect: BenchDialect,
+    c: usize,
+    n: usize,
+) -> LevelReport {
+    let spec = RequestSpec::new(
+        &support::base(addr),
+        dialect,
+        "m",
+        PROMPT,
+        OUTPUT,
+        Vec::new(),
+    )
+    .unwrap();
+    let bar = indicatif::ProgressBar::hidden();
+    bench::closed_loop(
+        &bench::http_client(),
+        &spec,
+        c,
+        n,
+        Duration::from_secs(60),
+        &bar,
+    )
+    .await
+}
+
+fn assert_matches_truth(report: &LevelReport, truth: &Value) {
+    let c = report.concurrency.unwrap();
+    assert_eq!(report.errors, 0, "c={c}: {:?}", report.first_error);
+    let tps = report.per_user_tps_p50.unwrap();
+    let want_tps = truth["per_user_tps"].as_f64().unwrap();
+    assert!(
+        rel_err(tps, want_tps) <= 0.03,
+        "c={c}: per-user TPS p50 {tps:.2}, truth {want_tps:.2}"
+    );
+    let ttft = report.ttft_p50_s.unwrap();
+    let want_ttft = truth["ttft_s"].as_f64().unwrap();
+    assert!(
+        rel_err(ttft, want_ttft) <= 0.10 || (ttft - want_ttft).abs() <= 0.005,
+        "c={c}: TTFT p50 {:.1} ms, truth {:.1} ms",
+        ttft * 1e3,
+        want_ttft * 1e3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_measures_the_published_curve_at_concurrency_1_8_32() {
+    let (_fleet, addr) = support::start(support::spec(
+        "big",
+        EngineRaw::default(),
+        StreamRaw::default(),
+        vec![],
+    ))
+    .await;
+    for c in [1, 8, 32] {
+        let report = level(addr, BenchDialect::Openai, c, 32).await;
+        let truth = support::truth(addr, PROMPT, OUTPUT, c).await;
+        assert_matches_truth(&report, &truth);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_streams_are_measured_as_accurately() {
+    let (_fleet, addr) = support::start(support::spec(
+        "big",
+        EngineRaw::default(),
+        StreamRaw::default(),
+        vec![],
+    ))
+    .await;
+    for c in [1, 8] {
+        let report = level(addr, BenchDialect::Anthropic, c, 24).await;
+        assert_eq!(report.estimated, 0, "message_delta carries usage");
+        let truth = support::truth(addr, PROMPT, OUTPUT, c).await;
+        assert_matches_truth(&report, &truth);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_tokens_per_chunk_keep_speed_right_and_quarter_the_chunks() {
+    let stream = StreamRaw {
+        tokens_per_chunk: 4,
+        usage_on_finish: false,
+    };
+    let (_fleet, addr) = support::start(support::spec(
+        "chunky",
+        EngineRaw::default(),
+        stream,
+        vec![],
+    ))
+    .await;
+    let report = level(addr, BenchDialect::Openai, 4, 16).await;
+    assert_matches_truth(&report, &support::truth(addr, PROMPT, OUTPUT, 4).await);
+
+    let ex = support::post(
+        addr,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "m", "messages": [], "max_tokens": 32, "stream": true}),
+    )
+    .await;
+    let content = ex
+        .data_events()
+        .iter()
+        .filter(|d| d.contains("\"content\""))
+        .count();
+    assert_eq!(content, 32 / 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
+    let engine = EngineRaw {
+        mode: Mode::Serial,
+        step_base_ms: 10.0,
+        step_per_seq_ms: 0.0,
+        ..EngineRaw::default()
+    };
+    let (_fleet, addr) = support::start(support::spec(
+        "serial",
+        engine,
+        StreamRaw::default(),
+        vec![],
+    ))
+    .await;
+    // An empty prompt costs no prefill: each request holds the engine 10 tokens x 10 ms.
+    let spec = RequestSpec::new(
+        &support::base(addr),
+        BenchDialect::Openai,
+        "m",
+        0,
+        10,
+        Vec::new(),
+    )
+    .unwrap();
+    let client = bench::http_client();
+    let send_five = |gap: Duration, spec: RequestSpec| {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..5u32)
+            .map(|k| {
+                let (client, spec) = (client.clone(), spec.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep_until(start + gap * k).await;
+                    bench::client::run_one(&client, &spec).await
+                })
+            })
+            .collect();
+        futures_util::future::join_all(tasks)
+    };
+    // Open five pooled connections first, so that connecting is not part of what we measure.
+    send_five(Duration::ZERO, spec.with_max_tokens(1)).await;
+    let samples: Vec<_> = send_five(Duration::from_millis(5), spec)
+        .await
+        .into_iter()
+        .map(|s| s.unwrap())
+        .collect();
+    let ttft: Vec<f64> = samples.iter().map(|s| s.ttft.unwrap()).collect();
+    assert!(
+        (ttft[0] - 0.010).abs() < 0.005,
+        "alone, TTFT is one step: {ttft:?}"
+    );
+    for (k, sample) in samples.iter().enumerate() {
+        assert!(sample.error.is_none(), "{:?}", sample.error);
+        let tps = sample.per_user_tps().unwrap();
+        assert!(rel_err(tps, 100.0) <= 0.03, "position {k}: {tps:.1} tok/s");
+    }
+    // Each waits 100 ms more than the one before it (10 tokens x 10 ms) but was sent 5 ms later.
+    for k in 1..5 {
+        let step = ttft[k] - ttft[k - 1];
+        assert!(
+            (step - 0.095).abs() < 0.003,
+            "position {k} waits {step:.4} s more: {ttft:?}"
+        );
+    }
+}

@@ -1,0 +1,257 @@
+//! The `tpsgate` binary itself: what it prints, how it fails.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use tpsgate::sim::FleetRaw;
+use tpsgate::sim::config::StreamRaw;
+
+use crate::support;
+
+fn tpsgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tpsgate"))
+}
+
+/// Kills the child when the test ends, pass or fail.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn sim_serves_on_the_address_it_prints() {
+    let mut child = Child(
+        tpsgate()
+            .args([
+                "sim",
+                "--listen",
+                "127.0.0.1:0",
+                "--model",
+                "llama",
+                "--step-base-ms",
+                "2",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    let models = support::get_json(addr.parse().unwrap(), "/v1/models").await;
+    assert_eq!(models["data"][0]["id"], "llama");
+}
+
+fn sim_with_config(yaml: &str) -> (std::process::Output, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("fleet.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = tpsgate()
+        .args(["sim", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    (out, dir)
+}
+
+#[test]
+fn a_misspelt_field_is_reported_with_file_line_column_and_path() {
+    let (out, _dir) = sim_with_config(
+        "backends:\n  - name: a\n    listen: 127.0.0.1:0\n    models: [m]\n    engine:\n      mode: batching\n      stp_base_ms: 3\n",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "fleet.yaml:7:7: backends[0].engine.stp_base_ms: unknown field `stp_base_ms`"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_out_of_range_value_is_reported_with_its_path_and_the_fix() {
+    let (out, _dir) = sim_with_config(
+        "backends:\n  - name: a\n    listen: 127.0.0.1:0\n    models: [m]\n    engine: {mode: serial, max_batch: 4}\n",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("fleet.yaml: backends[0].engine.max_batch: 4 conflicts with mode: serial"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn commands_not_built_yet_say_so_and_exit_2() {
+    for command in ["serve", "check", "demo"] {
+        let out = tpsgate().arg(command).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("not built yet"),
+            "{command}"
+        );
+    }
+}
+
+#[test]
+fn the_shipped_fleet_has_four_backends_of_distinct_shape() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sim-fleet.yaml");
+    let specs = tpsgate::yaml::from_file::<FleetRaw>(&path)
+        .unwrap()
+        .validate()
+        .unwrap();
+    assert!(specs.len() >= 4);
+    let speed = |name: &str, c: usize| {
+        let spec = specs.iter().find(|s| s.name == name).unwrap();
+        tpsgate::sim::truth::point(&spec.params.timing, c, 64, 128)
+    };
+    let (one, many) = (speed("vllm-large", 1), speed("vllm-large", 64));
+    assert!((65.0..75.0).contains(&one.per_user_tps) && (13.0..17.0).contains(&many.per_user_tps));
+    assert!(
+        speed("sglang-small", 16).ttft_s > 1.0,
+        "past max_batch 8 requests queue"
+    );
+    assert_eq!(
+        speed("llamacpp-serial", 1).per_user_tps,
+        speed("llamacpp-serial", 4).per_user_tps
+    );
+    let hosted = speed("hosted-api", 32);
+    assert!(
+        (0.55..0.65).contains(&hosted.ttft_s)
+            && support::rel_err(hosted.per_user_tps, speed("hosted-api", 1).per_user_tps) < 0.1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_prints_one_json_object_per_level() {
+    let (_fleet, addr) = support::start(support::spec(
+        "x",
+        support::engine(2.0, 0.5, 8),
+        StreamRaw::default(),
+        vec![],
+    ))
+    .await;
+    let url = support::base(addr);
+    let out = tokio::task::spawn_blocking(move || {
+        tpsgate()
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--model",
+                "m",
+                "--concurrency",
+                "1,4",
+                "--requests",
+                "8",
+            ])
+            .args(["--max-tokens", "16", "--prompt-tokens", "8", "--json"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    for (line, c) in lines.iter().zip([1, 4]) {
+        assert_eq!(line["concurrency"], c);
+        assert_eq!(line["requests"], 8);
+        assert_eq!(line["errors"], 0);
+        for field in [
+            "ttft_p50_s",
+            "ttft_p90_s",
+            "ttft_p99_s",
+            "per_user_tps_p10",
+            "per_user_tps_p50",
+            "per_user_tps_p90",
+            "system_tps",
+        ] {
+            assert!(line[field].as_f64().unwrap() > 0.0, "{field} in {line}");
+        }
+    }
+}
+
+async fn open_loop(addr: std::net::SocketAddr, slo_tps: &str) -> serde_json::Value {
+    let url = support::base(addr);
+    let slo_tps = slo_tps.to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        tpsgate()
+            .args([
+                "bench",
+                "--url",
+                &url,
+                "--model",
+                "m",
+                "--rate",
+                "20",
+                "--duration",
+                "1",
+            ])
+            .args([
+                "--max-tokens",
+                "8",
+                "--slo-ttft-ms",
+                "500",
+                "--slo-tps",
+                &slo_tps,
+                "--json",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_bench_reports_slo_attainment_and_goodput() {
+    // A 10 ms step: 100 tok/s per user whatever the load.
+    let (_fleet, addr) = support::start(support::spec(
+        "x",
+        support::engine(10.0, 0.0, 64),
+        StreamRaw::default(),
+        vec![],
+    ))
+    .await;
+    let easy = open_loop(addr, "50").await;
+    assert_eq!(easy["rate_rps"], 20.0);
+    assert!(easy["slo_attainment"].as_f64().unwrap() >= 0.9, "{easy}");
+    assert!(easy["goodput_rps"].as_f64().unwrap() > 5.0, "{easy}");
+    let impossible = open_loop(addr, "1000").await;
+    assert_eq!(impossible["slo_attainment"], 0.0, "{impossible}");
+    assert_eq!(impossible["goodput_rps"], 0.0, "{impossible}");
+}

@@ -1,0 +1,15 @@
+//! `tpsgate sim` and `tpsgate bench`, tested on loopback against the real server stack and the
+//! real binary.
+
+mod support;
+
+#[path = "sim/accuracy.rs"]
+mod accuracy;
+#[path = "sim/binary.rs"]
+mod binary;
+#[path = "sim/control.rs"]
+mod control;
+#[path = "sim/faults.rs"]
+mod faults;
+#[path = "sim/wire.rs"]
+mod wire;

@@ -1,0 +1,178 @@
+//! Shared helpers of the integration tests: simulated backends on port 0 and a client that
+//! records what arrives and when.
+
+#![allow(
+    dead_code,
+    unreachable_pub,
+    reason = "each test binary uses a different subset"
+)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+use tokio::time::Instant;
+use tpsgate::bench::{HttpClient, http_client};
+use tpsgate::sim::config::{BackendRaw, EngineRaw, FaultRaw, StreamRaw};
+use tpsgate::sim::{BackendSpec, Fleet};
+
+/// A backend spec on 127.0.0.1:0 serving model `m`.
+pub fn spec(
+    name: &str,
+    engine: EngineRaw,
+    stream: StreamRaw,
+    faults: Vec<FaultRaw>,
+) -> BackendSpec {
+    BackendRaw {
+        name: name.to_owned(),
+        listen: "127.0.0.1:0".to_owned(),
+        models: vec!["m".to_owned()],
+        engine,
+        stream,
+        faults,
+    }
+    .validate("test")
+    .expect("test backend is valid")
+}
+
+/// Engine settings with no prefill cost unless given.
+pub fn engine(step_base_ms: f64, step_per_seq_ms: f64, max_batch: u32) -> EngineRaw {
+    EngineRaw {
+        step_base_ms,
+        step_per_seq_ms,
+        max_batch: Some(max_batch),
+        ..EngineRaw::default()
+    }
+}
+
+/// Starts one backend and returns the fleet and its address.
+pub async fn start(spec: BackendSpec) -> (Fleet, SocketAddr) {
+    let name = spec.name.clone();
+    let fleet = Fleet::start(&[spec]).await.expect("bind on port 0");
+    let addr = fleet.addr(&name).expect("started");
+    (fleet, addr)
+}
+
+/// `http://ADDR`.
+pub fn base(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// Everything one response delivered.
+#[derive(Debug)]
+pub struct Exchange {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    /// Time from sending to the response head.
+    pub head_after: Duration,
+    /// Each body frame with its arrival time since sending.
+    pub frames: Vec<(Duration, Bytes)>,
+    /// The body error, if the body broke.
+    pub error: Option<String>,
+}
+
+impl Exchange {
+    /// The whole body.
+    pub fn body(&self) -> Vec<u8> {
+        self.frames.iter().flat_map(|(_, b)| b.to_vec()).collect()
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body()).expect("JSON body")
+    }
+
+    /// The `data:` payloads of an SSE body, `[DONE]` included.
+    pub fn data_events(&self) -> Vec<String> {
+        String::from_utf8(self.body())
+            .expect("utf-8")
+            .split("\n\n")
+            .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// Sends `method path` with a JSON body (or none) and records the response as it arrives.
+pub async fn exchange(
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    body: Option<&[u8]>,
+) -> Exchange {
+    exchange_with(&http_client(), addr, method, path, body).await
+}
+
+/// [`exchange`] on a given client.
+pub async fn exchange_with(
+    client: &HttpClient,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    body: Option<&[u8]>,
+) -> Exchange {
+    let request = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::copy_from_slice(body.unwrap_or_default())))
+        .unwrap();
+    let start = Instant::now();
+    let response = client.request(request).await.expect("response head");
+    let head_after = start.elapsed();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let mut body = response.into_body();
+    let mut frames = Vec::new();
+    let mut error = None;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    frames.push((start.elapsed(), data));
+                }
+            }
+            Err(e) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    Exchange {
+        status,
+        headers,
+        head_after,
+        frames,
+        error,
+    }
+}
+
+/// POSTs a JSON value.
+pub async fn post(addr: SocketAddr, path: &str, body: &Value) -> Exchange {
+    exchange(addr, Method::POST, path, Some(body.to_string().as_bytes())).await
+}
+
+/// GETs a JSON document.
+pub async fn get_json(addr: SocketAddr, path: &str) -> Value {
+    let ex = exchange(addr, Method::GET, path, None).await;
+    assert_eq!(ex.status, StatusCode::OK, "GET {path}");
+    ex.json()
+}
+
+/// The analytic point of a backend at concurrency `c`.
+pub async fn truth(addr: SocketAddr, prompt_tokens: u32, output_tokens: u32, c: usize) -> Value {
+    let curve = get_json(
+        addr,
+        &format!("/sim/truth?prompt_tokens={prompt_tokens}&output_tokens={output_tokens}"),
+    )
+    .await;
+    curve["points"][c - 1].clone()
+}
+
+/// |got - want| / want.
+pub fn rel_err(got: f64, want: f64) -> f64 {
+    (got - want).abs() / want
+}
