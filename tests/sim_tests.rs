@@ -1,6 +1,12 @@
 //! `tpsgate sim` and `tpsgate bench`, tested on loopback against the real server stack and the
 //! real binary.
 
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "helpers outside #[test] functions fail the test loudly too"
+)]
+
 mod support;
 
 #[path = "sim/accuracy.rs"]
