@@ -432,4 +432,18 @@ mod tests {
             "{times:?}"
         );
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn jitter_moves_tokens_but_not_the_mean_rate() {
+        let mut jittery = timing(10.0, 0.0, 8);
+        jittery.jitter = 0.4;
+        let engine = Engine::spawn(jittery);
+        let times = arrivals(engine.submit(0, 201), Instant::now()).await;
+        let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
+        let spread = gaps.iter().copied().fold(0.0_f64, f64::max)
+            - gaps.iter().copied().fold(1.0_f64, f64::min);
+        assert!(spread > 0.004, "gaps should vary: spread {spread}");
+        let tpot = (times[200] - times[0]) / 200.0;
+        assert!((tpot - 0.010).abs() < 0.0001, "mean TPOT {tpot}");
+    }
 }

@@ -18,15 +18,7 @@ async fn level(
     c: usize,
     n: usize,
 ) -> LevelReport {
-    let spec = RequestSpec::new(
-        &support::base(addr),
-        dialect,
-        "m",
-        PROMPT,
-        OUTPUT,
-        Vec::new(),
-    )
-    .unwrap();
+    let spec = support::request(addr, dialect, PROMPT, OUTPUT);
     let bar = indicatif::ProgressBar::hidden();
     bench::closed_loop(
         &bench::http_client(),
@@ -60,13 +52,7 @@ fn assert_matches_truth(report: &LevelReport, truth: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_measures_the_published_curve_at_concurrency_1_8_32() {
-    let (_fleet, addr) = support::start(support::spec(
-        "big",
-        EngineRaw::default(),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (_fleet, addr) = support::start_engine("big", EngineRaw::default()).await;
     for c in [1, 8, 32] {
         let report = level(addr, BenchDialect::Openai, c, 32).await;
         let truth = support::truth(addr, PROMPT, OUTPUT, c).await;
@@ -76,13 +62,7 @@ async fn bench_measures_the_published_curve_at_concurrency_1_8_32() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_streams_are_measured_as_accurately() {
-    let (_fleet, addr) = support::start(support::spec(
-        "big",
-        EngineRaw::default(),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (_fleet, addr) = support::start_engine("big", EngineRaw::default()).await;
     for c in [1, 8] {
         let report = level(addr, BenchDialect::Anthropic, c, 24).await;
         assert_eq!(report.estimated, 0, "message_delta carries usage");
@@ -129,23 +109,9 @@ async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
         step_per_seq_ms: 0.0,
         ..EngineRaw::default()
     };
-    let (_fleet, addr) = support::start(support::spec(
-        "serial",
-        engine,
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (_fleet, addr) = support::start_engine("serial", engine).await;
     // An empty prompt costs no prefill: each request holds the engine 10 tokens x 10 ms.
-    let spec = RequestSpec::new(
-        &support::base(addr),
-        BenchDialect::Openai,
-        "m",
-        0,
-        10,
-        Vec::new(),
-    )
-    .unwrap();
+    let spec = support::request(addr, BenchDialect::Openai, 0, 10);
     let client = bench::http_client();
     let send_five = |gap: Duration, spec: RequestSpec| {
         let start = Instant::now();

@@ -5,7 +5,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use tpsgate::sim::FleetRaw;
-use tpsgate::sim::config::StreamRaw;
 
 use crate::support;
 
@@ -143,13 +142,7 @@ fn the_shipped_fleet_has_four_backends_of_distinct_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_prints_one_json_object_per_level() {
-    let (_fleet, addr) = support::start(support::spec(
-        "x",
-        support::engine(2.0, 0.5, 8),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (_fleet, addr) = support::start_engine("x", support::engine(2.0, 0.5, 8)).await;
     let url = support::base(addr);
     let out = tokio::task::spawn_blocking(move || {
         tpsgate()
@@ -240,13 +233,7 @@ async fn open_loop(addr: std::net::SocketAddr, slo_tps: &str) -> serde_json::Val
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_bench_reports_slo_attainment_and_goodput() {
     // A 10 ms step: 100 tok/s per user whatever the load.
-    let (_fleet, addr) = support::start(support::spec(
-        "x",
-        support::engine(10.0, 0.0, 64),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (_fleet, addr) = support::start_engine("x", support::engine(10.0, 0.0, 64)).await;
     let easy = open_loop(addr, "50").await;
     assert_eq!(easy["rate_rps"], 20.0);
     assert!(easy["slo_attainment"].as_f64().unwrap() >= 0.9, "{easy}");

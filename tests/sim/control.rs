@@ -5,29 +5,14 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
-use tpsgate::bench::{self, BenchDialect, RequestSpec};
-use tpsgate::sim::config::StreamRaw;
+use tpsgate::bench::{self, BenchDialect};
 
 use crate::support::{self, rel_err};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_params_slow_the_backend_down_mid_run() {
-    let (_fleet, addr) = support::start(support::spec(
-        "x",
-        support::engine(5.0, 0.0, 8),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
-    let spec = RequestSpec::new(
-        &support::base(addr),
-        BenchDialect::Openai,
-        "m",
-        0,
-        40,
-        Vec::new(),
-    )
-    .unwrap();
+    let (_fleet, addr) = support::start_engine("x", support::engine(5.0, 0.0, 8)).await;
+    let spec = support::request(addr, BenchDialect::Openai, 0, 40);
     let client = bench::http_client();
     let before = bench::client::run_one(&client, &spec)
         .await
@@ -56,13 +41,7 @@ async fn runtime_params_slow_the_backend_down_mid_run() {
 
 #[tokio::test]
 async fn a_bad_patch_is_rejected_whole_and_names_the_field() {
-    let (_fleet, addr) = support::start(support::spec(
-        "x",
-        support::engine(5.0, 0.0, 8),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (_fleet, addr) = support::start_engine("x", support::engine(5.0, 0.0, 8)).await;
     let cases = [
         (
             json!({"engine": {"step_base_ms": 99.0, "max_batch": 0}}),
@@ -90,13 +69,7 @@ async fn a_bad_patch_is_rejected_whole_and_names_the_field() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stats_count_running_and_queued_requests() {
-    let (fleet, addr) = support::start(support::spec(
-        "x",
-        support::engine(5.0, 0.0, 1),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (fleet, addr) = support::start_engine("x", support::engine(5.0, 0.0, 1)).await;
     let body = json!({"model": "m", "messages": [], "max_tokens": 40}).to_string();
     let held: Vec<_> = (0..3)
         .map(|_| {
@@ -131,13 +104,7 @@ async fn stats_count_running_and_queued_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_frees_its_batch_slot() {
-    let (fleet, addr) = support::start(support::spec(
-        "x",
-        support::engine(5.0, 0.0, 8),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
+    let (fleet, addr) = support::start_engine("x", support::engine(5.0, 0.0, 8)).await;
     let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
         .body(Full::new(bytes::Bytes::from(
             json!({"model": "m", "messages": [], "max_tokens": 100000, "stream": true}).to_string(),

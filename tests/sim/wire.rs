@@ -81,8 +81,7 @@ async fn max_completion_tokens_wins_and_no_limit_means_a_natural_stop() {
         default_max_tokens: 5,
         ..support::engine(1.0, 0.0, 64)
     };
-    let (_fleet, addr) =
-        support::start(support::spec("fast", engine, StreamRaw::default(), vec![])).await;
+    let (_fleet, addr) = support::start_engine("fast", engine).await;
     let body = json!({"model": "m", "messages": [], "max_tokens": 9, "max_completion_tokens": 4});
     let ex = support::post(addr, "/v1/chat/completions", &body).await;
     assert_eq!(ex.json()["usage"]["completion_tokens"], 4);

@@ -15,7 +15,7 @@ use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 use tokio::time::Instant;
-use tpsgate::bench::{HttpClient, http_client};
+use tpsgate::bench::{BenchDialect, HttpClient, RequestSpec, http_client};
 use tpsgate::sim::config::{BackendRaw, EngineRaw, FaultRaw, StreamRaw};
 use tpsgate::sim::{BackendSpec, Fleet};
 
@@ -54,6 +54,29 @@ pub async fn start(spec: BackendSpec) -> (Fleet, SocketAddr) {
     let fleet = Fleet::start(&[spec]).await.expect("bind on port 0");
     let addr = fleet.addr(&name).expect("started");
     (fleet, addr)
+}
+
+/// Starts one backend with default stream options and no faults.
+pub async fn start_engine(name: &str, engine: EngineRaw) -> (Fleet, SocketAddr) {
+    start(spec(name, engine, StreamRaw::default(), Vec::new())).await
+}
+
+/// A streaming bench request for model `m`.
+pub fn request(
+    addr: SocketAddr,
+    dialect: BenchDialect,
+    prompt_tokens: u32,
+    max_tokens: u32,
+) -> RequestSpec {
+    RequestSpec::new(
+        &base(addr),
+        dialect,
+        "m",
+        prompt_tokens,
+        max_tokens,
+        Vec::new(),
+    )
+    .expect("valid request")
 }
 
 /// `http://ADDR`.
