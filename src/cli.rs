@@ -23,17 +23,29 @@ pub struct Cli {
     /// Tokio worker threads (default: one per core).
     #[arg(long, global = true)]
     pub threads: Option<usize>,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "pretty")]
+    pub log_format: LogFormat,
     /// The command to run.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the gateway (not built yet).
+    /// Run the gateway.
     Serve(ConfigArg),
-    /// Validate a gateway config and print a summary (not built yet).
+    /// Validate a gateway config and print a summary (exit 1 with FILE:LINE:COL: field: message).
     Check(ConfigArg),
     /// Serve simulated LLM backends (OpenAI and Anthropic APIs) with a known curve.
     Sim(SimArgs),
@@ -48,7 +60,7 @@ pub enum Command {
 pub struct ConfigArg {
     /// Gateway config file (YAML).
     #[arg(long, short)]
-    pub config: Option<PathBuf>,
+    pub config: PathBuf,
 }
 
 /// `tpsgate sim` arguments: a fleet file, or one backend described by flags.
@@ -168,24 +180,104 @@ pub fn say(line: &str) {
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
-    init_tracing();
+    init_tracing(cli.log_format);
     let threads = cli.threads;
     match cli.command {
-        Command::Serve(_) => not_built("serve", "the proxy core issue"),
-        Command::Check(_) => not_built("check", "the proxy core issue"),
+        Command::Serve(args) => block_on(threads, serve(args.config)),
+        Command::Check(args) => check(&args.config),
         Command::Demo => not_built("demo", "the ecosystem issue"),
         Command::Sim(args) => block_on(threads, sim(args)),
         Command::Bench(args) => block_on(threads, run_bench(args)),
     }
 }
 
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}
+
+// === serve and check ===
+
+async fn serve(file: PathBuf) -> Result<(), String> {
+    let config = crate::config::load(&file).map_err(|e| e.to_string())?;
+    let gateway = crate::gateway::Gateway::start(&config).await?;
+    say(&format!(
+        "tpsgate listening on {} (admin http://{}), {} backends",
+        gateway.url(),
+        gateway.admin_addr(),
+        config.backends.len()
+    ));
+    shutdown_signal().await;
+    tracing::info!(
+        drain_s = config.limits.drain_timeout.as_secs_f64(),
+        "draining"
+    );
+    gateway.stop().await;
+    Ok(())
+}
+
+fn check(file: &std::path::Path) -> ExitCode {
+    let config = match crate::config::load(file) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("{err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    say(&format!("{}: ok", file.display()));
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    say(&format!(
+        "listen {scheme}://{}  admin http://{}",
+        config.listen, config.admin_listen
+    ));
+    for b in &config.backends {
+        let mut models: Vec<String> = b
+            .models
+            .aliases
+            .iter()
+            .map(|(client, upstream)| {
+                if client == upstream {
+                    client.clone()
+                } else {
+                    format!("{client} -> {upstream}")
+                }
+            })
+            .collect();
+        if b.models.passthrough {
+            models.push("* (any, passed through)".to_owned());
+        }
+        let dialect = match b.dialect {
+            crate::config::BackendDialect::Openai => "openai",
+            crate::config::BackendDialect::Anthropic => "anthropic",
+        };
+        let key = if b.api_key.is_some() { ", key set" } else { "" };
+        say(&format!(
+            "backend {} ({dialect}, {}{key}): {}",
+            b.name,
+            b.url,
+            models.join(", ")
+        ));
+    }
+    for (i, c) in config.classes.iter().enumerate() {
+        let default = if config.default_class == Some(i) {
+            " (default)"
+        } else {
+            ""
+        };
+        say(&format!("class {}{default}", c.name));
+    }
+    ExitCode::SUCCESS
 }
 
 fn not_built(command: &str, issue: &str) -> ExitCode {
@@ -246,6 +338,7 @@ impl SimArgs {
                 name: self.name.clone(),
                 listen: self.listen.clone(),
                 models: self.model.clone(),
+                tls: None,
                 engine,
                 stream,
                 faults: Vec::new(),

@@ -13,9 +13,16 @@
 //!
 //! Words (TTFT, TPOT, per-user TPS, experienced concurrency, goodput) are defined in README.md.
 
+pub mod admin;
 pub mod bench;
 pub mod cli;
+pub mod config;
+pub mod error;
+pub mod gateway;
 pub mod listen;
+pub mod proxy;
 pub mod sim;
 pub mod sse;
+pub mod stack;
+pub mod upstream;
 pub mod yaml;

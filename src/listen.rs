@@ -10,11 +10,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
-use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tower::Service;
 
 /// How long a client may take to send its request headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,11 +37,40 @@ pub async fn serve<S, B>(
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_with(
+        listener,
+        None,
+        HEADER_READ_TIMEOUT,
+        service,
+        shutdown,
+        drain,
+    )
+    .await;
+}
+
+/// [`serve`] with optional TLS (ALPN h2 and http/1.1) and a given header-read timeout, which also
+/// bounds the TLS handshake.
+pub async fn serve_with<S, B>(
+    listener: TcpListener,
+    tls: Option<TlsAcceptor>,
+    header_read_timeout: Duration,
+    service: S,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .header_read_timeout(header_read_timeout)
         .keep_alive(true);
     builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
@@ -58,15 +89,46 @@ pub async fn serve<S, B>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service.clone())
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(err) = conn.await {
-                tracing::debug!(%peer, %err, "connection ended with an error");
+        let service = TowerToHyperService::new(service.clone());
+        match &tls {
+            None => {
+                let conn = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(err) = conn.await {
+                        tracing::debug!(%peer, %err, "connection ended with an error");
+                    }
+                });
             }
-        });
+            Some(acceptor) => {
+                let acceptor = acceptor.clone();
+                let builder = builder.clone();
+                let watcher = graceful.watcher();
+                tokio::spawn(async move {
+                    let stream =
+                        match tokio::time::timeout(header_read_timeout, acceptor.accept(stream))
+                            .await
+                        {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(err)) => {
+                                tracing::debug!(%peer, %err, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                    let conn =
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+                    if let Err(err) = watcher.watch(conn.into_owned()).await {
+                        tracing::debug!(%peer, %err, "connection ended with an error");
+                    }
+                });
+            }
+        }
     }
     drop(listener);
     if tokio::time::timeout(drain, graceful.shutdown())
@@ -75,6 +137,29 @@ pub async fn serve<S, B>(
     {
         tracing::warn!(?drain, "drain deadline passed with connections still open");
     }
+}
+
+/// A TLS acceptor for PEM certificate chain and key files, offering h2 and http/1.1.
+pub fn tls_acceptor(
+    cert_file: &std::path::Path,
+    key_file: &std::path::Path,
+) -> Result<TlsAcceptor, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert_file)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("listen.tls.cert_file {}: {e}", cert_file.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| format!("listen.tls.key_file {}: {e}", key_file.display()))?;
+    let mut config =
+        rustls::ServerConfig::builder_with_provider(crate::upstream::client::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup: {e}"))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| format!("listen.tls: certificate and key do not fit together: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(std::sync::Arc::new(config)))
 }
 
 /// Binds `addr`, naming the address in the error.

@@ -7,7 +7,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde::de::{DeserializeOwned, DeserializeSeed};
 
 /// A config mistake: where it is and how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +77,134 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
     })
 }
 
+/// Finds the line and column of the value at `path` (e.g. `backends[1].url`) in `text`, or of its
+/// nearest ancestor that exists.
+///
+/// It re-reads the document with a visitor that walks down the path and fails on purpose at the
+/// target: the YAML deserializer stamps that error with the node's position, which is exactly what
+/// an error found after parsing (a duplicate name, a missing environment variable) lacks.
+pub fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
+    let segments = split_path(path);
+    (0..=segments.len()).rev().find_map(|n| {
+        let de = serde_yaml::Deserializer::from_str(text);
+        match Finder(&segments[..n]).deserialize(de) {
+            Err(e) if e.to_string().contains(HERE) => e.location().map(|l| (l.line(), l.column())),
+            _ => None,
+        }
+    })
+}
+
+/// Attaches the file and the position of `err.path` in `text` to an error found after parsing.
+pub fn place(err: ConfigError, file: &Path, text: &str) -> ConfigError {
+    let location = err.location.or_else(|| locate(text, &err.path));
+    ConfigError {
+        location,
+        ..err.in_file(file)
+    }
+}
+
+const HERE: &str = "tpsgate-locate-here";
+
+#[derive(Debug, PartialEq)]
+enum Segment<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn split_path(path: &str) -> Vec<Segment<'_>> {
+    let mut out = Vec::new();
+    for part in path.split('.').filter(|p| !p.is_empty()) {
+        let (key, mut rest) = part.split_once('[').map_or((part, ""), |(k, r)| (k, r));
+        if !key.is_empty() {
+            out.push(Segment::Key(key));
+        }
+        while let Some((index, tail)) = rest.split_once(']') {
+            if let Ok(i) = index.parse() {
+                out.push(Segment::Index(i));
+            }
+            rest = tail.trim_start_matches('[');
+        }
+    }
+    out
+}
+
+struct Finder<'p, 'a>(&'p [Segment<'a>]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Finder<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        match self.0.first() {
+            // Any visit fails with an "expected" naming HERE, stamped with this node's position.
+            None => de.deserialize_any(Here),
+            Some(Segment::Key(_)) => de.deserialize_map(self),
+            Some(Segment::Index(_)) => de.deserialize_seq(self),
+        }
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Finder<'_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a mapping or sequence on the path")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let Some(Segment::Key(want)) = self.0.first() else {
+            return Ok(());
+        };
+        while let Some(key) = map.next_key::<String>()? {
+            if key == *want {
+                map.next_value_seed(Finder(&self.0[1..]))?;
+            } else {
+                map.next_value::<serde::de::IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let Some(Segment::Index(want)) = self.0.first() else {
+            return Ok(());
+        };
+        let mut i = 0;
+        while seq
+            .next_element_seed(Skip(i == *want, &self.0[1..]))?
+            .is_some()
+        {
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The target node: every visit is an error whose text names [`HERE`].
+struct Here;
+
+impl serde::de::Visitor<'_> for Here {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(HERE)
+    }
+}
+
+/// A sequence element: walked into when it is the wanted one, skipped otherwise.
+struct Skip<'p, 'a>(bool, &'p [Segment<'a>]);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Skip<'_, '_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, de: D) -> Result<(), D::Error> {
+        if self.0 {
+            Finder(self.1).deserialize(de)
+        } else {
+            serde::de::IgnoredAny::deserialize(de).map(|_| ())
+        }
+    }
+}
+
 /// Reads and parses a YAML file; errors carry the file name.
 pub fn from_file<T: DeserializeOwned>(file: &Path) -> Result<T, ConfigError> {
     let text = std::fs::read_to_string(file)
@@ -137,6 +266,16 @@ mod tests {
             shown.starts_with("fleet.yaml:3:5: items[1].sise: unknown field"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn locate_finds_values_by_path_and_falls_back_to_the_parent() {
+        let text =
+            "a: 1\nlist:\n  - name: x\n    url: http://one\n  - name: y\n    url: ftp://two\n";
+        assert_eq!(locate(text, "list[1].url"), Some((6, 10)));
+        assert_eq!(locate(text, "list[0].name"), Some((3, 11)));
+        assert_eq!(locate(text, "list[1].missing"), Some((5, 5)));
+        assert_eq!(locate(text, "a"), Some((1, 4)));
     }
 
     #[test]

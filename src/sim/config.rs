@@ -26,6 +26,9 @@ pub struct BackendRaw {
     pub listen: String,
     /// Model names this backend serves; any other model gets 404.
     pub models: Vec<String>,
+    /// Serve HTTPS with this PEM certificate chain and key (`[cert_file, key_file]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<SimTls>,
     /// Timing model of the engine.
     #[serde(default)]
     pub engine: EngineRaw,
@@ -35,6 +38,16 @@ pub struct BackendRaw {
     /// Injected failures.
     #[serde(default)]
     pub faults: Vec<FaultRaw>,
+}
+
+/// `backends[].tls` of a fleet file.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimTls {
+    /// PEM certificate chain.
+    pub cert_file: std::path::PathBuf,
+    /// PEM private key.
+    pub key_file: std::path::PathBuf,
 }
 
 /// Whether the engine batches requests or serves them one at a time.
@@ -250,6 +263,8 @@ pub struct BackendSpec {
     pub listen: SocketAddr,
     /// Served model names.
     pub models: Vec<String>,
+    /// Certificate and key files when serving HTTPS.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// Runtime-changeable parameters.
     pub params: Params,
     /// The raw form, kept so that runtime patches merge into what was configured.
@@ -321,6 +336,10 @@ impl BackendRaw {
             name: self.name.clone(),
             listen,
             models: self.models.clone(),
+            tls: self
+                .tls
+                .as_ref()
+                .map(|t| (t.cert_file.clone(), t.key_file.clone())),
             params: self.params(at)?,
             raw: self.clone(),
         })

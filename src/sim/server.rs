@@ -38,7 +38,29 @@ pub struct SimBackend {
     engine: Engine,
     live: ArcSwap<Live>,
     ids: AtomicU64,
+    seen: std::sync::Mutex<std::collections::VecDeque<SeenRequest>>,
 }
+
+/// What a generation request looked like on arrival, for `GET /sim/requests`: tests read it to
+/// check what a gateway sent upstream.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SeenRequest {
+    /// Request path.
+    pub path: String,
+    /// The `model` of the body, if it parsed.
+    pub model: Option<String>,
+    /// The `authorization` header.
+    pub authorization: Option<String>,
+    /// The `x-api-key` header.
+    pub x_api_key: Option<String>,
+    /// The `anthropic-version` header.
+    pub anthropic_version: Option<String>,
+    /// The `x-request-id` header.
+    pub request_id: Option<String>,
+}
+
+/// How many requests `GET /sim/requests` remembers.
+const SEEN_KEPT: usize = 64;
 
 /// Parameters in force, swapped whole by `POST /sim/params`.
 #[derive(Debug)]
@@ -68,6 +90,7 @@ impl SimBackend {
             engine: Engine::spawn(spec.params.timing.clone()),
             live: ArcSwap::from_pointee(Live::new(spec.params.clone(), spec.raw.clone())),
             ids: AtomicU64::new(0),
+            seen: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(SEEN_KEPT)),
         })
     }
 
@@ -79,6 +102,23 @@ impl SimBackend {
     /// Engine counters.
     pub fn stats(&self) -> StatsSnapshot {
         self.engine.stats()
+    }
+
+    fn remember(&self, seen: SeenRequest) {
+        if let Ok(mut list) = self.seen.lock() {
+            if list.len() == SEEN_KEPT {
+                list.pop_front();
+            }
+            list.push_back(seen);
+        }
+    }
+
+    /// The last generation requests received, oldest first.
+    pub fn seen_requests(&self) -> Vec<SeenRequest> {
+        self.seen
+            .lock()
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Answers one HTTP request.
@@ -98,8 +138,15 @@ impl SimBackend {
                 &json!({"backend": self.name, "stats": self.engine.stats()}),
             ),
             (&Method::GET, "/sim/params", _) => self.params_response(),
+            (&Method::GET, "/sim/requests", _) => {
+                json_response(StatusCode::OK, &json!({"requests": self.seen_requests()}))
+            }
             (&Method::POST, "/sim/params", _) => self.patch_params(req).await,
-            (_, "/v1/models" | "/sim/truth" | "/sim/stats" | "/sim/params", _)
+            (
+                _,
+                "/v1/models" | "/sim/truth" | "/sim/stats" | "/sim/params" | "/sim/requests",
+                _,
+            )
             | (_, _, Some(_)) => error(
                 Dialect::Chat,
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -118,6 +165,20 @@ impl SimBackend {
     }
 
     async fn generate(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let mut seen = SeenRequest {
+            path: req.uri().path().to_owned(),
+            model: None,
+            authorization: header("authorization"),
+            x_api_key: header("x-api-key"),
+            anthropic_version: header("anthropic-version"),
+            request_id: header("x-request-id"),
+        };
         let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
@@ -130,7 +191,11 @@ impl SimBackend {
                 );
             }
         };
-        let gen_req = match dialect.parse(&body) {
+        let parsed = dialect.parse(&body);
+        seen.model = parsed.as_ref().ok().map(|r| r.model.clone());
+        let request_id = seen.request_id.clone();
+        self.remember(seen);
+        let gen_req = match parsed {
             Ok(r) => r,
             Err(bad) => {
                 return error(
@@ -181,7 +246,11 @@ impl SimBackend {
         let tokens = self
             .engine
             .submit_after(timing.extra_ttft, gen_req.prompt_tokens, target);
-        let id = self.ids.fetch_add(1, Ordering::Relaxed).to_string();
+        // A client's x-request-id becomes the response id, so that two runs of the same request
+        // can be compared byte for byte.
+        let id = request_id
+            .filter(|r| r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+            .unwrap_or_else(|| self.ids.fetch_add(1, Ordering::Relaxed).to_string());
         let created = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -557,16 +626,22 @@ impl Fleet {
     pub async fn start(specs: &[BackendSpec]) -> io::Result<Self> {
         let mut listeners = Vec::with_capacity(specs.len());
         for spec in specs {
-            listeners.push(listen::bind(spec.listen).await?);
+            let tls = match &spec.tls {
+                Some((cert, key)) => {
+                    Some(listen::tls_acceptor(cert, key).map_err(io::Error::other)?)
+                }
+                None => None,
+            };
+            listeners.push((listen::bind(spec.listen).await?, tls));
         }
         let (stop, _) = watch::channel(false);
         let mut backends = Vec::with_capacity(specs.len());
         let mut tasks = Vec::with_capacity(specs.len());
-        for (spec, listener) in specs.iter().zip(listeners) {
+        for (spec, (listener, tls)) in specs.iter().zip(listeners) {
             let addr = listener.local_addr()?;
             let backend = SimBackend::new(spec);
             let for_service = Arc::clone(&backend);
-            let service = hyper::service::service_fn(move |req| {
+            let service = tower::service_fn(move |req| {
                 let backend = Arc::clone(&for_service);
                 async move { Ok::<_, Infallible>(backend.handle(req).await) }
             });
@@ -574,8 +649,10 @@ impl Fleet {
             let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;
             };
-            tasks.push(tokio::spawn(listen::serve(
+            tasks.push(tokio::spawn(listen::serve_with(
                 listener,
+                tls,
+                listen::HEADER_READ_TIMEOUT,
                 service,
                 shutdown,
                 Duration::from_secs(1),

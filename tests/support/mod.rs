@@ -30,6 +30,7 @@ pub fn spec(
         name: name.to_owned(),
         listen: "127.0.0.1:0".to_owned(),
         models: vec!["m".to_owned()],
+        tls: None,
         engine,
         stream,
         faults,

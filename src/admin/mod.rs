@@ -1,0 +1,72 @@
+//! The admin plane, on its own listener (loopback by default): `/healthz` (the process is up),
+//! `/readyz` (accepting traffic; 503 while draining) and `/admin/backends`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use serde_json::json;
+
+use crate::config::BackendDialect;
+use crate::proxy::route::Router;
+
+/// What the admin endpoints read.
+#[derive(Debug)]
+pub struct AdminState {
+    /// The router and its backends.
+    pub router: Arc<Router>,
+    /// False once draining has begun.
+    pub ready: AtomicBool,
+}
+
+/// Answers one admin request.
+pub async fn handle<B>(
+    state: Arc<AdminState>,
+    req: Request<B>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, body) = match req.uri().path() {
+        "/healthz" => (StatusCode::OK, json!({"status": "ok"})),
+        "/readyz" if state.ready.load(Ordering::Relaxed) => {
+            (StatusCode::OK, json!({"status": "ready"}))
+        }
+        "/readyz" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "draining"}),
+        ),
+        "/admin/backends" => (StatusCode::OK, backends(&state.router)),
+        _ => (
+            StatusCode::NOT_FOUND,
+            json!({"error": {"message": "no such admin endpoint; try /healthz, /readyz, /admin/backends", "type": "invalid_request_error", "code": "not_found"}}),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+fn backends(router: &Router) -> serde_json::Value {
+    let list: Vec<_> = router
+        .backends()
+        .iter()
+        .map(|b| {
+            let c = &b.config;
+            json!({
+                "name": &*c.name,
+                "url": c.url.to_string(),
+                "dialect": match c.dialect { BackendDialect::Openai => "openai", BackendDialect::Anthropic => "anthropic" },
+                "models": c.models.aliases,
+                "passthrough": c.models.passthrough,
+                "in_flight": b.in_flight(),
+                "max_concurrency": c.max_concurrency,
+            })
+        })
+        .collect();
+    json!({"backends": list})
+}

@@ -1,0 +1,130 @@
+//! The gateway's one error type. A [`Error`] carries what callers decide on: the HTTP status, the
+//! OpenAI-style `type` and `code`, and who is at fault. [`crate::proxy::rescue`] is the one place
+//! that turns it into a response, shaped for the request's dialect.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use http::StatusCode;
+
+/// What went wrong, in the terms a response needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: the body is not JSON, or a required field is missing or of the wrong type.
+    InvalidRequest,
+    /// 404: no such endpoint.
+    NotFound,
+    /// 404: no backend serves the requested model.
+    ModelNotFound,
+    /// 405: the endpoint exists but not for this method.
+    MethodNotAllowed,
+    /// 413: the body is over the configured limit.
+    PayloadTooLarge,
+    /// 415: the body is not JSON by its content type.
+    UnsupportedMediaType,
+    /// 503: every backend that serves the model is at its concurrency limit.
+    NoBackendAvailable,
+    /// 502: the upstream could not be reached, or broke before sending its response head.
+    UpstreamUnreachable,
+    /// 504: connecting to the upstream timed out.
+    UpstreamTimeout,
+}
+
+/// Which side caused an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The client sent something we cannot serve.
+    Client,
+    /// An upstream failed.
+    Upstream,
+    /// The gateway has no capacity left.
+    Gateway,
+}
+
+impl ErrorKind {
+    /// The HTTP status.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidRequest => StatusCode::BAD_REQUEST,
+            Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::NoBackendAvailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// OpenAI's `error.type` (Anthropic's `error.type` is derived from the status).
+    pub fn openai_type(self) -> &'static str {
+        match self.fault() {
+            Fault::Client => "invalid_request_error",
+            Fault::Upstream | Fault::Gateway => "server_error",
+        }
+    }
+
+    /// A stable `error.code`, also the metric label.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::InvalidRequest => "invalid_request",
+            Self::NotFound => "not_found",
+            Self::ModelNotFound => "model_not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::PayloadTooLarge => "body_too_large",
+            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::NoBackendAvailable => "no_backend_available",
+            Self::UpstreamUnreachable => "upstream_unreachable",
+            Self::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+
+    /// Who is at fault.
+    pub fn fault(self) -> Fault {
+        match self {
+            Self::InvalidRequest
+            | Self::NotFound
+            | Self::ModelNotFound
+            | Self::MethodNotAllowed
+            | Self::PayloadTooLarge
+            | Self::UnsupportedMediaType => Fault::Client,
+            Self::NoBackendAvailable => Fault::Gateway,
+            Self::UpstreamUnreachable | Self::UpstreamTimeout => Fault::Upstream,
+        }
+    }
+}
+
+/// A gateway error: a kind and a message for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    kind: ErrorKind,
+    message: Cow<'static, str>,
+}
+
+impl Error {
+    /// An error of `kind` with a message for the client.
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message for the client.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.code(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}

@@ -1,0 +1,123 @@
+//! A running gateway: the client-facing listener with the request stack, and the admin listener,
+//! until stopped. `tpsgate serve` and the integration tests both start it through here.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::admin::{self, AdminState};
+use crate::config::Config;
+use crate::listen;
+use crate::proxy::route::Router;
+use crate::stack;
+use crate::upstream::Backend;
+
+/// The gateway, serving until [`Gateway::stop`] or drop.
+#[derive(Debug)]
+pub struct Gateway {
+    addr: SocketAddr,
+    admin_addr: SocketAddr,
+    tls: bool,
+    admin: Arc<AdminState>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Gateway {
+    /// Builds every backend's client, binds both listeners (or fails without serving anything)
+    /// and starts serving.
+    pub async fn start(config: &Config) -> Result<Self, String> {
+        let backends = config
+            .backends
+            .iter()
+            .map(|b| Backend::new(b.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let router = Arc::new(Router::new(backends, config.default_backend));
+        let tls = match &config.tls {
+            Some(files) => Some(listen::tls_acceptor(&files.cert_file, &files.key_file)?),
+            None => None,
+        };
+        let listener = listen::bind(config.listen)
+            .await
+            .map_err(|e| e.to_string())?;
+        let admin_listener = listen::bind(config.admin_listen)
+            .await
+            .map_err(|e| e.to_string())?;
+        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let admin_addr = admin_listener.local_addr().map_err(|e| e.to_string())?;
+
+        let (stop, _) = watch::channel(false);
+        let stopped = |stop: &watch::Sender<bool>| {
+            let mut rx = stop.subscribe();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+        let admin = Arc::new(AdminState {
+            router: Arc::clone(&router),
+            ready: AtomicBool::new(true),
+        });
+        let has_tls = tls.is_some();
+        let limits = config.limits;
+        let proxy = tokio::spawn(listen::serve_with(
+            listener,
+            tls,
+            limits.header_read_timeout,
+            stack::build(router, limits),
+            stopped(&stop),
+            limits.drain_timeout,
+        ));
+        let admin_state = Arc::clone(&admin);
+        let admin_service =
+            tower::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
+        let admin_task = tokio::spawn(listen::serve(
+            admin_listener,
+            admin_service,
+            stopped(&stop),
+            std::time::Duration::from_secs(1),
+        ));
+        Ok(Self {
+            addr,
+            admin_addr,
+            tls: has_tls,
+            admin,
+            stop,
+            tasks: vec![proxy, admin_task],
+        })
+    }
+
+    /// Client-facing address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Admin address.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// `http://ADDR` or `https://ADDR`.
+    pub fn url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Stops accepting, reports not-ready, and lets in-flight requests finish up to the drain
+    /// deadline.
+    pub async fn stop(mut self) {
+        self.admin.ready.store(false, Ordering::Relaxed);
+        let _ = self.stop.send(true);
+        for task in self.tasks.drain(..) {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}

@@ -1,0 +1,287 @@
+//! Classify: read the request body once (bounded), check method and content type, and find the
+//! few things the gateway needs in the JSON — model, stream, stream_options — with their byte
+//! positions, so that rewriting touches only those bytes.
+
+use std::future::Future;
+use std::ops::Range;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Body;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tower::{Layer, Service};
+
+use super::endpoint::Endpoint;
+use crate::error::{Error, ErrorKind};
+
+/// What classification found, in the request's extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Classified {
+    /// The endpoint.
+    pub endpoint: Endpoint,
+    /// The requested model (absent only on pass-through paths and `GET /v1/models`).
+    pub model: Option<String>,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// Bytes of the `model` value (quotes included).
+    pub model_span: Option<Range<usize>>,
+    /// The `stream_options` object, if present.
+    pub stream_options: Option<StreamOptions>,
+}
+
+/// A `stream_options` object in the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Its bytes.
+    pub span: Range<usize>,
+    /// Its `include_usage`, if set.
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow)]
+    model: Option<&'a RawValue>,
+    stream: Option<bool>,
+    #[serde(borrow)]
+    stream_options: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawStreamOptions {
+    include_usage: Option<bool>,
+}
+
+/// Reads bodies up to `max_body_bytes` and classifies them.
+#[derive(Debug, Clone, Copy)]
+pub struct ClassifyLayer {
+    max_body_bytes: usize,
+}
+
+impl ClassifyLayer {
+    /// Bodies over `max_body_bytes` get 413.
+    pub const fn new(max_body_bytes: usize) -> Self {
+        Self { max_body_bytes }
+    }
+}
+
+impl<S> Layer<S> for ClassifyLayer {
+    type Service = Classify<S>;
+
+    fn layer(&self, inner: S) -> Classify<S> {
+        Classify {
+            inner,
+            max_body_bytes: self.max_body_bytes,
+        }
+    }
+}
+
+/// See [`ClassifyLayer`].
+#[derive(Debug, Clone)]
+pub struct Classify<S> {
+    inner: S,
+    max_body_bytes: usize,
+}
+
+impl<S, B> Service<Request<B>> for Classify<S>
+where
+    S: Service<Request<Bytes>, Error = Error> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    type Response = S::Response;
+    type Error = Error;
+    // The one allocation of the stack: reading the body is asynchronous and must finish before
+    // the inner service is called. A hand-written state machine could drop it; measured first.
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The clone that was driven to readiness serves this call (tower's clone-and-swap).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let limit = self.max_body_bytes;
+        Box::pin(async move {
+            let req = read(req, limit).await?;
+            inner.call(req).await
+        })
+    }
+}
+
+async fn read<B>(req: Request<B>, limit: usize) -> Result<Request<Bytes>, Error>
+where
+    B: Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let path = req.uri().path();
+    let Some(endpoint) = Endpoint::from_path(path) else {
+        return Err(Error::new(
+            ErrorKind::NotFound,
+            format!("no such endpoint: {path}; tpsgate serves /v1/*"),
+        ));
+    };
+    let method = req.method();
+    match endpoint {
+        Endpoint::Models if method != Method::GET => {
+            return Err(Error::new(
+                ErrorKind::MethodNotAllowed,
+                "use GET for /v1/models",
+            ));
+        }
+        e if e.generates() && method != Method::POST => {
+            return Err(Error::new(
+                ErrorKind::MethodNotAllowed,
+                format!("use POST for {path}"),
+            ));
+        }
+        _ => {}
+    }
+    if let Some(len) = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > limit as u64
+    {
+        return Err(too_large(limit));
+    }
+    if endpoint.generates() && !json_content_type(req.headers().get(header::CONTENT_TYPE)) {
+        return Err(Error::new(
+            ErrorKind::UnsupportedMediaType,
+            "the body must be JSON: send Content-Type: application/json",
+        ));
+    }
+    let (mut parts, body) = req.into_parts();
+    let body = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => return Err(too_large(limit)),
+        Err(err) => {
+            return Err(Error::new(
+                ErrorKind::InvalidRequest,
+                format!("could not read the request body: {err}"),
+            ));
+        }
+    };
+    let classified = peek(endpoint, &body)?;
+    parts.extensions.insert(classified);
+    Ok(Request::from_parts(parts, body))
+}
+
+fn too_large(limit: usize) -> Error {
+    Error::new(
+        ErrorKind::PayloadTooLarge,
+        format!("the request body is over the gateway's limit of {limit} bytes"),
+    )
+}
+
+/// Absent, `application/json`, or any `+json` type; parameters (charset) ignored.
+fn json_content_type(value: Option<&http::HeaderValue>) -> bool {
+    let Some(value) = value else { return true };
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || essence.ends_with("+json")
+}
+
+/// Parses the JSON once for model, stream and stream_options, keeping their byte spans.
+pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
+    if endpoint == Endpoint::Models || (body.is_empty() && !endpoint.generates()) {
+        return Ok(Classified {
+            endpoint,
+            model: None,
+            stream: false,
+            model_span: None,
+            stream_options: None,
+        });
+    }
+    let peek: Peek<'_> = serde_json::from_slice(body)
+        .map_err(|e| Error::new(ErrorKind::InvalidRequest, format!("invalid JSON body: {e}")))?;
+    let span = |raw: &RawValue| {
+        let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+        start..start + raw.get().len()
+    };
+    let model = match peek.model {
+        Some(raw) => Some(
+            serde_json::from_str::<String>(raw.get())
+                .map_err(|_| Error::new(ErrorKind::InvalidRequest, "`model` must be a string"))?,
+        ),
+        None => None,
+    };
+    if endpoint.generates() && model.as_deref().is_none_or(str::is_empty) {
+        return Err(Error::new(
+            ErrorKind::InvalidRequest,
+            "missing required field `model`",
+        ));
+    }
+    let stream_options = match peek.stream_options {
+        Some(raw) => {
+            let parsed: RawStreamOptions = serde_json::from_str(raw.get()).map_err(|_| {
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    "`stream_options` must be an object",
+                )
+            })?;
+            Some(StreamOptions {
+                span: span(raw),
+                include_usage: parsed.include_usage,
+            })
+        }
+        None => None,
+    };
+    Ok(Classified {
+        endpoint,
+        model,
+        stream: peek.stream.unwrap_or(false),
+        model_span: peek.model.map(span),
+        stream_options,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peek_finds_model_stream_and_their_spans() {
+        let body = br#"{"messages":[{"role":"user","content":"\"model\""}], "model" : "gpt\u0041", "stream":true, "stream_options":{"include_usage":false}}"#;
+        let c = peek(Endpoint::Chat, body).unwrap();
+        assert_eq!(c.model.as_deref(), Some("gptA"));
+        assert_eq!(&body[c.model_span.unwrap()], br#""gpt\u0041""#);
+        assert!(c.stream);
+        let so = c.stream_options.unwrap();
+        assert_eq!(&body[so.span], br#"{"include_usage":false}"#);
+        assert_eq!(so.include_usage, Some(false));
+    }
+
+    #[test]
+    fn bad_bodies_are_named() {
+        let msg = |body: &[u8]| peek(Endpoint::Chat, body).unwrap_err().message().to_owned();
+        assert!(msg(b"{").starts_with("invalid JSON body"));
+        assert_eq!(msg(br#"{"messages":[]}"#), "missing required field `model`");
+        assert_eq!(msg(br#"{"model":3}"#), "`model` must be a string");
+        assert!(msg(br#"{"model":"m","stream":"yes"}"#).contains("invalid type"));
+    }
+
+    #[test]
+    fn json_content_types_are_accepted_with_parameters() {
+        let ok = |v: &'static str| json_content_type(Some(&http::HeaderValue::from_static(v)));
+        assert!(ok("application/json; charset=utf-8") && ok("application/vnd.api+json"));
+        assert!(!ok("text/plain") && !ok("application/x-www-form-urlencoded"));
+        assert!(json_content_type(None));
+    }
+}

@@ -1,0 +1,203 @@
+//! Forward: send the rewritten request with the backend's pooled client, and wrap the response
+//! body so that it is observed on its way out. The innermost service of the stack.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::{HeaderName, HeaderValue, Request, Response};
+use hyper_util::client::legacy::ResponseFuture;
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+use tower::Service;
+
+use super::body::{Observed, ProxyBody, RequestLog};
+use super::classify::Classified;
+use super::request_id::RequestId;
+use super::rewrite::{InjectedUsage, is_hop_by_hop};
+use super::route::Routed;
+use crate::error::{Error, ErrorKind};
+use crate::sse::observe::StreamDialect;
+use crate::upstream::UpstreamBody;
+
+/// `x-tpsgate-backend`: which backend answered.
+pub const X_TPSGATE_BACKEND: HeaderName = HeaderName::from_static("x-tpsgate-backend");
+
+/// Sends requests upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Forward;
+
+impl Forward {
+    /// The service.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+/// What the response needs from the request.
+#[derive(Debug)]
+struct Pending {
+    backend: Arc<str>,
+    id: HeaderValue,
+    model: Option<String>,
+    stream: Option<(StreamDialect, bool)>,
+    start: Instant,
+}
+
+impl Service<Request<UpstreamBody>> for Forward {
+    type Response = Response<ProxyBody>;
+    type Error = Error;
+    type Future = ForwardFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<UpstreamBody>) -> ForwardFuture {
+        let start = Instant::now();
+        let Some(routed) = req.extensions_mut().remove::<Routed>() else {
+            return ForwardFuture::failed(Error::new(
+                ErrorKind::InvalidRequest,
+                "internal: no route",
+            ));
+        };
+        let classified = req.extensions_mut().remove::<Classified>();
+        let injected = req.extensions().get::<InjectedUsage>().is_some();
+        let id = req
+            .extensions()
+            .get::<RequestId>()
+            .map_or_else(|| HeaderValue::from_static("-"), |r| r.0.clone());
+        let (model, stream) = match classified {
+            Some(c) => {
+                let stream = c.stream.then(|| (c.endpoint.stream_dialect(), injected));
+                (c.model, stream)
+            }
+            None => (None, None),
+        };
+        let inner = routed.backend.client.request(req);
+        ForwardFuture {
+            inner: Some(inner),
+            pending: Some(Pending {
+                backend: Arc::clone(&routed.backend.config.name),
+                id,
+                model,
+                stream,
+                start,
+            }),
+            failed: None,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`Forward`].
+    #[derive(Debug)]
+    pub struct ForwardFuture {
+        #[pin]
+        inner: Option<ResponseFuture>,
+        pending: Option<Pending>,
+        failed: Option<Error>,
+    }
+}
+
+impl ForwardFuture {
+    fn failed(err: Error) -> Self {
+        Self {
+            inner: None,
+            pending: None,
+            failed: Some(err),
+        }
+    }
+}
+
+impl Future for ForwardFuture {
+    type Output = Result<Response<ProxyBody>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let Some(inner) = this.inner.as_pin_mut() else {
+            let err = this.failed.take().unwrap_or_else(|| {
+                Error::new(ErrorKind::InvalidRequest, "polled after completion")
+            });
+            return Poll::Ready(Err(err));
+        };
+        let result = ready!(inner.poll(cx));
+        let Some(pending) = this.pending.take() else {
+            return Poll::Ready(Err(Error::new(
+                ErrorKind::InvalidRequest,
+                "polled after completion",
+            )));
+        };
+        let backend = Arc::clone(&pending.backend);
+        let resp = match result {
+            Ok(resp) => resp,
+            Err(err) => return Poll::Ready(Err(upstream_error(&backend, &err))),
+        };
+        let (mut parts, body) = resp.into_parts();
+        let hop: Vec<HeaderName> = parts
+            .headers
+            .keys()
+            .filter(|n| is_hop_by_hop(n))
+            .cloned()
+            .collect();
+        for name in hop {
+            parts.headers.remove(name);
+        }
+        if let Ok(value) = HeaderValue::from_str(&backend) {
+            parts.headers.insert(X_TPSGATE_BACKEND, value);
+        }
+        // Only a successful event stream is read as one; errors pass through untouched.
+        let is_sse = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let stream = pending
+            .stream
+            .filter(|_| parts.status.is_success() && is_sse);
+        let log = RequestLog::new(
+            pending.id,
+            pending.model,
+            parts.status.as_u16(),
+            pending.start,
+            backend,
+        );
+        let body = ProxyBody::Upstream {
+            body: Observed::new(body, log, stream),
+        };
+        Poll::Ready(Ok(Response::from_parts(parts, body)))
+    }
+}
+
+/// 504 when connecting timed out, 502 for any other failure before the response head.
+fn upstream_error(backend: &str, err: &hyper_util::client::legacy::Error) -> Error {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
+    let mut timed_out = false;
+    let mut detail = err.to_string();
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            timed_out = true;
+        }
+        detail = e.to_string();
+        source = e.source();
+    }
+    if timed_out && err.is_connect() {
+        Error::new(
+            ErrorKind::UpstreamTimeout,
+            format!("backend {backend}: connect timed out"),
+        )
+    } else if err.is_connect() {
+        Error::new(
+            ErrorKind::UpstreamUnreachable,
+            format!("backend {backend}: cannot connect: {detail}"),
+        )
+    } else {
+        Error::new(
+            ErrorKind::UpstreamUnreachable,
+            format!("backend {backend}: failed before the response head: {detail}"),
+        )
+    }
+}

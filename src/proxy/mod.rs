@@ -1,0 +1,12 @@
+//! The request path, one concern per module, composed in [`crate::stack`] in this order:
+//! [`request_id`] -> [`rescue`] -> [`classify`] -> [`route`] -> [`rewrite`] -> [`forward`], with
+//! the response observed by [`body`].
+
+pub mod body;
+pub mod classify;
+pub mod endpoint;
+pub mod forward;
+pub mod request_id;
+pub mod rescue;
+pub mod rewrite;
+pub mod route;

@@ -1,0 +1,116 @@
+//! Request id: keeps the client's `x-request-id` (when it is a sane token) or mints one, passes it
+//! upstream, records it for logs, and echoes it on every response. Outermost, so that errors
+//! carry it too.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+
+use http::{HeaderName, HeaderValue, Request, Response};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
+
+/// `x-request-id`.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The request's id, in its extensions.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub HeaderValue);
+
+/// Adds [`RequestId`] to requests and `x-request-id` to responses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestIdLayer;
+
+impl RequestIdLayer {
+    /// The layer.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+impl<S> Layer<S> for RequestIdLayer {
+    type Service = RequestIdService<S>;
+
+    fn layer(&self, inner: S) -> RequestIdService<S> {
+        RequestIdService { inner }
+    }
+}
+
+/// See [`RequestIdLayer`].
+#[derive(Debug, Clone)]
+pub struct RequestIdService<S> {
+    inner: S,
+}
+
+/// Ids minted here: a per-process random prefix and a counter, so they are unique without a
+/// random draw per request.
+fn mint() -> HeaderValue {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let prefix = *PREFIX.get_or_init(rand::random);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    HeaderValue::try_from(format!("tg-{prefix:08x}-{n:x}"))
+        .unwrap_or_else(|_| HeaderValue::from_static("tg"))
+}
+
+/// A client id is kept when it is 1..=128 visible ASCII characters.
+fn acceptable(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    (1..=128).contains(&bytes.len()) && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+impl<S, B, R> Service<Request<B>> for RequestIdService<S>
+where
+    S: Service<Request<B>, Response = Response<R>>,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = RequestIdFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let id = match req.headers().get(&X_REQUEST_ID) {
+            Some(v) if acceptable(v) => v.clone(),
+            _ => {
+                let id = mint();
+                req.headers_mut().insert(X_REQUEST_ID, id.clone());
+                id
+            }
+        };
+        req.extensions_mut().insert(RequestId(id.clone()));
+        RequestIdFuture {
+            inner: self.inner.call(req),
+            id: Some(id),
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`RequestIdService`].
+    #[derive(Debug)]
+    pub struct RequestIdFuture<F> {
+        #[pin]
+        inner: F,
+        id: Option<HeaderValue>,
+    }
+}
+
+impl<F, R, E> Future for RequestIdFuture<F>
+where
+    F: Future<Output = Result<Response<R>, E>>,
+{
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut resp = ready!(this.inner.poll(cx))?;
+        if let Some(id) = this.id.take() {
+            resp.headers_mut().insert(X_REQUEST_ID, id);
+        }
+        Poll::Ready(Ok(resp))
+    }
+}

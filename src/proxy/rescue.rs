@@ -1,0 +1,125 @@
+//! Rescue: the one place where a gateway [`Error`] becomes a response, shaped like the API the
+//! client spoke (OpenAI's `{"error":{...}}`, or Anthropic's `{"type":"error",...}` on
+//! `/v1/messages`). Sits right under the request id so that every error carries one.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, header};
+use pin_project_lite::pin_project;
+use serde_json::json;
+use tower::{Layer, Service};
+
+use super::body::ProxyBody;
+use super::endpoint::Endpoint;
+use crate::error::{Error, ErrorKind};
+
+/// Turns errors from the layers below into responses.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RescueLayer;
+
+impl RescueLayer {
+    /// The layer.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+impl<S> Layer<S> for RescueLayer {
+    type Service = Rescue<S>;
+
+    fn layer(&self, inner: S) -> Rescue<S> {
+        Rescue { inner }
+    }
+}
+
+/// See [`RescueLayer`].
+#[derive(Debug, Clone)]
+pub struct Rescue<S> {
+    inner: S,
+}
+
+impl<S, B> Service<Request<B>> for Rescue<S>
+where
+    S: Service<Request<B>, Response = Response<ProxyBody>, Error = Error>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = RescueFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The layers below are always ready (they hold no capacity of their own).
+        let _ = ready!(self.inner.poll_ready(cx));
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let anthropic = Endpoint::is_anthropic(req.uri().path());
+        RescueFuture {
+            inner: self.inner.call(req),
+            anthropic,
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`Rescue`].
+    #[derive(Debug)]
+    pub struct RescueFuture<F> {
+        #[pin]
+        inner: F,
+        anthropic: bool,
+    }
+}
+
+impl<F> Future for RescueFuture<F>
+where
+    F: Future<Output = Result<Response<ProxyBody>, Error>>,
+{
+    type Output = Result<Response<ProxyBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.inner.poll(cx));
+        Poll::Ready(Ok(
+            result.unwrap_or_else(|err| error_response(&err, *this.anthropic))
+        ))
+    }
+}
+
+/// The response for `err`, in Anthropic's shape when `anthropic`, else OpenAI's.
+pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
+    let kind = err.kind();
+    let body = if anthropic {
+        json!({"type": "error", "error": {"type": anthropic_type(kind), "message": err.message()}})
+    } else {
+        json!({"error": {"message": err.message(), "type": kind.openai_type(), "code": kind.code()}})
+    };
+    let mut resp = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
+    *resp.status_mut() = kind.status();
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if kind == ErrorKind::NoBackendAvailable {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    resp
+}
+
+/// Anthropic's error types by status, as its API documents them.
+fn anthropic_type(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidRequest
+        | ErrorKind::MethodNotAllowed
+        | ErrorKind::UnsupportedMediaType => "invalid_request_error",
+        ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
+        ErrorKind::PayloadTooLarge => "request_too_large",
+        ErrorKind::NoBackendAvailable => "overloaded_error",
+        ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamTimeout => "api_error",
+    }
+}

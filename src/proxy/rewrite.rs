@@ -1,0 +1,291 @@
+//! Rewrite: turn the client's request into the upstream's. Only these change:
+//! - the URL: the backend's base URL plus the client's path and query;
+//! - `model`: the alias resolved to the upstream name (only those bytes of the body);
+//! - for OpenAI streams, `stream_options.include_usage: true` when the client did not ask for
+//!   usage (the gateway strips that usage chunk from the response again);
+//! - headers: hop-by-hop headers dropped, the client's credentials dropped (unless the backend
+//!   says `forward_client_auth`), the backend's credentials and extra headers added.
+
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Request, Uri};
+use tower::{Layer, Service};
+
+use super::classify::Classified;
+use super::route::Routed;
+use crate::config::{BackendConfig, BackendDialect};
+use crate::error::{Error, ErrorKind};
+use crate::upstream::UpstreamBody;
+
+/// The gateway injected `include_usage`: the usage chunk is ours to remove. In the request's
+/// extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InjectedUsage;
+
+/// Rewrites requests for their backend.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RewriteLayer;
+
+impl RewriteLayer {
+    /// The layer.
+    pub const fn new() -> Self {
+        Self
+    }
+}
+
+impl<S> Layer<S> for RewriteLayer {
+    type Service = Rewrite<S>;
+
+    fn layer(&self, inner: S) -> Rewrite<S> {
+        Rewrite { inner }
+    }
+}
+
+/// See [`RewriteLayer`].
+#[derive(Debug, Clone)]
+pub struct Rewrite<S> {
+    inner: S,
+}
+
+impl<S> Service<Request<Bytes>> for Rewrite<S>
+where
+    S: Service<Request<UpstreamBody>, Error = Error>,
+{
+    type Response = S::Response;
+    type Error = Error;
+    type Future = futures_util::future::Either<
+        futures_util::future::Ready<Result<S::Response, Error>>,
+        S::Future,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        match rewrite(req) {
+            Ok(req) => futures_util::future::Either::Right(self.inner.call(req)),
+            Err(err) => futures_util::future::Either::Left(futures_util::future::ready(Err(err))),
+        }
+    }
+}
+
+fn missing(what: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidRequest,
+        format!("internal: {what} missing before rewrite"),
+    )
+}
+
+/// Builds the upstream request.
+pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
+    let (mut parts, body) = req.into_parts();
+    let classified = parts
+        .extensions
+        .get::<Classified>()
+        .ok_or_else(|| missing("classification"))?;
+    let routed = parts
+        .extensions
+        .get::<Routed>()
+        .ok_or_else(|| missing("route"))?;
+    let backend = &routed.backend.config;
+
+    let inject = classified.stream
+        && classified.endpoint.takes_include_usage()
+        && classified
+            .stream_options
+            .as_ref()
+            .is_none_or(|o| o.include_usage != Some(true));
+    let body = rewrite_body(&body, classified, routed.upstream_model.as_deref(), inject);
+
+    parts.uri = upstream_uri(backend, &parts.uri)?;
+    rewrite_headers(&mut parts.headers, backend);
+    if inject {
+        parts.extensions.insert(InjectedUsage);
+    }
+    Ok(Request::from_parts(parts, UpstreamBody::new(body)))
+}
+
+fn upstream_uri(backend: &BackendConfig, client: &Uri) -> Result<Uri, Error> {
+    let path_and_query = client.path_and_query().map_or("/", |p| p.as_str());
+    let base = &backend.url;
+    let mut uri = String::with_capacity(64 + path_and_query.len());
+    uri.push_str(base.scheme_str().unwrap_or("http"));
+    uri.push_str("://");
+    uri.push_str(base.authority().map_or("", |a| a.as_str()));
+    uri.push_str(base.path().trim_end_matches('/'));
+    uri.push_str(path_and_query);
+    uri.parse().map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidRequest,
+            "the request path cannot be forwarded",
+        )
+    })
+}
+
+/// Splices the upstream model name and `include_usage` into the client's bytes; everything else
+/// stays as the client wrote it.
+fn rewrite_body(body: &Bytes, c: &Classified, upstream_model: Option<&str>, inject: bool) -> Bytes {
+    let rename = match (&c.model_span, upstream_model, c.model.as_deref()) {
+        (Some(span), Some(to), Some(from)) if to != from => Some((span.clone(), to)),
+        _ => None,
+    };
+    if rename.is_none() && !inject {
+        return body.clone();
+    }
+    // Edits as (range replaced, new bytes), applied in order of position.
+    let mut edits: Vec<(std::ops::Range<usize>, Vec<u8>)> = Vec::with_capacity(2);
+    if let Some((span, to)) = rename {
+        edits.push((span, serde_json::Value::from(to).to_string().into_bytes()));
+    }
+    if inject {
+        match &c.stream_options {
+            Some(options) => {
+                let mut object: serde_json::Map<String, serde_json::Value> =
+                    serde_json::from_slice(&body[options.span.clone()]).unwrap_or_default();
+                object.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
+                edits.push((
+                    options.span.clone(),
+                    serde_json::Value::Object(object).to_string().into_bytes(),
+                ));
+            }
+            None => {
+                // Right after the opening brace of the top-level object.
+                let open = body.iter().position(|b| *b == b'{').unwrap_or(0);
+                edits.push((
+                    open + 1..open + 1,
+                    br#""stream_options":{"include_usage":true},"#.to_vec(),
+                ));
+            }
+        }
+    }
+    edits.sort_by_key(|(range, _)| range.start);
+    let mut out = BytesMut::with_capacity(body.len() + 64);
+    let mut at = 0;
+    for (range, bytes) in edits {
+        out.put_slice(&body[at..range.start]);
+        out.put_slice(&bytes);
+        at = range.end;
+    }
+    out.put_slice(&body[at..]);
+    out.freeze()
+}
+
+/// Hop-by-hop headers (RFC 9110 section 7.6.1) and others the gateway sets itself.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
+    // Headers named in Connection are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::try_from(n.trim()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    let hop: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_hop_by_hop(n))
+        .cloned()
+        .collect();
+    for name in hop {
+        headers.remove(name);
+    }
+    headers.remove(header::HOST);
+    headers.remove(header::CONTENT_LENGTH);
+    let internal: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("x-tpsgate-"))
+        .cloned()
+        .collect();
+    for name in internal {
+        headers.remove(name);
+    }
+    if !backend.forward_client_auth {
+        headers.remove(header::AUTHORIZATION);
+        headers.remove("x-api-key");
+    }
+    for (name, value) in &backend.headers {
+        headers.insert(name.clone(), value.clone());
+    }
+    if let Some(key) = &backend.api_key {
+        let (name, value) = match backend.dialect {
+            BackendDialect::Openai => (header::AUTHORIZATION, format!("Bearer {}", key.expose())),
+            BackendDialect::Anthropic => (
+                HeaderName::from_static("x-api-key"),
+                key.expose().to_owned(),
+            ),
+        };
+        if let Ok(mut value) = HeaderValue::try_from(value) {
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+    }
+    if backend.dialect == BackendDialect::Anthropic && !headers.contains_key("anthropic-version") {
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            backend.anthropic_version.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::classify::peek;
+    use crate::proxy::endpoint::Endpoint;
+
+    fn apply(body: &str, to: Option<&str>, inject: bool) -> String {
+        let bytes = Bytes::copy_from_slice(body.as_bytes());
+        let c = peek(Endpoint::Chat, &bytes).unwrap();
+        String::from_utf8(rewrite_body(&bytes, &c, to, inject).to_vec()).unwrap()
+    }
+
+    #[test]
+    fn only_the_model_bytes_change() {
+        let body = r#"{ "model": "small", "messages": [ {"role":"user","content":"keep  spacing 1.0e3"} ] }"#;
+        assert_eq!(
+            apply(body, Some("org/Big-Model"), false),
+            r#"{ "model": "org/Big-Model", "messages": [ {"role":"user","content":"keep  spacing 1.0e3"} ] }"#
+        );
+        assert_eq!(apply(body, Some("small"), false), body);
+    }
+
+    #[test]
+    fn include_usage_is_added_when_absent_or_not_true() {
+        let out = apply(r#"{"model":"m","stream":true}"#, None, true);
+        assert_eq!(
+            out,
+            r#"{"stream_options":{"include_usage":true},"model":"m","stream":true}"#
+        );
+        let out = apply(
+            r#"{"model":"a","stream":true,"stream_options":{"continuous_usage_stats":false}}"#,
+            Some("b"),
+            true,
+        );
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["model"], "b");
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"continuous_usage_stats": false, "include_usage": true})
+        );
+    }
+}

@@ -1,0 +1,277 @@
+//! What an event of an LLM stream means for timing: does it carry content, and does it carry
+//! usage. Cheap byte searches first; JSON is parsed only for the rare event that mentions usage.
+
+use memchr::memmem;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+/// The stream dialect, as far as reading events is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamDialect {
+    /// OpenAI chat completions and completions.
+    OpenAi,
+    /// OpenAI responses API.
+    Responses,
+    /// Anthropic messages.
+    Anthropic,
+}
+
+/// Whether the event carries generated content: non-empty text, reasoning, or tool-call
+/// arguments. A role-only chunk, `message_start`, pings and usage chunks do not.
+pub fn is_content(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
+    match dialect {
+        StreamDialect::OpenAi => {
+            non_empty_string(data, b"\"content\":")
+                || non_empty_string(data, b"\"text\":")
+                || non_empty_string(data, b"\"reasoning_content\":")
+                || non_empty_string(data, b"\"reasoning\":")
+                || memmem::find(data, b"\"tool_calls\":[{").is_some()
+        }
+        StreamDialect::Anthropic => event == b"content_block_delta",
+        StreamDialect::Responses => event.ends_with(b".delta") && event.starts_with(b"response."),
+    }
+}
+
+/// True when `key` is followed (after optional spaces) by a string with at least one character.
+fn non_empty_string(data: &[u8], key: &[u8]) -> bool {
+    memmem::find_iter(data, key).any(|at| {
+        let rest = &data[at + key.len()..];
+        let rest = &rest[rest.iter().take_while(|b| **b == b' ').count()..];
+        rest.len() >= 2 && rest[0] == b'"' && rest[1] != b'"'
+    })
+}
+
+/// Token counts reported by a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Prompt tokens, when reported.
+    pub prompt_tokens: Option<u64>,
+    /// Output tokens.
+    pub output_tokens: u64,
+}
+
+/// What a usage-bearing event says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageEvent {
+    /// The counts.
+    pub usage: Usage,
+    /// An OpenAI chunk with empty `choices`: nothing but usage, safe to remove.
+    pub usage_only: bool,
+}
+
+#[derive(Deserialize)]
+struct OpenAiChunk {
+    choices: Option<Vec<IgnoredAny>>,
+    usage: Option<OpenAiUsage>,
+}
+
+#[derive(Deserialize)]
+struct OpenAiUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct AnthropicEvent {
+    usage: Option<AnthropicUsage>,
+    message: Option<AnthropicMessage>,
+}
+
+#[derive(Deserialize)]
+struct AnthropicMessage {
+    usage: Option<AnthropicUsage>,
+}
+
+#[derive(Deserialize)]
+struct AnthropicUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesEvent {
+    response: Option<ResponsesBody>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesBody {
+    usage: Option<ResponsesUsage>,
+}
+
+#[derive(Deserialize)]
+struct ResponsesUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+/// Usage carried by this event, if any: OpenAI's usage chunk (or usage on the finish chunk),
+/// Anthropic's `message_delta` (and `message_start` for input tokens), the responses API's
+/// `response.completed`.
+pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageEvent> {
+    memmem::find(data, b"\"usage\"")?;
+    match dialect {
+        StreamDialect::OpenAi => {
+            let chunk: OpenAiChunk = serde_json::from_slice(data).ok()?;
+            let u = chunk.usage?;
+            Some(UsageEvent {
+                usage: Usage {
+                    prompt_tokens: u.prompt_tokens,
+                    output_tokens: u.completion_tokens?,
+                },
+                usage_only: chunk.choices.is_some_and(|c| c.is_empty()),
+            })
+        }
+        StreamDialect::Anthropic => {
+            let ev: AnthropicEvent = serde_json::from_slice(data).ok()?;
+            let u = ev.usage.or_else(|| ev.message.and_then(|m| m.usage))?;
+            let output = if event == b"message_delta" {
+                u.output_tokens?
+            } else {
+                0
+            };
+            Some(UsageEvent {
+                usage: Usage {
+                    prompt_tokens: u.input_tokens,
+                    output_tokens: output,
+                },
+                usage_only: false,
+            })
+        }
+        StreamDialect::Responses => {
+            let ev: ResponsesEvent = serde_json::from_slice(data).ok()?;
+            let u = ev.response?.usage?;
+            Some(UsageEvent {
+                usage: Usage {
+                    prompt_tokens: u.input_tokens,
+                    output_tokens: u.output_tokens?,
+                },
+                usage_only: false,
+            })
+        }
+    }
+}
+
+/// The end of the first complete event in `buf` (just past its blank line), if there is one.
+/// Lines end in LF, CRLF or CR.
+pub fn event_end(buf: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    let mut line_start = 0;
+    while let Some(i) = memchr::memchr2(b'\r', b'\n', &buf[at..]) {
+        let end = at + i;
+        let mut next = end + 1;
+        if buf[end] == b'\r' {
+            match buf.get(next) {
+                Some(b'\n') => next += 1,
+                Some(_) => {}
+                // A CR at the very end may be the first half of CRLF: wait for more.
+                None => return None,
+            }
+        }
+        if end == line_start {
+            return Some(next);
+        }
+        line_start = next;
+        at = next;
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_only_and_empty_chunks_are_not_content() {
+        let d = StreamDialect::OpenAi;
+        assert!(!is_content(
+            d,
+            b"",
+            br#"{"choices":[{"delta":{"role":"assistant"}}]}"#
+        ));
+        assert!(!is_content(
+            d,
+            b"",
+            br#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#
+        ));
+        assert!(is_content(
+            d,
+            b"",
+            br#"{"choices":[{"delta":{"content":"Hi"}}]}"#
+        ));
+        assert!(is_content(
+            d,
+            b"",
+            br#"{"choices":[{"delta":{"content": "Hi"}}]}"#
+        ));
+        assert!(is_content(
+            d,
+            b"",
+            br#"{"choices":[{"text":" x","index":0}]}"#
+        ));
+        assert!(is_content(
+            d,
+            b"",
+            br#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#
+        ));
+        assert!(!is_content(
+            d,
+            b"",
+            br#"{"choices":[],"usage":{"completion_tokens":3}}"#
+        ));
+        let a = StreamDialect::Anthropic;
+        assert!(!is_content(a, b"message_start", b"{}"));
+        assert!(is_content(a, b"content_block_delta", b"{}"));
+    }
+
+    #[test]
+    fn usage_only_chunk_is_recognised_and_finish_chunk_usage_is_not_removable() {
+        let d = StreamDialect::OpenAi;
+        let only = usage(
+            d,
+            b"",
+            br#"{"id":"x","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            only,
+            UsageEvent {
+                usage: Usage {
+                    prompt_tokens: Some(2),
+                    output_tokens: 3
+                },
+                usage_only: true
+            }
+        );
+        let on_finish = usage(
+            d,
+            b"",
+            br#"{"choices":[{"finish_reason":"length"}],"usage":{"completion_tokens":3}}"#,
+        )
+        .unwrap();
+        assert!(!on_finish.usage_only);
+        assert_eq!(
+            usage(d, b"", br#"{"choices":[{"delta":{"content":"usage"}}]}"#),
+            None
+        );
+        let a = usage(
+            StreamDialect::Anthropic,
+            b"message_delta",
+            br#"{"type":"message_delta","usage":{"output_tokens":7}}"#,
+        )
+        .unwrap();
+        assert_eq!(a.usage.output_tokens, 7);
+    }
+
+    #[test]
+    fn event_end_finds_blank_lines_in_every_line_ending() {
+        assert_eq!(event_end(b"data: a\n\ndata: b"), Some(9));
+        assert_eq!(event_end(b"data: a\r\n\r\nx"), Some(11));
+        assert_eq!(
+            event_end(b"data: a\r\r"),
+            None,
+            "the last CR may be half of CRLF"
+        );
+        assert_eq!(event_end(b"data: a\r\rx"), Some(9));
+        assert_eq!(event_end(b"data: a\n"), None);
+    }
+}

@@ -1,0 +1,41 @@
+//! The ONE function that composes the request stack, outermost first. Tower runs the first layer
+//! added first on the way in (tower `ServiceBuilder`, "Order").
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tower::{Service, ServiceBuilder};
+
+use crate::config::Limits;
+use crate::proxy::body::ProxyBody;
+use crate::proxy::classify::ClassifyLayer;
+use crate::proxy::forward::Forward;
+use crate::proxy::request_id::RequestIdLayer;
+use crate::proxy::rescue::RescueLayer;
+use crate::proxy::rewrite::RewriteLayer;
+use crate::proxy::route::{RouteLayer, Router};
+
+/// The gateway's request stack.
+pub fn build(
+    router: Arc<Router>,
+    limits: Limits,
+) -> impl Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
+    ServiceBuilder::new()
+        // Outermost: every response, errors included, carries the request id.
+        .layer(RequestIdLayer::new())
+        // Errors from any layer below become one response, shaped for the client's dialect.
+        .layer(RescueLayer::new())
+        // The body is read once, bounded; method, content type and JSON checked; model found.
+        .layer(ClassifyLayer::new(limits.max_body_bytes))
+        // A backend is chosen and an in-flight slot taken there (or 404/503).
+        .layer(RouteLayer::new(router))
+        // URL, credentials, model alias and include_usage for that backend.
+        .layer(RewriteLayer::new())
+        // The pooled upstream client; the response body is observed on its way out.
+        .service(Forward::new())
+}

@@ -1,0 +1,67 @@
+//! The upstream HTTP client: hyper-util's pooled client over rustls (ring), HTTP/1.1 and, where
+//! TLS ALPN offers it, HTTP/2. Roots: the platform's, else webpki's bundle, plus a backend's
+//! `ca_file`.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::RootCertStore;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+use crate::config::BackendConfig;
+
+/// Request body sent upstream: the (possibly rewritten) client body, read once.
+pub type UpstreamBody = Full<Bytes>;
+
+/// A pooled client for one backend.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, UpstreamBody>;
+
+/// The process-wide crypto provider: ring, as the project chose.
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Builds the client for `backend`.
+pub fn build(backend: &BackendConfig) -> Result<UpstreamClient, String> {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _) = roots.add_parsable_certificates(native.certs);
+    if added == 0 {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    if let Some(ca) = &backend.ca_file {
+        let certs = CertificateDer::pem_file_iter(ca)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("backend {}: ca_file {}: {e}", backend.name, ca.display()))?;
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| format!("backend {}: ca_file {}: {e}", backend.name, ca.display()))?;
+        }
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(backend.connect_timeout));
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .build(connector))
+}
