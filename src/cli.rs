@@ -223,7 +223,43 @@ async fn serve(file: PathBuf) -> Result<(), String> {
     Ok(())
 }
 
+/// A simulator fleet lists backends by `listen` address; a gateway config by `url`.
+fn is_sim_fleet(file: &std::path::Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return false;
+    };
+    let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(&text) else {
+        return false;
+    };
+    doc.get("backends")
+        .and_then(|b| b.as_sequence())
+        .and_then(|b| b.first())
+        .is_some_and(|first| first.get("listen").is_some() && first.get("url").is_none())
+}
+
 fn check(file: &std::path::Path) -> ExitCode {
+    if is_sim_fleet(file) {
+        return match yaml::from_file::<FleetRaw>(file)
+            .and_then(|f| f.validate().map_err(|e| e.in_file(file)))
+        {
+            Ok(specs) => {
+                say(&format!("{}: ok (simulator fleet)", file.display()));
+                for spec in specs {
+                    say(&format!(
+                        "sim backend {} on {}: {}",
+                        spec.name,
+                        spec.listen,
+                        spec.models.join(", ")
+                    ));
+                }
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("{err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let config = match crate::config::load(file) {
         Ok(config) => config,
         Err(err) => {

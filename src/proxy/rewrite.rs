@@ -101,6 +101,9 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     let body = rewrite_body(&body, classified, routed.upstream_model.as_deref(), inject);
 
     parts.uri = upstream_uri(backend, &parts.uri)?;
+    // The client's protocol is not the upstream's: the pool speaks HTTP/1.1, or HTTP/2 where TLS
+    // ALPN chose it (hyper-util upgrades the version for an h2 connection by itself).
+    parts.version = http::Version::HTTP_11;
     rewrite_headers(&mut parts.headers, backend);
     if inject {
         parts.extensions.insert(InjectedUsage);

@@ -138,14 +138,48 @@ pub async fn exchange_with(
     path: &str,
     body: Option<&[u8]>,
 ) -> Exchange {
-    let request = Request::builder()
+    send(
+        client,
+        addr,
+        method,
+        path,
+        body,
+        &[("content-type", "application/json")],
+    )
+    .await
+}
+
+/// Sends a request with exactly these headers and records the response as it arrives.
+pub async fn send(
+    client: &HttpClient,
+    addr: SocketAddr,
+    method: Method,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) -> Exchange {
+    let mut builder = Request::builder()
         .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json")
+        .uri(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        builder = builder.header(*name, *value);
+    }
+    let request = builder
         .body(Full::new(Bytes::copy_from_slice(body.unwrap_or_default())))
         .unwrap();
+    record(client.request(request)).await
+}
+
+/// Records a response as it arrives.
+pub async fn record<B>(
+    response: impl std::future::Future<Output = Result<http::Response<B>, impl std::fmt::Debug>>,
+) -> Exchange
+where
+    B: hyper::body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     let start = Instant::now();
-    let response = client.request(request).await.expect("response head");
+    let response = response.await.expect("response head");
     let head_after = start.elapsed();
     let status = response.status();
     let headers = response.headers().clone();
@@ -199,4 +233,45 @@ pub async fn truth(addr: SocketAddr, prompt_tokens: u32, output_tokens: u32, c: 
 /// |got - want| / want.
 pub fn rel_err(got: f64, want: f64) -> f64 {
     (got - want).abs() / want
+}
+
+/// A gateway config backend entry for a sim at `addr`.
+pub fn backend_yaml(name: &str, addr: SocketAddr, dialect: &str, extra: &str) -> String {
+    format!("  - name: {name}\n    url: http://{addr}\n    dialect: {dialect}\n{extra}")
+}
+
+/// Starts a gateway from config text on port 0 (both listeners). Environment lookups answer
+/// `key-of-NAME` for every variable NAME.
+pub async fn gateway(body: &str) -> tpsgate::gateway::Gateway {
+    let text = format!("listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{body}");
+    let config = tpsgate::config::parse(&text, |name| Some(format!("key-of-{name}")))
+        .map_err(|e| format!("test config: {e}\n{text}"))
+        .unwrap();
+    tpsgate::gateway::Gateway::start(&config)
+        .await
+        .expect("gateway starts")
+}
+
+/// The generation requests a sim backend received, oldest first.
+pub async fn seen(addr: SocketAddr) -> Vec<Value> {
+    get_json(addr, "/sim/requests").await["requests"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// The body with every `"created":DIGITS` set to 0: the only bytes two identical requests to
+/// the simulator may differ in (it is a clock reading in seconds).
+pub fn without_created(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = &*text;
+    while let Some(at) = rest.find("\"created\":") {
+        let (head, tail) = rest.split_at(at + "\"created\":".len());
+        out.push_str(head);
+        out.push('0');
+        rest = tail.trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    out.push_str(rest);
+    out
 }

@@ -1,0 +1,168 @@
+//! `tpsgate check` and `tpsgate serve` as a user runs them.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use crate::support;
+
+fn tpsgate() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tpsgate"))
+}
+
+#[test]
+fn every_shipped_config_passes_check() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let out = tpsgate()
+                .arg("check")
+                .arg("--config")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(String::from_utf8_lossy(&out.stdout).contains(": ok"));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2);
+}
+
+#[test]
+fn broken_configs_print_file_line_column_and_field() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let cases = [
+        (
+            "bad-unknown-field.yaml",
+            "bad-unknown-field.yaml:6:5: backends[0].modles: unknown field `modles`",
+        ),
+        (
+            "bad-url.yaml",
+            "bad-url.yaml:4:10: backends[0].url: `ftp://10.0.0.1` must start with http:// or https://",
+        ),
+        (
+            "bad-duplicate.yaml",
+            "bad-duplicate.yaml:9:11: backends[1].name: duplicate backend name `a`",
+        ),
+        (
+            "bad-missing-env.yaml",
+            "bad-missing-env.yaml:6:18: backends[0].api_key_env: environment variable TPSGATE_TEST_UNSET_KEY is not set",
+        ),
+    ];
+    for (file, expected) in cases {
+        let out = tpsgate()
+            .arg("check")
+            .arg("--config")
+            .arg(fixtures.join(file))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{file}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(expected),
+            "{file}:\n{stderr}\nwanted: {expected}"
+        );
+    }
+}
+
+/// Kills the child when the test ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_never_logs_the_api_key() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\nbackends:\n{}",
+            support::backend_yaml(
+                "sim",
+                sim,
+                "openai",
+                "    models: {m: m}\n    api_key_env: TPSGATE_TEST_KEY\n"
+            )
+        ),
+    )
+    .unwrap();
+    let mut child = Child(
+        tpsgate()
+            .args(["--log-format", "json", "serve", "--config"])
+            .arg(&file)
+            .env("TPSGATE_TEST_KEY", "sk-very-secret-value")
+            .env("RUST_LOG", "trace")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr: std::net::SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let ex = support::post(
+        addr,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "m", "messages": [], "max_tokens": 2, "stream": true}),
+    )
+    .await;
+    assert_eq!(ex.status, 200);
+    assert_eq!(
+        support::seen(sim).await[0]["authorization"],
+        "Bearer sk-very-secret-value"
+    );
+    let _ = child.0.kill();
+    let out = child.0.wait_with_output_ref();
+    assert!(
+        out.contains("\"message\":\"request\""),
+        "one log line per request: {out}"
+    );
+    assert!(
+        !out.contains("sk-very-secret-value"),
+        "the key leaked into the logs"
+    );
+}
+
+trait WaitOutput {
+    fn wait_with_output_ref(&mut self) -> String;
+}
+
+impl WaitOutput for std::process::Child {
+    fn wait_with_output_ref(&mut self) -> String {
+        let _ = self.wait();
+        let mut err = String::new();
+        if let Some(mut stderr) = self.stderr.take() {
+            let _ = std::io::Read::read_to_string(&mut stderr, &mut err);
+        }
+        err
+    }
+}

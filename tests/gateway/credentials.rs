@@ -1,0 +1,149 @@
+//! Aliases, credentials and ids: what reaches the upstream, and what never does.
+
+use http::Method;
+use serde_json::json;
+use tpsgate::bench::http_client;
+
+use crate::support;
+
+const CHAT: &str = r#"{"model":"small","messages":[],"max_tokens":2,"stream":true}"#;
+
+#[tokio::test]
+async fn the_upstream_sees_its_own_model_name_and_the_configured_key_never_the_clients() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml(
+            "sim",
+            sim,
+            "openai",
+            "    models: {small: m}\n    api_key_env: SIM_KEY\n"
+        ),
+    ))
+    .await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer client-secret"),
+        ("x-api-key", "client-secret"),
+    ];
+    let ex = support::send(
+        &http_client(),
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(CHAT.as_bytes()),
+        &headers,
+    )
+    .await;
+    assert_eq!(ex.status, 200, "{:?}", String::from_utf8_lossy(&ex.body()));
+    let seen = support::seen(sim).await;
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["model"], "m");
+    assert_eq!(seen[0]["authorization"], "Bearer key-of-SIM_KEY");
+    assert_eq!(seen[0]["x_api_key"], json!(null));
+}
+
+#[tokio::test]
+async fn an_anthropic_upstream_gets_x_api_key_and_a_default_version() {
+    let (_fleet, sim) = support::start_engine("claude", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml(
+            "claude",
+            sim,
+            "anthropic",
+            "    models: {claude-small: m}\n    api_key_env: ANTHROPIC_KEY\n"
+        ),
+    ))
+    .await;
+    let body = json!({"model": "claude-small", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer client-secret"),
+    ];
+    let ex = support::send(
+        &http_client(),
+        gw.addr(),
+        Method::POST,
+        "/v1/messages",
+        Some(body.as_bytes()),
+        &headers,
+    )
+    .await;
+    assert_eq!(ex.status, 200);
+    let seen = &support::seen(sim).await[0];
+    assert_eq!(seen["x_api_key"], "key-of-ANTHROPIC_KEY");
+    assert_eq!(seen["anthropic_version"], "2023-06-01");
+    assert_eq!(seen["authorization"], json!(null));
+}
+
+#[tokio::test]
+async fn forward_client_auth_passes_the_clients_key_through() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml(
+            "sim",
+            sim,
+            "openai",
+            "    models: {small: m}\n    forward_client_auth: true\n"
+        ),
+    ))
+    .await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer client-secret"),
+    ];
+    support::send(
+        &http_client(),
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(CHAT.as_bytes()),
+        &headers,
+    )
+    .await;
+    assert_eq!(
+        support::seen(sim).await[0]["authorization"],
+        "Bearer client-secret"
+    );
+}
+
+#[tokio::test]
+async fn request_ids_are_kept_or_minted_and_reach_the_upstream() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml("sim", sim, "openai", "    models: {small: m}\n")
+    ))
+    .await;
+    let client = http_client();
+    let mine = [
+        ("content-type", "application/json"),
+        ("x-request-id", "abc-123"),
+    ];
+    let ex = support::send(
+        &client,
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(CHAT.as_bytes()),
+        &mine,
+    )
+    .await;
+    assert_eq!(ex.headers["x-request-id"], "abc-123");
+    let ex = support::send(
+        &client,
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(CHAT.as_bytes()),
+        &mine[..1],
+    )
+    .await;
+    let minted = ex.headers["x-request-id"].to_str().unwrap().to_owned();
+    assert!(minted.starts_with("tg-"), "{minted}");
+    let seen = support::seen(sim).await;
+    assert_eq!(seen[0]["request_id"], "abc-123");
+    assert_eq!(seen[1]["request_id"], minted);
+}

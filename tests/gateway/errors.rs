@@ -1,0 +1,254 @@
+//! Every mistake gets a precise answer in the client's dialect, and nothing goes upstream that
+//! should not.
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use http_body_util::BodyExt;
+use tpsgate::bench::http_client;
+use tpsgate::sim::config::{FaultKindRaw, FaultRaw, StreamRaw};
+
+use crate::support;
+
+async fn one_backend(
+    extra: &str,
+    config_tail: &str,
+) -> (
+    tpsgate::sim::Fleet,
+    std::net::SocketAddr,
+    tpsgate::gateway::Gateway,
+) {
+    let (fleet, sim) = support::start_engine("sim", support::engine(2.0, 0.0, 64)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}{config_tail}",
+        support::backend_yaml(
+            "sim",
+            sim,
+            "openai",
+            &format!("    models: {{small: m}}\n{extra}")
+        ),
+    ))
+    .await;
+    (fleet, sim, gw)
+}
+
+#[tokio::test]
+async fn client_mistakes_get_openai_errors_and_never_reach_the_upstream() {
+    let (_fleet, sim, gw) = one_backend("", "limits: {max_body_bytes: 200}\n").await;
+    let json = ("content-type", "application/json");
+    let big = format!(
+        r#"{{"model":"small","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(300)
+    );
+    type Case<'a> = (
+        Method,
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        String,
+        StatusCode,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            Method::POST,
+            "/v1/chat/completions",
+            vec![json],
+            "{not json".into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/v1/chat/completions",
+            vec![json],
+            r#"{"messages":[]}"#.into(),
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Method::POST,
+            "/v1/chat/completions",
+            vec![json],
+            r#"{"model":"large","messages":[]}"#.into(),
+            StatusCode::NOT_FOUND,
+            "model_not_found",
+        ),
+        (
+            Method::GET,
+            "/v1/chat/completions",
+            vec![],
+            String::new(),
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+        ),
+        (
+            Method::POST,
+            "/v1/chat/completions",
+            vec![json],
+            big,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+        ),
+        (
+            Method::POST,
+            "/v1/chat/completions",
+            vec![("content-type", "text/plain")],
+            r#"{"model":"small"}"#.into(),
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        ),
+        (
+            Method::POST,
+            "/elsewhere",
+            vec![json],
+            "{}".into(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+    ];
+    let client = http_client();
+    for (method, path, headers, body, status, code) in cases {
+        let ex = support::send(
+            &client,
+            gw.addr(),
+            method.clone(),
+            path,
+            Some(body.as_bytes()),
+            &headers,
+        )
+        .await;
+        assert_eq!(ex.status, status, "{method} {path} {body:.40}");
+        let err = ex.json();
+        assert_eq!(err["error"]["code"], code, "{err}");
+        assert_eq!(err["error"]["type"], "invalid_request_error", "{err}");
+        assert!(!err["error"]["message"].as_str().unwrap().is_empty());
+        assert!(ex.headers.contains_key("x-request-id"));
+    }
+    let ex = support::send(
+        &client,
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(br#"{"model":"large","messages":[]}"#),
+        &[json],
+    )
+    .await;
+    assert!(
+        ex.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("available: small")
+    );
+    assert!(
+        support::seen(sim).await.is_empty(),
+        "nothing may reach the upstream"
+    );
+}
+
+#[tokio::test]
+async fn errors_on_v1_messages_take_anthropics_shape() {
+    let (_fleet, _sim, gw) = one_backend("", "").await;
+    let ex = support::send(
+        &http_client(),
+        gw.addr(),
+        Method::POST,
+        "/v1/messages",
+        Some(b"{}"),
+        &[("content-type", "application/json")],
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::BAD_REQUEST);
+    let err = ex.json();
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+    assert_eq!(err["error"]["message"], "missing required field `model`");
+}
+
+#[tokio::test]
+async fn upstream_errors_pass_through_unchanged() {
+    let fault = FaultRaw {
+        kind: FaultKindRaw::Http429,
+        probability: None,
+        every: Some(1),
+        retry_after_s: Some(3),
+        delay_ms: None,
+        after_tokens: None,
+    };
+    let (_fleet, sim) = support::start(support::spec(
+        "sim",
+        support::engine(2.0, 0.0, 8),
+        StreamRaw::default(),
+        vec![fault],
+    ))
+    .await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let body = br#"{"model":"m","messages":[]}"#;
+    let direct = support::exchange(sim, Method::POST, "/v1/chat/completions", Some(body)).await;
+    let via = support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(body)).await;
+    assert_eq!(via.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(via.headers["retry-after"], "3");
+    assert_eq!(via.body(), direct.body());
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_502() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml("gone", closed, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(br#"{"model":"m","messages":[]}"#),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(ex.json()["error"]["code"], "upstream_unreachable");
+    assert!(
+        ex.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("backend gone")
+    );
+}
+
+#[tokio::test]
+async fn a_full_backend_is_a_503_with_retry_after_until_its_stream_ends() {
+    let (_fleet, _sim, gw) = one_backend("    max_concurrency: 1\n", "").await;
+    let long = br#"{"model":"small","messages":[],"max_tokens":100000,"stream":true}"#;
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(long)))
+        .unwrap();
+    let mut held = http_client().request(request).await.unwrap().into_body();
+    held.frame().await.unwrap().unwrap();
+
+    let short = br#"{"model":"small","messages":[],"max_tokens":2}"#;
+    let ex = support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(short)).await;
+    assert_eq!(ex.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(ex.headers["retry-after"], "1");
+    assert_eq!(ex.json()["error"]["code"], "no_backend_available");
+
+    drop(held); // the client goes away: the slot must come back at once
+    let mut status = StatusCode::SERVICE_UNAVAILABLE;
+    for _ in 0..50 {
+        status = support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(short))
+            .await
+            .status;
+        if status == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, StatusCode::OK);
+}

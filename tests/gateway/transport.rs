@@ -1,0 +1,104 @@
+//! Transport: h2c on the client side, TLS on both sides.
+
+use bytes::Bytes;
+use http::{Method, Request, Version};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tpsgate::sim::Fleet;
+use tpsgate::sim::config::{BackendRaw, EngineRaw, SimTls, StreamRaw};
+
+use crate::support;
+
+const CHAT: &[u8] = br#"{"model":"m","messages":[],"max_tokens":3,"stream":true}"#;
+
+fn chat_request(url: String) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(Method::POST)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(CHAT)))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn h2c_clients_are_served() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let resp = client
+        .request(chat_request(format!(
+            "http://{}/v1/chat/completions",
+            gw.addr()
+        )))
+        .await
+        .unwrap();
+    assert_eq!(resp.version(), Version::HTTP_2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+}
+
+#[tokio::test]
+async fn tls_works_on_both_sides_with_h2_negotiated() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+
+    let sim = BackendRaw {
+        name: "secure".into(),
+        listen: "127.0.0.1:0".into(),
+        models: vec!["m".into()],
+        tls: Some(SimTls {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+        }),
+        engine: EngineRaw {
+            step_base_ms: 1.0,
+            ..EngineRaw::default()
+        },
+        stream: StreamRaw::default(),
+        faults: vec![],
+    }
+    .validate("test")
+    .unwrap();
+    let fleet = Fleet::start(&[sim]).await.unwrap();
+    let sim_port = fleet.addr("secure").unwrap().port();
+    let (cert_path, key_path) = (cert_file.display(), key_file.display());
+    let config = format!(
+        "listen: {{address: 127.0.0.1:0, tls: {{cert_file: {cert_path}, key_file: {key_path}}}}}\nadmin: {{listen: 127.0.0.1:0}}\n\
+         backends:\n  - name: secure\n    url: https://localhost:{sim_port}\n    dialect: openai\n    models: {{m: m}}\n    ca_file: {cert_path}\n"
+    );
+    let config = tpsgate::config::parse(&config, |_| None).unwrap();
+    let gw = tpsgate::gateway::Gateway::start(&config).await.unwrap();
+    assert!(gw.url().starts_with("https://"));
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let tls =
+        rustls::ClientConfig::builder_with_provider(tpsgate::upstream::client::crypto_provider())
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .enable_http2()
+        .build();
+    let client = Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
+    let url = format!("https://localhost:{}/v1/chat/completions", gw.addr().port());
+    let resp = client.request(chat_request(url)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), Version::HTTP_2, "ALPN picks h2");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+}

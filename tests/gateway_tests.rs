@@ -1,0 +1,20 @@
+//! The gateway (`tpsgate serve`), tested on loopback with `tpsgate sim` as the upstream.
+
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "helpers outside #[test] functions fail the test loudly too"
+)]
+
+mod support;
+
+#[path = "gateway/binary.rs"]
+mod binary;
+#[path = "gateway/credentials.rs"]
+mod credentials;
+#[path = "gateway/errors.rs"]
+mod errors;
+#[path = "gateway/passthrough.rs"]
+mod passthrough;
+#[path = "gateway/transport.rs"]
+mod transport;
