@@ -16,5 +16,7 @@ mod credentials;
 mod errors;
 #[path = "gateway/passthrough.rs"]
 mod passthrough;
+#[path = "gateway/sdk.rs"]
+mod sdk;
 #[path = "gateway/transport.rs"]
 mod transport;

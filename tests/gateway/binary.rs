@@ -166,3 +166,85 @@ impl WaitOutput for std::process::Child {
         err
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_a_running_stream_finish_then_exits() {
+    // 40 tokens at 10 ms: the stream outlives the signal by about 0.4 s.
+    let (_fleet, sim) = support::start_engine("sim", support::engine(10.0, 0.0, 8)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\nlimits: {{drain_timeout_s: 10}}\nbackends:\n{}",
+            support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+        ),
+    )
+    .unwrap();
+    let mut child = Child(
+        tpsgate()
+            .args(["serve", "--config"])
+            .arg(&file)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr: std::net::SocketAddr = line
+        .split("http://")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    use http_body_util::BodyExt;
+    let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"m","messages":[],"max_tokens":40,"stream":true}"#,
+        )))
+        .unwrap();
+    let mut body = tpsgate::bench::http_client()
+        .request(request)
+        .await
+        .unwrap()
+        .into_body();
+    let mut received = body
+        .frame()
+        .await
+        .unwrap()
+        .unwrap()
+        .into_data()
+        .unwrap()
+        .to_vec();
+    let pid = child.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    while let Some(frame) = body.frame().await {
+        received.extend_from_slice(&frame.unwrap().into_data().unwrap_or_default());
+    }
+    assert!(
+        received.ends_with(b"data: [DONE]\n\n"),
+        "the stream must finish whole"
+    );
+    let status = tokio::task::spawn_blocking(move || child.0.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}

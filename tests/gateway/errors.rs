@@ -252,3 +252,74 @@ async fn a_full_backend_is_a_503_with_retry_after_until_its_stream_ends() {
     }
     assert_eq!(status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn a_connect_timeout_is_a_504() {
+    // A listener that never accepts, with its accept queue full: further SYNs are dropped and a
+    // connect hangs until the gateway's connect timeout.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_millis(100),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            fillers.push(s);
+        }
+    }
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml(
+            "stuck",
+            addr,
+            "openai",
+            "    models: {m: m}\n    connect_timeout_ms: 200\n"
+        ),
+    ))
+    .await;
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(br#"{"model":"m","messages":[]}"#),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", ex.json());
+    assert_eq!(ex.json()["error"]["code"], "upstream_timeout");
+    drop(listener);
+}
+
+#[tokio::test]
+async fn other_v1_paths_pass_through_by_model_or_to_the_default_backend() {
+    let (_fleet, sim, gw) = one_backend("", "default_backend: sim\n").await;
+    // The sim has no embeddings endpoint: its own 404 comes back, from the backend serving `small`.
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/embeddings",
+        Some(br#"{"model":"small","input":"x"}"#),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::NOT_FOUND);
+    assert_eq!(ex.headers["x-tpsgate-backend"], "sim");
+    assert_eq!(ex.json()["error"]["message"], "no such endpoint");
+    // No model in the body: the default backend answers (the sim lists its models on GET).
+    let ex = support::exchange(gw.addr(), Method::GET, "/v1/models/extra", None).await;
+    assert_eq!(ex.headers["x-tpsgate-backend"], "sim");
+    let _ = sim;
+
+    let (_fleet, _sim, gw) = one_backend("", "").await;
+    let ex = support::exchange(gw.addr(), Method::GET, "/v1/files", None).await;
+    assert_eq!(ex.status, StatusCode::BAD_REQUEST);
+    assert!(
+        ex.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no default_backend")
+    );
+}
