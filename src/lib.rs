@@ -3,12 +3,16 @@
 //!
 //! This crate is one library with one binary (`tpsgate`). The pieces that exist today:
 //!
+//! - [`gateway`]: a running gateway; [`stack`] composes its request path from the layers in
+//!   [`proxy`], over the per-backend clients in [`upstream`], configured by [`config`]; errors are
+//!   [`error::Error`]; [`admin`] serves health and backend state.
 //! - [`sim`]: a simulated continuous-batching LLM server (`tpsgate sim`), the upstream every test,
 //!   benchmark and demo runs against, and which publishes its own analytic curve.
-//! - [`bench`]: an active sweep client (`tpsgate bench`) that measures TTFT, per-user TPS and
+//! - [`mod@bench`]: an active sweep client (`tpsgate bench`) that measures TTFT, per-user TPS and
 //!   goodput of any OpenAI- or Anthropic-compatible server.
 //! - [`sse`]: an incremental Server-Sent Events parser (pure: no I/O).
-//! - [`listen`]: the accept loop shared by every server we run.
+//! - [`listen`]: the accept loop shared by every server we run (TCP or TLS, HTTP/1.1 and h2).
+//! - [`yaml`]: YAML loading with errors that name file, line, column and field.
 //! - [`cli`]: the command line.
 //!
 //! Words (TTFT, TPOT, per-user TPS, experienced concurrency, goodput) are defined in README.md.
