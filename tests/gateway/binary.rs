@@ -1,14 +1,11 @@
 //! `tpsgate check` and `tpsgate serve` as a user runs them.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::support;
 
-fn tpsgate() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tpsgate"))
-}
+use support::tpsgate;
 
 #[test]
 fn every_shipped_config_passes_check() {
@@ -73,16 +70,6 @@ fn broken_configs_print_file_line_column_and_field() {
     }
 }
 
-/// Kills the child when the test ends.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_never_logs_the_api_key() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
@@ -101,34 +88,15 @@ async fn serve_never_logs_the_api_key() {
         ),
     )
     .unwrap();
-    let mut child = Child(
-        tpsgate()
-            .args(["--log-format", "json", "serve", "--config"])
-            .arg(&file)
-            .env("TPSGATE_TEST_KEY", "sk-very-secret-value")
-            .env("RUST_LOG", "trace")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        line
-    })
-    .await
-    .unwrap();
-    let addr: std::net::SocketAddr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let mut command = tpsgate();
+    command
+        .args(["--log-format", "json", "serve", "--config"])
+        .arg(&file)
+        .env("TPSGATE_TEST_KEY", "sk-very-secret-value")
+        .env("RUST_LOG", "trace")
+        .stderr(Stdio::piped());
+    let mut gw = support::spawn_listening(command).await;
+    let addr = gw.addr;
     let ex = support::post(
         addr,
         "/v1/chat/completions",
@@ -140,8 +108,8 @@ async fn serve_never_logs_the_api_key() {
         support::seen(sim).await[0]["authorization"],
         "Bearer sk-very-secret-value"
     );
-    let _ = child.0.kill();
-    let out = child.0.wait_with_output_ref();
+    let _ = gw.child.kill();
+    let out = gw.child.wait_with_output_ref();
     assert!(
         out.contains("\"message\":\"request\""),
         "one log line per request: {out}"
@@ -181,32 +149,13 @@ async fn sigterm_lets_a_running_stream_finish_then_exits() {
         ),
     )
     .unwrap();
-    let mut child = Child(
-        tpsgate()
-            .args(["serve", "--config"])
-            .arg(&file)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        line
-    })
-    .await
-    .unwrap();
-    let addr: std::net::SocketAddr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let mut command = tpsgate();
+    command
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stderr(Stdio::null());
+    let mut gw = support::spawn_listening(command).await;
+    let addr = gw.addr;
 
     use http_body_util::BodyExt;
     let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
@@ -228,7 +177,7 @@ async fn sigterm_lets_a_running_stream_finish_then_exits() {
         .into_data()
         .unwrap()
         .to_vec();
-    let pid = child.0.id().to_string();
+    let pid = gw.child.id().to_string();
     assert!(
         Command::new("kill")
             .args(["-TERM", &pid])
@@ -243,7 +192,7 @@ async fn sigterm_lets_a_running_stream_finish_then_exits() {
         received.ends_with(b"data: [DONE]\n\n"),
         "the stream must finish whole"
     );
-    let status = tokio::task::spawn_blocking(move || child.0.wait().unwrap())
+    let status = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
         .await
         .unwrap();
     assert!(status.success(), "{status:?}");

@@ -11,15 +11,11 @@ const CHAT: &str = r#"{"model":"small","messages":[],"max_tokens":2,"stream":tru
 #[tokio::test]
 async fn the_upstream_sees_its_own_model_name_and_the_configured_key_never_the_clients() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
-    let gw = support::gateway(&format!(
-        "backends:\n{}",
-        support::backend_yaml(
-            "sim",
-            sim,
-            "openai",
-            "    models: {small: m}\n    api_key_env: SIM_KEY\n"
-        ),
-    ))
+    let gw = support::gateway_for(
+        sim,
+        "openai",
+        "    models: {small: m}\n    api_key_env: SIM_KEY\n",
+    )
     .await;
     let headers = [
         ("content-type", "application/json"),
@@ -46,15 +42,11 @@ async fn the_upstream_sees_its_own_model_name_and_the_configured_key_never_the_c
 #[tokio::test]
 async fn an_anthropic_upstream_gets_x_api_key_and_a_default_version() {
     let (_fleet, sim) = support::start_engine("claude", support::engine(1.0, 0.0, 8)).await;
-    let gw = support::gateway(&format!(
-        "backends:\n{}",
-        support::backend_yaml(
-            "claude",
-            sim,
-            "anthropic",
-            "    models: {claude-small: m}\n    api_key_env: ANTHROPIC_KEY\n"
-        ),
-    ))
+    let gw = support::gateway_for(
+        sim,
+        "anthropic",
+        "    models: {claude-small: m}\n    api_key_env: ANTHROPIC_KEY\n",
+    )
     .await;
     let body = json!({"model": "claude-small", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).to_string();
     let headers = [
@@ -80,15 +72,11 @@ async fn an_anthropic_upstream_gets_x_api_key_and_a_default_version() {
 #[tokio::test]
 async fn forward_client_auth_passes_the_clients_key_through() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
-    let gw = support::gateway(&format!(
-        "backends:\n{}",
-        support::backend_yaml(
-            "sim",
-            sim,
-            "openai",
-            "    models: {small: m}\n    forward_client_auth: true\n"
-        ),
-    ))
+    let gw = support::gateway_for(
+        sim,
+        "openai",
+        "    models: {small: m}\n    forward_client_auth: true\n",
+    )
     .await;
     let headers = [
         ("content-type", "application/json"),
@@ -112,11 +100,7 @@ async fn forward_client_auth_passes_the_clients_key_through() {
 #[tokio::test]
 async fn request_ids_are_kept_or_minted_and_reach_the_upstream() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
-    let gw = support::gateway(&format!(
-        "backends:\n{}",
-        support::backend_yaml("sim", sim, "openai", "    models: {small: m}\n")
-    ))
-    .await;
+    let gw = support::gateway_for(sim, "openai", "    models: {small: m}\n").await;
     let client = http_client();
     let mine = [
         ("content-type", "application/json"),

@@ -1,61 +1,27 @@
 //! The `tpsgate` binary itself: what it prints, how it fails.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 use tpsgate::sim::FleetRaw;
 
 use crate::support;
 
-fn tpsgate() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tpsgate"))
-}
-
-/// Kills the child when the test ends, pass or fail.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use support::tpsgate;
 
 #[tokio::test]
 async fn sim_serves_on_the_address_it_prints() {
-    let mut child = Child(
-        tpsgate()
-            .args([
-                "sim",
-                "--listen",
-                "127.0.0.1:0",
-                "--model",
-                "llama",
-                "--step-base-ms",
-                "2",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = child.0.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        line
-    })
-    .await
-    .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap();
-    let models = support::get_json(addr.parse().unwrap(), "/v1/models").await;
+    let mut command = support::tpsgate();
+    command.args([
+        "sim",
+        "--listen",
+        "127.0.0.1:0",
+        "--model",
+        "llama",
+        "--step-base-ms",
+        "2",
+    ]);
+    let sim = support::spawn_listening(command).await;
+    let models = support::get_json(sim.addr, "/v1/models").await;
     assert_eq!(models["data"][0]["id"], "llama");
 }
 

@@ -275,3 +275,57 @@ pub fn without_created(body: &[u8]) -> String {
     out.push_str(rest);
     out
 }
+
+/// The `tpsgate` binary under test.
+pub fn tpsgate() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tpsgate"))
+}
+
+/// A `tpsgate` process serving on the address it printed first; killed when dropped.
+pub struct Spawned {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `command` with stdout piped and waits for its first line, which names `http://ADDR`.
+pub async fn spawn_listening(mut command: std::process::Command) -> Spawned {
+    use std::io::BufRead;
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| format!("no address in {line:?}"))
+        .unwrap();
+    Spawned { child, addr }
+}
+
+/// A gateway with one backend: the sim at `sim`, serving `extra` (YAML lines of the backend).
+pub async fn gateway_for(sim: SocketAddr, dialect: &str, extra: &str) -> tpsgate::gateway::Gateway {
+    gateway(&format!(
+        "backends:\n{}",
+        backend_yaml("sim", sim, dialect, extra)
+    ))
+    .await
+}
