@@ -62,7 +62,7 @@ impl Gateway {
         });
         let has_tls = tls.is_some();
         let limits = config.limits;
-        let proxy = tokio::spawn(listen::serve_with(
+        let proxy = tokio::spawn(listen::serve(
             listener,
             tls,
             limits.header_read_timeout,
@@ -75,6 +75,8 @@ impl Gateway {
             tower::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
         let admin_task = tokio::spawn(listen::serve(
             admin_listener,
+            None,
+            listen::HEADER_READ_TIMEOUT,
             admin_service,
             stopped(&stop),
             std::time::Duration::from_secs(1),

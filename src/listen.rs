@@ -22,35 +22,9 @@ use tower::Service;
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves `service` on `listener` until `shutdown` completes, then waits up to `drain` for open
-/// connections to finish.
+/// connections to finish. With `tls`, connections are HTTPS (ALPN h2 and http/1.1); the
+/// header-read timeout also bounds the TLS handshake.
 pub async fn serve<S, B>(
-    listener: TcpListener,
-    service: S,
-    shutdown: impl Future<Output = ()>,
-    drain: Duration,
-) where
-    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    serve_with(
-        listener,
-        None,
-        HEADER_READ_TIMEOUT,
-        service,
-        shutdown,
-        drain,
-    )
-    .await;
-}
-
-/// [`serve`] with optional TLS (ALPN h2 and http/1.1) and a given header-read timeout, which also
-/// bounds the TLS handshake.
-pub async fn serve_with<S, B>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     header_read_timeout: Duration,

@@ -649,7 +649,7 @@ impl Fleet {
             let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;
             };
-            tasks.push(tokio::spawn(listen::serve_with(
+            tasks.push(tokio::spawn(listen::serve(
                 listener,
                 tls,
                 listen::HEADER_READ_TIMEOUT,
