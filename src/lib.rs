@@ -21,6 +21,7 @@ pub mod admin;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod curve;
 pub mod error;
 pub mod gateway;
 pub mod listen;

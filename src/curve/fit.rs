@@ -1,0 +1,76 @@
+//! Weighted least squares, small and exact: the curve's fitted lines.
+//!
+//! TPOT(c) = a + b·c follows from how batching engines work: a decode step costs a fixed part
+//! plus a part per sequence in the batch (see the simulator's engine, and vLLM's scheduler). TTFT
+//! is fitted as t0 + t1·c + P/r, the queueing part growing with concurrency plus prefill at rate
+//! r tokens per second (DESIGN.md, "Curves").
+
+/// Solves the weighted least-squares problem `min Σ w (y - x·β)²` for up to three parameters by
+/// Gaussian elimination on the normal equations. `None` when they are singular (the data cannot
+/// tell the parameters apart, e.g. every x the same).
+pub fn wls<const N: usize>(rows: impl Iterator<Item = ([f64; N], f64, f64)>) -> Option<[f64; N]> {
+    let mut a = [[0.0; N]; N];
+    let mut b = [0.0; N];
+    for (x, y, w) in rows {
+        for i in 0..N {
+            b[i] += w * x[i] * y;
+            for j in 0..N {
+                a[i][j] += w * x[i] * x[j];
+            }
+        }
+    }
+    for col in 0..N {
+        let pivot = (col..N).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        // Relative to the diagonal's scale, so that units (seconds, tokens) do not matter.
+        let scale = a[col][col]
+            .abs()
+            .max(a[pivot][col].abs())
+            .max(f64::MIN_POSITIVE);
+        if a[pivot][col].abs() <= 1e-9 * scale || a[pivot][col] == 0.0 {
+            return None;
+        }
+        a.swap(col, pivot);
+        b.swap(col, pivot);
+        for row in col + 1..N {
+            let f = a[row][col] / a[col][col];
+            for k in col..N {
+                a[row][k] -= f * a[col][k];
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut beta = [0.0; N];
+    for i in (0..N).rev() {
+        let rest: f64 = (i + 1..N).map(|k| a[i][k] * beta[k]).sum();
+        beta[i] = (b[i] - rest) / a[i][i];
+    }
+    beta.iter().all(|v| v.is_finite()).then_some(beta)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recovers_a_known_line() {
+        let rows = [1.0, 2.0, 4.0, 8.0].map(|c| ([1.0, c], 0.010 + 0.002 * c, 1.0));
+        let [a, b] = wls(rows.into_iter()).unwrap();
+        assert!((a - 0.010).abs() < 1e-12 && (b - 0.002).abs() < 1e-12);
+    }
+
+    #[test]
+    fn recovers_three_parameters_and_refuses_a_degenerate_design() {
+        let rows: Vec<_> = [(1.0, 10.0), (2.0, 500.0), (4.0, 100.0), (8.0, 2000.0)]
+            .into_iter()
+            .map(|(c, p)| ([1.0, c, p], 0.02 + 0.005 * c + p / 8000.0, 1.0))
+            .collect();
+        let [t0, t1, k] = wls(rows.into_iter()).unwrap();
+        assert!(
+            (t0 - 0.02).abs() < 1e-9
+                && (t1 - 0.005).abs() < 1e-9
+                && (1.0 / k - 8000.0).abs() < 1e-3
+        );
+        let same_prompt = [1.0, 2.0, 4.0].map(|c| ([1.0, c, 64.0], 0.1, 1.0));
+        assert_eq!(wls(same_prompt.into_iter()), None);
+    }
+}

@@ -1,0 +1,430 @@
+//! Curves: per backend and model, how per-user TPS and TTFT move with concurrency.
+//!
+//! Pure: no I/O, time comes in as an argument. Each completed request is an [`Observation`]; its
+//! experienced concurrency picks a bucket (1, 2, 3, 4, 6, 8, 12, 16, 24, … — powers of two and the
+//! midpoints 1.5× between), whose [`window::Window`] keeps time-decayed samples. [`Curve::fit`]
+//! fits TPOT(c) = a + b·c and TTFT(c, P) = t0 + t1·c + P/r ([`fit`]); [`Curve::predict`] answers
+//! from a bucket with enough evidence, else from the fit, with a confidence.
+
+pub mod fit;
+pub mod occupancy;
+pub mod window;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+pub use occupancy::{Occupancy, Reading};
+use window::{Sample, Summary, Window};
+
+/// Bucket concurrency levels.
+pub const BUCKETS: [u32; 24] = [
+    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+    3072, 4096,
+];
+
+/// Decayed sample weight a bucket needs before its own quantiles are trusted over the fit.
+pub const MIN_BUCKET_WEIGHT: f64 = 5.0;
+
+/// The bucket nearest to concurrency `c` in log space.
+pub fn bucket_of(c: f64) -> usize {
+    let c = c.max(1.0).ln();
+    let mut best = 0;
+    for (i, level) in BUCKETS.iter().enumerate() {
+        if (f64::from(*level).ln() - c).abs() < (f64::from(BUCKETS[best]).ln() - c).abs() {
+            best = i;
+        }
+    }
+    best
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The stream ended normally.
+    Completed,
+    /// The client went away first.
+    Cancelled,
+    /// The upstream failed mid-stream.
+    Failed,
+}
+
+/// What one request taught us about its backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observation {
+    /// When it ended.
+    pub at: Instant,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Seconds from the gateway receiving the request to the first content byte.
+    pub ttft: Option<f64>,
+    /// Seconds per output token after the first chunk.
+    pub tpot: Option<f64>,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// The token count came from counting content events (no usage in the stream).
+    pub estimated: bool,
+    /// Prompt tokens, when the stream reported them.
+    pub prompt_tokens: Option<u64>,
+    /// Time-weighted mean in-flight count of the backend over the decode window.
+    pub concurrency: Option<f64>,
+    /// In flight at admission, this request included.
+    pub admitted_with: u32,
+}
+
+/// The fitted model of a curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Fit {
+    /// a in TPOT = a + b·c, seconds.
+    pub tpot_base_s: f64,
+    /// b in TPOT = a + b·c, seconds per concurrent request.
+    pub tpot_per_seq_s: f64,
+    /// t0 in TTFT = t0 + t1·c + P/r, seconds.
+    pub ttft_base_s: f64,
+    /// t1, seconds per concurrent request.
+    pub ttft_per_seq_s: f64,
+    /// r, prompt tokens per second; absent when prompts did not vary enough to tell.
+    pub prefill_tokens_per_s: Option<f64>,
+}
+
+/// One bucket as `/admin/curves` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Point {
+    /// The bucket's concurrency level.
+    pub concurrency: u32,
+    /// Samples in its window.
+    pub samples: usize,
+    /// Decayed sample weight.
+    pub weight: f64,
+    /// Per-user TPS median.
+    pub per_user_tps_p50: f64,
+    /// Per-user TPS 10th percentile (the slow tail).
+    pub per_user_tps_p10: f64,
+    /// TTFT median, seconds.
+    pub ttft_p50_s: f64,
+    /// TTFT 90th percentile, seconds.
+    pub ttft_p90_s: f64,
+}
+
+/// What the curve expects for one more request.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Prediction {
+    /// Per-user TPS median.
+    pub per_user_tps_p50: f64,
+    /// Per-user TPS 10th percentile.
+    pub per_user_tps_p10: f64,
+    /// TTFT median, seconds.
+    pub ttft_p50_s: f64,
+    /// TTFT 90th percentile, seconds.
+    pub ttft_p90_s: f64,
+    /// 0 (a guess) to nearly 1 (much recent evidence at this concurrency).
+    pub confidence: f64,
+}
+
+/// The curve of one backend and model.
+#[derive(Debug, Clone)]
+pub struct Curve {
+    buckets: Vec<Window>,
+    observations: u64,
+    estimated: u64,
+    cancelled: u64,
+}
+
+impl Default for Curve {
+    fn default() -> Self {
+        Self {
+            buckets: vec![Window::default(); BUCKETS.len()],
+            observations: 0,
+            estimated: 0,
+            cancelled: 0,
+        }
+    }
+}
+
+/// Counters of a curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Counts {
+    /// Observations recorded (completed, cancelled or failed).
+    pub observations: u64,
+    /// Share of completed samples whose token count was estimated.
+    pub estimated_share: f64,
+    /// Requests the client abandoned.
+    pub cancelled: u64,
+}
+
+impl Curve {
+    /// Records one request. Only completed requests with a TTFT, a TPOT and a concurrency become
+    /// samples; the rest are only counted.
+    pub fn record(&mut self, obs: &Observation) {
+        self.observations += 1;
+        if obs.outcome == Outcome::Cancelled {
+            self.cancelled += 1;
+        }
+        let (Outcome::Completed, Some(ttft), Some(tpot), Some(concurrency)) =
+            (obs.outcome, obs.ttft, obs.tpot, obs.concurrency)
+        else {
+            return;
+        };
+        if !(tpot > 0.0 && tpot.is_finite() && ttft.is_finite()) {
+            return;
+        }
+        if obs.estimated {
+            self.estimated += 1;
+        }
+        self.buckets[bucket_of(concurrency)].push(Sample {
+            at: obs.at,
+            tps: 1.0 / tpot,
+            ttft,
+            prompt_tokens: obs.prompt_tokens,
+            concurrency,
+        });
+    }
+
+    /// Counters.
+    pub fn counts(&self) -> Counts {
+        let samples: usize = self.buckets.iter().map(|b| b.samples().count()).sum();
+        Counts {
+            observations: self.observations,
+            estimated_share: if samples == 0 {
+                0.0
+            } else {
+                self.estimated as f64 / samples as f64
+            },
+            cancelled: self.cancelled,
+        }
+    }
+
+    fn summaries(
+        &self,
+        now: Instant,
+        half_life_s: f64,
+    ) -> impl Iterator<Item = (usize, Summary)> + '_ {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter_map(move |(i, w)| w.summary(now, half_life_s).map(|s| (i, s)))
+    }
+
+    /// The buckets that hold samples.
+    pub fn points(&self, now: Instant, half_life_s: f64) -> Vec<Point> {
+        self.summaries(now, half_life_s)
+            .map(|(i, s)| Point {
+                concurrency: BUCKETS[i],
+                samples: s.samples,
+                weight: s.weight,
+                per_user_tps_p50: s.tps_p50,
+                per_user_tps_p10: s.tps_p10,
+                ttft_p50_s: s.ttft_p50,
+                ttft_p90_s: s.ttft_p90,
+            })
+            .collect()
+    }
+
+    /// Fits TPOT and TTFT; `None` before the first sample.
+    pub fn fit(&self, now: Instant, half_life_s: f64) -> Option<Fit> {
+        let summaries: Vec<Summary> = self.summaries(now, half_life_s).map(|(_, s)| s).collect();
+        let total: f64 = summaries.iter().map(|s| s.weight).sum();
+        if summaries.is_empty() || total <= 0.0 {
+            return None;
+        }
+        let mean_tpot = summaries
+            .iter()
+            .map(|s| s.weight * s.mean_tpot)
+            .sum::<f64>()
+            / total;
+        let (tpot_base_s, tpot_per_seq_s) = match fit::wls(
+            summaries
+                .iter()
+                .map(|s| ([1.0, s.mean_concurrency], s.mean_tpot, s.weight)),
+        ) {
+            // Speed cannot rise with load; a negative slope is noise.
+            Some([a, b]) if b >= 0.0 && a > 0.0 => (a, b),
+            _ => (mean_tpot, 0.0),
+        };
+
+        let samples: Vec<(f64, &Sample)> = self
+            .buckets
+            .iter()
+            .flat_map(Window::samples)
+            .map(|s| {
+                (
+                    window::weight(
+                        now.saturating_duration_since(s.at).as_secs_f64(),
+                        half_life_s,
+                    ),
+                    s,
+                )
+            })
+            .collect();
+        let sw: f64 = samples.iter().map(|(w, _)| w).sum();
+        let mean_ttft =
+            samples.iter().map(|(w, s)| w * s.ttft).sum::<f64>() / sw.max(f64::MIN_POSITIVE);
+        let with_prompt = samples.iter().all(|(_, s)| s.prompt_tokens.is_some());
+        let three = with_prompt
+            .then(|| {
+                fit::wls(samples.iter().map(|(w, s)| {
+                    let p = s.prompt_tokens.unwrap_or(0) as f64;
+                    ([1.0, s.concurrency, p], s.ttft, *w)
+                }))
+            })
+            .flatten()
+            .filter(|[_, t1, k]| *t1 >= 0.0 && *k > 0.0);
+        let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = match three {
+            Some([t0, t1, k]) => (t0, t1, Some(1.0 / k)),
+            None => match fit::wls(
+                samples
+                    .iter()
+                    .map(|(w, s)| ([1.0, s.concurrency], s.ttft, *w)),
+            ) {
+                Some([t0, t1]) if t1 >= 0.0 => (t0, t1, None),
+                _ => (mean_ttft, 0.0, None),
+            },
+        };
+        Some(Fit {
+            tpot_base_s,
+            tpot_per_seq_s,
+            ttft_base_s,
+            ttft_per_seq_s,
+            prefill_tokens_per_s,
+        })
+    }
+
+    /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
+    /// expect; `None` before the first sample.
+    pub fn predict(
+        &self,
+        concurrency: f64,
+        prompt_tokens: u64,
+        now: Instant,
+        half_life_s: f64,
+    ) -> Option<Prediction> {
+        let fit = self.fit(now, half_life_s)?;
+        let prefill = fit
+            .prefill_tokens_per_s
+            .map_or(0.0, |r| prompt_tokens as f64 / r);
+        let bucket = self.buckets[bucket_of(concurrency)].summary(now, half_life_s);
+        let weight = bucket.map_or(0.0, |s| s.weight);
+        let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
+        if let Some(s) = bucket.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+            return Some(Prediction {
+                per_user_tps_p50: s.tps_p50,
+                per_user_tps_p10: s.tps_p10,
+                ttft_p50_s: s.ttft_p50,
+                ttft_p90_s: s.ttft_p90,
+                confidence,
+            });
+        }
+        let tps = 1.0 / (fit.tpot_base_s + fit.tpot_per_seq_s * concurrency);
+        let ttft = fit.ttft_base_s + fit.ttft_per_seq_s * concurrency + prefill;
+        // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median and
+        // a TTFT tail 25% above it.
+        Some(Prediction {
+            per_user_tps_p50: tps,
+            per_user_tps_p10: 0.9 * tps,
+            ttft_p50_s: ttft,
+            ttft_p90_s: 1.25 * ttft,
+            confidence,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A synthetic batching backend: TPOT = 10 ms + 1 ms per request, TTFT = 20 ms + 2 ms per
+    /// request + P / 5000.
+    fn observation(at: Instant, c: f64, prompt: u64, slow: f64) -> Observation {
+        Observation {
+            at,
+            outcome: Outcome::Completed,
+            ttft: Some(0.020 + 0.002 * c + prompt as f64 / 5000.0),
+            tpot: Some(slow * (0.010 + 0.001 * c)),
+            output_tokens: 100,
+            estimated: false,
+            prompt_tokens: Some(prompt),
+            concurrency: Some(c),
+            admitted_with: c as u32,
+        }
+    }
+
+    #[test]
+    fn buckets_round_to_the_nearest_level_in_log_space() {
+        assert_eq!(BUCKETS[bucket_of(0.3)], 1);
+        assert_eq!(BUCKETS[bucket_of(1.4)], 1);
+        assert_eq!(BUCKETS[bucket_of(1.5)], 2);
+        assert_eq!(BUCKETS[bucket_of(5.0)], 6);
+        assert_eq!(BUCKETS[bucket_of(30.0)], 32);
+        assert_eq!(BUCKETS[bucket_of(1e6)], 4096);
+    }
+
+    #[test]
+    fn the_fit_recovers_a_known_backend() {
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        for (i, c) in [1.0, 2.0, 4.0, 8.0, 16.0, 32.0].into_iter().enumerate() {
+            for p in [64, 512, 2048] {
+                curve.record(&observation(now, c, p + i as u64, 1.0));
+            }
+        }
+        let fit = curve.fit(now, 300.0).unwrap();
+        assert!((fit.tpot_base_s - 0.010).abs() < 1e-6, "{fit:?}");
+        assert!((fit.tpot_per_seq_s - 0.001).abs() < 1e-7, "{fit:?}");
+        assert!((fit.ttft_per_seq_s - 0.002).abs() < 1e-6, "{fit:?}");
+        assert!(
+            (fit.prefill_tokens_per_s.unwrap() - 5000.0).abs() < 1.0,
+            "{fit:?}"
+        );
+        // Between buckets and beyond them, the fit answers.
+        let p = curve.predict(64.0, 0, now, 300.0).unwrap();
+        assert!((p.per_user_tps_p50 - 1.0 / 0.074).abs() < 0.01, "{p:?}");
+        assert!(p.confidence < 0.01);
+        // Where a bucket has evidence, its own quantiles answer.
+        let p = curve.predict(8.0, 0, now, 300.0).unwrap();
+        assert!((p.per_user_tps_p50 - 1.0 / 0.018).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_curve_follows_a_backend_that_slows_down_within_two_half_lives() {
+        let t0 = Instant::now();
+        let half_life = 60.0;
+        let mut curve = Curve::default();
+        // Ten minutes at normal speed, one sample a second at concurrency 4...
+        for s in 0..600 {
+            curve.record(&observation(t0 + Duration::from_secs(s), 4.0, 100, 1.0));
+        }
+        // ...then the backend becomes twice as slow.
+        let slow_from = t0 + Duration::from_secs(600);
+        for s in 0..=120 {
+            curve.record(&observation(
+                slow_from + Duration::from_secs(s),
+                4.0,
+                100,
+                2.0,
+            ));
+        }
+        let after_two_half_lives = slow_from + Duration::from_secs(120);
+        let p = curve
+            .predict(4.0, 100, after_two_half_lives, half_life)
+            .unwrap();
+        let slow_tps = 1.0 / (2.0 * 0.014);
+        assert!(
+            (p.per_user_tps_p50 - slow_tps).abs() / slow_tps < 0.05,
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn cancelled_requests_are_counted_but_never_sampled() {
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        let mut obs = observation(now, 2.0, 10, 1.0);
+        obs.outcome = Outcome::Cancelled;
+        curve.record(&obs);
+        assert_eq!(curve.counts().cancelled, 1);
+        assert!(curve.points(now, 300.0).is_empty());
+        assert_eq!(curve.predict(2.0, 10, now, 300.0), None);
+    }
+}

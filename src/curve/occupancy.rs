@@ -1,0 +1,124 @@
+//! Experienced concurrency: a backend's in-flight count and its integral over time.
+//!
+//! Admit and release update both in O(1). A request reads the integral when its first content
+//! arrives and when its stream ends; the difference over the elapsed time is the mean number of
+//! requests that shared the backend with it while it decoded. Only those two reads and the
+//! admit/release take the (uncontended, never held across an await) lock — nothing per chunk.
+
+use std::sync::Mutex;
+
+use tokio::time::Instant;
+
+/// In-flight count and its time integral, for one backend.
+#[derive(Debug)]
+pub struct Occupancy {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct State {
+    count: u32,
+    /// Request-seconds accumulated up to `last`.
+    area: f64,
+    last: Instant,
+}
+
+/// A reading of the integral.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    /// Request-seconds since the backend was created.
+    pub area: f64,
+    /// In flight at the moment of reading.
+    pub count: u32,
+    /// When it was read.
+    pub at: Instant,
+}
+
+impl Reading {
+    /// Mean in-flight count between `self` and a later reading.
+    pub fn mean_until(&self, later: &Reading) -> Option<f64> {
+        let secs = (later.at - self.at).as_secs_f64();
+        (secs > 0.0).then(|| (later.area - self.area) / secs)
+    }
+}
+
+impl Default for Occupancy {
+    fn default() -> Self {
+        Self::new(Instant::now())
+    }
+}
+
+impl Occupancy {
+    /// Nothing in flight as of `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            state: Mutex::new(State {
+                count: 0,
+                area: 0.0,
+                last: now,
+            }),
+        }
+    }
+
+    fn update<T>(&self, now: Instant, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if now > state.last {
+            state.area += f64::from(state.count) * (now - state.last).as_secs_f64();
+            state.last = now;
+        }
+        f(&mut state)
+    }
+
+    /// One more in flight; returns the count including it.
+    pub fn admit(&self, now: Instant) -> u32 {
+        self.update(now, |s| {
+            s.count += 1;
+            s.count
+        })
+    }
+
+    /// One fewer in flight.
+    pub fn release(&self, now: Instant) {
+        self.update(now, |s| s.count = s.count.saturating_sub(1));
+    }
+
+    /// The integral up to `now`.
+    pub fn read(&self, now: Instant) -> Reading {
+        self.update(now, |s| Reading {
+            area: s.area,
+            count: s.count,
+            at: now,
+        })
+    }
+
+    /// In flight now.
+    pub fn count(&self) -> u32 {
+        self.update(Instant::now(), |s| s.count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn mean_concurrency_is_the_time_weighted_in_flight_count() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let occ = Occupancy::new(t0);
+        occ.admit(at(0));
+        let start = occ.read(at(0)); // 1 in flight
+        occ.admit(at(100)); // 2 from 100 ms
+        occ.admit(at(200)); // 3 from 200 ms
+        occ.release(at(300)); // 2 from 300 ms
+        let end = occ.read(at(400));
+        // 100 ms x 1 + 100 ms x 2 + 100 ms x 3 + 100 ms x 2 = 0.8 request-seconds over 0.4 s.
+        assert!((start.mean_until(&end).unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(end.count, 2);
+    }
+}
