@@ -31,10 +31,11 @@ pub fn wls<const N: usize>(rows: impl Iterator<Item = ([f64; N], f64, f64)>) -> 
         }
         a.swap(col, pivot);
         b.swap(col, pivot);
+        let pivot_row = a[col];
         for row in col + 1..N {
-            let f = a[row][col] / a[col][col];
-            for k in col..N {
-                a[row][k] -= f * a[col][k];
+            let f = a[row][col] / pivot_row[col];
+            for (cell, p) in a[row].iter_mut().zip(pivot_row).skip(col) {
+                *cell -= f * p;
             }
             b[row] -= f * b[col];
         }
