@@ -33,7 +33,7 @@ impl Gateway {
         let backends = config
             .backends
             .iter()
-            .map(|b| Backend::new(b.clone()))
+            .map(|b| Backend::new(b.clone(), config.curve_half_life_s))
             .collect::<Result<Vec<_>, _>>()?;
         let router = Arc::new(Router::new(backends, config.default_backend));
         let tls = match &config.tls {

@@ -12,6 +12,8 @@ mod support;
 mod binary;
 #[path = "gateway/credentials.rs"]
 mod credentials;
+#[path = "gateway/curves.rs"]
+mod curves;
 #[path = "gateway/errors.rs"]
 mod errors;
 #[path = "gateway/passthrough.rs"]

@@ -1,5 +1,5 @@
 //! The admin plane, on its own listener (loopback by default): `/healthz` (the process is up),
-//! `/readyz` (accepting traffic; 503 while draining) and `/admin/backends`.
+//! `/readyz` (accepting traffic; 503 while draining), `/admin/backends` and `/admin/curves`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -37,9 +37,10 @@ pub async fn handle<B>(
             json!({"status": "draining"}),
         ),
         "/admin/backends" => (StatusCode::OK, backends(&state.router)),
+        "/admin/curves" => (StatusCode::OK, curves(&state.router)),
         _ => (
             StatusCode::NOT_FOUND,
-            json!({"error": {"message": "no such admin endpoint; try /healthz, /readyz, /admin/backends", "type": "invalid_request_error", "code": "not_found"}}),
+            json!({"error": {"message": "no such admin endpoint; try /healthz, /readyz, /admin/backends, /admin/curves", "type": "invalid_request_error", "code": "not_found"}}),
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
@@ -69,4 +70,28 @@ fn backends(router: &Router) -> serde_json::Value {
         })
         .collect();
     json!({"backends": list})
+}
+
+/// Every backend's curve per model: counters, measured buckets, and the fit.
+fn curves(router: &Router) -> serde_json::Value {
+    let now = tokio::time::Instant::now();
+    let mut list = Vec::new();
+    for b in router.backends() {
+        for entry in &b.curves {
+            let curve = entry.value();
+            let counts = curve.counts();
+            list.push(json!({
+                "backend": &*b.config.name,
+                "model": &**entry.key(),
+                "in_flight": b.in_flight(),
+                "observations": counts.observations,
+                "estimated_share": counts.estimated_share,
+                "cancelled": counts.cancelled,
+                "half_life_s": b.half_life_s,
+                "points": curve.points(now, b.half_life_s),
+                "fit": curve.fit(now, b.half_life_s),
+            }));
+        }
+    }
+    json!({"curves": list})
 }

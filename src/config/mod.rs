@@ -38,6 +38,8 @@ pub struct Config {
     pub classes: Vec<ClassConfig>,
     /// Index into `classes` of the default class (None when no classes are configured).
     pub default_class: Option<usize>,
+    /// Half-life of curve observations, seconds.
+    pub curve_half_life_s: f64,
 }
 
 /// PEM files of a TLS listener.

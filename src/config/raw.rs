@@ -33,6 +33,23 @@ pub struct RawConfig {
     /// How a backend is chosen.
     #[serde(default)]
     pub routing: RawRouting,
+    /// How curves weigh old observations.
+    #[serde(default)]
+    pub curves: RawCurves,
+}
+
+/// `curves:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCurves {
+    /// An observation's weight halves every this many seconds; default 300.
+    pub half_life_s: f64,
+}
+
+impl Default for RawCurves {
+    fn default() -> Self {
+        Self { half_life_s: 300.0 }
+    }
 }
 
 /// `listen:`.

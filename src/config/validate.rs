@@ -122,7 +122,9 @@ pub fn validate(raw: &RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result
             ),
         ));
     }
+    positive("curves.half_life_s", raw.curves.half_life_s)?;
     Ok(Config {
+        curve_half_life_s: raw.curves.half_life_s,
         listen,
         tls,
         admin_listen,

@@ -80,6 +80,16 @@ impl Occupancy {
         })
     }
 
+    /// One more in flight if fewer than `limit` are; returns the count including it.
+    pub fn try_admit(&self, now: Instant, limit: u32) -> Option<u32> {
+        self.update(now, |s| {
+            (s.count < limit).then(|| {
+                s.count += 1;
+                s.count
+            })
+        })
+    }
+
     /// One fewer in flight.
     pub fn release(&self, now: Instant) {
         self.update(now, |s| s.count = s.count.saturating_sub(1));

@@ -4,7 +4,12 @@
 //! and removes the usage chunk when the gateway itself asked for it (and only that chunk). While
 //! removing, an event split across frames is held until its blank line arrives — a client cannot
 //! use half an event anyway — and nothing else is ever held. When the body ends, fails or is
-//! dropped, it releases the backend's in-flight slot and writes the request's log line.
+//! dropped, it hands one [`Observation`] to the backend's curve, releases the in-flight slot and
+//! writes the request's log line.
+//!
+//! Per frame: the time is read once; per event: byte searches for content and usage (JSON is
+//! parsed only for an event that mentions usage). The backend's occupancy lock is taken twice per
+//! request (first content, end), never per chunk.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,6 +21,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
+use crate::curve::{Observation, Outcome, Reading};
 use crate::sse::SseParser;
 use crate::sse::observe::{self, StreamDialect};
 use crate::upstream::InFlightGuard;
@@ -97,7 +103,14 @@ pub struct RequestLog {
     /// The backend slot; released with this log.
     guard: Option<InFlightGuard>,
     first_content: Option<Instant>,
+    last_content: Option<Instant>,
+    /// Occupancy integral at the first content event.
+    first_reading: Option<Reading>,
+    content_events: u32,
     output_tokens: Option<u64>,
+    prompt_tokens: Option<u64>,
+    /// Whether the body was read as a stream (only streams are timed).
+    timed: bool,
     bytes: u64,
     outcome: &'static str,
 }
@@ -119,15 +132,71 @@ impl RequestLog {
             backend,
             guard: None,
             first_content: None,
+            last_content: None,
+            first_reading: None,
+            content_events: 0,
             output_tokens: None,
+            prompt_tokens: None,
+            timed: false,
             bytes: 0,
             outcome: "cancelled",
         }
     }
 }
 
+impl RequestLog {
+    /// What this request taught us, as of `now` (its end).
+    fn observation(&self, guard: &InFlightGuard, now: Instant) -> Observation {
+        let outcome = match self.outcome {
+            "ok" => Outcome::Completed,
+            "upstream_error" => Outcome::Failed,
+            _ => Outcome::Cancelled,
+        };
+        let estimated = self.output_tokens.is_none();
+        let tokens = self.output_tokens.unwrap_or(u64::from(self.content_events));
+        let (tpot, concurrency) = match (self.first_content, self.last_content, &self.first_reading)
+        {
+            (Some(first), Some(last), Some(start)) if self.content_events >= 2 && last > first => {
+                // The tokens of the first event were made before it arrived (see bench's TPOT).
+                let tokens = tokens as f64;
+                let after_first = tokens - tokens / f64::from(self.content_events);
+                let tpot = (after_first > 0.0).then(|| (last - first).as_secs_f64() / after_first);
+                // The integral was read at the end; take back what accrued after the last content.
+                let end = guard.backend().occupancy.read(now);
+                let at_last = Reading {
+                    area: end.area - f64::from(end.count) * (now - last).as_secs_f64(),
+                    count: end.count,
+                    at: last,
+                };
+                (tpot, start.mean_until(&at_last))
+            }
+            _ => (None, None),
+        };
+        Observation {
+            at: now,
+            outcome,
+            ttft: self.first_content.map(|t| (t - self.start).as_secs_f64()),
+            tpot,
+            output_tokens: tokens,
+            estimated,
+            prompt_tokens: self.prompt_tokens,
+            concurrency,
+            admitted_with: guard.admitted_with(),
+        }
+    }
+}
+
 impl Drop for RequestLog {
     fn drop(&mut self) {
+        let now = Instant::now();
+        if let (Some(guard), Some(model), true) = (
+            &self.guard,
+            &self.model,
+            self.timed && (200..300).contains(&self.status),
+        ) {
+            let obs = self.observation(guard, now);
+            guard.backend().record(model, &obs);
+        }
         let backend: &str = &self.backend;
         let ttft_ms = self
             .first_content
@@ -171,7 +240,12 @@ pin_project! {
 
 impl Observed {
     /// Forwards `inner`; reads it as an SSE stream of `dialect` when `stream` is set.
-    pub fn new(inner: Incoming, log: RequestLog, stream: Option<(StreamDialect, bool)>) -> Self {
+    pub fn new(
+        inner: Incoming,
+        mut log: RequestLog,
+        stream: Option<(StreamDialect, bool)>,
+    ) -> Self {
+        log.timed = stream.is_some();
         Self {
             inner,
             watch: stream.map(|(dialect, strip)| Watch {
@@ -245,12 +319,21 @@ fn note(
     data: &[u8],
     now: Instant,
 ) -> bool {
-    if log.first_content.is_none() && observe::is_content(dialect, event, data) {
-        log.first_content = Some(now);
+    if observe::is_content(dialect, event, data) {
+        if log.first_content.is_none() {
+            log.first_content = Some(now);
+            log.first_reading = log.guard.as_ref().map(|g| g.backend().occupancy.read(now));
+        }
+        log.last_content = Some(now);
+        log.content_events += 1;
     }
     match observe::usage(dialect, event, data) {
         Some(u) => {
-            if u.usage.output_tokens > 0 || log.output_tokens.is_none() {
+            if u.usage.prompt_tokens.is_some() {
+                log.prompt_tokens = u.usage.prompt_tokens;
+            }
+            // Anthropic's message_start reports input tokens only; output comes in message_delta.
+            if u.usage.output_tokens > 0 || event != b"message_start" {
                 log.output_tokens = Some(u.usage.output_tokens);
             }
             u.usage_only

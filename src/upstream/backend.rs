@@ -1,10 +1,14 @@
-//! A backend at runtime: its config, its client, and its in-flight count.
+//! A backend at runtime: its config, its client, its in-flight count with the time integral
+//! behind experienced concurrency, and its curves (one per client model name).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+
+use dashmap::DashMap;
+use tokio::time::Instant;
 
 use super::client::{self, UpstreamClient};
 use crate::config::BackendConfig;
+use crate::curve::{Curve, Observation, Occupancy};
 
 /// One upstream provider, shared by every request routed to it.
 #[derive(Debug)]
@@ -13,51 +17,74 @@ pub struct Backend {
     pub config: BackendConfig,
     /// Its pooled client.
     pub client: UpstreamClient,
-    in_flight: AtomicU32,
+    /// In flight and its integral.
+    pub occupancy: Occupancy,
+    /// Curves by client model name.
+    pub curves: DashMap<Arc<str>, Curve>,
+    /// Half-life of curve observations, seconds.
+    pub half_life_s: f64,
 }
 
 impl Backend {
     /// Builds the client for `config`.
-    pub fn new(config: BackendConfig) -> Result<Arc<Self>, String> {
+    pub fn new(config: BackendConfig, half_life_s: f64) -> Result<Arc<Self>, String> {
         let client = client::build(&config)?;
         Ok(Arc::new(Self {
             config,
             client,
-            in_flight: AtomicU32::new(0),
+            occupancy: Occupancy::default(),
+            curves: DashMap::new(),
+            half_life_s,
         }))
     }
 
     /// Requests admitted and not yet finished.
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.occupancy.count()
     }
 
     /// Admits a request if the backend is under its `max_concurrency`. The guard releases the
     /// slot when dropped, which the response body does when it ends, fails or is dropped.
     pub fn try_admit(self: &Arc<Self>) -> Option<InFlightGuard> {
         let limit = self.config.max_concurrency.unwrap_or(u32::MAX);
-        self.in_flight
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .ok()?;
-        Some(InFlightGuard(Arc::clone(self)))
+        let admitted_with = self.occupancy.try_admit(Instant::now(), limit)?;
+        Some(InFlightGuard {
+            backend: Arc::clone(self),
+            admitted_with,
+        })
+    }
+
+    /// Adds what one request taught us to the curve of `model`.
+    pub fn record(&self, model: &str, obs: &Observation) {
+        // The map guard lives only for this call: never across an await.
+        match self.curves.get_mut(model) {
+            Some(mut curve) => curve.record(obs),
+            None => self.curves.entry(Arc::from(model)).or_default().record(obs),
+        }
     }
 }
 
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]
-pub struct InFlightGuard(Arc<Backend>);
+pub struct InFlightGuard {
+    backend: Arc<Backend>,
+    admitted_with: u32,
+}
 
 impl InFlightGuard {
     /// The backend this request was admitted to.
     pub fn backend(&self) -> &Arc<Backend> {
-        &self.0
+        &self.backend
+    }
+
+    /// In flight at admission, this request included.
+    pub fn admitted_with(&self) -> u32 {
+        self.admitted_with
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.backend.occupancy.release(Instant::now());
     }
 }
