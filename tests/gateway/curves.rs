@@ -39,7 +39,8 @@ fn point(curve: &Value, c: u64) -> Value {
         .iter()
         .find(|p| p["concurrency"] == c)
         .cloned()
-        .unwrap_or_else(|| Err::<Value, _>(format!("no bucket {c} in {curve}")).unwrap())
+        .ok_or_else(|| format!("no bucket {c} in {curve}"))
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
