@@ -29,5 +29,6 @@ pub mod proxy;
 pub mod sim;
 pub mod sse;
 pub mod stack;
+pub mod telemetry;
 pub mod upstream;
 pub mod yaml;

@@ -1,5 +1,6 @@
 //! The admin plane, on its own listener (loopback by default): `/healthz` (the process is up),
-//! `/readyz` (accepting traffic; 503 while draining), `/admin/backends` and `/admin/curves`.
+//! `/readyz` (accepting traffic; 503 while draining), `/metrics` (Prometheus), `/admin/backends`
+//! and `/admin/curves`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use serde_json::json;
 
 use crate::config::BackendDialect;
 use crate::proxy::route::Router;
+use crate::telemetry;
 
 /// What the admin endpoints read.
 #[derive(Debug)]
@@ -27,6 +29,14 @@ pub async fn handle<B>(
     state: Arc<AdminState>,
     req: Request<B>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/metrics" {
+        let mut resp = Response::new(Full::new(Bytes::from(telemetry::render(&state.router))));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        );
+        return Ok(resp);
+    }
     let (status, body) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, json!({"status": "ok"})),
         "/readyz" if state.ready.load(Ordering::Relaxed) => {
@@ -40,7 +50,7 @@ pub async fn handle<B>(
         "/admin/curves" => (StatusCode::OK, curves(&state.router)),
         _ => (
             StatusCode::NOT_FOUND,
-            json!({"error": {"message": "no such admin endpoint; try /healthz, /readyz, /admin/backends, /admin/curves", "type": "invalid_request_error", "code": "not_found"}}),
+            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves", "type": "invalid_request_error", "code": "not_found"}}),
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
@@ -78,7 +88,7 @@ fn curves(router: &Router) -> serde_json::Value {
     let mut list = Vec::new();
     for b in router.backends() {
         for entry in &b.curves {
-            let curve = entry.value();
+            let curve = &entry.value().curve;
             let counts = curve.counts();
             list.push(json!({
                 "backend": &*b.config.name,

@@ -6,6 +6,7 @@ pub mod body;
 pub mod classify;
 pub mod endpoint;
 pub mod forward;
+pub mod meter;
 pub mod request_id;
 pub mod rescue;
 pub mod rewrite;

@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use super::client::{self, UpstreamClient};
 use crate::config::BackendConfig;
 use crate::curve::{Curve, Observation, Occupancy};
+use crate::telemetry::ModelMetrics;
 
 /// One upstream provider, shared by every request routed to it.
 #[derive(Debug)]
@@ -19,8 +20,8 @@ pub struct Backend {
     pub client: UpstreamClient,
     /// In flight and its integral.
     pub occupancy: Occupancy,
-    /// Curves by client model name.
-    pub curves: DashMap<Arc<str>, Curve>,
+    /// Curve and metric handles by client model name.
+    pub curves: DashMap<Arc<str>, ModelState>,
     /// Half-life of curve observations, seconds.
     pub half_life_s: f64,
 }
@@ -54,14 +55,31 @@ impl Backend {
         })
     }
 
-    /// Adds what one request taught us to the curve of `model`.
-    pub fn record(&self, model: &str, obs: &Observation) {
+    /// Adds what one request taught us to the curve and metrics of `model`.
+    pub fn record(&self, model: &str, obs: &Observation, max_gap_s: f64) {
         // The map guard lives only for this call: never across an await.
-        match self.curves.get_mut(model) {
-            Some(mut curve) => curve.record(obs),
-            None => self.curves.entry(Arc::from(model)).or_default().record(obs),
-        }
+        let mut state = match self.curves.get_mut(model) {
+            Some(state) => state,
+            None => self
+                .curves
+                .entry(Arc::from(model))
+                .or_insert_with(|| ModelState {
+                    curve: Curve::default(),
+                    metrics: ModelMetrics::new(&self.config.name, model),
+                }),
+        };
+        state.curve.record(obs);
+        state.metrics.observe(obs, max_gap_s);
     }
+}
+
+/// What a backend keeps per client model.
+#[derive(Debug)]
+pub struct ModelState {
+    /// The curve.
+    pub curve: Curve,
+    /// Metric handles, built once.
+    pub metrics: ModelMetrics,
 }
 
 /// One admitted request; releases its slot on drop.

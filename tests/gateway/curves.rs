@@ -164,3 +164,78 @@ async fn curve_in_flight(gw: &tpsgate::gateway::Gateway) -> u64 {
     let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
     backends["backends"][0]["in_flight"].as_u64().unwrap()
 }
+
+/// Checks one line of the Prometheus text exposition format (version 0.0.4).
+fn valid_exposition_line(line: &str) -> bool {
+    if line.is_empty() {
+        return true;
+    }
+    if let Some(rest) = line.strip_prefix("# TYPE ") {
+        let mut parts = rest.split(' ');
+        let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        return valid_name(name)
+            && ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind);
+    }
+    if line.starts_with("# ") {
+        return true;
+    }
+    let (series, value) = match line.rsplit_once(' ') {
+        Some(split) => split,
+        None => return false,
+    };
+    let value_ok = value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value);
+    let (name, labels) = match series.split_once('{') {
+        Some((name, rest)) => (name, rest.strip_suffix('}')),
+        None => (series, Some("")),
+    };
+    let labels_ok = labels.is_some_and(|l| {
+        l.is_empty()
+            || l.split("\",")
+                .all(|pair| pair.split_once("=\"").is_some_and(|(k, _)| valid_name(k)))
+    });
+    value_ok && valid_name(name) && labels_ok
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_and_carry_the_curve() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(2.0, 0.1, 8)).await;
+    let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
+    let report = level(gw.addr(), 2, 8).await;
+    assert_eq!(report.errors, 0);
+    let ex = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    assert_eq!(ex.status, 200);
+    assert!(
+        ex.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = String::from_utf8(ex.body()).unwrap();
+    for line in text.lines() {
+        assert!(
+            valid_exposition_line(line),
+            "not Prometheus text format: {line:?}"
+        );
+    }
+    for series in [
+        "gen_ai_server_time_to_first_token_seconds_bucket{",
+        "gen_ai_server_time_per_output_token_seconds_count{",
+        "gen_ai_client_token_usage_sum{",
+        "tpsgate_per_user_tps_bucket{",
+        "tpsgate_requests_total{",
+        "tpsgate_in_flight{backend=\"sim\"} 0",
+        "tpsgate_curve_per_user_tps{",
+        "tpsgate_curve_ttft_seconds{",
+    ] {
+        assert!(text.contains(series), "missing {series} in\n{text}");
+    }
+    assert!(text.contains("quantile=\"0.5\""));
+}

@@ -1,0 +1,217 @@
+//! The stream meter: what the timed body does to each frame, without I/O, so that it can be
+//! tested with exact inputs and benchmarked on its own (`benches/meter.rs`).
+//!
+//! It reads SSE events as frames go by: the first and last content event, their count, the
+//! longest gap between content events, and the usage. When asked to, it removes the usage-only
+//! chunk that the gateway itself requested: then an event split across frames is held until its
+//! blank line arrives (a client cannot use half an event), and nothing else is ever held.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::time::Instant;
+
+use crate::sse::SseParser;
+use crate::sse::observe::{self, StreamDialect};
+
+/// Timing of one stream.
+#[derive(Debug)]
+pub struct StreamMeter {
+    dialect: StreamDialect,
+    strip: bool,
+    parser: SseParser,
+    held: BytesMut,
+    /// First content event.
+    pub first_content: Option<Instant>,
+    /// Last content event.
+    pub last_content: Option<Instant>,
+    /// Content events seen.
+    pub content_events: u32,
+    /// Longest silence between two content events, seconds.
+    pub max_gap_s: f64,
+    /// Output tokens from usage.
+    pub output_tokens: Option<u64>,
+    /// Prompt tokens from usage.
+    pub prompt_tokens: Option<u64>,
+}
+
+impl StreamMeter {
+    /// A meter for a stream of `dialect`; `strip` removes the usage-only chunk.
+    pub fn new(dialect: StreamDialect, strip: bool) -> Self {
+        Self {
+            dialect,
+            strip,
+            parser: SseParser::new(),
+            held: BytesMut::new(),
+            first_content: None,
+            last_content: None,
+            content_events: 0,
+            max_gap_s: 0.0,
+            output_tokens: None,
+            prompt_tokens: None,
+        }
+    }
+
+    /// Reads one frame that arrived at `now`; returns the bytes to forward (possibly empty) and
+    /// whether the first content event was in it.
+    pub fn frame(&mut self, data: Bytes, now: Instant) -> (Bytes, bool) {
+        let had_content = self.first_content.is_some();
+        let out = if self.strip {
+            self.strip_usage(data, now)
+        } else {
+            let mut parser = std::mem::take(&mut self.parser);
+            parser.feed(&data, &mut |ev| {
+                self.note(ev.event, ev.data, now);
+            });
+            self.parser = parser;
+            data
+        };
+        (out, !had_content && self.first_content.is_some())
+    }
+
+    /// Bytes still held when the stream ends: an unfinished last event, which belongs to the
+    /// client all the same.
+    pub fn finish(&mut self) -> Option<Bytes> {
+        (!self.held.is_empty()).then(|| self.held.split().freeze())
+    }
+
+    /// Records one event; returns whether it is a usage-only chunk.
+    fn note(&mut self, event: &[u8], data: &[u8], now: Instant) -> bool {
+        if observe::is_content(self.dialect, event, data) {
+            match self.last_content {
+                Some(last) => self.max_gap_s = self.max_gap_s.max((now - last).as_secs_f64()),
+                None => self.first_content = Some(now),
+            }
+            self.last_content = Some(now);
+            self.content_events += 1;
+        }
+        let Some(u) = observe::usage(self.dialect, event, data) else {
+            return false;
+        };
+        if u.usage.prompt_tokens.is_some() {
+            self.prompt_tokens = u.usage.prompt_tokens;
+        }
+        // Anthropic's message_start reports input tokens only; output comes in message_delta.
+        if u.usage.output_tokens > 0 || event != b"message_start" {
+            self.output_tokens = Some(u.usage.output_tokens);
+        }
+        u.usage_only
+    }
+
+    /// Forwards every complete event of `held + data` except a usage-only chunk; keeps an
+    /// incomplete tail for the next frame. Zero-copy unless an event was split or removed.
+    fn strip_usage(&mut self, data: Bytes, now: Instant) -> Bytes {
+        let buf = if self.held.is_empty() {
+            data
+        } else {
+            self.held.put(data);
+            self.held.split().freeze()
+        };
+        let mut at = 0;
+        let mut cut: Option<std::ops::Range<usize>> = None;
+        let mut parser = std::mem::take(&mut self.parser);
+        while let Some(len) = observe::event_end(&buf[at..]) {
+            let mut usage_only = false;
+            parser.feed(&buf[at..at + len], &mut |ev| {
+                usage_only |= self.note(ev.event, ev.data, now);
+            });
+            if usage_only && cut.is_none() {
+                cut = Some(at..at + len);
+            }
+            at += len;
+        }
+        self.parser = parser;
+        if at < buf.len() {
+            self.held.put(&buf[at..]);
+        }
+        match cut {
+            None => buf.slice(..at),
+            Some(cut) => {
+                let mut out = BytesMut::with_capacity(at - cut.len());
+                out.put(&buf[..cut.start]);
+                out.put(&buf[cut.end..at]);
+                out.freeze()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const ROLE: &[u8] = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+    const USAGE: &[u8] =
+        b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n";
+
+    fn content(text: &str) -> Bytes {
+        Bytes::from(format!(
+            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        ))
+    }
+
+    #[test]
+    fn role_only_first_chunk_is_not_ttft() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut m = StreamMeter::new(StreamDialect::OpenAi, false);
+        assert!(!m.frame(Bytes::from_static(ROLE), at(5)).1);
+        assert!(m.frame(content("Hi"), at(40)).1);
+        m.frame(content(" there"), at(60));
+        m.frame(Bytes::from_static(USAGE), at(61));
+        assert_eq!(m.first_content, Some(at(40)));
+        assert_eq!(m.last_content, Some(at(60)));
+        assert_eq!(
+            (m.content_events, m.output_tokens, m.prompt_tokens),
+            (2, Some(2), Some(5))
+        );
+        assert!((m.max_gap_s - 0.020).abs() < 1e-9);
+    }
+
+    #[test]
+    fn reasoning_or_tool_calls_first_count_as_first_content() {
+        let t0 = Instant::now();
+        for first in [
+            &b"data: {\"choices\":[{\"delta\":{\"reasoning_content\":\"Let me think\"}}]}\n\n"[..],
+            &b"data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\"}}]}}]}\n\n"[..],
+        ] {
+            let mut m = StreamMeter::new(StreamDialect::OpenAi, false);
+            m.frame(Bytes::from_static(ROLE), t0);
+            assert!(m.frame(Bytes::from_static(first), t0 + Duration::from_millis(30)).1);
+        }
+    }
+
+    #[test]
+    fn only_the_requested_usage_chunk_is_removed_even_when_split() {
+        let t0 = Instant::now();
+        let mut stream = Vec::new();
+        stream.extend_from_slice(ROLE);
+        stream.extend_from_slice(&content("a"));
+        stream.extend_from_slice(USAGE);
+        stream.extend_from_slice(b"data: [DONE]\n\n");
+        let mut want = stream.clone();
+        let start = want.windows(USAGE.len()).position(|w| w == USAGE).unwrap();
+        want.drain(start..start + USAGE.len());
+        for cut in 1..stream.len() {
+            let mut m = StreamMeter::new(StreamDialect::OpenAi, true);
+            let mut out = Vec::new();
+            for piece in stream.chunks(cut) {
+                out.extend_from_slice(&m.frame(Bytes::copy_from_slice(piece), t0).0);
+            }
+            if let Some(rest) = m.finish() {
+                out.extend_from_slice(&rest);
+            }
+            assert_eq!(out, want, "split every {cut} bytes");
+            assert_eq!(m.output_tokens, Some(2));
+        }
+    }
+
+    #[test]
+    fn without_stripping_frames_pass_untouched() {
+        let mut m = StreamMeter::new(StreamDialect::OpenAi, false);
+        let frame = Bytes::from_static(USAGE);
+        let (out, _) = m.frame(frame.clone(), Instant::now());
+        assert_eq!(out, frame);
+        assert_eq!(out.as_ptr(), frame.as_ptr(), "forwarded without a copy");
+    }
+}

@@ -1,0 +1,165 @@
+//! Metrics: names, buckets, and the handles each backend × model keeps.
+//!
+//! Names follow the OpenTelemetry GenAI semantic conventions where one exists (time to first
+//! token, time per output token, token usage; Prometheus spelling, with the unit as suffix) and
+//! are `tpsgate_*` otherwise. Histogram handles are built once per backend × model and kept beside
+//! the curve, so a request records into them without a registry lookup. The curve itself is
+//! published as gauges, refreshed when `/metrics` is scraped.
+
+use std::sync::OnceLock;
+
+use metrics::{Histogram, counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::curve::{Observation, Outcome};
+use crate::proxy::route::Router;
+
+/// `gen_ai.server.time_to_first_token`, seconds.
+pub const TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
+/// `gen_ai.server.time_per_output_token`, seconds.
+pub const TPOT: &str = "gen_ai_server_time_per_output_token_seconds";
+/// `gen_ai.client.token.usage`, tokens, labelled `token_type` = `input` | `output`.
+pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+/// Per-user tokens per second of each completed stream.
+pub const PER_USER_TPS: &str = "tpsgate_per_user_tps";
+/// The longest silence between two content chunks of each stream, seconds.
+pub const MAX_CHUNK_GAP: &str = "tpsgate_max_chunk_gap_seconds";
+/// Requests by backend, model, class and outcome.
+pub const REQUESTS: &str = "tpsgate_requests_total";
+/// Requests in flight per backend.
+pub const IN_FLIGHT: &str = "tpsgate_in_flight";
+/// The curve's per-user TPS by concurrency bucket and quantile.
+pub const CURVE_TPS: &str = "tpsgate_curve_per_user_tps";
+/// The curve's TTFT by concurrency bucket and quantile, seconds.
+pub const CURVE_TTFT: &str = "tpsgate_curve_ttft_seconds";
+
+/// Buckets for LLM latencies. TTFT: from a cached prompt on a fast GPU (25 ms) to a long queue
+/// (60 s). TPOT: from 200 tok/s (5 ms) down to 1 tok/s. Per-user TPS: the same range, upside
+/// down. Tokens: powers of two up to long generations. Gaps: a normal step (10 ms) to a stall.
+const TTFT_BUCKETS: &[f64] = &[
+    0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0,
+];
+const TPOT_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+];
+const TPS_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0, 80.0, 100.0, 150.0, 200.0, 300.0,
+];
+const TOKEN_BUCKETS: &[f64] = &[
+    16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+];
+const GAP_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0];
+
+/// The process's Prometheus recorder, installed on first use (one per process: gateways started
+/// in the same process, as in tests, share it).
+pub fn prometheus() -> Option<&'static PrometheusHandle> {
+    static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let builder = [
+                (TTFT, TTFT_BUCKETS),
+                (TPOT, TPOT_BUCKETS),
+                (PER_USER_TPS, TPS_BUCKETS),
+                (TOKEN_USAGE, TOKEN_BUCKETS),
+                (MAX_CHUNK_GAP, GAP_BUCKETS),
+            ]
+            .into_iter()
+            .try_fold(PrometheusBuilder::new(), |b, (name, buckets)| {
+                b.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
+            });
+            match builder.and_then(PrometheusBuilder::install_recorder) {
+                Ok(handle) => Some(handle),
+                Err(err) => {
+                    tracing::warn!(%err, "metrics recorder not installed; /metrics will be empty");
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Histogram handles of one backend × model.
+#[derive(Debug)]
+pub struct ModelMetrics {
+    backend: String,
+    model: String,
+    ttft: Histogram,
+    tpot: Histogram,
+    tps: Histogram,
+    input_tokens: Histogram,
+    output_tokens: Histogram,
+    max_gap: Histogram,
+}
+
+impl ModelMetrics {
+    /// Builds the handles (once per backend × model).
+    pub fn new(backend: &str, model: &str) -> Self {
+        let _ = prometheus();
+        let labels = [("backend", backend.to_owned()), ("model", model.to_owned())];
+        let with = |token_type: &'static str| histogram!(TOKEN_USAGE, "backend" => backend.to_owned(), "model" => model.to_owned(), "token_type" => token_type);
+        Self {
+            backend: backend.to_owned(),
+            model: model.to_owned(),
+            ttft: histogram!(TTFT, &labels),
+            tpot: histogram!(TPOT, &labels),
+            tps: histogram!(PER_USER_TPS, &labels),
+            input_tokens: with("input"),
+            output_tokens: with("output"),
+            max_gap: histogram!(MAX_CHUNK_GAP, &labels),
+        }
+    }
+
+    /// Records one request.
+    pub fn observe(&self, obs: &Observation, max_gap_s: f64) {
+        let outcome = match obs.outcome {
+            Outcome::Completed => "completed",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Failed => "failed",
+        };
+        counter!(REQUESTS, "backend" => self.backend.clone(), "model" => self.model.clone(), "outcome" => outcome).increment(1);
+        if obs.outcome != Outcome::Completed {
+            return;
+        }
+        if let Some(ttft) = obs.ttft {
+            self.ttft.record(ttft);
+        }
+        if let Some(tpot) = obs.tpot {
+            self.tpot.record(tpot);
+            self.tps.record(1.0 / tpot);
+        }
+        if let Some(p) = obs.prompt_tokens {
+            self.input_tokens.record(p as f64);
+        }
+        self.output_tokens.record(obs.output_tokens as f64);
+        if max_gap_s > 0.0 {
+            self.max_gap.record(max_gap_s);
+        }
+    }
+}
+
+/// Renders `/metrics`: refreshes the in-flight and curve gauges, then the exposition text.
+pub fn render(router: &Router) -> String {
+    let Some(handle) = prometheus() else {
+        return String::new();
+    };
+    let now = tokio::time::Instant::now();
+    for b in router.backends() {
+        let backend = b.config.name.to_string();
+        gauge!(IN_FLIGHT, "backend" => backend.clone()).set(f64::from(b.in_flight()));
+        for entry in &b.curves {
+            let model = entry.key().to_string();
+            for p in entry.value().curve.points(now, b.half_life_s) {
+                let c = p.concurrency.to_string();
+                let set = |name: &'static str, q: &'static str, v: f64| {
+                    gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "quantile" => q).set(v);
+                };
+                set(CURVE_TPS, "0.5", p.per_user_tps_p50);
+                set(CURVE_TPS, "0.1", p.per_user_tps_p10);
+                set(CURVE_TTFT, "0.5", p.ttft_p50_s);
+                set(CURVE_TTFT, "0.9", p.ttft_p90_s);
+            }
+        }
+    }
+    handle.run_upkeep();
+    handle.render()
+}
