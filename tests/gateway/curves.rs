@@ -179,9 +179,8 @@ fn valid_exposition_line(line: &str) -> bool {
     if line.starts_with("# ") {
         return true;
     }
-    let (series, value) = match line.rsplit_once(' ') {
-        Some(split) => split,
-        None => return false,
+    let Some((series, value)) = line.rsplit_once(' ') else {
+        return false;
     };
     let value_ok = value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value);
     let (name, labels) = match series.split_once('{') {
