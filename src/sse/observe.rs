@@ -21,21 +21,45 @@ pub enum StreamDialect {
 pub fn is_content(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
     match dialect {
         StreamDialect::OpenAi => {
-            non_empty_string(data, b"\"content\":")
-                || non_empty_string(data, b"\"text\":")
-                || non_empty_string(data, b"\"reasoning_content\":")
-                || non_empty_string(data, b"\"reasoning\":")
-                || memmem::find(data, b"\"tool_calls\":[{").is_some()
+            let f = finders();
+            non_empty_string(data, &f.content)
+                || non_empty_string(data, &f.text)
+                || non_empty_string(data, &f.reasoning_content)
+                || non_empty_string(data, &f.reasoning)
+                || f.tool_calls.find(data).is_some()
         }
         StreamDialect::Anthropic => event == b"content_block_delta",
         StreamDialect::Responses => event.ends_with(b".delta") && event.starts_with(b"response."),
     }
 }
 
-/// True when `key` is followed (after optional spaces) by a string with at least one character.
-fn non_empty_string(data: &[u8], key: &[u8]) -> bool {
-    memmem::find_iter(data, key).any(|at| {
-        let rest = &data[at + key.len()..];
+/// Searchers built once: building a memmem searcher per call costs more than the search.
+struct Finders {
+    content: memmem::Finder<'static>,
+    text: memmem::Finder<'static>,
+    reasoning_content: memmem::Finder<'static>,
+    reasoning: memmem::Finder<'static>,
+    tool_calls: memmem::Finder<'static>,
+    usage: memmem::Finder<'static>,
+}
+
+fn finders() -> &'static Finders {
+    static FINDERS: std::sync::LazyLock<Finders> = std::sync::LazyLock::new(|| Finders {
+        content: memmem::Finder::new(b"\"content\":"),
+        text: memmem::Finder::new(b"\"text\":"),
+        reasoning_content: memmem::Finder::new(b"\"reasoning_content\":"),
+        reasoning: memmem::Finder::new(b"\"reasoning\":"),
+        tool_calls: memmem::Finder::new(b"\"tool_calls\":[{"),
+        usage: memmem::Finder::new(b"\"usage\""),
+    });
+    &FINDERS
+}
+
+/// True when the key is followed (after optional spaces) by a string with at least one character.
+fn non_empty_string(data: &[u8], key: &memmem::Finder<'_>) -> bool {
+    let len = key.needle().len();
+    key.find_iter(data).any(|at| {
+        let rest = &data[at + len..];
         let rest = &rest[rest.iter().take_while(|b| **b == b' ').count()..];
         rest.len() >= 2 && rest[0] == b'"' && rest[1] != b'"'
     })
@@ -108,7 +132,7 @@ struct ResponsesUsage {
 /// Anthropic's `message_delta` (and `message_start` for input tokens), the responses API's
 /// `response.completed`.
 pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageEvent> {
-    memmem::find(data, b"\"usage\"")?;
+    finders().usage.find(data)?;
     match dialect {
         StreamDialect::OpenAi => {
             let chunk: OpenAiChunk = serde_json::from_slice(data).ok()?;
