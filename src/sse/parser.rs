@@ -32,7 +32,8 @@ impl SseParser {
 
     /// Feeds the next bytes of the stream, calling `on_event` for every event they complete.
     pub fn feed(&mut self, mut bytes: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
-        if self.skip_lf {
+        // An empty read says nothing about whether the CR was half of a CRLF.
+        if self.skip_lf && !bytes.is_empty() {
             self.skip_lf = false;
             if let Some(rest) = bytes.strip_prefix(b"\n") {
                 bytes = rest;
@@ -137,8 +138,105 @@ mod tests {
         }
     }
 
+    /// Found by the split property below: a CR ending one read, then an empty read, then the LF.
+    /// The empty read cleared the "maybe CRLF" state, so the LF became a blank line and split
+    /// one event in two.
+    #[test]
+    fn an_empty_read_between_cr_and_lf_keeps_them_one_line_end() {
+        let mut parser = SseParser::new();
+        let mut events = 0;
+        for piece in [&b"data: a\r"[..], b"", b"\ndata: b\r\n\r\n"] {
+            parser.feed(piece, &mut |ev| {
+                assert_eq!(ev.data, b"a\nb");
+                events += 1;
+            });
+        }
+        assert_eq!(events, 1);
+    }
+
     #[test]
     fn an_event_without_its_blank_line_is_not_dispatched() {
         assert!(parse_in_pieces(b"data: x\n", 100).is_empty());
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A stream of events with every line ending SSE allows, and the events it encodes.
+        fn stream() -> impl Strategy<Value = (Vec<u8>, Vec<(String, String)>)> {
+            let line = "[a-z0-9 {}\":,]{0,12}";
+            let event = (
+                proptest::option::of("[a-z_]{1,8}"),
+                proptest::collection::vec(line, 1..3),
+                0usize..3,
+            );
+            proptest::collection::vec(event, 0..6).prop_map(|events| {
+                let mut bytes = Vec::new();
+                let mut expected = Vec::new();
+                for (name, lines, ending) in events {
+                    let eol: &[u8] = [&b"\n"[..], b"\r\n", b"\r"][ending];
+                    bytes.extend_from_slice(b": comment");
+                    bytes.extend_from_slice(eol);
+                    if let Some(name) = &name {
+                        bytes.extend_from_slice(format!("event: {name}").as_bytes());
+                        bytes.extend_from_slice(eol);
+                    }
+                    for line in &lines {
+                        bytes.extend_from_slice(b"data:");
+                        bytes.extend_from_slice(line.as_bytes());
+                        bytes.extend_from_slice(eol);
+                    }
+                    bytes.extend_from_slice(eol);
+                    expected.push((name.unwrap_or_default(), lines.join("\n")));
+                }
+                (bytes, expected)
+            })
+        }
+
+        fn parse(pieces: &[&[u8]]) -> Vec<(String, String)> {
+            let mut parser = SseParser::new();
+            let mut out = Vec::new();
+            for piece in pieces {
+                parser.feed(piece, &mut |ev| {
+                    out.push((
+                        String::from_utf8_lossy(ev.event).into_owned(),
+                        String::from_utf8_lossy(ev.data).into_owned(),
+                    ));
+                });
+            }
+            out
+        }
+
+        proptest! {
+            #[test]
+            fn every_split_of_a_stream_gives_the_same_events(
+                (bytes, expected) in stream(),
+                cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..8),
+            ) {
+                let mut at: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+                at.sort_unstable();
+                let mut pieces = Vec::new();
+                let mut start = 0;
+                for cut in at {
+                    pieces.push(&bytes[start..cut]);
+                    start = cut;
+                }
+                pieces.push(&bytes[start..]);
+                // A data line starting with a space loses it ("data: x" is "x"), as the spec says.
+                let expected: Vec<(String, String)> = expected
+                    .into_iter()
+                    .map(|(e, d)| (e, d.split('\n').map(|l| l.strip_prefix(' ').unwrap_or(l)).collect::<Vec<_>>().join("\n")))
+                    .collect();
+                prop_assert_eq!(parse(&pieces), expected);
+            }
+
+            #[test]
+            fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512), cut in 0usize..512) {
+                let cut = cut.min(bytes.len());
+                parse(&[&bytes[..cut], &bytes[cut..]]);
+            }
+        }
     }
 }
