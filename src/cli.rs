@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use http::{HeaderName, HeaderValue};
 
 use crate::bench::{self, BenchDialect, LevelReport, RequestSpec, Slo};
-use crate::sim::config::{BackendRaw, EngineRaw, Mode, StreamRaw};
+use crate::sim::config::{BackendRaw, EngineRaw, Mode, StreamRaw, UsageStyle};
 use crate::sim::{Fleet, FleetRaw};
 use crate::yaml;
 
@@ -114,9 +114,9 @@ pub struct EngineFlags {
     /// Tokens per SSE chunk [default: 1].
     #[arg(long)]
     pub tokens_per_chunk: Option<u32>,
-    /// Send usage on the finish chunk instead of a final usage-only chunk.
-    #[arg(long)]
-    pub usage_on_finish: bool,
+    /// Where usage goes when asked for [default: final-chunk].
+    #[arg(long, value_enum)]
+    pub usage: Option<UsageStyle>,
 }
 
 /// `tpsgate bench` arguments.
@@ -367,7 +367,7 @@ impl SimArgs {
         };
         let stream = StreamRaw {
             tokens_per_chunk: f.tokens_per_chunk.unwrap_or(1),
-            usage_on_finish: f.usage_on_finish,
+            usage: f.usage.unwrap_or_default(),
         };
         Ok(FleetRaw {
             backends: vec![BackendRaw {

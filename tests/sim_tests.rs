@@ -9,8 +9,6 @@
 
 mod support;
 
-#[path = "sim/accuracy.rs"]
-mod accuracy;
 #[path = "sim/binary.rs"]
 mod binary;
 #[path = "sim/control.rs"]

@@ -110,16 +110,30 @@ pub struct StreamRaw {
     /// Tokens packed into one SSE chunk (real engines with stream intervals or speculative
     /// decoding send several).
     pub tokens_per_chunk: u32,
-    /// Put `usage` on the finish chunk (transformers serve) instead of a final chunk with empty
-    /// `choices` (vLLM).
-    pub usage_on_finish: bool,
+    /// Where usage goes when the client asks for it: `final_chunk` (vLLM: a last chunk with empty
+    /// `choices`), `finish_chunk` (transformers serve: on the chunk with `finish_reason`) or
+    /// `never` (servers that ignore `include_usage`).
+    pub usage: UsageStyle,
+}
+
+/// Where an OpenAI stream reports usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageStyle {
+    /// A final chunk with empty `choices` (vLLM, OpenAI).
+    #[default]
+    FinalChunk,
+    /// On the chunk that carries `finish_reason` (transformers serve).
+    FinishChunk,
+    /// Not at all, even when asked.
+    Never,
 }
 
 impl Default for StreamRaw {
     fn default() -> Self {
         Self {
             tokens_per_chunk: 1,
-            usage_on_finish: false,
+            usage: UsageStyle::FinalChunk,
         }
     }
 }
@@ -205,8 +219,8 @@ impl Timing {
 pub struct StreamOptions {
     /// Tokens per SSE chunk, >= 1.
     pub tokens_per_chunk: u32,
-    /// Usage on the finish chunk rather than in a chunk of its own.
-    pub usage_on_finish: bool,
+    /// Where usage goes.
+    pub usage: UsageStyle,
 }
 
 /// When a fault fires.
@@ -467,7 +481,7 @@ impl StreamRaw {
         }
         Ok(StreamOptions {
             tokens_per_chunk: self.tokens_per_chunk,
-            usage_on_finish: self.usage_on_finish,
+            usage: self.usage,
         })
     }
 }

@@ -256,13 +256,7 @@ impl SimBackend {
             .map_or(0, |d| d.as_secs());
         if gen_req.stream {
             let state = StreamState {
-                framer: Framer::new(
-                    dialect,
-                    &gen_req,
-                    &id,
-                    created,
-                    live.params.stream.usage_on_finish,
-                ),
+                framer: Framer::new(dialect, &gen_req, &id, created, live.params.stream.usage),
                 tokens,
                 target,
                 sent: 0,

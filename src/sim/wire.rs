@@ -9,6 +9,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::config::UsageStyle;
+
 /// The API a request speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -191,7 +193,7 @@ pub struct Framer {
     prefix: String,
     /// Id, object, created and model fields shared by OpenAI chunks.
     envelope: String,
-    usage_on_finish: bool,
+    usage: UsageStyle,
     include_usage: bool,
     prompt_tokens: u32,
 }
@@ -203,7 +205,7 @@ impl Framer {
         req: &GenRequest,
         id: &str,
         created: u64,
-        usage_on_finish: bool,
+        usage: UsageStyle,
     ) -> Self {
         let model = Value::String(req.model.clone()).to_string();
         let envelope = match dialect {
@@ -230,8 +232,9 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             dialect,
             prefix,
             envelope,
-            usage_on_finish,
-            include_usage: req.include_usage,
+            usage,
+            include_usage: req.include_usage
+                && (dialect == Dialect::Messages || usage != UsageStyle::Never),
             prompt_tokens: req.prompt_tokens,
         }
     }
@@ -286,7 +289,7 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
                 buf.put_slice(b",\"logprobs\":null,\"finish_reason\":\"");
                 buf.put_slice(finish.openai().as_bytes());
                 buf.put_slice(b"\"}]");
-                if self.include_usage && self.usage_on_finish {
+                if self.include_usage && self.usage == UsageStyle::FinishChunk {
                     buf.put_u8(b',');
                     buf.put_slice(self.usage_json(first + count).as_bytes());
                 }
@@ -303,7 +306,7 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
         match self.dialect {
             Dialect::Chat | Dialect::Completions => {
                 let mut out = String::new();
-                if self.include_usage && !self.usage_on_finish {
+                if self.include_usage && self.usage == UsageStyle::FinalChunk {
                     out.push_str(&format!(
                         "data: {{{},\"choices\":[],{}}}\n\n",
                         self.envelope,
@@ -420,7 +423,7 @@ mod tests {
             &json!({"model": "m\"x", "messages": [], "stream": true,
                    "stream_options": {"include_usage": true}}),
         );
-        let f = Framer::new(Dialect::Chat, &r, "1", 7, false);
+        let f = Framer::new(Dialect::Chat, &r, "1", 7, UsageStyle::FinalChunk);
         let mut all = f.head().unwrap().to_vec();
         all.extend_from_slice(&f.content(0, 2, None));
         all.extend_from_slice(&f.content(2, 1, Some(Finish::Length)));
@@ -443,7 +446,7 @@ mod tests {
             &json!({"model": "m", "messages": [], "stream": true,
                    "stream_options": {"include_usage": true}}),
         );
-        let f = Framer::new(Dialect::Chat, &r, "1", 7, true);
+        let f = Framer::new(Dialect::Chat, &r, "1", 7, UsageStyle::FinishChunk);
         let last = events(&f.content(0, 1, Some(Finish::Stop)));
         assert_eq!(last[0]["usage"]["completion_tokens"], 1);
         assert_eq!(&f.tail(1, Finish::Stop)[..], b"data: [DONE]\n\n");
@@ -456,7 +459,7 @@ mod tests {
             &json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}],
                    "max_tokens": 2, "stream": true}),
         );
-        let f = Framer::new(Dialect::Messages, &r, "1", 7, false);
+        let f = Framer::new(Dialect::Messages, &r, "1", 7, UsageStyle::FinalChunk);
         let mut all = f.head().unwrap().to_vec();
         all.extend_from_slice(&f.content(0, 1, None));
         all.extend_from_slice(&f.content(1, 1, Some(Finish::Length)));

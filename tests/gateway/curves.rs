@@ -3,124 +3,11 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tpsgate::bench::{self, BenchDialect, LevelReport};
+use tpsgate::bench;
 use tpsgate::sim::config::{EngineRaw, StreamRaw};
 
+use crate::support::curves::{OUTPUT, PROMPT, curve, level, point};
 use crate::support::{self, rel_err};
-
-// Short prompts: a burst of warm-up requests (all admitted at once) stacks their prefills, which
-// the gateway measures honestly and the truth, assuming spread arrivals, does not describe.
-const PROMPT: u32 = 16;
-const OUTPUT: u32 = 32;
-
-async fn level(gw: std::net::SocketAddr, c: usize, n: usize) -> LevelReport {
-    let spec = support::request(gw, BenchDialect::Openai, PROMPT, OUTPUT);
-    let bar = indicatif::ProgressBar::hidden();
-    bench::closed_loop(
-        &bench::http_client(),
-        &spec,
-        c,
-        n,
-        Duration::from_secs(60),
-        &bar,
-    )
-    .await
-}
-
-async fn curve(admin: std::net::SocketAddr) -> Value {
-    let all = support::get_json(admin, "/admin/curves").await;
-    all["curves"][0].clone()
-}
-
-fn point(curve: &Value, c: u64) -> Value {
-    curve["points"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["concurrency"] == c)
-        .cloned()
-        .ok_or_else(|| format!("no bucket {c} in {curve}"))
-        .unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn measured_curve_matches_the_truth_and_the_client_at_1_4_16_32() {
-    let (_fleet, sim) = support::start(support::spec(
-        "big",
-        EngineRaw::default(),
-        StreamRaw::default(),
-        vec![],
-    ))
-    .await;
-    let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
-    for c in [1usize, 4, 16, 32] {
-        let report = level(gw.addr(), c, 32).await;
-        assert_eq!(report.errors, 0, "{:?}", report.first_error);
-        let measured = point(&curve(gw.admin_addr()).await, c as u64);
-        let truth = support::truth(sim, PROMPT, OUTPUT, c).await;
-        let tps = measured["per_user_tps_p50"].as_f64().unwrap();
-        let want_tps = truth["per_user_tps"].as_f64().unwrap();
-        assert!(
-            rel_err(tps, want_tps) <= 0.05,
-            "c={c}: gateway TPS {tps:.2}, truth {want_tps:.2}"
-        );
-        let ttft = measured["ttft_p50_s"].as_f64().unwrap();
-        let want_ttft = truth["ttft_s"].as_f64().unwrap();
-        assert!(
-            rel_err(ttft, want_ttft) <= 0.10 || (ttft - want_ttft).abs() < 0.003,
-            "c={c}: gateway TTFT {ttft:.4}, truth {want_ttft:.4}"
-        );
-        let client_tps = report.per_user_tps_p50.unwrap();
-        eprintln!(
-            "c={c}: gateway {tps:.2} tok/s {:.1} ms; truth {want_tps:.2} tok/s {:.1} ms; bench {client_tps:.2} tok/s",
-            ttft * 1e3,
-            want_ttft * 1e3
-        );
-        assert!(
-            rel_err(tps, client_tps) <= 0.03,
-            "c={c}: gateway {tps:.2} vs bench {client_tps:.2}"
-        );
-    }
-    let c = curve(gw.admin_addr()).await;
-    assert_eq!(c["in_flight"], 0);
-    assert_eq!(c["estimated_share"], 0.0);
-    let fit = &c["fit"];
-    // The sim's step is 13.5 ms + 0.83 ms per request (prefill stalls add a little).
-    assert!(
-        rel_err(fit["tpot_per_seq_s"].as_f64().unwrap(), 0.00083) < 0.25,
-        "{fit}"
-    );
-    assert!(
-        rel_err(fit["tpot_base_s"].as_f64().unwrap(), 0.0135) < 0.10,
-        "{fit}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_tokens_per_chunk_are_timed_right() {
-    let stream = StreamRaw {
-        tokens_per_chunk: 4,
-        usage_on_finish: false,
-    };
-    let (_fleet, sim) = support::start(support::spec(
-        "chunky",
-        EngineRaw::default(),
-        stream,
-        vec![],
-    ))
-    .await;
-    let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
-    let report = level(gw.addr(), 4, 16).await;
-    assert_eq!(report.errors, 0);
-    let measured = point(&curve(gw.admin_addr()).await, 4);
-    let truth = support::truth(sim, PROMPT, OUTPUT, 4).await;
-    let tps = measured["per_user_tps_p50"].as_f64().unwrap();
-    let want = truth["per_user_tps"].as_f64().unwrap();
-    assert!(
-        rel_err(tps, want) <= 0.05,
-        "gateway TPS {tps:.2}, truth {want:.2}"
-    );
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_no_sample() {
@@ -237,4 +124,26 @@ async fn metrics_parse_as_prometheus_text_and_carry_the_curve() {
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
     assert!(text.contains("quantile=\"0.5\""));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_without_usage_is_estimated_and_flagged() {
+    let stream = StreamRaw {
+        usage: tpsgate::sim::config::UsageStyle::Never,
+        ..StreamRaw::default()
+    };
+    let (_fleet, sim) =
+        support::start(support::spec("quiet", EngineRaw::default(), stream, vec![])).await;
+    let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
+    let report = level(gw.addr(), 4, 12).await;
+    assert_eq!(report.errors, 0);
+    assert_eq!(report.estimated, 12, "bench sees no usage either");
+    let c = curve(gw.admin_addr()).await;
+    assert_eq!(c["estimated_share"], 1.0, "{c}");
+    // One token per chunk: counting chunks is exact here, so the speed is still right.
+    let tps = point(&c, 4)["per_user_tps_p50"].as_f64().unwrap();
+    let want = support::truth(sim, PROMPT, OUTPUT, 4).await["per_user_tps"]
+        .as_f64()
+        .unwrap();
+    assert!(rel_err(tps, want) <= 0.05, "{tps} vs {want}");
 }

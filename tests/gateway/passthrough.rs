@@ -88,7 +88,7 @@ async fn a_stream_without_usage_asked_for_arrives_without_the_usage_the_gateway_
 async fn four_tokens_per_chunk_arrive_unchanged_with_and_without_usage() {
     let chunky = StreamRaw {
         tokens_per_chunk: 4,
-        usage_on_finish: false,
+        ..StreamRaw::default()
     };
     for options in [
         json!({"include_usage": true}),

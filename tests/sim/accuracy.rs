@@ -1,4 +1,5 @@
 //! A client measuring the simulator sees the analytic curve the simulator publishes.
+//! Timing-sensitive: these run in their own test binary, one at a time (see `accuracy_tests.rs`).
 
 use std::time::Duration;
 
@@ -52,6 +53,7 @@ fn assert_matches_truth(report: &LevelReport, truth: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_measures_the_published_curve_at_concurrency_1_8_32() {
+    let _alone = crate::ALONE.lock().await;
     let (_fleet, addr) = support::start_engine("big", EngineRaw::default()).await;
     for c in [1, 8, 32] {
         let report = level(addr, BenchDialect::Openai, c, 32).await;
@@ -62,6 +64,7 @@ async fn bench_measures_the_published_curve_at_concurrency_1_8_32() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anthropic_streams_are_measured_as_accurately() {
+    let _alone = crate::ALONE.lock().await;
     let (_fleet, addr) = support::start_engine("big", EngineRaw::default()).await;
     for c in [1, 8] {
         let report = level(addr, BenchDialect::Anthropic, c, 24).await;
@@ -73,9 +76,10 @@ async fn anthropic_streams_are_measured_as_accurately() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_tokens_per_chunk_keep_speed_right_and_quarter_the_chunks() {
+    let _alone = crate::ALONE.lock().await;
     let stream = StreamRaw {
         tokens_per_chunk: 4,
-        usage_on_finish: false,
+        ..StreamRaw::default()
     };
     let (_fleet, addr) = support::start(support::spec(
         "chunky",
@@ -103,6 +107,7 @@ async fn four_tokens_per_chunk_keep_speed_right_and_quarter_the_chunks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
+    let _alone = crate::ALONE.lock().await;
     let engine = EngineRaw {
         mode: Mode::Serial,
         step_base_ms: 10.0,

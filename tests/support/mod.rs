@@ -329,3 +329,46 @@ pub async fn gateway_for(sim: SocketAddr, dialect: &str, extra: &str) -> tpsgate
     ))
     .await
 }
+
+/// Reading the gateway's measured curves.
+pub mod curves {
+    use std::time::Duration;
+
+    use serde_json::Value;
+    use tpsgate::bench::{self, BenchDialect, LevelReport};
+
+    // Short prompts: a burst of warm-up requests (all admitted at once) stacks their prefills, which
+    // the gateway measures honestly and the truth, assuming spread arrivals, does not describe.
+    pub const PROMPT: u32 = 8;
+    pub const OUTPUT: u32 = 32;
+
+    pub async fn level(gw: std::net::SocketAddr, c: usize, n: usize) -> LevelReport {
+        let spec = super::request(gw, BenchDialect::Openai, PROMPT, OUTPUT);
+        let bar = indicatif::ProgressBar::hidden();
+        bench::closed_loop(
+            &bench::http_client(),
+            &spec,
+            c,
+            n,
+            Duration::from_secs(60),
+            &bar,
+        )
+        .await
+    }
+
+    pub async fn curve(admin: std::net::SocketAddr) -> Value {
+        let all = super::get_json(admin, "/admin/curves").await;
+        all["curves"][0].clone()
+    }
+
+    pub fn point(curve: &Value, c: u64) -> Value {
+        curve["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["concurrency"] == c)
+            .cloned()
+            .ok_or_else(|| format!("no bucket {c} in {curve}"))
+            .unwrap()
+    }
+}
