@@ -59,6 +59,7 @@ impl Gateway {
         let admin = Arc::new(AdminState {
             router: Arc::clone(&router),
             ready: AtomicBool::new(true),
+            classes: config.classes.clone(),
         });
         let has_tls = tls.is_some();
         let limits = config.limits;

@@ -24,8 +24,11 @@ pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage";
 pub const PER_USER_TPS: &str = "tpsgate_per_user_tps";
 /// The longest silence between two content chunks of each stream, seconds.
 pub const MAX_CHUNK_GAP: &str = "tpsgate_max_chunk_gap_seconds";
-/// Requests by backend, model, class and outcome.
+/// Requests answered by a backend, by backend, model, status and outcome.
 pub const REQUESTS: &str = "tpsgate_requests_total";
+/// Requests the gateway answered itself with an error, by code (`model_not_found`,
+/// `upstream_unreachable`, …); the upstream failures among them are the `upstream_*` codes.
+pub const GATEWAY_ERRORS: &str = "tpsgate_gateway_errors_total";
 /// Requests in flight per backend.
 pub const IN_FLIGHT: &str = "tpsgate_in_flight";
 /// The curve's per-user TPS by concurrency bucket and quantile.
@@ -81,8 +84,6 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
 /// Histogram handles of one backend × model.
 #[derive(Debug)]
 pub struct ModelMetrics {
-    backend: String,
-    model: String,
     ttft: Histogram,
     tpot: Histogram,
     tps: Histogram,
@@ -98,8 +99,6 @@ impl ModelMetrics {
         let labels = [("backend", backend.to_owned()), ("model", model.to_owned())];
         let with = |token_type: &'static str| histogram!(TOKEN_USAGE, "backend" => backend.to_owned(), "model" => model.to_owned(), "token_type" => token_type);
         Self {
-            backend: backend.to_owned(),
-            model: model.to_owned(),
             ttft: histogram!(TTFT, &labels),
             tpot: histogram!(TPOT, &labels),
             tps: histogram!(PER_USER_TPS, &labels),
@@ -111,12 +110,6 @@ impl ModelMetrics {
 
     /// Records one request.
     pub fn observe(&self, obs: &Observation, max_gap_s: f64) {
-        let outcome = match obs.outcome {
-            Outcome::Completed => "completed",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Failed => "failed",
-        };
-        counter!(REQUESTS, "backend" => self.backend.clone(), "model" => self.model.clone(), "outcome" => outcome).increment(1);
         if obs.outcome != Outcome::Completed {
             return;
         }
@@ -135,6 +128,33 @@ impl ModelMetrics {
             self.max_gap.record(max_gap_s);
         }
     }
+}
+
+fn outcome_label(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Completed => "completed",
+        Outcome::Cancelled => "cancelled",
+        Outcome::Failed => "failed",
+    }
+}
+
+/// Counts one response from a backend.
+pub fn count_response(backend: &str, model: Option<&str>, status: u16, outcome: Outcome) {
+    let _ = prometheus();
+    counter!(
+        REQUESTS,
+        "backend" => backend.to_owned(),
+        "model" => model.unwrap_or("-").to_owned(),
+        "status" => status.to_string(),
+        "outcome" => outcome_label(outcome)
+    )
+    .increment(1);
+}
+
+/// Counts one error the gateway answered itself.
+pub fn count_gateway_error(kind: crate::error::ErrorKind) {
+    let _ = prometheus();
+    counter!(GATEWAY_ERRORS, "code" => kind.code()).increment(1);
 }
 
 /// Renders `/metrics`: refreshes the in-flight and curve gauges, then the exposition text.

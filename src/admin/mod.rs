@@ -15,6 +15,10 @@ use crate::config::BackendDialect;
 use crate::proxy::route::Router;
 use crate::telemetry;
 
+/// The dashboard: one self-contained page (inline CSS, JS and SVG; no CDN) that plots every
+/// backend's curve from `/admin/curves`.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
 /// What the admin endpoints read.
 #[derive(Debug)]
 pub struct AdminState {
@@ -22,6 +26,8 @@ pub struct AdminState {
     pub router: Arc<Router>,
     /// False once draining has begun.
     pub ready: AtomicBool,
+    /// Traffic classes, for the SLO lines of the dashboard.
+    pub classes: Vec<crate::config::ClassConfig>,
 }
 
 /// Answers one admin request.
@@ -29,6 +35,14 @@ pub async fn handle<B>(
     state: Arc<AdminState>,
     req: Request<B>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.uri().path() == "/" {
+        let mut resp = Response::new(Full::new(Bytes::from_static(DASHBOARD.as_bytes())));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        return Ok(resp);
+    }
     if req.uri().path() == "/metrics" {
         let mut resp = Response::new(Full::new(Bytes::from(telemetry::render(&state.router))));
         resp.headers_mut().insert(
@@ -47,7 +61,7 @@ pub async fn handle<B>(
             json!({"status": "draining"}),
         ),
         "/admin/backends" => (StatusCode::OK, backends(&state.router)),
-        "/admin/curves" => (StatusCode::OK, curves(&state.router)),
+        "/admin/curves" => (StatusCode::OK, curves(&state.router, &state.classes)),
         _ => (
             StatusCode::NOT_FOUND,
             json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves", "type": "invalid_request_error", "code": "not_found"}}),
@@ -83,7 +97,7 @@ fn backends(router: &Router) -> serde_json::Value {
 }
 
 /// Every backend's curve per model: counters, measured buckets, and the fit.
-fn curves(router: &Router) -> serde_json::Value {
+fn curves(router: &Router, classes: &[crate::config::ClassConfig]) -> serde_json::Value {
     let now = tokio::time::Instant::now();
     let mut list = Vec::new();
     for b in router.backends() {
@@ -103,5 +117,9 @@ fn curves(router: &Router) -> serde_json::Value {
             }));
         }
     }
-    json!({"curves": list})
+    let classes: Vec<_> = classes
+        .iter()
+        .map(|c| json!({"name": &*c.name, "min_tps": c.min_tps, "max_ttft_s": c.max_ttft.map(|d| d.as_secs_f64())}))
+        .collect();
+    json!({"curves": list, "classes": classes})
 }

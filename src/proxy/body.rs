@@ -183,6 +183,12 @@ impl Drop for RequestLog {
             let obs = self.observation(meter, guard, now);
             guard.backend().record(model, &obs, meter.max_gap_s);
         }
+        crate::telemetry::count_response(
+            &self.backend,
+            self.model.as_deref(),
+            self.status,
+            self.outcome,
+        );
         let ttft_ms = self
             .meter
             .as_ref()

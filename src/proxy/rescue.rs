@@ -93,6 +93,13 @@ where
 /// The response for `err`, in Anthropic's shape when `anthropic`, else OpenAI's.
 pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
     let kind = err.kind();
+    crate::telemetry::count_gateway_error(kind);
+    tracing::info!(
+        status = kind.status().as_u16(),
+        code = kind.code(),
+        message = err.message(),
+        "request refused"
+    );
     let body = if anthropic {
         json!({"type": "error", "error": {"type": anthropic_type(kind), "message": err.message()}})
     } else {

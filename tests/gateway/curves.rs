@@ -147,3 +147,26 @@ async fn an_upstream_without_usage_is_estimated_and_flagged() {
         .unwrap();
     assert!(rel_err(tps, want) <= 0.05, "{tps} vs {want}");
 }
+
+#[tokio::test]
+async fn the_dashboard_is_one_self_contained_page() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(2.0, 0.1, 8)).await;
+    let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
+    let ex = support::exchange(gw.admin_addr(), http::Method::GET, "/", None).await;
+    assert_eq!(ex.status, 200);
+    assert!(
+        ex.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let page = String::from_utf8(ex.body()).unwrap();
+    assert!(
+        page.contains("/admin/curves"),
+        "it plots the curves endpoint"
+    );
+    assert!(
+        !page.contains("http://") && !page.contains("https://") && !page.contains("src="),
+        "no CDN, no external assets"
+    );
+}
