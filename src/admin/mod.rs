@@ -104,8 +104,22 @@ fn curves(router: &Router, classes: &[crate::config::ClassConfig]) -> serde_json
         for entry in &b.curves {
             let curve = &entry.value().curve;
             let counts = curve.counts();
+            let attainment: serde_json::Map<String, serde_json::Value> = classes
+                .iter()
+                .filter(|c| c.min_tps.is_some() || c.max_ttft.is_some())
+                .map(|c| {
+                    let share = curve.attainment(
+                        c.min_tps,
+                        c.max_ttft.map(|d| d.as_secs_f64()),
+                        now,
+                        b.half_life_s,
+                    );
+                    (c.name.to_string(), json!(share))
+                })
+                .collect();
             list.push(json!({
                 "backend": &*b.config.name,
+                "slo_attainment": attainment,
                 "model": &**entry.key(),
                 "in_flight": b.in_flight(),
                 "observations": counts.observations,

@@ -220,6 +220,29 @@ impl Curve {
             .collect()
     }
 
+    /// Decayed share of recent samples that met an SLO (`min_tps` and `max_ttft_s`, either may
+    /// be absent); `None` before the first sample.
+    pub fn attainment(
+        &self,
+        min_tps: Option<f64>,
+        max_ttft_s: Option<f64>,
+        now: Instant,
+        half_life_s: f64,
+    ) -> Option<f64> {
+        let (mut good, mut all) = (0.0, 0.0);
+        for s in self.buckets.iter().flat_map(Window::samples) {
+            let w = window::weight(
+                now.saturating_duration_since(s.at).as_secs_f64(),
+                half_life_s,
+            );
+            all += w;
+            if min_tps.is_none_or(|m| s.tps >= m) && max_ttft_s.is_none_or(|m| s.ttft <= m) {
+                good += w;
+            }
+        }
+        (all > 0.0).then(|| good / all)
+    }
+
     /// Fits TPOT and TTFT; `None` before the first sample.
     pub fn fit(&self, now: Instant, half_life_s: f64) -> Option<Fit> {
         let summaries: Vec<Summary> = self.summaries(now, half_life_s).map(|(_, s)| s).collect();
@@ -414,6 +437,22 @@ mod tests {
             (p.per_user_tps_p50 - slow_tps).abs() / slow_tps < 0.05,
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn attainment_is_the_share_of_recent_samples_meeting_both_targets() {
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        for c in [1.0, 2.0, 4.0, 8.0] {
+            curve.record(&observation(now, c, 0, 1.0));
+        }
+        // TPS: 90.9, 83.3, 71.4, 55.6; TTFT: 22, 24, 28, 36 ms.
+        assert_eq!(curve.attainment(Some(60.0), None, now, 300.0), Some(0.75));
+        assert_eq!(
+            curve.attainment(Some(60.0), Some(0.025), now, 300.0),
+            Some(0.5)
+        );
+        assert_eq!(curve.attainment(None, None, now, 300.0), Some(1.0));
     }
 
     #[test]
