@@ -130,7 +130,12 @@ fn upstream_uri(backend: &BackendConfig, client: &Uri) -> Result<Uri, Error> {
 
 /// Splices the upstream model name and `include_usage` into the client's bytes; everything else
 /// stays as the client wrote it.
-fn rewrite_body(body: &Bytes, c: &Classified, upstream_model: Option<&str>, inject: bool) -> Bytes {
+pub fn rewrite_body(
+    body: &Bytes,
+    c: &Classified,
+    upstream_model: Option<&str>,
+    inject: bool,
+) -> Bytes {
     let rename = match (&c.model_span, upstream_model, c.model.as_deref()) {
         (Some(span), Some(to), Some(from)) if to != from => Some((span.clone(), to)),
         _ => None,

@@ -1,0 +1,22 @@
+//! Any request body through the JSON peek and the byte-level rewrite: no panic, and a body that
+//! was valid JSON stays valid JSON with the new model and include_usage in it.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tpsgate::proxy::classify::peek;
+use tpsgate::proxy::endpoint::Endpoint;
+use tpsgate::proxy::rewrite::rewrite_body;
+
+fuzz_target!(|data: &[u8]| {
+    for endpoint in [Endpoint::Chat, Endpoint::Messages, Endpoint::Other { anthropic: false }] {
+        let Ok(classified) = peek(endpoint, data) else { continue };
+        let body = bytes::Bytes::copy_from_slice(data);
+        let out = rewrite_body(&body, &classified, Some("upstream/\"model\""), true);
+        if let Ok(serde_json::Value::Object(_)) = serde_json::from_slice::<serde_json::Value>(data) {
+            let value: serde_json::Value = serde_json::from_slice(&out).expect("the rewrite keeps JSON valid");
+            if classified.model.is_some() {
+                assert_eq!(value["model"], "upstream/\"model\"");
+            }
+        }
+    }
+});
