@@ -73,13 +73,21 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             Self::Local { body } => body.is_end_stream(),
-            Self::Upstream { body } => body.inner.is_end_stream(),
+            // Not while the meter still holds the start of an unfinished event.
+            Self::Upstream { body } => {
+                body.inner.is_end_stream()
+                    && body.log.meter.as_ref().is_none_or(|m| !m.holds_bytes())
+            }
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             Self::Local { body } => body.size_hint(),
+            // Removing the usage chunk changes the length: then it is unknown.
+            Self::Upstream { body } if body.log.meter.as_ref().is_some_and(StreamMeter::strips) => {
+                SizeHint::default()
+            }
             Self::Upstream { body } => body.inner.size_hint(),
         }
     }

@@ -156,6 +156,10 @@ impl Future for ForwardFuture {
         let stream = pending
             .stream
             .filter(|_| parts.status.is_success() && is_sse);
+        if stream.is_some_and(|(_, strip)| strip) {
+            // The usage chunk will be removed: the upstream's length no longer holds.
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+        }
         let log = RequestLog::new(
             pending.id,
             pending.model,

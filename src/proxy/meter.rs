@@ -67,6 +67,16 @@ impl StreamMeter {
         (out, !had_content && self.first_content.is_some())
     }
 
+    /// Whether the usage chunk is being removed (the body's length is then not the upstream's).
+    pub fn strips(&self) -> bool {
+        self.strip
+    }
+
+    /// Whether the start of an unfinished event is held back.
+    pub fn holds_bytes(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// Bytes still held when the stream ends: an unfinished last event, which belongs to the
     /// client all the same.
     pub fn finish(&mut self) -> Option<Bytes> {
