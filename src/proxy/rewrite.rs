@@ -160,12 +160,21 @@ pub fn rewrite_body(
                 ));
             }
             None => {
-                // Right after the opening brace of the top-level object.
-                let open = body.iter().position(|b| *b == b'{').unwrap_or(0);
-                edits.push((
-                    open + 1..open + 1,
-                    br#""stream_options":{"include_usage":true},"#.to_vec(),
-                ));
+                // Right after the opening brace of the top-level object (a body that is not an
+                // object was refused by classify; this stays safe for any bytes all the same).
+                let first = body.iter().position(|b| !b.is_ascii_whitespace());
+                if let Some(open) = first.filter(|&i| body[i] == b'{') {
+                    let empty = body[open + 1..]
+                        .iter()
+                        .find(|b| !b.is_ascii_whitespace())
+                        .is_some_and(|b| *b == b'}');
+                    let member: &[u8] = if empty {
+                        br#""stream_options":{"include_usage":true}"#
+                    } else {
+                        br#""stream_options":{"include_usage":true},"#
+                    };
+                    edits.push((open + 1..open + 1, member.to_vec()));
+                }
             }
         }
     }
@@ -258,7 +267,7 @@ fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proxy::classify::peek;
+    use crate::proxy::classify::{Classified, peek};
     use crate::proxy::endpoint::Endpoint;
 
     fn apply(body: &str, to: Option<&str>, inject: bool) -> String {
@@ -275,6 +284,29 @@ mod tests {
             r#"{ "model": "org/Big-Model", "messages": [ {"role":"user","content":"keep  spacing 1.0e3"} ] }"#
         );
         assert_eq!(apply(body, Some("small"), false), body);
+    }
+
+    /// Found by the request_rewrite fuzz target: an empty body (a pass-through request without
+    /// one) made the include_usage insertion slice past the end.
+    #[test]
+    fn bodies_that_are_empty_or_an_empty_object_stay_valid() {
+        let empty = Classified {
+            endpoint: Endpoint::Other { anthropic: false },
+            model: None,
+            stream: false,
+            model_span: None,
+            stream_options: None,
+        };
+        assert_eq!(
+            rewrite_body(&Bytes::new(), &empty, None, true),
+            Bytes::new()
+        );
+        let out = rewrite_body(&Bytes::from_static(b" { } "), &empty, None, true);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"stream_options": {"include_usage": true}})
+        );
     }
 
     #[test]
