@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use crate::admin::{self, AdminState};
 use crate::config::Config;
 use crate::listen;
+use crate::proxy::classify::Classes;
 use crate::proxy::route::Router;
 use crate::stack;
 use crate::upstream::Backend;
@@ -62,12 +63,16 @@ impl Gateway {
             classes: config.classes.clone(),
         });
         let has_tls = tls.is_some();
+        let classes = Classes::new(
+            config.classes.iter().map(|c| Arc::clone(&c.name)).collect(),
+            config.default_class,
+        );
         let limits = config.limits;
         let proxy = tokio::spawn(listen::serve(
             listener,
             tls,
             limits.header_read_timeout,
-            stack::build(router, limits),
+            stack::build(router, limits, classes),
             stopped(&stop),
             limits.drain_timeout,
         ));

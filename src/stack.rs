@@ -10,7 +10,7 @@ use tower::{Service, ServiceBuilder};
 
 use crate::config::Limits;
 use crate::proxy::body::ProxyBody;
-use crate::proxy::classify::ClassifyLayer;
+use crate::proxy::classify::{Classes, ClassifyLayer};
 use crate::proxy::forward::Forward;
 use crate::proxy::request_id::RequestIdLayer;
 use crate::proxy::rescue::RescueLayer;
@@ -21,6 +21,7 @@ use crate::proxy::route::{RouteLayer, Router};
 pub fn build(
     router: Arc<Router>,
     limits: Limits,
+    classes: Classes,
 ) -> impl Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible, Future: Send>
 + Clone
 + Send
@@ -30,8 +31,9 @@ pub fn build(
         .layer(RequestIdLayer::new())
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
-        // The body is read once, bounded; method, content type and JSON checked; model found.
-        .layer(ClassifyLayer::new(limits.max_body_bytes))
+        // The body is read once, bounded; method, content type and JSON checked; model and
+        // class found.
+        .layer(ClassifyLayer::new(limits.max_body_bytes, classes))
         // A backend is chosen and an in-flight slot taken there (or 404/503).
         .layer(RouteLayer::new(router))
         // URL, credentials, model alias and include_usage for that backend.

@@ -2,8 +2,8 @@
 //!
 //! Names follow the OpenTelemetry GenAI semantic conventions where one exists (time to first
 //! token, time per output token, token usage; Prometheus spelling, with the unit as suffix) and
-//! are `tpsgate_*` otherwise. Histogram handles are built once per backend × model and kept beside
-//! the curve, so a request records into them without a registry lookup. The curve itself is
+//! are `tpsgate_*` otherwise. Histogram handles are built once per backend × model × class and kept
+//! by the backend, so a request records into them without a registry lookup. The curve itself is
 //! published as gauges, refreshed when `/metrics` is scraped.
 
 use std::sync::OnceLock;
@@ -24,7 +24,7 @@ pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage";
 pub const PER_USER_TPS: &str = "tpsgate_per_user_tps";
 /// The longest silence between two content chunks of each stream, seconds.
 pub const MAX_CHUNK_GAP: &str = "tpsgate_max_chunk_gap_seconds";
-/// Requests answered by a backend, by backend, model, status and outcome.
+/// Requests answered by a backend, by backend, model, class, status and outcome.
 pub const REQUESTS: &str = "tpsgate_requests_total";
 /// Requests the gateway answered itself with an error, by code (`model_not_found`,
 /// `upstream_unreachable`, …); the upstream failures among them are the `upstream_*` codes.
@@ -81,7 +81,7 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-/// Histogram handles of one backend × model.
+/// Histogram handles of one backend × model × class.
 #[derive(Debug)]
 pub struct ModelMetrics {
     ttft: Histogram,
@@ -93,11 +93,15 @@ pub struct ModelMetrics {
 }
 
 impl ModelMetrics {
-    /// Builds the handles (once per backend × model).
-    pub fn new(backend: &str, model: &str) -> Self {
+    /// Builds the handles (once per backend × model × class).
+    pub fn new(backend: &str, model: &str, class: &str) -> Self {
         let _ = prometheus();
-        let labels = [("backend", backend.to_owned()), ("model", model.to_owned())];
-        let with = |token_type: &'static str| histogram!(TOKEN_USAGE, "backend" => backend.to_owned(), "model" => model.to_owned(), "token_type" => token_type);
+        let labels = [
+            ("backend", backend.to_owned()),
+            ("model", model.to_owned()),
+            ("class", class.to_owned()),
+        ];
+        let with = |token_type: &'static str| histogram!(TOKEN_USAGE, "backend" => backend.to_owned(), "model" => model.to_owned(), "class" => class.to_owned(), "token_type" => token_type);
         Self {
             ttft: histogram!(TTFT, &labels),
             tpot: histogram!(TPOT, &labels),
@@ -139,12 +143,19 @@ fn outcome_label(outcome: Outcome) -> &'static str {
 }
 
 /// Counts one response from a backend.
-pub fn count_response(backend: &str, model: Option<&str>, status: u16, outcome: Outcome) {
+pub fn count_response(
+    backend: &str,
+    model: Option<&str>,
+    class: &str,
+    status: u16,
+    outcome: Outcome,
+) {
     let _ = prometheus();
     counter!(
         REQUESTS,
         "backend" => backend.to_owned(),
         "model" => model.unwrap_or("-").to_owned(),
+        "class" => class.to_owned(),
         "status" => status.to_string(),
         "outcome" => outcome_label(outcome)
     )
@@ -168,7 +179,7 @@ pub fn render(router: &Router) -> String {
         gauge!(IN_FLIGHT, "backend" => backend.clone()).set(f64::from(b.in_flight()));
         for entry in &b.curves {
             let model = entry.key().to_string();
-            for p in entry.value().curve.points(now, b.half_life_s) {
+            for p in entry.value().points(now, b.half_life_s) {
                 let c = p.concurrency.to_string();
                 let set = |name: &'static str, q: &'static str, v: f64| {
                     gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "quantile" => q).set(v);

@@ -10,6 +10,8 @@ mod support;
 
 #[path = "gateway/binary.rs"]
 mod binary;
+#[path = "gateway/classes.rs"]
+mod classes;
 #[path = "gateway/credentials.rs"]
 mod credentials;
 #[path = "gateway/curves.rs"]

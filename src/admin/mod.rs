@@ -88,6 +88,7 @@ fn backends(router: &Router) -> serde_json::Value {
                 "dialect": match c.dialect { BackendDialect::Openai => "openai", BackendDialect::Anthropic => "anthropic" },
                 "models": c.models.aliases,
                 "passthrough": c.models.passthrough,
+                "health": b.health(),
                 "in_flight": b.in_flight(),
                 "max_concurrency": c.max_concurrency,
             })
@@ -102,7 +103,7 @@ fn curves(router: &Router, classes: &[crate::config::ClassConfig]) -> serde_json
     let mut list = Vec::new();
     for b in router.backends() {
         for entry in &b.curves {
-            let curve = &entry.value().curve;
+            let curve = entry.value();
             let counts = curve.counts();
             let attainment: serde_json::Map<String, serde_json::Value> = classes
                 .iter()

@@ -101,6 +101,8 @@ pub struct RequestLog {
     pub id: http::HeaderValue,
     /// The model the client asked for.
     pub model: Option<String>,
+    /// The request's traffic class.
+    pub class: Option<Arc<str>>,
     /// The upstream status.
     pub status: u16,
     /// When the gateway received the request.
@@ -122,6 +124,7 @@ impl RequestLog {
     pub fn new(
         id: http::HeaderValue,
         model: Option<String>,
+        class: Option<Arc<str>>,
         status: u16,
         start: Instant,
         backend: Arc<str>,
@@ -129,6 +132,7 @@ impl RequestLog {
         Self {
             id,
             model,
+            class,
             status,
             start,
             backend,
@@ -185,15 +189,24 @@ impl Drop for RequestLog {
     fn drop(&mut self) {
         let now = Instant::now();
         let success = (200..300).contains(&self.status);
+        let class = self.class.as_deref().unwrap_or("none");
+        if let Some(guard) = &self.guard {
+            if self.status >= 500 || self.outcome == Outcome::Failed {
+                guard.backend().note_upstream(false);
+            } else if success && self.outcome == Outcome::Completed {
+                guard.backend().note_upstream(true);
+            }
+        }
         if let (Some(guard), Some(model), Some(meter), true) =
             (&self.guard, &self.model, &self.meter, success)
         {
             let obs = self.observation(meter, guard, now);
-            guard.backend().record(model, &obs, meter.max_gap_s);
+            guard.backend().record(model, class, &obs, meter.max_gap_s);
         }
         crate::telemetry::count_response(
             &self.backend,
             self.model.as_deref(),
+            class,
             self.status,
             self.outcome,
         );
@@ -211,6 +224,7 @@ impl Drop for RequestLog {
             request_id = self.id.to_str().unwrap_or("-"),
             backend = &*self.backend,
             model = self.model.as_deref().unwrap_or("-"),
+            class,
             status = self.status,
             outcome,
             ttft_ms,

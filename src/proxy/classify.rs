@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::ops::Range;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -29,6 +30,9 @@ pub struct Classified {
     pub stream: bool,
     /// Bytes of the `model` value (quotes included).
     pub model_span: Option<Range<usize>>,
+    /// The traffic class: `x-tpsgate-class` when it names a configured class, else the default
+    /// class; `None` when no classes are configured.
+    pub class: Option<Arc<str>>,
     /// The `stream_options` object, if present.
     pub stream_options: Option<StreamOptions>,
 }
@@ -56,16 +60,62 @@ struct RawStreamOptions {
     include_usage: Option<bool>,
 }
 
+/// `x-tpsgate-class`: the traffic class a client asks for.
+pub const X_TPSGATE_CLASS: http::HeaderName = http::HeaderName::from_static("x-tpsgate-class");
+
+/// The configured class names and the default.
+#[derive(Debug, Clone, Default)]
+pub struct Classes {
+    names: Vec<Arc<str>>,
+    default: Option<usize>,
+}
+
+impl Classes {
+    /// Classes by name; `default` indexes into them.
+    pub fn new(names: Vec<Arc<str>>, default: Option<usize>) -> Self {
+        Self { names, default }
+    }
+
+    /// The class of a request carrying `header` (the value of `x-tpsgate-class`, if any).
+    fn pick(&self, header: Option<&http::HeaderValue>) -> Result<Option<Arc<str>>, Error> {
+        let Some(value) = header else {
+            return Ok(self.default.and_then(|i| self.names.get(i)).cloned());
+        };
+        let wanted = value.to_str().unwrap_or("");
+        self.names
+            .iter()
+            .find(|n| ***n == *wanted)
+            .cloned()
+            .map(Some)
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.names.iter().map(|n| &**n).collect();
+                let known = if known.is_empty() {
+                    "none are configured".to_owned()
+                } else {
+                    known.join(", ")
+                };
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    format!("unknown class `{wanted}` in x-tpsgate-class; configured: {known}"),
+                )
+            })
+    }
+}
+
 /// Reads bodies up to `max_body_bytes` and classifies them.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ClassifyLayer {
     max_body_bytes: usize,
+    classes: Arc<Classes>,
 }
 
 impl ClassifyLayer {
-    /// Bodies over `max_body_bytes` get 413.
-    pub const fn new(max_body_bytes: usize) -> Self {
-        Self { max_body_bytes }
+    /// Bodies over `max_body_bytes` get 413; classes come from `classes`.
+    pub fn new(max_body_bytes: usize, classes: Classes) -> Self {
+        Self {
+            max_body_bytes,
+            classes: Arc::new(classes),
+        }
     }
 }
 
@@ -76,6 +126,7 @@ impl<S> Layer<S> for ClassifyLayer {
         Classify {
             inner,
             max_body_bytes: self.max_body_bytes,
+            classes: Arc::clone(&self.classes),
         }
     }
 }
@@ -85,6 +136,7 @@ impl<S> Layer<S> for ClassifyLayer {
 pub struct Classify<S> {
     inner: S,
     max_body_bytes: usize,
+    classes: Arc<Classes>,
 }
 
 impl<S, B> Service<Request<B>> for Classify<S>
@@ -110,8 +162,12 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limit = self.max_body_bytes;
+        let class = self.classes.pick(req.headers().get(&X_TPSGATE_CLASS));
         Box::pin(async move {
-            let req = read(req, limit).await?;
+            let mut req = read(req, limit).await?;
+            if let Some(c) = req.extensions_mut().get_mut::<Classified>() {
+                c.class = class?;
+            }
             inner.call(req).await
         })
     }
@@ -206,6 +262,7 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
             model: None,
             stream: false,
             model_span: None,
+            class: None,
             stream_options: None,
         });
     }
@@ -248,6 +305,7 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         model,
         stream: peek.stream.unwrap_or(false),
         model_span: peek.model.map(span),
+        class: None,
         stream_options,
     })
 }

@@ -38,7 +38,8 @@ impl Forward {
 /// What the response needs from the request.
 #[derive(Debug)]
 struct Pending {
-    backend: Arc<str>,
+    backend: Arc<crate::upstream::Backend>,
+    class: Option<Arc<str>>,
     id: HeaderValue,
     model: Option<String>,
     stream: Option<(StreamDialect, bool)>,
@@ -68,18 +69,19 @@ impl Service<Request<UpstreamBody>> for Forward {
             .extensions()
             .get::<RequestId>()
             .map_or_else(|| HeaderValue::from_static("-"), |r| r.0.clone());
-        let (model, stream) = match classified {
+        let (model, stream, class) = match classified {
             Some(c) => {
                 let stream = c.stream.then(|| (c.endpoint.stream_dialect(), injected));
-                (c.model, stream)
+                (c.model, stream, c.class)
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         let inner = routed.backend.client.request(req);
         ForwardFuture {
             inner: Some(inner),
             pending: Some(Pending {
-                backend: Arc::clone(&routed.backend.config.name),
+                backend: Arc::clone(&routed.backend),
+                class,
                 id,
                 model,
                 stream,
@@ -129,10 +131,13 @@ impl Future for ForwardFuture {
                 "polled after completion",
             )));
         };
-        let backend = Arc::clone(&pending.backend);
+        let backend = Arc::clone(&pending.backend.config.name);
         let resp = match result {
             Ok(resp) => resp,
-            Err(err) => return Poll::Ready(Err(upstream_error(&backend, &err))),
+            Err(err) => {
+                pending.backend.note_upstream(false);
+                return Poll::Ready(Err(upstream_error(&backend, &err)));
+            }
         };
         let (mut parts, body) = resp.into_parts();
         let hop: Vec<HeaderName> = parts
@@ -146,6 +151,15 @@ impl Future for ForwardFuture {
         }
         if let Ok(value) = HeaderValue::from_str(&backend) {
             parts.headers.insert(X_TPSGATE_BACKEND, value);
+        }
+        if let Some(value) = pending
+            .class
+            .as_deref()
+            .and_then(|c| HeaderValue::from_str(c).ok())
+        {
+            parts
+                .headers
+                .insert(super::classify::X_TPSGATE_CLASS, value);
         }
         // Only a successful event stream is read as one; errors pass through untouched.
         let is_sse = parts
@@ -163,6 +177,7 @@ impl Future for ForwardFuture {
         let log = RequestLog::new(
             pending.id,
             pending.model,
+            pending.class,
             parts.status.as_u16(),
             pending.start,
             backend,

@@ -295,6 +295,7 @@ mod tests {
             model: None,
             stream: false,
             model_span: None,
+            class: None,
             stream_options: None,
         };
         assert_eq!(

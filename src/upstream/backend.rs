@@ -2,6 +2,7 @@
 //! behind experienced concurrency, and its curves (one per client model name).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use dashmap::DashMap;
 use tokio::time::Instant;
@@ -20,8 +21,12 @@ pub struct Backend {
     pub client: UpstreamClient,
     /// In flight and its integral.
     pub occupancy: Occupancy,
-    /// Curve and metric handles by client model name.
-    pub curves: DashMap<Arc<str>, ModelState>,
+    /// Curves by client model name.
+    pub curves: DashMap<Arc<str>, Curve>,
+    /// Metric handles by client model name and class, built once each.
+    metrics: DashMap<(Arc<str>, Arc<str>), ModelMetrics>,
+    /// Upstream failures in a row (connect errors, 5xx, broken streams); a success resets it.
+    failures_in_a_row: AtomicU32,
     /// Half-life of curve observations, seconds.
     pub half_life_s: f64,
 }
@@ -35,6 +40,8 @@ impl Backend {
             client,
             occupancy: Occupancy::default(),
             curves: DashMap::new(),
+            metrics: DashMap::new(),
+            failures_in_a_row: AtomicU32::new(0),
             half_life_s,
         }))
     }
@@ -55,32 +62,43 @@ impl Backend {
         })
     }
 
-    /// Adds what one request taught us to the curve and metrics of `model`.
-    pub fn record(&self, model: &str, obs: &Observation, max_gap_s: f64) {
-        // The map guard lives only for this call: never across an await.
-        let mut state = match self.curves.get_mut(model) {
-            Some(state) => state,
-            None => self
-                .curves
-                .entry(Arc::from(model))
-                .or_insert_with(|| ModelState {
-                    curve: Curve::default(),
-                    metrics: ModelMetrics::new(&self.config.name, model),
-                }),
-        };
-        state.curve.record(obs);
-        state.metrics.observe(obs, max_gap_s);
+    /// Adds what one request taught us to the curve of `model` and the metrics of `model` and
+    /// `class`.
+    pub fn record(&self, model: &str, class: &str, obs: &Observation, max_gap_s: f64) {
+        // Map guards live only for these statements: never across an await.
+        match self.curves.get_mut(model) {
+            Some(mut curve) => curve.record(obs),
+            None => self.curves.entry(Arc::from(model)).or_default().record(obs),
+        }
+        let key = (Arc::from(model), Arc::from(class));
+        self.metrics
+            .entry(key)
+            .or_insert_with(|| ModelMetrics::new(&self.config.name, model, class))
+            .observe(obs, max_gap_s);
+    }
+
+    /// Notes how an upstream exchange went, for [`Backend::health`].
+    pub fn note_upstream(&self, ok: bool) {
+        if ok {
+            self.failures_in_a_row.store(0, Ordering::Relaxed);
+        } else {
+            self.failures_in_a_row.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `healthy`, or `failing` after [`FAILING_AFTER`] upstream failures in a row (until the next
+    /// success). Reported only: ejecting a failing backend is the resilience layer's job.
+    pub fn health(&self) -> &'static str {
+        if self.failures_in_a_row.load(Ordering::Relaxed) >= FAILING_AFTER {
+            "failing"
+        } else {
+            "healthy"
+        }
     }
 }
 
-/// What a backend keeps per client model.
-#[derive(Debug)]
-pub struct ModelState {
-    /// The curve.
-    pub curve: Curve,
-    /// Metric handles, built once.
-    pub metrics: ModelMetrics,
-}
+/// Upstream failures in a row after which a backend reports itself failing.
+pub const FAILING_AFTER: u32 = 3;
 
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]
