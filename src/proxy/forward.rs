@@ -14,7 +14,7 @@ use tower::Service;
 
 use super::body::{Observed, ProxyBody, RequestLog};
 use super::classify::Classified;
-use super::request_id::RequestId;
+use super::request_id::{ReceivedAt, RequestId};
 use super::rewrite::{InjectedUsage, is_hop_by_hop};
 use super::route::Routed;
 use crate::error::{Error, ErrorKind};
@@ -56,7 +56,10 @@ impl Service<Request<UpstreamBody>> for Forward {
     }
 
     fn call(&mut self, mut req: Request<UpstreamBody>) -> ForwardFuture {
-        let start = Instant::now();
+        let start = req
+            .extensions()
+            .get::<ReceivedAt>()
+            .map_or_else(Instant::now, |r| r.0);
         let Some(routed) = req.extensions_mut().remove::<Routed>() else {
             return ForwardFuture::failed(Error::new(
                 ErrorKind::InvalidRequest,

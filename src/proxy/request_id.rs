@@ -1,6 +1,7 @@
 //! Request id: keeps the client's `x-request-id` (when it is a sane token) or mints one, passes it
 //! upstream, records it for logs, and echoes it on every response. Outermost, so that errors
-//! carry it too.
+//! carry it too, and so that the time it stamps ([`ReceivedAt`]) is when the gateway got the
+//! request: TTFT includes the gateway's own work.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,6 +18,10 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// The request's id, in its extensions.
 #[derive(Debug, Clone)]
 pub struct RequestId(pub HeaderValue);
+
+/// When the gateway received the request (its head), in its extensions: TTFT counts from here.
+#[derive(Debug, Clone, Copy)]
+pub struct ReceivedAt(pub tokio::time::Instant);
 
 /// Adds [`RequestId`] to requests and `x-request-id` to responses.
 #[derive(Debug, Clone, Copy, Default)]
@@ -82,6 +87,8 @@ where
             }
         };
         req.extensions_mut().insert(RequestId(id.clone()));
+        req.extensions_mut()
+            .insert(ReceivedAt(tokio::time::Instant::now()));
         RequestIdFuture {
             inner: self.inner.call(req),
             id: Some(id),

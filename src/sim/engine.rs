@@ -152,6 +152,9 @@ impl Engine {
     }
 }
 
+/// Half of Tokio's timer resolution (1 ms), seconds.
+const HALF_TICK_S: f64 = 0.0005;
+
 // === impl Scheduler ===
 
 struct Scheduler {
@@ -259,18 +262,32 @@ impl Scheduler {
         self.last = self.last.max(now);
     }
 
-    /// When the earliest due token is due, at the current rate.
+    /// When to wake for the earliest due token: half a timer tick before it is due, because
+    /// Tokio's timers fire on whole milliseconds, rounding up. Waking early by half a tick and
+    /// emitting what is due within half a tick ([`Scheduler::emit_due`]) makes a token's error
+    /// ±0.5 ms around its time instead of 0..+1 ms late.
     fn next_wake(&self) -> Option<Instant> {
         let next = self.due.peek()?;
         let from = self.last.max(self.stall_until);
         let steps = (next.v - self.v).max(0.0);
-        let secs = steps * self.timing.step(self.running.len());
+        let secs = (steps * self.timing.step(self.running.len()) - HALF_TICK_S).max(0.0);
         Some(from + Duration::from_secs_f64(secs))
     }
 
     fn emit_due(&mut self) {
-        // A hair of slack so that a wake-up computed from `v` is never one float ulp short.
-        while self.due.peek().is_some_and(|d| d.v <= self.v + 1e-9) {
+        let batch = self.running.len().max(1);
+        // Due within half a timer tick counts as due now (see `next_wake`); nothing is due while
+        // a prefill stalls decoding.
+        let slack = if self.last >= self.stall_until {
+            HALF_TICK_S / self.timing.step(batch)
+        } else {
+            0.0
+        };
+        while self
+            .due
+            .peek()
+            .is_some_and(|d| d.v <= self.v + slack + 1e-9)
+        {
             let Some(Due { key, .. }) = self.due.pop() else {
                 break;
             };
