@@ -16,6 +16,9 @@ use crate::proxy::route::Router;
 use crate::stack;
 use crate::upstream::Backend;
 
+/// How often the metrics recorder's buffers are drained.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The gateway, serving until [`Gateway::stop`] or drop.
 #[derive(Debug)]
 pub struct Gateway {
@@ -87,13 +90,28 @@ impl Gateway {
             stopped(&stop),
             std::time::Duration::from_secs(1),
         ));
+        // Histograms buffer samples until upkeep drains them: without a scraper they would grow.
+        let mut stopped_upkeep = stop.subscribe();
+        let upkeep = tokio::spawn(async move {
+            let mut every = tokio::time::interval(UPKEEP_EVERY);
+            loop {
+                tokio::select! {
+                    _ = every.tick() => {
+                        if let Some(handle) = crate::telemetry::prometheus() {
+                            handle.run_upkeep();
+                        }
+                    }
+                    _ = stopped_upkeep.wait_for(|s| *s) => return,
+                }
+            }
+        });
         Ok(Self {
             addr,
             admin_addr,
             tls: has_tls,
             admin,
             stop,
-            tasks: vec![proxy, admin_task],
+            tasks: vec![proxy, admin_task, upkeep],
         })
     }
 

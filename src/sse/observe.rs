@@ -287,6 +287,35 @@ mod tests {
     }
 
     #[test]
+    fn responses_api_deltas_are_content_and_completed_carries_usage() {
+        let r = StreamDialect::Responses;
+        assert!(is_content(
+            r,
+            b"response.output_text.delta",
+            br#"{"delta":"Hi"}"#
+        ));
+        assert!(is_content(
+            r,
+            b"response.function_call_arguments.delta",
+            br#"{"delta":"{"}"#
+        ));
+        assert!(!is_content(r, b"response.created", b"{}"));
+        let done = usage(
+            r,
+            b"response.completed",
+            br#"{"response":{"usage":{"input_tokens":5,"output_tokens":7}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            done.usage,
+            Usage {
+                prompt_tokens: Some(5),
+                output_tokens: 7
+            }
+        );
+    }
+
+    #[test]
     fn event_end_finds_blank_lines_in_every_line_ending() {
         assert_eq!(event_end(b"data: a\n\ndata: b"), Some(9));
         assert_eq!(event_end(b"data: a\r\n\r\nx"), Some(11));
