@@ -21,17 +21,7 @@ async fn level(
     c: usize,
     n: usize,
 ) -> LevelReport {
-    let spec = support::request(addr, dialect, PROMPT, OUTPUT);
-    let bar = indicatif::ProgressBar::hidden();
-    bench::closed_loop(
-        &bench::http_client(),
-        &spec,
-        c,
-        n,
-        Duration::from_secs(60),
-        &bar,
-    )
-    .await
+    support::closed_level(addr, dialect, PROMPT, OUTPUT, c, n).await
 }
 
 fn assert_matches_truth(report: &LevelReport, truth: &Value) {

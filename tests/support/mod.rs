@@ -330,12 +330,26 @@ pub async fn gateway_for(sim: SocketAddr, dialect: &str, extra: &str) -> tpsgate
     .await
 }
 
+/// One closed-loop level of `tpsgate bench` against `addr`: `n` measured requests at
+/// concurrency `c`, without a progress bar.
+pub async fn closed_level(
+    addr: SocketAddr,
+    dialect: BenchDialect,
+    prompt: u32,
+    output: u32,
+    c: usize,
+    n: usize,
+) -> tpsgate::bench::LevelReport {
+    let spec = request(addr, dialect, prompt, output);
+    let bar = indicatif::ProgressBar::hidden();
+    let limit = std::time::Duration::from_secs(60);
+    tpsgate::bench::closed_loop(&http_client(), &spec, c, n, limit, &bar).await
+}
+
 /// Reading the gateway's measured curves.
 pub mod curves {
-    use std::time::Duration;
-
     use serde_json::Value;
-    use tpsgate::bench::{self, BenchDialect, LevelReport};
+    use tpsgate::bench::{BenchDialect, LevelReport};
 
     // Short prompts: a burst of warm-up requests (all admitted at once) stacks their prefills, which
     // the gateway measures honestly and the truth, assuming spread arrivals, does not describe.
@@ -343,17 +357,7 @@ pub mod curves {
     pub const OUTPUT: u32 = 32;
 
     pub async fn level(gw: std::net::SocketAddr, c: usize, n: usize) -> LevelReport {
-        let spec = super::request(gw, BenchDialect::Openai, PROMPT, OUTPUT);
-        let bar = indicatif::ProgressBar::hidden();
-        bench::closed_loop(
-            &bench::http_client(),
-            &spec,
-            c,
-            n,
-            Duration::from_secs(60),
-            &bar,
-        )
-        .await
+        super::closed_level(gw, BenchDialect::Openai, PROMPT, OUTPUT, c, n).await
     }
 
     pub async fn curve(admin: std::net::SocketAddr) -> Value {
