@@ -72,14 +72,6 @@ impl Occupancy {
         f(&mut state)
     }
 
-    /// One more in flight; returns the count including it.
-    pub fn admit(&self, now: Instant) -> u32 {
-        self.update(now, |s| {
-            s.count += 1;
-            s.count
-        })
-    }
-
     /// One more in flight if fewer than `limit` are; returns the count including it.
     pub fn try_admit(&self, now: Instant, limit: u32) -> Option<u32> {
         self.update(now, |s| {
@@ -121,10 +113,11 @@ mod tests {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let occ = Occupancy::new(t0);
-        occ.admit(at(0));
+        occ.try_admit(at(0), u32::MAX);
         let start = occ.read(at(0)); // 1 in flight
-        occ.admit(at(100)); // 2 from 100 ms
-        occ.admit(at(200)); // 3 from 200 ms
+        occ.try_admit(at(100), u32::MAX); // 2 from 100 ms
+        occ.try_admit(at(200), 3); // 3 from 200 ms
+        assert_eq!(occ.try_admit(at(200), 3), None, "the limit holds");
         occ.release(at(300)); // 2 from 300 ms
         let end = occ.read(at(400));
         // 100 ms x 1 + 100 ms x 2 + 100 ms x 3 + 100 ms x 2 = 0.8 request-seconds over 0.4 s.

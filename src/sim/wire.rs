@@ -440,7 +440,7 @@ mod tests {
     }
 
     #[test]
-    fn usage_on_finish_moves_usage_to_the_last_content_chunk() {
+    fn finish_chunk_usage_rides_the_last_content_chunk() {
         let r = req(
             Dialect::Chat,
             &json!({"model": "m", "messages": [], "stream": true,
