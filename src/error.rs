@@ -22,8 +22,13 @@ pub enum ErrorKind {
     PayloadTooLarge,
     /// 415: the body is not JSON by its content type.
     UnsupportedMediaType,
+    /// 401: gateway API keys are configured and the request carries none of them.
+    Unauthorized,
     /// 503: every backend that serves the model is at its concurrency limit.
     NoBackendAvailable,
+    /// 429: no backend is predicted to meet the request's SLO, and its class sheds (at once, or
+    /// when its queue wait runs out).
+    SloUnmet,
     /// 502: the upstream could not be reached, or broke before sending its response head.
     UpstreamUnreachable,
     /// 504: connecting to the upstream timed out.
@@ -50,7 +55,9 @@ impl ErrorKind {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NoBackendAvailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::SloUnmet => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -58,6 +65,9 @@ impl ErrorKind {
 
     /// OpenAI's `error.type` (Anthropic's `error.type` is derived from the status).
     pub fn openai_type(self) -> &'static str {
+        if self == Self::SloUnmet {
+            return "rate_limit_error";
+        }
         match self.fault() {
             Fault::Client => "invalid_request_error",
             Fault::Upstream | Fault::Gateway => "server_error",
@@ -73,7 +83,9 @@ impl ErrorKind {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge => "body_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::Unauthorized => "invalid_api_key",
             Self::NoBackendAvailable => "no_backend_available",
+            Self::SloUnmet => "slo_unmet",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamTimeout => "upstream_timeout",
         }
@@ -87,8 +99,9 @@ impl ErrorKind {
             | Self::ModelNotFound
             | Self::MethodNotAllowed
             | Self::PayloadTooLarge
-            | Self::UnsupportedMediaType => Fault::Client,
-            Self::NoBackendAvailable => Fault::Gateway,
+            | Self::UnsupportedMediaType
+            | Self::Unauthorized => Fault::Client,
+            Self::NoBackendAvailable | Self::SloUnmet => Fault::Gateway,
             Self::UpstreamUnreachable | Self::UpstreamTimeout => Fault::Upstream,
         }
     }
@@ -99,6 +112,7 @@ impl ErrorKind {
 pub struct Error {
     kind: ErrorKind,
     message: Cow<'static, str>,
+    retry_after_s: Option<u32>,
 }
 
 impl Error {
@@ -107,7 +121,22 @@ impl Error {
         Self {
             kind,
             message: message.into(),
+            retry_after_s: None,
         }
+    }
+
+    /// The same error, telling the client to retry after `seconds` (`Retry-After`).
+    #[must_use]
+    pub fn retry_after(self, seconds: u32) -> Self {
+        Self {
+            retry_after_s: Some(seconds),
+            ..self
+        }
+    }
+
+    /// Seconds the client should wait before retrying, if the error says.
+    pub fn retry_after_s(&self) -> Option<u32> {
+        self.retry_after_s
     }
 
     /// Its kind.

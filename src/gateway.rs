@@ -12,7 +12,8 @@ use crate::admin::{self, AdminState};
 use crate::config::Config;
 use crate::listen;
 use crate::proxy::classify::Classes;
-use crate::proxy::route::Router;
+use crate::router::Router;
+use crate::router::queue::Line;
 use crate::stack;
 use crate::upstream::Backend;
 
@@ -34,12 +35,26 @@ impl Gateway {
     /// Builds every backend's client, binds both listeners (or fails without serving anything)
     /// and starts serving.
     pub async fn start(config: &Config) -> Result<Self, String> {
+        let line = Arc::new(Line::new(config.classes.len()));
         let backends = config
             .backends
             .iter()
-            .map(|b| Backend::new(b.clone(), config.curve_half_life_s))
+            .map(|b| {
+                Backend::new(
+                    b.clone(),
+                    config.curve_half_life_s,
+                    config.classes.len(),
+                    Arc::clone(&line),
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let router = Arc::new(Router::new(backends, config.default_backend));
+        let router = Arc::new(Router::new(
+            backends,
+            config.default_backend,
+            config.classes.clone(),
+            config.routing,
+            line,
+        ));
         let tls = match &config.tls {
             Some(files) => Some(listen::tls_acceptor(&files.cert_file, &files.key_file)?),
             None => None,
@@ -63,19 +78,24 @@ impl Gateway {
         let admin = Arc::new(AdminState {
             router: Arc::clone(&router),
             ready: AtomicBool::new(true),
-            classes: config.classes.clone(),
         });
         let has_tls = tls.is_some();
         let classes = Classes::new(
-            config.classes.iter().map(|c| Arc::clone(&c.name)).collect(),
+            config.classes.clone(),
             config.default_class,
+            config.routes.clone(),
         );
         let limits = config.limits;
         let proxy = tokio::spawn(listen::serve(
             listener,
             tls,
             limits.header_read_timeout,
-            stack::build(router, limits, classes),
+            stack::build(
+                Arc::clone(&router),
+                limits,
+                classes,
+                config.api_keys.clone(),
+            ),
             stopped(&stop),
             limits.drain_timeout,
         ));
@@ -105,13 +125,30 @@ impl Gateway {
                 }
             }
         });
+        let mut tasks = vec![proxy, admin_task, upkeep];
+        if router.oracle().is_some() {
+            let mut stopped_oracle = stop.subscribe();
+            tasks.push(tokio::spawn(async move {
+                let mut every = tokio::time::interval(crate::router::oracle::REFRESH);
+                loop {
+                    tokio::select! {
+                        _ = every.tick() => {
+                            if let Some(oracle) = router.oracle() {
+                                oracle.refresh(router.backends()).await;
+                            }
+                        }
+                        () = async { let _ = stopped_oracle.wait_for(|s| *s).await; } => return,
+                    }
+                }
+            }));
+        }
         Ok(Self {
             addr,
             admin_addr,
             tls: has_tls,
             admin,
             stop,
-            tasks: vec![proxy, admin_task, upkeep],
+            tasks,
         })
     }
 

@@ -26,6 +26,7 @@ pub mod error;
 pub mod gateway;
 pub mod listen;
 pub mod proxy;
+pub mod router;
 pub mod sim;
 pub mod sse;
 pub mod stack;

@@ -8,20 +8,23 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use tower::{Service, ServiceBuilder};
 
-use crate::config::Limits;
+use crate::config::{ApiKey, Limits};
+use crate::proxy::auth::AuthLayer;
 use crate::proxy::body::ProxyBody;
 use crate::proxy::classify::{Classes, ClassifyLayer};
 use crate::proxy::forward::Forward;
 use crate::proxy::request_id::RequestIdLayer;
 use crate::proxy::rescue::RescueLayer;
 use crate::proxy::rewrite::RewriteLayer;
-use crate::proxy::route::{RouteLayer, Router};
+use crate::proxy::route::RouteLayer;
+use crate::router::Router;
 
 /// The gateway's request stack.
 pub fn build(
     router: Arc<Router>,
     limits: Limits,
     classes: Classes,
+    api_keys: Vec<ApiKey>,
 ) -> impl Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible, Future: Send>
 + Clone
 + Send
@@ -31,6 +34,8 @@ pub fn build(
         .layer(RequestIdLayer::new())
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
+        // Gateway API keys, when configured (401 without one); a key may carry a class.
+        .layer(AuthLayer::new(api_keys))
         // The body is read once, bounded; method, content type and JSON checked; model and
         // class found.
         .layer(ClassifyLayer::new(limits.max_body_bytes, classes))

@@ -8,11 +8,12 @@
 
 use std::sync::OnceLock;
 
-use metrics::{Histogram, counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
+use crate::config::Policy;
 use crate::curve::{Observation, Outcome};
-use crate::proxy::route::Router;
+use crate::router::{Reason, Router};
 
 /// `gen_ai.server.time_to_first_token`, seconds.
 pub const TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
@@ -35,6 +36,13 @@ pub const IN_FLIGHT: &str = "tpsgate_in_flight";
 pub const CURVE_TPS: &str = "tpsgate_curve_per_user_tps";
 /// The curve's TTFT by concurrency bucket and quantile, seconds.
 pub const CURVE_TTFT: &str = "tpsgate_curve_ttft_seconds";
+/// Routing decisions by class, policy and reason (`feasible`, `cold_start`, `explore`,
+/// `best_effort`, `queued`, `shed`, `baseline`).
+pub const ROUTE_DECISIONS: &str = "tpsgate_route_decisions_total";
+/// The derived concurrency cap per backend, model and class.
+pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
+/// Requests waiting in the `queue` line.
+pub const QUEUE_WAITING: &str = "tpsgate_queue_waiting";
 
 /// Buckets for LLM latencies. TTFT: from a cached prompt on a fast GPU (25 ms) to a long queue
 /// (60 s). TPOT: from 200 tok/s (5 ms) down to 1 tok/s. Per-user TPS: the same range, upside
@@ -168,6 +176,23 @@ pub fn count_gateway_error(kind: crate::error::ErrorKind) {
     counter!(GATEWAY_ERRORS, "code" => kind.code()).increment(1);
 }
 
+/// The decision counters of one class (`""` for requests without one), one per reason, built
+/// once so that a decision costs an atomic add.
+pub fn decision_counters<const N: usize>(
+    class: &str,
+    policy: Policy,
+    reasons: [Reason; N],
+) -> [Counter; N] {
+    let _ = prometheus();
+    let policy = serde_json::to_value(policy)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    reasons.map(|r| {
+        counter!(ROUTE_DECISIONS, "class" => class.to_owned(), "policy" => policy.clone(), "reason" => r.label())
+    })
+}
+
 /// Renders `/metrics`: refreshes the in-flight and curve gauges, then the exposition text.
 pub fn render(router: &Router) -> String {
     let Some(handle) = prometheus() else {
@@ -191,6 +216,10 @@ pub fn render(router: &Router) -> String {
             }
         }
     }
+    for cap in router.caps() {
+        gauge!(CONCURRENCY_CAP, "backend" => cap.backend.to_string(), "model" => cap.model.to_string(), "class" => cap.class.to_string()).set(f64::from(cap.cap));
+    }
+    gauge!(QUEUE_WAITING).set(router.waiting() as f64);
     handle.run_upkeep();
     handle.render()
 }

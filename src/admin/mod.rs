@@ -12,7 +12,7 @@ use http_body_util::Full;
 use serde_json::json;
 
 use crate::config::BackendDialect;
-use crate::proxy::route::Router;
+use crate::router::Router;
 use crate::telemetry;
 
 /// The dashboard: one self-contained page (inline CSS, JS and SVG; no CDN) that plots every
@@ -26,8 +26,6 @@ pub struct AdminState {
     pub router: Arc<Router>,
     /// False once draining has begun.
     pub ready: AtomicBool,
-    /// Traffic classes, for the SLO lines of the dashboard.
-    pub classes: Vec<crate::config::ClassConfig>,
 }
 
 /// Answers one admin request.
@@ -61,7 +59,7 @@ pub async fn handle<B>(
             json!({"status": "draining"}),
         ),
         "/admin/backends" => (StatusCode::OK, backends(&state.router)),
-        "/admin/curves" => (StatusCode::OK, curves(&state.router, &state.classes)),
+        "/admin/curves" => (StatusCode::OK, curves(&state.router)),
         _ => (
             StatusCode::NOT_FOUND,
             json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves", "type": "invalid_request_error", "code": "not_found"}}),
@@ -97,9 +95,12 @@ fn backends(router: &Router) -> serde_json::Value {
     json!({"backends": list})
 }
 
-/// Every backend's curve per model: counters, measured buckets, and the fit.
-fn curves(router: &Router, classes: &[crate::config::ClassConfig]) -> serde_json::Value {
+/// Every backend's curve per model: counters, measured buckets, the fit, and the derived
+/// concurrency cap per class.
+fn curves(router: &Router) -> serde_json::Value {
     let now = tokio::time::Instant::now();
+    let classes = router.classes();
+    let caps = router.caps();
     let mut list = Vec::new();
     for b in router.backends() {
         for entry in &b.curves {
@@ -107,19 +108,21 @@ fn curves(router: &Router, classes: &[crate::config::ClassConfig]) -> serde_json
             let counts = curve.counts();
             let attainment: serde_json::Map<String, serde_json::Value> = classes
                 .iter()
-                .filter(|c| c.min_tps.is_some() || c.max_ttft.is_some())
+                .filter(|c| !c.slo.is_batch())
                 .map(|c| {
-                    let share = curve.attainment(
-                        c.min_tps,
-                        c.max_ttft.map(|d| d.as_secs_f64()),
-                        now,
-                        b.half_life_s,
-                    );
+                    let share =
+                        curve.attainment(c.slo.min_tps, c.slo.max_ttft_s, now, b.half_life_s);
                     (c.name.to_string(), json!(share))
                 })
                 .collect();
+            let derived_caps: serde_json::Map<String, serde_json::Value> = caps
+                .iter()
+                .filter(|cap| cap.backend == b.config.name && cap.model == *entry.key())
+                .map(|cap| (cap.class.to_string(), json!(cap.cap)))
+                .collect();
             list.push(json!({
                 "backend": &*b.config.name,
+                "concurrency_caps": derived_caps,
                 "slo_attainment": attainment,
                 "model": &**entry.key(),
                 "in_flight": b.in_flight(),
@@ -134,7 +137,7 @@ fn curves(router: &Router, classes: &[crate::config::ClassConfig]) -> serde_json
     }
     let classes: Vec<_> = classes
         .iter()
-        .map(|c| json!({"name": &*c.name, "min_tps": c.min_tps, "max_ttft_s": c.max_ttft.map(|d| d.as_secs_f64())}))
+        .map(|c| json!({"name": &*c.name, "min_tps": c.slo.min_tps, "max_ttft_s": c.slo.max_ttft_s, "tps_percentile": c.slo.tps_percentile, "ttft_percentile": c.slo.ttft_percentile, "policy": c.policy, "on_miss": c.on_miss}))
         .collect();
     json!({"curves": list, "classes": classes})
 }

@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Uri};
 
-pub use raw::BackendDialect;
+pub use raw::{BackendDialect, OnMiss, Policy};
 pub use validate::validate;
 
+pub use crate::curve::PriorPoint;
+pub use crate::router::slo::Slo;
 use crate::yaml::{self, ConfigError};
 
 /// A validated gateway config.
@@ -38,6 +40,12 @@ pub struct Config {
     pub classes: Vec<ClassConfig>,
     /// Index into `classes` of the default class (None when no classes are configured).
     pub default_class: Option<usize>,
+    /// Rules giving requests a class by path and model, first match wins.
+    pub routes: Vec<RouteRule>,
+    /// Gateway API keys; empty means clients need none.
+    pub api_keys: Vec<ApiKey>,
+    /// Policy defaults and exploration.
+    pub routing: Routing,
     /// Half-life of curve observations, seconds.
     pub curve_half_life_s: f64,
 }
@@ -145,6 +153,8 @@ pub struct BackendConfig {
     pub connect_timeout: Duration,
     /// Default `anthropic-version`.
     pub anthropic_version: HeaderValue,
+    /// Cold-start curve points, if configured.
+    pub prior: Option<Vec<PriorPoint>>,
 }
 
 /// A validated traffic class.
@@ -152,21 +162,69 @@ pub struct BackendConfig {
 pub struct ClassConfig {
     /// Name.
     pub name: Arc<str>,
-    /// Smallest acceptable per-user TPS.
-    pub min_tps: Option<f64>,
-    /// Largest acceptable TTFT.
-    pub max_ttft: Option<Duration>,
+    /// Its targets (none for a batch class).
+    pub slo: Slo,
+    /// How its requests choose a backend.
+    pub policy: Policy,
+    /// What happens when no backend is predicted to meet the SLO.
+    pub on_miss: OnMiss,
+    /// `queue`: the longest wait.
+    pub queue_max_wait: Duration,
+}
+
+/// A validated `routes[]` rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRule {
+    /// Exact path to match, if any.
+    pub path: Option<String>,
+    /// Exact client model to match, if any.
+    pub model: Option<String>,
+    /// Index into `classes`.
+    pub class: usize,
+}
+
+/// A gateway API key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    /// The key.
+    pub key: Secret,
+    /// Index into `classes` of its requests' class, if it gives one.
+    pub class: Option<usize>,
+}
+
+/// `routing:` validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Routing {
+    /// Policy of classes naming none and of requests without a class.
+    pub policy: Policy,
+    /// Share of requests that may explore.
+    pub exploration: f64,
+    /// Prompt and output tokens the oracle asks `/sim/truth` about.
+    pub oracle_shape: (u32, u32),
 }
 
 /// Reads, parses and validates a config file, reading API keys from the process environment.
+/// Relative paths in it (`prior.bench_file`) are relative to the file's directory.
 pub fn load(file: &Path) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(file)
         .map_err(|err| ConfigError::at("", format!("cannot read the file: {err}")).in_file(file))?;
-    parse(&text, |name| std::env::var(name).ok()).map_err(|err| yaml::place(err, file, &text))
+    let dir = file.parent().unwrap_or_else(|| Path::new("."));
+    parse_in(&text, |name| std::env::var(name).ok(), dir)
+        .map_err(|err| yaml::place(err, file, &text))
 }
 
-/// Parses and validates config text; `env` looks up environment variables.
+/// Parses and validates config text; `env` looks up environment variables; relative paths are
+/// relative to the working directory.
 pub fn parse(text: &str, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+    parse_in(text, env, Path::new("."))
+}
+
+/// [`parse`], with relative paths resolved against `dir`.
+pub fn parse_in(
+    text: &str,
+    env: impl Fn(&str) -> Option<String>,
+    dir: &Path,
+) -> Result<Config, ConfigError> {
     let raw: raw::RawConfig = yaml::from_str(text)?;
-    validate(&raw, &env)
+    validate(&raw, &env, dir)
 }

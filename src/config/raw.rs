@@ -30,6 +30,12 @@ pub struct RawConfig {
     /// Class of requests that name none (default: the first class).
     #[serde(default)]
     pub default_class: Option<String>,
+    /// Rules that give requests a class by path and model.
+    #[serde(default)]
+    pub routes: Vec<RawRouteRule>,
+    /// Gateway API keys clients must present; each may give its requests a class.
+    #[serde(default)]
+    pub api_keys: Vec<RawApiKey>,
     /// How a backend is chosen.
     #[serde(default)]
     pub routing: RawRouting,
@@ -177,6 +183,53 @@ pub struct RawBackend {
     /// `anthropic-version` sent when the client sends none; default `2023-06-01`.
     #[serde(default)]
     pub anthropic_version: Option<String>,
+    /// What the backend is believed to do before it has been observed.
+    #[serde(default)]
+    pub prior: Option<RawPrior>,
+}
+
+/// `backends[].prior`: exactly one of `points`, `fit` or `bench_file`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrior {
+    /// Measured or published points.
+    #[serde(default)]
+    pub points: Option<Vec<RawPriorPoint>>,
+    /// The fitted lines, as `/admin/curves` shows them.
+    #[serde(default)]
+    pub fit: Option<RawPriorFit>,
+    /// Output of `tpsgate bench --json` (closed loop), relative to the config file.
+    #[serde(default)]
+    pub bench_file: Option<PathBuf>,
+}
+
+/// `backends[].prior.points[]`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPriorPoint {
+    /// Requests in flight.
+    pub concurrency: f64,
+    /// Per-user tokens per second there.
+    pub per_user_tps: f64,
+    /// Time to first token there, ms.
+    pub ttft_ms: f64,
+}
+
+/// `backends[].prior.fit`: TPOT = tpot_base_ms + tpot_per_seq_ms x c, TTFT = ttft_base_ms +
+/// ttft_per_seq_ms x c.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPriorFit {
+    /// Time per output token of a lone request, ms.
+    pub tpot_base_ms: f64,
+    /// Added per concurrent request, ms.
+    #[serde(default)]
+    pub tpot_per_seq_ms: f64,
+    /// TTFT of a lone request, ms.
+    pub ttft_base_ms: f64,
+    /// Added per concurrent request, ms.
+    #[serde(default)]
+    pub ttft_per_seq_ms: f64,
 }
 
 fn default_connect_timeout_ms() -> u64 {
@@ -193,7 +246,8 @@ pub struct RawCost {
     pub output_per_1m: f64,
 }
 
-/// One `classes[]` entry. The SLO fields are read now and used by the SLO-aware router.
+/// One `classes[]` entry: a name, an SLO (a class with neither target is a batch class), and
+/// how to route and what to do when no backend can meet the SLO.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawClass {
@@ -202,28 +256,132 @@ pub struct RawClass {
     /// Smallest acceptable per-user tokens per second.
     #[serde(default)]
     pub min_tps: Option<f64>,
+    /// Which share of requests must reach `min_tps`: 50 (the median) or 90 (the slow tail's
+    /// p10); default 90.
+    #[serde(default = "default_percentile")]
+    pub tps_percentile: u8,
     /// Largest acceptable time to first token, ms.
     #[serde(default)]
     pub max_ttft_ms: Option<f64>,
+    /// Which share of requests must stay under `max_ttft_ms`: 50 or 90; default 90.
+    #[serde(default = "default_percentile")]
+    pub ttft_percentile: u8,
+    /// How to choose a backend; default `routing.policy`.
+    #[serde(default)]
+    pub policy: Option<Policy>,
+    /// When no backend is predicted to meet the SLO; default `best_effort`.
+    #[serde(default)]
+    pub on_miss: OnMiss,
+    /// `queue`: longest wait, ms; default max_ttft_ms, or 60000 for a batch class.
+    #[serde(default)]
+    pub queue_max_wait_ms: Option<f64>,
+}
+
+fn default_percentile() -> u8 {
+    90
+}
+
+/// A routing policy. The first four use the curves; the rest are baselines kept for comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Among backends predicted to meet the SLO, the one with the most slack.
+    Headroom,
+    /// Among those, the cheapest per token, then the most slack.
+    Cheapest,
+    /// Among those, the one with the least slack (keeps other backends free).
+    Pack,
+    /// Where the request adds the most system TPS without breaking anyone's SLO (batch).
+    Throughput,
+    /// Baseline: in turn.
+    RoundRobin,
+    /// Baseline: fewest requests in flight.
+    LeastInflight,
+    /// Baseline: the better of two random backends by peak-EWMA TTFT x (in flight + 1).
+    P2cPeakEwma,
+    /// Baseline: lowest recent TTFT.
+    LowestTtft,
+    /// Benchmark only: `headroom` with the simulator's true curves (`/sim/truth`).
+    Oracle,
+}
+
+/// What a class does when no backend is predicted to meet its SLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMiss {
+    /// Send it where the predicted violation is least.
+    #[default]
+    BestEffort,
+    /// Wait (FIFO within the class) until a backend is feasible, up to the queue wait; then 429.
+    Queue,
+    /// Answer 429 with Retry-After at once.
+    Shed,
+}
+
+/// One `routes[]` rule: requests matching every given field get `class` (unless they name a
+/// class in `x-tpsgate-class`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouteRule {
+    /// Exact request path, e.g. `/v1/completions`.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// Exact client model name.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The class to give.
+    pub class: String,
+}
+
+/// One `api_keys[]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApiKey {
+    /// Environment variable holding the key (read at start-up).
+    pub key_env: String,
+    /// Class of this key's requests when neither the header nor a route rule gives one.
+    #[serde(default)]
+    pub class: Option<String>,
 }
 
 /// `routing:`.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct RawRouting {
-    /// `round_robin` (the only policy in this version).
-    #[serde(default = "default_policy")]
-    pub policy: String,
+    /// Policy of classes that name none, and of requests without a class; default `headroom`.
+    pub policy: Policy,
+    /// Share of requests that may try a backend at a concurrency its curve has not seen;
+    /// default 0.02.
+    pub exploration: f64,
+    /// The request shape the `oracle` policy asks `/sim/truth` about.
+    pub oracle: RawOracle,
 }
 
 impl Default for RawRouting {
     fn default() -> Self {
         Self {
-            policy: default_policy(),
+            policy: Policy::Headroom,
+            exploration: 0.02,
+            oracle: RawOracle::default(),
         }
     }
 }
 
-fn default_policy() -> String {
-    "round_robin".to_owned()
+/// `routing.oracle:`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawOracle {
+    /// Prompt tokens; default 64.
+    pub prompt_tokens: u32,
+    /// Output tokens; default 128.
+    pub output_tokens: u32,
+}
+
+impl Default for RawOracle {
+    fn default() -> Self {
+        Self {
+            prompt_tokens: 64,
+            output_tokens: 128,
+        }
+    }
 }

@@ -9,14 +9,22 @@ use std::time::Duration;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Uri};
 
-use super::raw::{RawBackend, RawConfig};
-use super::{BackendConfig, ClassConfig, Config, Cost, Limits, ModelMap, Secret, TlsFiles};
+use super::raw::{RawBackend, RawClass, RawConfig, RawPrior};
+use super::{
+    ApiKey, BackendConfig, ClassConfig, Config, Cost, Limits, ModelMap, Policy, PriorPoint,
+    RouteRule, Routing, Secret, Slo, TlsFiles,
+};
 use crate::yaml::ConfigError;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
-/// Validates the whole config; `env` looks up environment variables (API keys).
-pub fn validate(raw: &RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
+/// Validates the whole config; `env` looks up environment variables (API keys); relative paths
+/// are relative to `dir`.
+pub fn validate(
+    raw: &RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    dir: &Path,
+) -> Result<Config> {
     let listen = socket_addr("listen.address", &raw.listen.address)?;
     let tls = match &raw.listen.tls {
         Some(tls) => {
@@ -47,7 +55,7 @@ pub fn validate(raw: &RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result
     let mut backends: Vec<BackendConfig> = Vec::with_capacity(raw.backends.len());
     for (i, b) in raw.backends.iter().enumerate() {
         let at = format!("backends[{i}]");
-        let backend = backend(&at, b, env)?;
+        let backend = backend(&at, b, env, dir)?;
         if backends.iter().any(|other| other.name == backend.name) {
             return Err(ConfigError::at(
                 format!("{at}.name"),
@@ -75,52 +83,68 @@ pub fn validate(raw: &RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result
             )?),
         };
 
+    let routing = routing(raw)?;
     let mut classes: Vec<ClassConfig> = Vec::with_capacity(raw.classes.len());
     for (i, c) in raw.classes.iter().enumerate() {
         let at = format!("classes[{i}]");
-        if c.name.trim().is_empty() {
-            return Err(ConfigError::at(format!("{at}.name"), "must not be empty"));
-        }
         if classes.iter().any(|other| *other.name == *c.name) {
             return Err(ConfigError::at(
                 format!("{at}.name"),
                 format!("duplicate class `{}`", c.name),
             ));
         }
-        if let Some(tps) = c.min_tps {
-            positive(&format!("{at}.min_tps"), tps)?;
-        }
-        if let Some(ms) = c.max_ttft_ms {
-            positive(&format!("{at}.max_ttft_ms"), ms)?;
-        }
-        classes.push(ClassConfig {
-            name: Arc::from(c.name.as_str()),
-            min_tps: c.min_tps,
-            max_ttft: c.max_ttft_ms.map(|ms| Duration::from_secs_f64(ms / 1e3)),
-        });
+        classes.push(class(&at, c, routing.policy)?);
     }
+    let class_index = |at: &str, name: &str| {
+        classes
+            .iter()
+            .position(|c| &*c.name == name)
+            .ok_or_else(|| {
+                ConfigError::at(
+                    at,
+                    format!("no class is called `{name}`; define it under classes"),
+                )
+            })
+    };
     let default_class = match &raw.default_class {
         None => (!classes.is_empty()).then_some(0),
-        Some(name) => Some(
-            classes
-                .iter()
-                .position(|c| &*c.name == name)
-                .ok_or_else(|| {
-                    ConfigError::at(
-                        "default_class",
-                        format!("no class is called `{name}`; define it under classes"),
-                    )
-                })?,
-        ),
+        Some(name) => Some(class_index("default_class", name)?),
     };
-    if raw.routing.policy != "round_robin" {
-        return Err(ConfigError::at(
-            "routing.policy",
-            format!(
-                "`{}` is not available in this version; use round_robin",
-                raw.routing.policy
-            ),
-        ));
+    let mut routes = Vec::with_capacity(raw.routes.len());
+    for (i, r) in raw.routes.iter().enumerate() {
+        let at = format!("routes[{i}]");
+        if r.path.is_none() && r.model.is_none() {
+            return Err(ConfigError::at(
+                &at,
+                "a rule matches on path, model or both: give at least one",
+            ));
+        }
+        routes.push(RouteRule {
+            path: r.path.clone(),
+            model: r.model.clone(),
+            class: class_index(&format!("{at}.class"), &r.class)?,
+        });
+    }
+    let mut api_keys = Vec::with_capacity(raw.api_keys.len());
+    for (i, k) in raw.api_keys.iter().enumerate() {
+        let at = format!("api_keys[{i}]");
+        let key = match env(&k.key_env) {
+            Some(key) if !key.is_empty() => Secret::new(key),
+            _ => {
+                return Err(ConfigError::at(
+                    format!("{at}.key_env"),
+                    format!(
+                        "environment variable {} is not set (or empty); export it before starting, or remove this key",
+                        k.key_env
+                    ),
+                ));
+            }
+        };
+        let class = match &k.class {
+            Some(name) => Some(class_index(&format!("{at}.class"), name)?),
+            None => None,
+        };
+        api_keys.push(ApiKey { key, class });
     }
     positive("curves.half_life_s", raw.curves.half_life_s)?;
     Ok(Config {
@@ -133,7 +157,171 @@ pub fn validate(raw: &RawConfig, env: &dyn Fn(&str) -> Option<String>) -> Result
         default_backend,
         classes,
         default_class,
+        routes,
+        api_keys,
+        routing,
     })
+}
+
+fn routing(raw: &RawConfig) -> Result<Routing> {
+    let r = &raw.routing;
+    if !(0.0..=0.5).contains(&r.exploration) {
+        return Err(ConfigError::at(
+            "routing.exploration",
+            format!(
+                "{} is out of range: use a share from 0 (never) to 0.5",
+                r.exploration
+            ),
+        ));
+    }
+    if r.oracle.output_tokens == 0 {
+        return Err(ConfigError::at(
+            "routing.oracle.output_tokens",
+            "must be at least 1",
+        ));
+    }
+    Ok(Routing {
+        policy: r.policy,
+        exploration: r.exploration,
+        oracle_shape: (r.oracle.prompt_tokens, r.oracle.output_tokens),
+    })
+}
+
+fn class(at: &str, c: &RawClass, default_policy: Policy) -> Result<ClassConfig> {
+    if c.name.trim().is_empty() {
+        return Err(ConfigError::at(format!("{at}.name"), "must not be empty"));
+    }
+    if let Some(tps) = c.min_tps {
+        positive(&format!("{at}.min_tps"), tps)?;
+    }
+    if let Some(ms) = c.max_ttft_ms {
+        positive(&format!("{at}.max_ttft_ms"), ms)?;
+    }
+    for (field, value) in [
+        ("tps_percentile", c.tps_percentile),
+        ("ttft_percentile", c.ttft_percentile),
+    ] {
+        if !matches!(value, 50 | 90) {
+            return Err(ConfigError::at(
+                format!("{at}.{field}"),
+                format!("{value} is not available: use 50 or 90 (the quantiles curves keep)"),
+            ));
+        }
+    }
+    let slo = Slo {
+        min_tps: c.min_tps,
+        tps_percentile: c.tps_percentile,
+        max_ttft_s: c.max_ttft_ms.map(|ms| ms / 1e3),
+        ttft_percentile: c.ttft_percentile,
+    };
+    let wait_ms = match (c.queue_max_wait_ms, c.max_ttft_ms) {
+        (Some(ms), _) => {
+            positive(&format!("{at}.queue_max_wait_ms"), ms)?;
+            ms
+        }
+        (None, Some(ttft)) => ttft,
+        (None, None) => 60_000.0,
+    };
+    Ok(ClassConfig {
+        name: Arc::from(c.name.as_str()),
+        slo,
+        policy: c.policy.unwrap_or(default_policy),
+        on_miss: c.on_miss,
+        queue_max_wait: Duration::from_secs_f64(wait_ms / 1e3),
+    })
+}
+
+/// A prior as curve points: given ones, a fit sampled at the bucket levels, or the closed-loop
+/// levels of a `tpsgate bench --json` file.
+fn prior(at: &str, p: &RawPrior, limit: Option<u32>, dir: &Path) -> Result<Vec<PriorPoint>> {
+    let given = [p.points.is_some(), p.fit.is_some(), p.bench_file.is_some()];
+    if given.iter().filter(|g| **g).count() != 1 {
+        return Err(ConfigError::at(
+            at,
+            "give exactly one of points, fit or bench_file",
+        ));
+    }
+    let mut points = Vec::new();
+    if let Some(raw) = &p.points {
+        for (i, r) in raw.iter().enumerate() {
+            let at = format!("{at}.points[{i}]");
+            positive(&format!("{at}.concurrency"), r.concurrency)?;
+            positive(&format!("{at}.per_user_tps"), r.per_user_tps)?;
+            positive(&format!("{at}.ttft_ms"), r.ttft_ms)?;
+            points.push(PriorPoint {
+                concurrency: r.concurrency,
+                per_user_tps: r.per_user_tps,
+                ttft_s: r.ttft_ms / 1e3,
+            });
+        }
+    }
+    if let Some(f) = &p.fit {
+        positive(&format!("{at}.fit.tpot_base_ms"), f.tpot_base_ms)?;
+        positive(&format!("{at}.fit.ttft_base_ms"), f.ttft_base_ms)?;
+        for (field, v) in [
+            ("tpot_per_seq_ms", f.tpot_per_seq_ms),
+            ("ttft_per_seq_ms", f.ttft_per_seq_ms),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ConfigError::at(
+                    format!("{at}.fit.{field}"),
+                    format!("{v} is out of range: use 0 or more"),
+                ));
+            }
+        }
+        let top = f64::from(limit.unwrap_or(64));
+        for c in crate::curve::BUCKETS.map(f64::from) {
+            if c > top {
+                break;
+            }
+            points.push(PriorPoint {
+                concurrency: c,
+                per_user_tps: 1e3 / (f.tpot_base_ms + f.tpot_per_seq_ms * c),
+                ttft_s: (f.ttft_base_ms + f.ttft_per_seq_ms * c) / 1e3,
+            });
+        }
+    }
+    if let Some(file) = &p.bench_file {
+        let at = format!("{at}.bench_file");
+        let path = dir.join(file);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ConfigError::at(&at, format!("cannot read `{}`: {e}", path.display())))?;
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let level: BenchLevel = serde_json::from_str(line).map_err(|e| {
+                ConfigError::at(
+                    &at,
+                    format!(
+                        "`{}` line {}: not a closed-loop level of `tpsgate bench --json` ({e})",
+                        path.display(),
+                        n + 1
+                    ),
+                )
+            })?;
+            if let (Some(tps), Some(ttft)) = (level.per_user_tps_p50, level.ttft_p50_s) {
+                points.push(PriorPoint {
+                    concurrency: level.concurrency as f64,
+                    per_user_tps: tps,
+                    ttft_s: ttft,
+                });
+            }
+        }
+    }
+    if points.is_empty() {
+        return Err(ConfigError::at(at, "the prior has no points"));
+    }
+    Ok(points)
+}
+
+/// The fields of a `tpsgate bench --json` closed-loop line that a prior needs.
+#[derive(serde::Deserialize)]
+struct BenchLevel {
+    concurrency: usize,
+    per_user_tps_p50: Option<f64>,
+    ttft_p50_s: Option<f64>,
 }
 
 fn names(backends: &[BackendConfig]) -> String {
@@ -205,6 +393,7 @@ fn backend(
     at: &str,
     b: &RawBackend,
     env: &dyn Fn(&str) -> Option<String>,
+    dir: &Path,
 ) -> Result<BackendConfig> {
     let valid_name = !b.name.is_empty()
         && b.name
@@ -306,7 +495,12 @@ fn backend(
             "not a valid header value",
         )
     })?;
+    let prior = match &b.prior {
+        Some(p) => Some(prior(&format!("{at}.prior"), p, b.max_concurrency, dir)?),
+        None => None,
+    };
     Ok(BackendConfig {
+        prior,
         name: Arc::from(b.name.as_str()),
         url,
         dialect: b.dialect,

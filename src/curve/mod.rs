@@ -7,12 +7,17 @@
 //! from a bucket with enough evidence, else from the fit, with a confidence.
 
 pub mod fit;
+pub mod model;
 pub mod occupancy;
 pub mod window;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::time::Instant;
 
+pub use model::{Model, Prediction};
 pub use occupancy::{Occupancy, Reading};
 use window::{Sample, Summary, Window};
 
@@ -106,39 +111,37 @@ pub struct Point {
     pub ttft_p90_s: f64,
 }
 
-/// What the curve expects for one more request.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Prediction {
-    /// Per-user TPS median.
-    pub per_user_tps_p50: f64,
-    /// Per-user TPS 10th percentile.
-    pub per_user_tps_p10: f64,
-    /// TTFT median, seconds.
-    pub ttft_p50_s: f64,
-    /// TTFT 90th percentile, seconds.
-    pub ttft_p90_s: f64,
-    /// 0 (a guess) to nearly 1 (much recent evidence at this concurrency).
-    pub confidence: f64,
-}
+/// How stale a curve's [`Model`] may get while observations arrive.
+pub const REFRESH: Duration = Duration::from_millis(100);
 
 /// The curve of one backend and model.
 #[derive(Debug, Clone)]
 pub struct Curve {
     buckets: Vec<Window>,
+    half_life_s: f64,
     observations: u64,
     estimated: u64,
     cancelled: u64,
+    model: Option<Arc<Model>>,
+    refreshed_at: Option<Instant>,
 }
 
 impl Default for Curve {
     fn default() -> Self {
-        Self {
-            buckets: vec![Window::default(); BUCKETS.len()],
-            observations: 0,
-            estimated: 0,
-            cancelled: 0,
-        }
+        Self::new(300.0)
     }
+}
+
+/// One point of a prior curve: what a backend is believed to do at a concurrency before (or
+/// instead of) observing it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PriorPoint {
+    /// Concurrency.
+    pub concurrency: f64,
+    /// Per-user TPS median.
+    pub per_user_tps: f64,
+    /// TTFT median, seconds.
+    pub ttft_s: f64,
 }
 
 /// Counters of a curve.
@@ -153,6 +156,50 @@ pub struct Counts {
 }
 
 impl Curve {
+    /// An empty curve whose observations' weight halves every `half_life_s`.
+    pub fn new(half_life_s: f64) -> Self {
+        Self {
+            buckets: vec![Window::default(); BUCKETS.len()],
+            half_life_s,
+            observations: 0,
+            estimated: 0,
+            cancelled: 0,
+            model: None,
+            refreshed_at: None,
+        }
+    }
+
+    /// A curve that starts from `prior`: each point becomes [`MIN_BUCKET_WEIGHT`] samples dated
+    /// `now`, which decay and leave the window like real ones, so observations overwrite the
+    /// prior within a few half-lives (or sooner, at high rates).
+    pub fn seeded(half_life_s: f64, prior: &[PriorPoint], now: Instant) -> Self {
+        let mut curve = Self::new(half_life_s);
+        for p in prior {
+            for _ in 0..MIN_BUCKET_WEIGHT as usize {
+                curve.buckets[bucket_of(p.concurrency)].push(Sample {
+                    at: now,
+                    tps: p.per_user_tps,
+                    ttft: p.ttft_s,
+                    prompt_tokens: None,
+                    output_tokens: 0,
+                    concurrency: p.concurrency,
+                });
+            }
+        }
+        curve.refresh(now);
+        curve
+    }
+
+    /// The latest fitted snapshot, rebuilt at most every [`REFRESH`] as observations arrive.
+    pub fn model(&self) -> Option<&Arc<Model>> {
+        self.model.as_ref()
+    }
+
+    fn refresh(&mut self, now: Instant) {
+        self.model = Model::build(&self.buckets, now, self.half_life_s).map(Arc::new);
+        self.refreshed_at = Some(now);
+    }
+
     /// Records one request. Only completed requests with a TTFT, a TPOT and a concurrency become
     /// samples; the rest are only counted.
     pub fn record(&mut self, obs: &Observation) {
@@ -176,8 +223,15 @@ impl Curve {
             tps: 1.0 / tpot,
             ttft,
             prompt_tokens: obs.prompt_tokens,
+            output_tokens: obs.output_tokens,
             concurrency,
         });
+        if self
+            .refreshed_at
+            .is_none_or(|at| obs.at.saturating_duration_since(at) >= REFRESH)
+        {
+            self.refresh(obs.at);
+        }
     }
 
     /// Counters.
@@ -243,77 +297,14 @@ impl Curve {
         (all > 0.0).then(|| good / all)
     }
 
-    /// Fits TPOT and TTFT; `None` before the first sample.
+    /// Fits TPOT and TTFT as of `now`; `None` before the first sample.
     pub fn fit(&self, now: Instant, half_life_s: f64) -> Option<Fit> {
-        let summaries: Vec<Summary> = self.summaries(now, half_life_s).map(|(_, s)| s).collect();
-        let total: f64 = summaries.iter().map(|s| s.weight).sum();
-        if summaries.is_empty() || total <= 0.0 {
-            return None;
-        }
-        let mean_tpot = summaries
-            .iter()
-            .map(|s| s.weight * s.mean_tpot)
-            .sum::<f64>()
-            / total;
-        let (tpot_base_s, tpot_per_seq_s) = match fit::wls(
-            summaries
-                .iter()
-                .map(|s| ([1.0, s.mean_concurrency], s.mean_tpot, s.weight)),
-        ) {
-            // Speed cannot rise with load; a negative slope is noise.
-            Some([a, b]) if b >= 0.0 && a > 0.0 => (a, b),
-            _ => (mean_tpot, 0.0),
-        };
-
-        let samples: Vec<(f64, &Sample)> = self
-            .buckets
-            .iter()
-            .flat_map(Window::samples)
-            .map(|s| {
-                (
-                    window::weight(
-                        now.saturating_duration_since(s.at).as_secs_f64(),
-                        half_life_s,
-                    ),
-                    s,
-                )
-            })
-            .collect();
-        let sw: f64 = samples.iter().map(|(w, _)| w).sum();
-        let mean_ttft =
-            samples.iter().map(|(w, s)| w * s.ttft).sum::<f64>() / sw.max(f64::MIN_POSITIVE);
-        let with_prompt = samples.iter().all(|(_, s)| s.prompt_tokens.is_some());
-        let three = with_prompt
-            .then(|| {
-                fit::wls(samples.iter().map(|(w, s)| {
-                    let p = s.prompt_tokens.unwrap_or(0) as f64;
-                    ([1.0, s.concurrency, p], s.ttft, *w)
-                }))
-            })
-            .flatten()
-            .filter(|[_, t1, k]| *t1 >= 0.0 && *k > 0.0);
-        let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = match three {
-            Some([t0, t1, k]) => (t0, t1, Some(1.0 / k)),
-            None => match fit::wls(
-                samples
-                    .iter()
-                    .map(|(w, s)| ([1.0, s.concurrency], s.ttft, *w)),
-            ) {
-                Some([t0, t1]) if t1 >= 0.0 => (t0, t1, None),
-                _ => (mean_ttft, 0.0, None),
-            },
-        };
-        Some(Fit {
-            tpot_base_s,
-            tpot_per_seq_s,
-            ttft_base_s,
-            ttft_per_seq_s,
-            prefill_tokens_per_s,
-        })
+        Model::build(&self.buckets, now, half_life_s).map(|m| m.fit)
     }
 
     /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
-    /// expect; `None` before the first sample.
+    /// expect as of `now`; `None` before the first sample. Routing reads [`Curve::model`]
+    /// instead, which is cached.
     pub fn predict(
         &self,
         concurrency: f64,
@@ -321,33 +312,7 @@ impl Curve {
         now: Instant,
         half_life_s: f64,
     ) -> Option<Prediction> {
-        let fit = self.fit(now, half_life_s)?;
-        let prefill = fit
-            .prefill_tokens_per_s
-            .map_or(0.0, |r| prompt_tokens as f64 / r);
-        let bucket = self.buckets[bucket_of(concurrency)].summary(now, half_life_s);
-        let weight = bucket.map_or(0.0, |s| s.weight);
-        let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
-        if let Some(s) = bucket.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
-            return Some(Prediction {
-                per_user_tps_p50: s.tps_p50,
-                per_user_tps_p10: s.tps_p10,
-                ttft_p50_s: s.ttft_p50,
-                ttft_p90_s: s.ttft_p90,
-                confidence,
-            });
-        }
-        let tps = 1.0 / (fit.tpot_base_s + fit.tpot_per_seq_s * concurrency);
-        let ttft = fit.ttft_base_s + fit.ttft_per_seq_s * concurrency + prefill;
-        // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median and
-        // a TTFT tail 25% above it.
-        Some(Prediction {
-            per_user_tps_p50: tps,
-            per_user_tps_p10: 0.9 * tps,
-            ttft_p50_s: ttft,
-            ttft_p90_s: 1.25 * ttft,
-            confidence,
-        })
+        Model::build(&self.buckets, now, half_life_s).map(|m| m.predict(concurrency, prompt_tokens))
     }
 }
 

@@ -26,6 +26,8 @@ pub struct Sample {
     pub ttft: f64,
     /// Prompt tokens, when known.
     pub prompt_tokens: Option<u64>,
+    /// Output tokens.
+    pub output_tokens: u64,
     /// Experienced concurrency.
     pub concurrency: f64,
 }
@@ -166,6 +168,7 @@ mod tests {
             tps,
             ttft: 0.1,
             prompt_tokens: None,
+            output_tokens: 10,
             concurrency: 1.0,
         };
         w.push(sample(t0, 10.0));

@@ -17,10 +17,12 @@ use serde_json::value::RawValue;
 use tower::{Layer, Service};
 
 use super::endpoint::Endpoint;
+use crate::config::{ClassConfig, RouteRule};
 use crate::error::{Error, ErrorKind};
+use crate::router::slo::Slo;
 
 /// What classification found, in the request's extensions.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Classified {
     /// The endpoint.
     pub endpoint: Endpoint,
@@ -30,12 +32,23 @@ pub struct Classified {
     pub stream: bool,
     /// Bytes of the `model` value (quotes included).
     pub model_span: Option<Range<usize>>,
-    /// The traffic class: `x-tpsgate-class` when it names a configured class, else the default
-    /// class; `None` when no classes are configured.
+    /// The traffic class's name (see [`Classes::pick`]); `None` when no classes are configured.
     pub class: Option<Arc<str>>,
+    /// Its index in the config.
+    pub class_index: Option<usize>,
+    /// The class's SLO with the request's overrides applied.
+    pub slo: Slo,
     /// The `stream_options` object, if present.
     pub stream_options: Option<StreamOptions>,
+    /// `max_tokens` (or `max_completion_tokens`, `max_output_tokens`), if set.
+    pub max_tokens: Option<u32>,
+    /// Prompt size estimated from the body: a token per [`BYTES_PER_TOKEN`] bytes.
+    pub prompt_tokens: u64,
 }
+
+/// Bytes of request body per prompt token, for the prompt-size estimate that TTFT prediction
+/// needs (English text with JSON around it; tokenizing would cost far more than it buys).
+pub const BYTES_PER_TOKEN: u64 = 4;
 
 /// A `stream_options` object in the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +66,13 @@ struct Peek<'a> {
     stream: Option<bool>,
     #[serde(borrow)]
     stream_options: Option<&'a RawValue>,
+    // Read leniently: a value we cannot use is the upstream's to judge, not ours.
+    #[serde(borrow)]
+    max_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(borrow)]
+    max_output_tokens: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -63,42 +83,121 @@ struct RawStreamOptions {
 /// `x-tpsgate-class`: the traffic class a client asks for.
 pub const X_TPSGATE_CLASS: http::HeaderName = http::HeaderName::from_static("x-tpsgate-class");
 
-/// The configured class names and the default.
+/// `x-tpsgate-slo-tps`: a per-request minimum per-user TPS, replacing the class's.
+pub const X_TPSGATE_SLO_TPS: http::HeaderName = http::HeaderName::from_static("x-tpsgate-slo-tps");
+/// `x-tpsgate-slo-ttft-ms`: a per-request maximum TTFT in ms, replacing the class's.
+pub const X_TPSGATE_SLO_TTFT_MS: http::HeaderName =
+    http::HeaderName::from_static("x-tpsgate-slo-ttft-ms");
+
+/// Bounds of `x-tpsgate-slo-tps`: above nothing any server streams, and not zero.
+pub const SLO_TPS_RANGE: (f64, f64) = (0.1, 10_000.0);
+/// Bounds of `x-tpsgate-slo-ttft-ms`: a millisecond to ten minutes.
+pub const SLO_TTFT_MS_RANGE: (f64, f64) = (1.0, 600_000.0);
+
+/// The class a gateway API key gives its requests, put in the extensions by the auth layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyClass(pub usize);
+
+/// The configured classes, the default, and the route rules.
 #[derive(Debug, Clone, Default)]
 pub struct Classes {
-    names: Vec<Arc<str>>,
+    classes: Vec<ClassConfig>,
     default: Option<usize>,
+    routes: Vec<RouteRule>,
 }
 
 impl Classes {
-    /// Classes by name; `default` indexes into them.
-    pub fn new(names: Vec<Arc<str>>, default: Option<usize>) -> Self {
-        Self { names, default }
+    /// Classes with their default index and the rules that assign them.
+    pub fn new(classes: Vec<ClassConfig>, default: Option<usize>, routes: Vec<RouteRule>) -> Self {
+        Self {
+            classes,
+            default,
+            routes,
+        }
     }
 
-    /// The class of a request carrying `header` (the value of `x-tpsgate-class`, if any).
-    fn pick(&self, header: Option<&http::HeaderValue>) -> Result<Option<Arc<str>>, Error> {
-        let Some(value) = header else {
-            return Ok(self.default.and_then(|i| self.names.get(i)).cloned());
-        };
-        let wanted = value.to_str().unwrap_or("");
-        self.names
-            .iter()
-            .find(|n| ***n == *wanted)
-            .cloned()
-            .map(Some)
-            .ok_or_else(|| {
-                let known: Vec<&str> = self.names.iter().map(|n| &**n).collect();
-                let known = if known.is_empty() {
-                    "none are configured".to_owned()
-                } else {
-                    known.join(", ")
-                };
-                Error::new(
-                    ErrorKind::InvalidRequest,
-                    format!("unknown class `{wanted}` in x-tpsgate-class; configured: {known}"),
-                )
-            })
+    /// The class of a request, by precedence: `x-tpsgate-class`; else the first route rule
+    /// matching its path and model; else its API key's class; else the default class.
+    fn pick(
+        &self,
+        header: Option<&http::HeaderValue>,
+        path: &str,
+        model: Option<&str>,
+        key: Option<KeyClass>,
+    ) -> Result<Option<usize>, Error> {
+        if let Some(value) = header {
+            let wanted = value.to_str().unwrap_or("");
+            return match self.classes.iter().position(|c| *c.name == *wanted) {
+                Some(i) => Ok(Some(i)),
+                None => {
+                    let known: Vec<&str> = self.classes.iter().map(|c| &*c.name).collect();
+                    let known = if known.is_empty() {
+                        "none are configured".to_owned()
+                    } else {
+                        known.join(", ")
+                    };
+                    Err(Error::new(
+                        ErrorKind::InvalidRequest,
+                        format!("unknown class `{wanted}` in x-tpsgate-class; configured: {known}"),
+                    ))
+                }
+            };
+        }
+        let rule = self.routes.iter().find(|r| {
+            r.path.as_deref().is_none_or(|p| p == path)
+                && r.model.as_deref().is_none_or(|m| Some(m) == model)
+        });
+        Ok(rule.map(|r| r.class).or(key.map(|k| k.0)).or(self.default))
+    }
+
+    /// Classifies: the class, and its SLO with the request's overrides.
+    fn apply(
+        &self,
+        c: &mut Classified,
+        headers: &http::HeaderMap,
+        path: &str,
+        key: Option<KeyClass>,
+    ) -> Result<(), Error> {
+        let index = self.pick(headers.get(&X_TPSGATE_CLASS), path, c.model.as_deref(), key)?;
+        let class = index.and_then(|i| self.classes.get(i));
+        c.class_index = index;
+        c.class = class.map(|k| Arc::clone(&k.name));
+        let mut slo = class.map_or_else(Slo::default, |k| k.slo);
+        if let Some(tps) = bounded(headers, &X_TPSGATE_SLO_TPS, SLO_TPS_RANGE)? {
+            slo.min_tps = Some(tps);
+        }
+        if let Some(ms) = bounded(headers, &X_TPSGATE_SLO_TTFT_MS, SLO_TTFT_MS_RANGE)? {
+            slo.max_ttft_s = Some(ms / 1e3);
+        }
+        if slo.tps_percentile == 0 {
+            // Overrides on a request without a class: the class default.
+            slo.tps_percentile = 90;
+            slo.ttft_percentile = 90;
+        }
+        c.slo = slo;
+        Ok(())
+    }
+}
+
+/// A number header within `range`, or a 400 naming the header and the range.
+fn bounded(
+    headers: &http::HeaderMap,
+    name: &http::HeaderName,
+    (lo, hi): (f64, f64),
+) -> Result<Option<f64>, Error> {
+    let Some(value) = headers.get(name) else {
+        return Ok(None);
+    };
+    match value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+    {
+        Some(v) if (lo..=hi).contains(&v) => Ok(Some(v)),
+        _ => Err(Error::new(
+            ErrorKind::InvalidRequest,
+            format!("{name} must be a number from {lo} to {hi}"),
+        )),
     }
 }
 
@@ -162,13 +261,16 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limit = self.max_body_bytes;
-        let class = self.classes.pick(req.headers().get(&X_TPSGATE_CLASS));
+        let classes = Arc::clone(&self.classes);
         Box::pin(async move {
-            let mut req = read(req, limit).await?;
-            if let Some(c) = req.extensions_mut().get_mut::<Classified>() {
-                c.class = class?;
+            let req = read(req, limit).await?;
+            let key = req.extensions().get::<KeyClass>().copied();
+            let (parts, body) = req.into_parts();
+            let mut parts = parts;
+            if let Some(c) = parts.extensions.get_mut::<Classified>() {
+                classes.apply(c, &parts.headers, parts.uri.path(), key)?;
             }
-            inner.call(req).await
+            inner.call(Request::from_parts(parts, body)).await
         })
     }
 }
@@ -263,7 +365,11 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
             stream: false,
             model_span: None,
             class: None,
+            class_index: None,
+            slo: Slo::default(),
             stream_options: None,
+            max_tokens: None,
+            prompt_tokens: 0,
         });
     }
     let peek: Peek<'_> = serde_json::from_slice(body)
@@ -306,7 +412,18 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         stream: peek.stream.unwrap_or(false),
         model_span: peek.model.map(span),
         class: None,
+        class_index: None,
+        slo: Slo::default(),
         stream_options,
+        max_tokens: [
+            peek.max_tokens,
+            peek.max_completion_tokens,
+            peek.max_output_tokens,
+        ]
+        .into_iter()
+        .flatten()
+        .find_map(|raw| raw.get().parse::<u32>().ok()),
+        prompt_tokens: body.len() as u64 / BYTES_PER_TOKEN,
     })
 }
 

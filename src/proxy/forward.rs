@@ -23,6 +23,13 @@ use crate::upstream::UpstreamBody;
 
 /// `x-tpsgate-backend`: which backend answered.
 pub const X_TPSGATE_BACKEND: HeaderName = HeaderName::from_static("x-tpsgate-backend");
+/// `x-tpsgate-predicted-tps`: the per-user TPS (median) the router expected on that backend.
+pub const X_TPSGATE_PREDICTED_TPS: HeaderName = HeaderName::from_static("x-tpsgate-predicted-tps");
+/// `x-tpsgate-predicted-ttft-ms`: the TTFT (median) the router expected there, ms.
+pub const X_TPSGATE_PREDICTED_TTFT_MS: HeaderName =
+    HeaderName::from_static("x-tpsgate-predicted-ttft-ms");
+/// `x-tpsgate-route-reason`: why the router chose it (the `reason` of the decision counter).
+pub const X_TPSGATE_ROUTE_REASON: HeaderName = HeaderName::from_static("x-tpsgate-route-reason");
 
 /// Sends requests upstream.
 #[derive(Debug, Clone, Copy, Default)]
@@ -44,6 +51,8 @@ struct Pending {
     model: Option<String>,
     stream: Option<(StreamDialect, bool)>,
     start: Instant,
+    prediction: Option<crate::curve::Prediction>,
+    reason: crate::router::Reason,
 }
 
 impl Service<Request<UpstreamBody>> for Forward {
@@ -89,6 +98,8 @@ impl Service<Request<UpstreamBody>> for Forward {
                 model,
                 stream,
                 start,
+                prediction: routed.prediction,
+                reason: routed.reason,
             }),
             failed: None,
         }
@@ -164,6 +175,21 @@ impl Future for ForwardFuture {
                 .headers
                 .insert(super::classify::X_TPSGATE_CLASS, value);
         }
+        parts.headers.insert(
+            X_TPSGATE_ROUTE_REASON,
+            HeaderValue::from_static(pending.reason.label()),
+        );
+        if let Some(p) = pending.prediction {
+            let mut text = [0u8; 24];
+            for (name, value) in [
+                (X_TPSGATE_PREDICTED_TPS, p.per_user_tps_p50),
+                (X_TPSGATE_PREDICTED_TTFT_MS, p.ttft_p50_s * 1e3),
+            ] {
+                if let Some(v) = one_decimal(&mut text, value) {
+                    parts.headers.insert(name, v);
+                }
+            }
+        }
         // Only a successful event stream is read as one; errors pass through untouched.
         let is_sse = parts
             .headers
@@ -222,4 +248,16 @@ fn upstream_error(backend: &str, err: &hyper_util::client::legacy::Error) -> Err
             format!("backend {backend}: failed before the response head: {detail}"),
         )
     }
+}
+
+/// `value` with one decimal as a header value (formatted in a stack buffer).
+fn one_decimal(buf: &mut [u8; 24], value: f64) -> Option<HeaderValue> {
+    use std::io::Write as _;
+    if !value.is_finite() {
+        return None;
+    }
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    write!(cursor, "{value:.1}").ok()?;
+    let len = usize::try_from(cursor.position()).ok()?;
+    HeaderValue::from_bytes(&buf[..len]).ok()
 }

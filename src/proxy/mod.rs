@@ -1,7 +1,8 @@
 //! The request path, one concern per module, composed in [`crate::stack`] in this order:
-//! [`request_id`] -> [`rescue`] -> [`classify`] -> [`route`] -> [`rewrite`] -> [`forward`], with
+//! [`request_id`] -> [`rescue`] -> [`auth`] -> [`classify`] -> [`route`] -> [`rewrite`] -> [`forward`], with
 //! the response observed by [`body`].
 
+pub mod auth;
 pub mod body;
 pub mod classify;
 pub mod endpoint;

@@ -112,8 +112,11 @@ pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if kind == ErrorKind::NoBackendAvailable {
-        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    let retry_after = err
+        .retry_after_s()
+        .or((kind == ErrorKind::NoBackendAvailable).then_some(1));
+    if let Some(seconds) = retry_after {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
     resp
 }
@@ -127,6 +130,8 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
         ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::NoBackendAvailable => "overloaded_error",
+        ErrorKind::SloUnmet => "rate_limit_error",
+        ErrorKind::Unauthorized => "authentication_error",
         ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamTimeout => "api_error",
     }
 }

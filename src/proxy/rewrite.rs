@@ -296,7 +296,11 @@ mod tests {
             stream: false,
             model_span: None,
             class: None,
+            class_index: None,
+            slo: crate::router::slo::Slo::default(),
             stream_options: None,
+            max_tokens: None,
+            prompt_tokens: 0,
         };
         assert_eq!(
             rewrite_body(&Bytes::new(), &empty, None, true),

@@ -1,25 +1,26 @@
-//! Route: choose a backend for the request and take an in-flight slot there. Today's policy is
-//! round robin over the backends that speak the endpoint's dialect, serve the model and are under
-//! their `max_concurrency`. `GET /v1/models` is answered here, from the same backend list.
+//! Route: ask the [`Router`] for a backend and take an in-flight slot there; `GET /v1/models` is
+//! answered here, from the same backend list. A request whose class queues waits here (the only
+//! path that allocates a future); every other decision is made synchronously in `call`.
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use futures_util::future::{Either, Ready, ready};
-use http::{HeaderValue, Request, Response, header};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
-use serde_json::json;
+use tokio::time::Instant;
 use tower::{Layer, Service};
 
 use super::body::ProxyBody;
 use super::classify::Classified;
 use super::endpoint::Endpoint;
+use super::request_id::ReceivedAt;
+use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
+use crate::router::{Ask, Decision, Reason, Router};
 use crate::upstream::{Backend, InFlightGuard};
 
 /// The routing decision, in the request's extensions.
@@ -29,141 +30,10 @@ pub struct Routed {
     pub backend: Arc<Backend>,
     /// The model name the backend knows (the alias resolved), if the body names one.
     pub upstream_model: Option<String>,
-}
-
-/// The backends and the policy's state.
-#[derive(Debug)]
-pub struct Router {
-    backends: Vec<Arc<Backend>>,
-    default_backend: Option<usize>,
-    next: AtomicUsize,
-}
-
-impl Router {
-    /// A router over `backends`; `default_backend` indexes into it.
-    pub fn new(backends: Vec<Arc<Backend>>, default_backend: Option<usize>) -> Self {
-        Self {
-            backends,
-            default_backend,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// The backends, in config order.
-    pub fn backends(&self) -> &[Arc<Backend>] {
-        &self.backends
-    }
-
-    /// Picks a backend for `c` and admits the request there.
-    pub fn route(&self, c: &Classified) -> Result<(Routed, InFlightGuard), Error> {
-        let dialect = c.endpoint.dialect();
-        let Some(model) = c.model.as_deref() else {
-            return self.route_default();
-        };
-        let serves = |b: &&Arc<Backend>| {
-            b.config.dialect == dialect && b.config.models.upstream(model).is_some()
-        };
-        let candidates = self.backends.iter().filter(serves).count();
-        if candidates == 0 {
-            return Err(Error::new(
-                ErrorKind::ModelNotFound,
-                format!(
-                    "model `{model}` is not served by any backend; available: {}",
-                    self.model_list(c.endpoint)
-                ),
-            ));
-        }
-        let start = self.next.fetch_add(1, Ordering::Relaxed) % candidates;
-        let ring = self
-            .backends
-            .iter()
-            .filter(serves)
-            .cycle()
-            .skip(start)
-            .take(candidates);
-        for backend in ring {
-            if let Some(guard) = backend.try_admit() {
-                let upstream_model = backend.config.models.upstream(model).map(str::to_owned);
-                return Ok((
-                    Routed {
-                        backend: Arc::clone(backend),
-                        upstream_model,
-                    },
-                    guard,
-                ));
-            }
-        }
-        Err(Error::new(
-            ErrorKind::NoBackendAvailable,
-            format!("every backend serving `{model}` is at its concurrency limit; retry shortly"),
-        ))
-    }
-
-    fn route_default(&self) -> Result<(Routed, InFlightGuard), Error> {
-        let backend = self
-            .default_backend
-            .and_then(|i| self.backends.get(i))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidRequest,
-                    "the body names no `model` and no default_backend is configured",
-                )
-            })?;
-        let guard = backend.try_admit().ok_or_else(|| {
-            Error::new(
-                ErrorKind::NoBackendAvailable,
-                "the default backend is at its concurrency limit",
-            )
-        })?;
-        Ok((
-            Routed {
-                backend: Arc::clone(backend),
-                upstream_model: None,
-            },
-            guard,
-        ))
-    }
-
-    /// Client model names served for an endpoint's dialect, sorted.
-    fn model_names(&self, endpoint: Endpoint) -> BTreeSet<&str> {
-        self.backends
-            .iter()
-            .filter(|b| b.config.dialect == endpoint.dialect())
-            .flat_map(|b| b.config.models.aliases.keys().map(String::as_str))
-            .collect()
-    }
-
-    fn model_list(&self, endpoint: Endpoint) -> String {
-        let names: Vec<&str> = self.model_names(endpoint).into_iter().collect();
-        if names.is_empty() {
-            "none".to_owned()
-        } else {
-            names.join(", ")
-        }
-    }
-
-    /// `GET /v1/models`: the union over all backends, in OpenAI's list format.
-    pub fn models_response(&self) -> Response<ProxyBody> {
-        let mut owners: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
-        for b in &self.backends {
-            for name in b.config.models.aliases.keys() {
-                owners.entry(name).or_insert(&b.config.name);
-            }
-        }
-        let data: Vec<_> = owners
-            .iter()
-            .map(
-                |(id, owner)| json!({"id": id, "object": "model", "created": 0, "owned_by": owner}),
-            )
-            .collect();
-        let body = json!({"object": "list", "data": data}).to_string();
-        let mut resp = Response::new(ProxyBody::full(Bytes::from(body)));
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        resp
-    }
+    /// What the router expected this request to see there.
+    pub prediction: Option<Prediction>,
+    /// Why it was chosen.
+    pub reason: Reason,
 }
 
 /// Routes each classified request.
@@ -197,37 +67,104 @@ pub struct Route<S> {
     router: Arc<Router>,
 }
 
-impl<S> Service<Request<Bytes>> for Route<S>
+type Queued = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Error>> + Send>>;
+
+fn ask<'a>(c: &'a Classified, model: &'a str, received: Instant) -> Ask<'a> {
+    Ask {
+        model,
+        dialect: c.endpoint.dialect(),
+        prompt_tokens: c.prompt_tokens,
+        max_tokens: c.max_tokens,
+        class: c.class_index,
+        slo: c.slo,
+        received,
+    }
+}
+
+/// Puts the decision into the request and calls `inner`, the slot following the response.
+fn forward<S>(inner: &mut S, mut req: Request<Bytes>, decision: Decision) -> RouteFuture<S::Future>
 where
     S: Service<Request<Bytes>, Response = Response<ProxyBody>, Error = Error>,
 {
+    let upstream_model = req
+        .extensions()
+        .get::<Classified>()
+        .and_then(|c| c.model.as_deref())
+        .and_then(|m| decision.backend.config.models.upstream(m))
+        .map(str::to_owned);
+    req.extensions_mut().insert(Routed {
+        backend: decision.backend,
+        upstream_model,
+        prediction: decision.prediction,
+        reason: decision.reason,
+    });
+    RouteFuture {
+        inner: inner.call(req),
+        guard: Some(decision.guard),
+    }
+}
+
+impl<S> Service<Request<Bytes>> for Route<S>
+where
+    S: Service<Request<Bytes>, Response = Response<ProxyBody>, Error = Error>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
     type Response = Response<ProxyBody>;
     type Error = Error;
-    type Future = Either<Ready<Result<Response<ProxyBody>, Error>>, RouteFuture<S::Future>>;
+    type Future =
+        Either<Either<Ready<Result<Response<ProxyBody>, Error>>, RouteFuture<S::Future>>, Queued>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+    fn call(&mut self, req: Request<Bytes>) -> Self::Future {
+        let now = |e: Error| Either::Left(Either::Left(ready(Err(e))));
         let Some(classified) = req.extensions().get::<Classified>() else {
-            return Either::Left(ready(Err(Error::new(
+            return now(Error::new(
                 ErrorKind::InvalidRequest,
                 "unclassified request",
-            ))));
+            ));
         };
         if classified.endpoint == Endpoint::Models {
-            return Either::Left(ready(Ok(self.router.models_response())));
+            return Either::Left(Either::Left(ready(Ok(self.router.models_response()))));
         }
-        match self.router.route(classified) {
-            Ok((routed, guard)) => {
-                req.extensions_mut().insert(routed);
-                Either::Right(RouteFuture {
-                    inner: self.inner.call(req),
-                    guard: Some(guard),
-                })
+        let received = req
+            .extensions()
+            .get::<ReceivedAt>()
+            .map_or_else(Instant::now, |r| r.0);
+        let decided = match classified.model.as_deref() {
+            None => self.router.route_default().map(Some),
+            Some(model) => self.router.route(&ask(classified, model, received)),
+        };
+        match decided {
+            Ok(Some(decision)) => {
+                Either::Left(Either::Right(forward(&mut self.inner, req, decision)))
             }
-            Err(err) => Either::Left(ready(Err(err))),
+            Err(err) => now(err),
+            Ok(None) => {
+                // The clone that was driven to readiness serves this call (tower's
+                // clone-and-swap).
+                let clone = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let router = Arc::clone(&self.router);
+                Either::Right(Box::pin(async move {
+                    let decision = {
+                        let c = req.extensions().get::<Classified>();
+                        let (Some(c), Some(model)) = (c, c.and_then(|c| c.model.as_deref())) else {
+                            return Err(Error::new(
+                                ErrorKind::InvalidRequest,
+                                "unclassified request",
+                            ));
+                        };
+                        router.wait_in_line(&ask(c, model, received)).await?
+                    };
+                    forward(&mut inner, req, decision).await
+                }))
+            }
         }
     }
 }

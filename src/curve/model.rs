@@ -1,0 +1,159 @@
+//! A curve's fitted snapshot: what routing reads on every request.
+//!
+//! Building one walks every sample of every bucket (a few thousand at most), so a [`Model`] is
+//! rebuilt at most every [`super::REFRESH`] while observations arrive and shared behind an
+//! `Arc`; asking it for a [`Prediction`] is O(1).
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::window::{self, Summary, Window};
+use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, bucket_of, fit};
+
+/// What the curve expects for one more request.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Prediction {
+    /// Per-user TPS median.
+    pub per_user_tps_p50: f64,
+    /// Per-user TPS 10th percentile.
+    pub per_user_tps_p10: f64,
+    /// TTFT median, seconds.
+    pub ttft_p50_s: f64,
+    /// TTFT 90th percentile, seconds.
+    pub ttft_p90_s: f64,
+    /// 0 (a guess) to nearly 1 (much recent evidence at this concurrency).
+    pub confidence: f64,
+    /// The concurrency asked about is more than twice the highest one observed: the fit is
+    /// extrapolating beyond what it has seen, and routing treats that as exploration.
+    pub beyond_evidence: bool,
+}
+
+/// A fitted snapshot of one curve.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    /// The fitted lines.
+    pub fit: Fit,
+    buckets: [Option<Summary>; BUCKETS.len()],
+    /// Highest experienced concurrency among buckets holding at least one sample's weight.
+    pub evidence_up_to: f64,
+    /// Weighted mean of TTFT + decode time, seconds: how long a request holds its slot.
+    pub mean_duration_s: f64,
+}
+
+impl Model {
+    /// Fits `buckets` as of `now`; `None` when they hold no samples.
+    pub fn build(buckets: &[Window], now: Instant, half_life_s: f64) -> Option<Self> {
+        let mut summaries = [None; BUCKETS.len()];
+        for (slot, w) in summaries.iter_mut().zip(buckets) {
+            *slot = w.summary(now, half_life_s);
+        }
+        let present: Vec<Summary> = summaries.iter().flatten().copied().collect();
+        let total: f64 = present.iter().map(|s| s.weight).sum();
+        if present.is_empty() || total <= 0.0 {
+            return None;
+        }
+        let mean_tpot = present.iter().map(|s| s.weight * s.mean_tpot).sum::<f64>() / total;
+        let (tpot_base_s, tpot_per_seq_s) = match fit::wls(
+            present
+                .iter()
+                .map(|s| ([1.0, s.mean_concurrency], s.mean_tpot, s.weight)),
+        ) {
+            // Speed cannot rise with load; a negative slope is noise.
+            Some([a, b]) if b >= 0.0 && a > 0.0 => (a, b),
+            _ => (mean_tpot, 0.0),
+        };
+
+        let samples: Vec<(f64, &window::Sample)> = buckets
+            .iter()
+            .flat_map(Window::samples)
+            .map(|s| {
+                let age = now.saturating_duration_since(s.at).as_secs_f64();
+                (window::weight(age, half_life_s), s)
+            })
+            .collect();
+        let sw: f64 = samples
+            .iter()
+            .map(|(w, _)| w)
+            .sum::<f64>()
+            .max(f64::MIN_POSITIVE);
+        let mean_ttft = samples.iter().map(|(w, s)| w * s.ttft).sum::<f64>() / sw;
+        let mean_duration_s = samples
+            .iter()
+            .map(|(w, s)| w * (s.ttft + s.output_tokens as f64 / s.tps))
+            .sum::<f64>()
+            / sw;
+        let with_prompt = samples.iter().all(|(_, s)| s.prompt_tokens.is_some());
+        let three = with_prompt
+            .then(|| {
+                fit::wls(samples.iter().map(|(w, s)| {
+                    let p = s.prompt_tokens.unwrap_or(0) as f64;
+                    ([1.0, s.concurrency, p], s.ttft, *w)
+                }))
+            })
+            .flatten()
+            .filter(|[_, t1, k]| *t1 >= 0.0 && *k > 0.0);
+        let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = match three {
+            Some([t0, t1, k]) => (t0, t1, Some(1.0 / k)),
+            None => match fit::wls(
+                samples
+                    .iter()
+                    .map(|(w, s)| ([1.0, s.concurrency], s.ttft, *w)),
+            ) {
+                Some([t0, t1]) if t1 >= 0.0 => (t0, t1, None),
+                _ => (mean_ttft, 0.0, None),
+            },
+        };
+        let evidence_up_to = present
+            .iter()
+            .filter(|s| s.weight >= 1.0)
+            .map(|s| s.mean_concurrency)
+            .fold(0.0, f64::max);
+        Some(Self {
+            fit: Fit {
+                tpot_base_s,
+                tpot_per_seq_s,
+                ttft_base_s,
+                ttft_per_seq_s,
+                prefill_tokens_per_s,
+            },
+            buckets: summaries,
+            evidence_up_to,
+            mean_duration_s,
+        })
+    }
+
+    /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
+    /// expect: a bucket's own quantiles where it has enough evidence, else the fit.
+    pub fn predict(&self, concurrency: f64, prompt_tokens: u64) -> Prediction {
+        let bucket = self.buckets[bucket_of(concurrency)];
+        let weight = bucket.map_or(0.0, |s| s.weight);
+        let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
+        let beyond_evidence = concurrency > 2.0 * self.evidence_up_to.max(1.0);
+        if let Some(s) = bucket.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+            return Prediction {
+                per_user_tps_p50: s.tps_p50,
+                per_user_tps_p10: s.tps_p10,
+                ttft_p50_s: s.ttft_p50,
+                ttft_p90_s: s.ttft_p90,
+                confidence,
+                beyond_evidence,
+            };
+        }
+        let fit = &self.fit;
+        let prefill = fit
+            .prefill_tokens_per_s
+            .map_or(0.0, |r| prompt_tokens as f64 / r);
+        let tps = 1.0 / (fit.tpot_base_s + fit.tpot_per_seq_s * concurrency);
+        let ttft = fit.ttft_base_s + fit.ttft_per_seq_s * concurrency + prefill;
+        // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median and
+        // a TTFT tail 25% above it.
+        Prediction {
+            per_user_tps_p50: tps,
+            per_user_tps_p10: 0.9 * tps,
+            ttft_p50_s: ttft,
+            ttft_p90_s: 1.25 * ttft,
+            confidence,
+            beyond_evidence,
+        }
+    }
+}

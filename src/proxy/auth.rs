@@ -1,0 +1,107 @@
+//! Auth: when gateway API keys are configured, a request must carry one (`Authorization: Bearer`
+//! or `x-api-key`, as the OpenAI and Anthropic SDKs send them), else 401. The key's class, if it
+//! has one, goes into the extensions for classify. Keys are compared in constant time, every
+//! configured key each time, so that timing tells nothing about how much of a key matched or
+//! which one.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_util::future::{Either, Ready, ready};
+use http::{Request, header};
+use subtle::ConstantTimeEq;
+use tower::{Layer, Service};
+
+use super::classify::KeyClass;
+use crate::config::ApiKey;
+use crate::error::{Error, ErrorKind};
+
+/// `x-api-key`.
+const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
+/// Checks gateway API keys.
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    keys: Arc<[ApiKey]>,
+}
+
+impl AuthLayer {
+    /// The layer; no keys means no check.
+    pub fn new(keys: Vec<ApiKey>) -> Self {
+        Self { keys: keys.into() }
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = Auth<S>;
+
+    fn layer(&self, inner: S) -> Auth<S> {
+        Auth {
+            inner,
+            keys: Arc::clone(&self.keys),
+        }
+    }
+}
+
+/// See [`AuthLayer`].
+#[derive(Debug, Clone)]
+pub struct Auth<S> {
+    inner: S,
+    keys: Arc<[ApiKey]>,
+}
+
+/// The key a request presents, if any.
+fn presented<B>(req: &Request<B>) -> Option<&[u8]> {
+    let headers = req.headers();
+    if let Some(bearer) = headers
+        .get(header::AUTHORIZATION)
+        .map(http::HeaderValue::as_bytes)
+    {
+        let scheme = b"bearer ";
+        if bearer.len() > scheme.len() && bearer[..scheme.len()].eq_ignore_ascii_case(scheme) {
+            return Some(bearer[scheme.len()..].trim_ascii());
+        }
+    }
+    headers.get(&X_API_KEY).map(|v| v.as_bytes().trim_ascii())
+}
+
+impl<S, B> Service<Request<B>> for Auth<S>
+where
+    S: Service<Request<B>, Error = Error>,
+{
+    type Response = S::Response;
+    type Error = Error;
+    type Future = Either<Ready<Result<S::Response, Error>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if self.keys.is_empty() {
+            return Either::Right(self.inner.call(req));
+        }
+        let Some(given) = presented(&req) else {
+            return Either::Left(ready(Err(Error::new(
+                ErrorKind::Unauthorized,
+                "this gateway needs an API key: send Authorization: Bearer KEY (or x-api-key)",
+            ))));
+        };
+        let mut found = None;
+        for key in self.keys.iter() {
+            if bool::from(key.key.expose().as_bytes().ct_eq(given)) {
+                found = Some(key);
+            }
+        }
+        let Some(key) = found else {
+            return Either::Left(ready(Err(Error::new(
+                ErrorKind::Unauthorized,
+                "invalid API key",
+            ))));
+        };
+        if let Some(class) = key.class {
+            req.extensions_mut().insert(KeyClass(class));
+        }
+        Either::Right(self.inner.call(req))
+    }
+}

@@ -1,0 +1,140 @@
+//! Choosing among evaluated candidates: the SLO policies, batch placement, best effort,
+//! exploration targets and the baselines. Pure functions of [`Candidate`]s.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rand::Rng;
+
+use super::slo::Slo;
+use super::{Ask, Candidate};
+use crate::config::Policy;
+
+/// Output tokens assumed by `cheapest` when the request sets no `max_tokens`.
+const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
+
+/// Baselines decide without curves.
+pub fn is_baseline(policy: Policy) -> bool {
+    matches!(
+        policy,
+        Policy::RoundRobin | Policy::LeastInflight | Policy::P2cPeakEwma | Policy::LowestTtft
+    )
+}
+
+/// Among the feasible (or, failing those, cold backends taking a lone request), by policy:
+/// `headroom` the most slack, `pack` the least, `cheapest` the lowest price then the most slack.
+/// `oracle` decides as `headroom` does.
+pub fn among_feasible(
+    policy: Policy,
+    candidates: &[Candidate<'_>],
+    ask: &Ask<'_>,
+) -> Option<usize> {
+    let feasible = || candidates.iter().enumerate().filter(|(_, c)| c.feasible());
+    let pick = match policy {
+        Policy::Pack => feasible().min_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)),
+        Policy::Cheapest => feasible().min_by(|(_, a), (_, b)| {
+            price(a, ask)
+                .total_cmp(&price(b, ask))
+                .then(b.slack.total_cmp(&a.slack))
+        }),
+        _ => feasible().max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)),
+    };
+    pick.or_else(|| candidates.iter().enumerate().find(|(_, c)| c.cold_start()))
+        .map(|(i, _)| i)
+}
+
+/// Price of the request on a candidate, USD per million tokens times tokens; unpriced backends
+/// (self-hosted) cost 0.
+fn price(c: &Candidate<'_>, ask: &Ask<'_>) -> f64 {
+    c.backend.config.cost.map_or(0.0, |cost| {
+        cost.input_per_1m * ask.prompt_tokens as f64
+            + cost.output_per_1m * ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from)
+    })
+}
+
+/// Batch placement: a never-observed backend first (batch traffic is the one that can afford to
+/// teach the curves), else the backend where the request adds the most system TPS among those
+/// where every class already decoding keeps its speed.
+pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
+    if let Some(i) = candidates.iter().position(Candidate::cold_start) {
+        return Some(i);
+    }
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.prediction.is_some() && c.keeps_others)
+        .max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
+        .map(|(i, _)| i)
+}
+
+/// `on_miss: best_effort`: the least predicted violation (for a batch request, the most added
+/// throughput); without any prediction, the fewest in flight.
+pub fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
+    let predicted = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.prediction.is_some());
+    let pick = if slo.is_batch() {
+        predicted.max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
+    } else {
+        predicted.max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack))
+    };
+    pick.or_else(|| candidates.iter().enumerate().min_by_key(|(_, c)| c.joining))
+        .map(|(i, _)| i)
+}
+
+/// Where exploring teaches the most without breaking an SLO that can be predicted: a backend
+/// whose curve has no confident answer at this concurrency (never observed, beyond twice the
+/// concurrency it has seen, or a bucket gone stale), whose prediction — when there is one —
+/// keeps this request's SLO and the speed of every class already there. Least confidence first.
+pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| match c.prediction {
+            None => true,
+            Some(p) => {
+                (p.beyond_evidence || p.confidence < 0.5)
+                    && c.keeps_others
+                    && (slo.is_batch() || c.slack >= 0.0)
+            }
+        })
+        .min_by(|(_, a), (_, b)| {
+            let conf = |c: &Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
+            conf(a).total_cmp(&conf(b))
+        })
+        .map(|(i, _)| i)
+}
+
+/// A baseline's pick. `round_robin`: in turn. `least_inflight`: fewest in flight, ties in turn.
+/// `p2c_peak_ewma`: of two random candidates, the lower peak-EWMA TTFT x (in flight + 1) (the
+/// load measure of Finagle, linkerd and tower's `PeakEwma`, with TTFT as the latency because a
+/// stream's head arrives before its first token). `lowest_ttft`: the lowest recent TTFT (what
+/// latency-based routers do).
+pub fn baseline(policy: Policy, candidates: &[Candidate<'_>], turn: &AtomicUsize) -> Option<usize> {
+    if candidates.is_empty() {
+        return None;
+    }
+    let n = candidates.len();
+    let start = turn.fetch_add(1, Ordering::Relaxed) % n;
+    let in_turn = (0..n).map(|k| (start + k) % n);
+    match policy {
+        Policy::LeastInflight => in_turn.min_by_key(|&i| candidates[i].joining),
+        Policy::P2cPeakEwma => {
+            let mut rng = rand::rng();
+            let a = rng.random_range(0..n);
+            let b = (a + rng.random_range(1..n.max(2))) % n;
+            let cost = |i: usize| {
+                let c = &candidates[i];
+                c.backend.ttft_peak_ewma() * f64::from(c.joining)
+            };
+            Some(if cost(b) < cost(a) { b } else { a })
+        }
+        Policy::LowestTtft => in_turn.min_by(|&a, &b| {
+            candidates[a]
+                .backend
+                .ttft_ewma()
+                .total_cmp(&candidates[b].backend.ttft_ewma())
+        }),
+        _ => Some(start),
+    }
+}

@@ -1,0 +1,616 @@
+//! The router: for each request, a backend whose curve says it will still meet the request's SLO
+//! once this request is added (DESIGN.md, "Routing"), or what the class does when none will.
+//!
+//! - Candidates ([`Router::candidates`]): backends that speak the dialect, serve the model, are
+//!   under their hard `max_concurrency`, and are healthy (all of them if none is).
+//! - Each is asked what this request would see there at in-flight + 1: from the curve's cached
+//!   [`Model`](crate::curve::Model), a configured prior, or (policy `oracle`) the simulator's truth.
+//! - Feasible: the prediction meets the SLO at its percentiles, the concurrency is within twice
+//!   what the curve has seen, and the speed of every class already decoding there still holds.
+//!   A backend never observed takes one request at a time until it has been (a cold start is a
+//!   lone request, so it cannot hurt anyone else).
+//! - Choice among the feasible: [`choose`]. No feasible backend: the class's `on_miss`.
+//! - Exploration: a budgeted share of requests goes where the curve knows least, but only where
+//!   no prediction says it would break an SLO (its own or anyone's already there).
+
+pub mod choose;
+pub mod oracle;
+pub mod queue;
+pub mod slo;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, header};
+use metrics::Counter;
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::config::{BackendDialect, ClassConfig, OnMiss, Policy, Routing};
+use crate::curve::Prediction;
+use crate::error::{Error, ErrorKind};
+use crate::proxy::body::ProxyBody;
+use crate::upstream::{Backend, InFlightGuard};
+use oracle::Oracle;
+use queue::Line;
+use slo::Slo;
+
+/// What the router needs to know about a request.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// Client model name.
+    pub model: &'a str,
+    /// The API the client speaks.
+    pub dialect: BackendDialect,
+    /// Prompt size, estimated from the body.
+    pub prompt_tokens: u64,
+    /// `max_tokens`, if the body sets it.
+    pub max_tokens: Option<u32>,
+    /// Index of its class, if any.
+    pub class: Option<usize>,
+    /// Its targets (the class's, with any per-request overrides).
+    pub slo: Slo,
+    /// When the gateway received it: queueing counts against the TTFT budget from here.
+    pub received: Instant,
+}
+
+/// Why a backend was chosen (the `reason` label of `tpsgate_route_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// Predicted to meet the SLO, chosen by the class policy.
+    Feasible,
+    /// A never-observed backend taking a lone request.
+    ColdStart,
+    /// Spent from the exploration budget.
+    Explore,
+    /// No backend was feasible: the least predicted violation.
+    BestEffort,
+    /// Feasible after waiting in the class's line.
+    Queued,
+    /// Refused with 429: nothing feasible (at once, or before the wait ran out).
+    Shed,
+    /// Chosen by a baseline policy, which does not predict.
+    Baseline,
+}
+
+impl Reason {
+    const ALL: [Self; 7] = [
+        Self::Feasible,
+        Self::ColdStart,
+        Self::Explore,
+        Self::BestEffort,
+        Self::Queued,
+        Self::Shed,
+        Self::Baseline,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Feasible => "feasible",
+            Self::ColdStart => "cold_start",
+            Self::Explore => "explore",
+            Self::BestEffort => "best_effort",
+            Self::Queued => "queued",
+            Self::Shed => "shed",
+            Self::Baseline => "baseline",
+        }
+    }
+}
+
+/// A routing decision with its in-flight slot.
+#[derive(Debug)]
+pub struct Decision {
+    /// The chosen backend.
+    pub backend: Arc<Backend>,
+    /// The slot taken there.
+    pub guard: InFlightGuard,
+    /// What the router expected this request to see there.
+    pub prediction: Option<Prediction>,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// One candidate backend as the router sees it for one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'r> {
+    /// Index in the router's backend list.
+    pub index: usize,
+    /// The backend.
+    pub backend: &'r Arc<Backend>,
+    /// In flight there once this request joins.
+    pub joining: u32,
+    /// What this request would see there; `None` for a backend never observed.
+    pub prediction: Option<Prediction>,
+    /// The request's own slack there ([`Slo::slack`]); 0 without a prediction.
+    pub slack: f64,
+    /// Every class already decoding there keeps its speed target.
+    pub keeps_others: bool,
+    /// System tokens per second this request adds there: `n·tps(n) - (n-1)·tps(n-1)` at the
+    /// median; 0 without a prediction.
+    pub marginal_tps: f64,
+}
+
+impl Candidate<'_> {
+    /// Meets the SLO on a prediction the curve stands behind.
+    fn feasible(&self) -> bool {
+        self.prediction
+            .is_some_and(|p| !p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
+    }
+
+    /// Never observed, and would take its first request alone.
+    fn cold_start(&self) -> bool {
+        self.prediction.is_none() && self.joining == 1
+    }
+}
+
+/// The backends, the classes and the policies' shared state.
+#[derive(Debug)]
+pub struct Router {
+    backends: Vec<Arc<Backend>>,
+    default_backend: Option<usize>,
+    classes: Vec<ClassConfig>,
+    routing: Routing,
+    line: Arc<Line>,
+    oracle: Option<Oracle>,
+    turn: AtomicUsize,
+    decided: AtomicU64,
+    explored: AtomicU64,
+    /// Decision counters by class (the last row: requests without a class) and [`Reason`].
+    counters: Vec<[Counter; Reason::ALL.len()]>,
+}
+
+impl Router {
+    /// A router over `backends` (built with [`Router::line`] shared) for `classes`.
+    pub fn new(
+        backends: Vec<Arc<Backend>>,
+        default_backend: Option<usize>,
+        classes: Vec<ClassConfig>,
+        routing: Routing,
+        line: Arc<Line>,
+    ) -> Self {
+        let _ = crate::telemetry::prometheus();
+        let uses_oracle =
+            routing.policy == Policy::Oracle || classes.iter().any(|c| c.policy == Policy::Oracle);
+        let oracle = uses_oracle.then(|| {
+            let (prompt, output) = routing.oracle_shape;
+            Oracle::new(backends.len(), prompt, output)
+        });
+        let mut counters: Vec<_> = classes
+            .iter()
+            .map(|c| crate::telemetry::decision_counters(&c.name, c.policy, Reason::ALL))
+            .collect();
+        counters.push(crate::telemetry::decision_counters(
+            "",
+            routing.policy,
+            Reason::ALL,
+        ));
+        Self {
+            backends,
+            default_backend,
+            classes,
+            routing,
+            line,
+            oracle,
+            turn: AtomicUsize::new(0),
+            decided: AtomicU64::new(0),
+            explored: AtomicU64::new(0),
+            counters,
+        }
+    }
+
+    /// The backends, in config order.
+    pub fn backends(&self) -> &[Arc<Backend>] {
+        &self.backends
+    }
+
+    /// The classes, in config order.
+    pub fn classes(&self) -> &[ClassConfig] {
+        &self.classes
+    }
+
+    /// The oracle, when a class uses it; its curves need [`Oracle::refresh`] now and then.
+    pub fn oracle(&self) -> Option<&Oracle> {
+        self.oracle.as_ref()
+    }
+
+    /// Requests waiting in the `queue` line.
+    pub fn waiting(&self) -> usize {
+        self.line.waiting()
+    }
+
+    fn policy(&self, ask: &Ask<'_>) -> Policy {
+        ask.class
+            .and_then(|i| self.classes.get(i))
+            .map_or(self.routing.policy, |c| c.policy)
+    }
+
+    fn on_miss(&self, ask: &Ask<'_>) -> (OnMiss, Duration) {
+        ask.class
+            .and_then(|i| self.classes.get(i))
+            .map_or((OnMiss::BestEffort, Duration::ZERO), |c| {
+                (c.on_miss, c.queue_max_wait)
+            })
+    }
+
+    fn count(&self, ask: &Ask<'_>, reason: Reason) {
+        let row = ask.class.unwrap_or(self.classes.len());
+        if let (Some(row), Some(i)) = (
+            self.counters.get(row),
+            Reason::ALL.iter().position(|r| *r == reason),
+        ) {
+            row[i].increment(1);
+        }
+    }
+
+    /// The backend for a request naming no model: the default backend, if configured.
+    pub fn route_default(&self) -> Result<Decision, Error> {
+        let backend = self
+            .default_backend
+            .and_then(|i| self.backends.get(i))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    "the body names no `model` and no default_backend is configured",
+                )
+            })?;
+        let guard = backend.try_admit(None).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NoBackendAvailable,
+                "the default backend is at its concurrency limit",
+            )
+        })?;
+        Ok(Decision {
+            backend: Arc::clone(backend),
+            guard,
+            prediction: None,
+            reason: Reason::Baseline,
+        })
+    }
+
+    /// Decides for `ask` now. `Ok(None)`: its class queues and nothing is feasible yet, so
+    /// [`Router::wait_in_line`] next. Errors: 404 when no backend serves the model, 503 when all
+    /// that do are at their hard limit, 429 with Retry-After when the class sheds.
+    pub fn route(&self, ask: &Ask<'_>) -> Result<Option<Decision>, Error> {
+        let served = self.serving(ask).count();
+        if served == 0 {
+            return Err(Error::new(
+                ErrorKind::ModelNotFound,
+                format!(
+                    "model `{}` is not served by any backend; available: {}",
+                    ask.model,
+                    self.model_list(ask.dialect)
+                ),
+            ));
+        }
+        let policy = self.policy(ask);
+        if choose::is_baseline(policy) {
+            let candidates = self.candidates(ask, policy);
+            return choose::baseline(policy, &candidates, &self.turn)
+                .and_then(|c| self.admit(ask, &candidates[c], Reason::Baseline))
+                .or_else(|| self.any_admissible(ask, &candidates))
+                .map(Some)
+                .ok_or_else(|| self.at_limit(ask));
+        }
+        let (on_miss, _) = self.on_miss(ask);
+        let queued_before = ask
+            .class
+            .is_some_and(|c| on_miss == OnMiss::Queue && self.line.waiting_in(c) > 0);
+        if !queued_before && let Some(decision) = self.try_decide(ask, policy) {
+            return Ok(Some(decision));
+        }
+        match on_miss {
+            OnMiss::BestEffort => {
+                let candidates = self.candidates(ask, policy);
+                choose::best_effort(&ask.slo, &candidates)
+                    .and_then(|c| self.admit(ask, &candidates[c], Reason::BestEffort))
+                    .or_else(|| self.any_admissible(ask, &candidates))
+                    .map(Some)
+                    .ok_or_else(|| self.at_limit(ask))
+            }
+            OnMiss::Shed => Err(self.shed(ask, "no backend is predicted to meet the SLO")),
+            OnMiss::Queue => Ok(None),
+        }
+    }
+
+    /// One attempt to place the request on a feasible (or exploring, or cold) backend.
+    fn try_decide(&self, ask: &Ask<'_>, policy: Policy) -> Option<Decision> {
+        let candidates = self.candidates(ask, policy);
+        let decided = self.decided.fetch_add(1, Ordering::Relaxed) + 1;
+        let may_explore = policy != Policy::Oracle
+            && (self.explored.load(Ordering::Relaxed) as f64)
+                < self.routing.exploration * decided as f64;
+        if may_explore
+            && let Some(c) = choose::exploration_target(&ask.slo, &candidates)
+            && let Some(decision) = self.admit(ask, &candidates[c], Reason::Explore)
+        {
+            self.explored.fetch_add(1, Ordering::Relaxed);
+            return Some(decision);
+        }
+        let throughput = policy == Policy::Throughput || ask.slo.is_batch();
+        let pick = if throughput {
+            choose::throughput(&candidates)
+        } else {
+            choose::among_feasible(policy, &candidates, ask)
+        }?;
+        let c = &candidates[pick];
+        let reason = if c.prediction.is_none() {
+            Reason::ColdStart
+        } else {
+            Reason::Feasible
+        };
+        self.admit(ask, c, reason)
+    }
+
+    /// Waits in the class's line (first come, first served within the class) until a backend is
+    /// feasible, or sheds with 429 when the class's queue wait, counted from receipt, runs out.
+    pub async fn wait_in_line(&self, ask: &Ask<'_>) -> Result<Decision, Error> {
+        let policy = self.policy(ask);
+        let (_, max_wait) = self.on_miss(ask);
+        let Some(class) = ask.class else {
+            return Err(self.shed(ask, "no backend is predicted to meet the SLO"));
+        };
+        let deadline = ask.received + max_wait;
+        let place = self.line.join(class);
+        loop {
+            let notified = place.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if place.is_first()
+                && let Some(mut decision) = self.try_decide(ask, policy)
+            {
+                decision.reason = Reason::Queued;
+                self.count(ask, Reason::Queued);
+                return Ok(decision);
+            }
+            // Curves also change without a release (a refresh after a completion elsewhere):
+            // look again at the curve's refresh period at the latest.
+            let tick = Instant::now() + crate::curve::REFRESH;
+            tokio::select! {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(tick.min(deadline)) => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(self.shed(
+                    ask,
+                    "no backend could meet the SLO within the class's queue wait",
+                ));
+            }
+        }
+    }
+
+    /// Takes a slot on candidate `c`, counting and logging the decision.
+    fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
+        let guard = c.backend.try_admit(ask.class)?;
+        if reason != Reason::Queued {
+            self.count(ask, reason);
+        }
+        tracing::debug!(
+            backend = &*c.backend.config.name,
+            class = ask
+                .class
+                .and_then(|i| self.classes.get(i))
+                .map(|k| &*k.name),
+            reason = reason.label(),
+            joining = c.joining,
+            predicted_tps = c.prediction.map(|p| p.per_user_tps_p50),
+            predicted_ttft_ms = c.prediction.map(|p| p.ttft_p50_s * 1e3),
+            slack = c.slack,
+            "routed"
+        );
+        Some(Decision {
+            backend: Arc::clone(c.backend),
+            guard,
+            prediction: c.prediction,
+            reason,
+        })
+    }
+
+    fn any_admissible(&self, ask: &Ask<'_>, candidates: &[Candidate<'_>]) -> Option<Decision> {
+        candidates
+            .iter()
+            .find_map(|c| self.admit(ask, c, Reason::BestEffort))
+    }
+
+    fn at_limit(&self, ask: &Ask<'_>) -> Error {
+        Error::new(
+            ErrorKind::NoBackendAvailable,
+            format!(
+                "every backend serving `{}` is at its concurrency limit; retry shortly",
+                ask.model
+            ),
+        )
+    }
+
+    /// A 429 whose Retry-After is when the curves expect a slot to free: the shortest, over the
+    /// backends serving the model, of a request's mean duration divided by the requests there.
+    fn shed(&self, ask: &Ask<'_>, why: &str) -> Error {
+        self.count(ask, Reason::Shed);
+        let soonest = self
+            .serving(ask)
+            .filter_map(|(_, b)| {
+                let model = b.model(ask.model)?;
+                Some(model.mean_duration_s / f64::from(b.in_flight().max(1)))
+            })
+            .fold(f64::INFINITY, f64::min);
+        let retry_after = if soonest.is_finite() {
+            soonest.ceil().clamp(1.0, 60.0) as u32
+        } else {
+            1
+        };
+        Error::new(
+            ErrorKind::SloUnmet,
+            format!("{why}; retry after {retry_after} s, or send it as a batch class"),
+        )
+        .retry_after(retry_after)
+    }
+
+    /// Backends that speak the dialect and serve the model, with their indices.
+    fn serving<'r, 'a>(
+        &'r self,
+        ask: &'a Ask<'_>,
+    ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
+        self.backends.iter().enumerate().filter(|(_, b)| {
+            b.config.dialect == ask.dialect && b.config.models.upstream(ask.model).is_some()
+        })
+    }
+
+    /// The candidates for `ask`, each evaluated: serving, under the hard limit, healthy (or all
+    /// of those when none is healthy).
+    pub fn candidates(&self, ask: &Ask<'_>, policy: Policy) -> Vec<Candidate<'_>> {
+        let under_limit = |b: &Arc<Backend>| {
+            b.config
+                .max_concurrency
+                .is_none_or(|limit| b.in_flight() < limit)
+        };
+        let healthy_exists = self
+            .serving(ask)
+            .any(|(_, b)| under_limit(b) && b.is_healthy());
+        let predicts = !choose::is_baseline(policy);
+        self.serving(ask)
+            .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy()))
+            .map(|(index, backend)| {
+                let joining = backend.in_flight() + 1;
+                if !predicts {
+                    return Candidate {
+                        index,
+                        backend,
+                        joining,
+                        prediction: None,
+                        slack: 0.0,
+                        keeps_others: true,
+                        marginal_tps: 0.0,
+                    };
+                }
+                let n = f64::from(joining);
+                let prediction = self.predict(index, backend, ask, n, policy);
+                let before = if joining > 1 {
+                    self.predict(index, backend, ask, n - 1.0, policy)
+                        .map_or(0.0, |p| (n - 1.0) * p.per_user_tps_p50)
+                } else {
+                    0.0
+                };
+                Candidate {
+                    index,
+                    backend,
+                    joining,
+                    prediction,
+                    slack: prediction.map_or(0.0, |p| ask.slo.slack(&p)),
+                    keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
+                    marginal_tps: prediction.map_or(0.0, |p| n * p.per_user_tps_p50 - before),
+                }
+            })
+            .collect()
+    }
+
+    /// What a request would see on `backend` at `concurrency`.
+    fn predict(
+        &self,
+        index: usize,
+        backend: &Backend,
+        ask: &Ask<'_>,
+        concurrency: f64,
+        policy: Policy,
+    ) -> Option<Prediction> {
+        if policy == Policy::Oracle {
+            return self.oracle.as_ref()?.predict(index, concurrency);
+        }
+        Some(
+            backend
+                .model(ask.model)?
+                .predict(concurrency, ask.prompt_tokens),
+        )
+    }
+
+    /// Whether every class with requests decoding on `backend` keeps its speed at `p`.
+    fn keeps_others(&self, backend: &Backend, p: &Prediction) -> bool {
+        self.classes
+            .iter()
+            .enumerate()
+            .all(|(i, c)| backend.class_in_flight(i) == 0 || c.slo.speed_holds(p))
+    }
+
+    /// Per backend, model and class with an SLO: the largest concurrency its curve predicts
+    /// meets the SLO (for `/admin/curves` and the `tpsgate_concurrency_cap` gauge). Admission
+    /// tests the same predictions at in-flight + 1, which for a curve that only falls with load
+    /// is the test `in_flight + 1 <= cap`.
+    pub fn caps(&self) -> Vec<Cap> {
+        let mut caps = Vec::new();
+        for b in &self.backends {
+            let limit = b.config.max_concurrency.unwrap_or(4096).min(4096);
+            for entry in &b.curves {
+                let Some(model) = entry.value().model().cloned() else {
+                    continue;
+                };
+                for class in self.classes.iter().filter(|c| !c.slo.is_batch()) {
+                    caps.push(Cap {
+                        backend: Arc::clone(&b.config.name),
+                        model: Arc::clone(entry.key()),
+                        class: Arc::clone(&class.name),
+                        cap: slo::derived_cap(&class.slo, limit, |n| model.predict(n, 0)),
+                    });
+                }
+            }
+        }
+        caps
+    }
+
+    /// Client model names served in a dialect, sorted.
+    fn model_names(&self, dialect: BackendDialect) -> BTreeSet<&str> {
+        self.backends
+            .iter()
+            .filter(|b| b.config.dialect == dialect)
+            .flat_map(|b| b.config.models.aliases.keys().map(String::as_str))
+            .collect()
+    }
+
+    fn model_list(&self, dialect: BackendDialect) -> String {
+        let names: Vec<&str> = self.model_names(dialect).into_iter().collect();
+        if names.is_empty() {
+            "none".to_owned()
+        } else {
+            names.join(", ")
+        }
+    }
+
+    /// `GET /v1/models`: the union over all backends, in OpenAI's list format.
+    pub fn models_response(&self) -> Response<ProxyBody> {
+        let mut owners: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+        for b in &self.backends {
+            for name in b.config.models.aliases.keys() {
+                owners.entry(name).or_insert(&b.config.name);
+            }
+        }
+        let data: Vec<_> = owners
+            .iter()
+            .map(
+                |(id, owner)| json!({"id": id, "object": "model", "created": 0, "owned_by": owner}),
+            )
+            .collect();
+        let body = json!({"object": "list", "data": data}).to_string();
+        let mut resp = Response::new(ProxyBody::full(Bytes::from(body)));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+}
+
+/// A derived concurrency cap.
+#[derive(Debug, Clone)]
+pub struct Cap {
+    /// Backend name.
+    pub backend: Arc<str>,
+    /// Client model name.
+    pub model: Arc<str>,
+    /// Class name.
+    pub class: Arc<str>,
+    /// Largest concurrency predicted to meet the class's SLO (0: not even one request).
+    pub cap: u32,
+}
