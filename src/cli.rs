@@ -156,6 +156,14 @@ pub struct BenchArgs {
     /// Open loop SLO: smallest acceptable per-user tokens per second (with --slo-ttft-ms).
     #[arg(long, requires = "slo_ttft_ms")]
     pub slo_tps: Option<f64>,
+    /// Open loop: a mix of classes, `NAME=WEIGHT[:MAX_TOKENS]`, comma-separated (e.g.
+    /// `interactive=0.8,batch=0.2:512`); each request is sent with `x-tpsgate-class: NAME` and
+    /// reported per class.
+    #[arg(long, value_delimiter = ',', requires = "rate")]
+    pub mix: Vec<String>,
+    /// Open loop with --mix: the classes scored against the SLO (default: the first in --mix).
+    #[arg(long, value_delimiter = ',', requires = "mix")]
+    pub slo_class: Vec<String>,
     /// Extra request header, `Name: value` (repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
@@ -459,6 +467,48 @@ impl BenchArgs {
     }
 }
 
+/// The open-loop arms: one plain arm, or one per `--mix` entry.
+fn mix_arms(args: &BenchArgs, spec: &RequestSpec, slo: Option<Slo>) -> Result<Vec<bench::Arm>, String> {
+    if args.mix.is_empty() {
+        return Ok(vec![bench::Arm {
+            class: None,
+            spec: spec.clone(),
+            weight: 1.0,
+            slo,
+        }]);
+    }
+    let mut arms = Vec::with_capacity(args.mix.len());
+    for (i, entry) in args.mix.iter().enumerate() {
+        let bad = || format!("--mix `{entry}`: write NAME=WEIGHT or NAME=WEIGHT:MAX_TOKENS");
+        let (name, rest) = entry.split_once('=').ok_or_else(bad)?;
+        let (weight, max_tokens) = match rest.split_once(':') {
+            Some((w, t)) => (w, Some(t.parse::<u32>().map_err(|_| bad())?)),
+            None => (rest, None),
+        };
+        let weight: f64 = weight.parse().map_err(|_| bad())?;
+        if name.is_empty() || !(weight.is_finite() && weight > 0.0) {
+            return Err(bad());
+        }
+        let mut arm_spec = spec.with_max_tokens(max_tokens.unwrap_or(args.max_tokens));
+        let value = HeaderValue::try_from(name).map_err(|_| bad())?;
+        arm_spec
+            .headers
+            .push((HeaderName::from_static("x-tpsgate-class"), value));
+        let scored = if args.slo_class.is_empty() {
+            i == 0
+        } else {
+            args.slo_class.iter().any(|c| c == name)
+        };
+        arms.push(bench::Arm {
+            class: Some(name.to_owned()),
+            spec: arm_spec,
+            weight,
+            slo: slo.filter(|_| scored),
+        });
+    }
+    Ok(arms)
+}
+
 async fn run_bench(args: BenchArgs) -> Result<(), String> {
     let spec = args.request_spec()?;
     if args.concurrency.contains(&0) {
@@ -498,13 +548,16 @@ async fn run_bench(args: BenchArgs) -> Result<(), String> {
             show(&report);
         }
     } else {
+        let arms = mix_arms(&args, &spec, slo)?;
         let duration = Duration::from_secs_f64(args.duration);
         for &rate in &args.rate {
             let expected = (rate * args.duration).ceil() as u64;
             let bar = bench::progress_bar(expected, format!("{rate}/s"));
-            let report = bench::open_loop(&client, &spec, rate, duration, slo, limit, &bar).await;
+            let reports = bench::open_loop(&client, &arms, rate, duration, limit, &bar).await;
             bar.finish_and_clear();
-            show(&report);
+            for report in &reports {
+                show(report);
+            }
         }
     }
     Ok(())

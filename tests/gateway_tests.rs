@@ -20,6 +20,8 @@ mod curves;
 mod errors;
 #[path = "gateway/passthrough.rs"]
 mod passthrough;
+#[path = "gateway/routing.rs"]
+mod routing;
 #[path = "gateway/sdk.rs"]
 mod sdk;
 #[path = "gateway/transport.rs"]

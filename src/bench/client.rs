@@ -127,6 +127,8 @@ pub struct Sample {
     pub gaps: Vec<f64>,
     /// Seconds from send to the end of the body.
     pub total: f64,
+    /// The `x-tpsgate-backend` of the response, when a tpsgate answered.
+    pub backend: Option<String>,
 }
 
 impl Sample {
@@ -178,6 +180,11 @@ pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
         Err(e) => return failed(format!("request failed: {e}")),
     };
     let status = response.status();
+    let backend = response
+        .headers()
+        .get("x-tpsgate-backend")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let mut body = response.into_body();
     if !status.is_success() {
         let text = body
@@ -186,7 +193,9 @@ pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
             .map(|b| b.to_bytes())
             .unwrap_or_default();
         let text = String::from_utf8_lossy(&text);
-        return failed(format!("HTTP {}: {}", status.as_u16(), text.trim()));
+        let mut sample = failed(format!("HTTP {}: {}", status.as_u16(), text.trim()));
+        sample.backend = backend;
+        return sample;
     }
     let mut timer = StreamTimer::new(spec.dialect, start);
     let mut parser = SseParser::new();
@@ -204,11 +213,14 @@ pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
                     "stream broke after {} tokens: {e}",
                     sample.output_tokens
                 ));
+                sample.backend = backend;
                 return sample;
             }
         }
     }
-    timer.finish(Instant::now())
+    let mut sample = timer.finish(Instant::now());
+    sample.backend = backend;
+    sample
 }
 
 fn failed(error: String) -> Sample {
@@ -293,6 +305,7 @@ impl StreamTimer {
             estimated: self.usage_tokens.is_none(),
             gaps: self.gaps,
             total: (end - self.start).as_secs_f64(),
+            backend: None,
         }
     }
 }

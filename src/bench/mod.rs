@@ -113,17 +113,31 @@ pub async fn closed_loop(
     }
 }
 
-/// Sends Poisson arrivals at `rate` per second for `duration`, then waits for them all.
+/// One kind of request in an open-loop mix.
+#[derive(Debug, Clone)]
+pub struct Arm {
+    /// The class it is sent as (`x-tpsgate-class`), if any.
+    pub class: Option<String>,
+    /// The request.
+    pub spec: RequestSpec,
+    /// Relative share of arrivals.
+    pub weight: f64,
+    /// What a request of this kind must meet to count as good.
+    pub slo: Option<Slo>,
+}
+
+/// Sends Poisson arrivals at `rate` per second for `duration`, each drawn from `arms` by weight,
+/// then waits for them all; one report per arm.
 pub async fn open_loop(
     client: &HttpClient,
-    spec: &RequestSpec,
+    arms: &[Arm],
     rate: f64,
     duration: Duration,
-    slo: Option<Slo>,
     limit: Duration,
     progress: &ProgressBar,
-) -> LevelReport {
+) -> Vec<LevelReport> {
     let mut rng = SmallRng::from_os_rng();
+    let total_weight: f64 = arms.iter().map(|a| a.weight).sum();
     let start = Instant::now();
     let mut at = 0.0;
     let mut inflight = JoinSet::new();
@@ -133,34 +147,58 @@ pub async fn open_loop(
         if at > duration.as_secs_f64() {
             break;
         }
+        let mut draw = rng.random::<f64>() * total_weight;
+        let arm = arms
+            .iter()
+            .position(|a| {
+                draw -= a.weight;
+                draw < 0.0
+            })
+            .unwrap_or(arms.len().saturating_sub(1));
         tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
-        let (client, spec, progress) = (client.clone(), spec.clone(), progress.clone());
+        let Some(spec) = arms.get(arm).map(|a| a.spec.clone()) else {
+            break;
+        };
+        let (client, progress) = (client.clone(), progress.clone());
         inflight.spawn(async move {
             let sample = timed(&client, &spec, limit).await;
             progress.inc(1);
-            sample
+            (arm, sample)
         });
     }
     let samples = inflight.join_all().await;
     let wall = (Instant::now() - start).as_secs_f64().max(1e-9);
-    let tokens: f64 = samples
-        .iter()
-        .filter(|s| s.error.is_none())
-        .map(|s| f64::from(s.output_tokens))
-        .sum();
-    let mut report = LevelReport::from_samples(&samples, tokens / wall);
-    report.rate_rps = Some(rate);
-    if let Some(slo) = slo {
-        let good = samples.iter().filter(|s| slo.met(s)).count();
-        report.slo = Some(slo);
-        report.slo_attainment = Some(if samples.is_empty() {
-            0.0
-        } else {
-            good as f64 / samples.len() as f64
-        });
-        report.goodput_rps = Some(good as f64 / wall);
-    }
-    report
+    arms.iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let mine: Vec<Sample> = samples
+                .iter()
+                .filter(|(arm, _)| *arm == i)
+                .map(|(_, s)| s.clone())
+                .collect();
+            let tokens: f64 = mine
+                .iter()
+                .filter(|s| s.error.is_none())
+                .map(|s| f64::from(s.output_tokens))
+                .sum();
+            let mut report = LevelReport::from_samples(&mine, tokens / wall);
+            report.rate_rps = Some(rate);
+            report.class.clone_from(&a.class);
+            if let Some(slo) = a.slo {
+                let good = mine.iter().filter(|s| slo.met(s)).count();
+                report.slo = Some(slo);
+                report.slo_attainment = Some(if mine.is_empty() {
+                    0.0
+                } else {
+                    good as f64 / mine.len() as f64
+                });
+                // Over the window arrivals were offered in (rate x attainment), so that a slow
+                // tail of another class does not dilute it.
+                report.goodput_rps = Some(good as f64 / duration.as_secs_f64().max(1e-9));
+            }
+            report
+        })
+        .collect()
 }
 
 /// A progress bar on stderr (hidden when stderr is not a terminal).
@@ -183,6 +221,10 @@ pub fn table_row(r: &LevelReport) -> String {
         (Some(c), _) => format!("c={c}"),
         (None, Some(rate)) => format!("{rate}/s"),
         (None, None) => "-".to_owned(),
+    };
+    let level = match &r.class {
+        Some(class) => format!("{level} {class}"),
+        None => level,
     };
     let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |s| format!("{:.1}ms", s * 1e3));
     let num = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"));

@@ -41,9 +41,12 @@ pub struct LevelReport {
     /// Requests kept in flight (closed loop); absent in open loop.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<usize>,
-    /// Poisson arrival rate, requests per second (open loop).
+    /// Poisson arrival rate, requests per second (open loop; all classes together).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_rps: Option<f64>,
+    /// The class these requests were sent as (open loop with `--mix`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub class: Option<String>,
     /// Measured requests.
     pub requests: usize,
     /// Of those, how many failed.
@@ -78,6 +81,9 @@ pub struct LevelReport {
     /// The first error seen, to say what went wrong.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
+    /// Requests per answering backend (`x-tpsgate-backend`), when a tpsgate answered.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub backends: std::collections::BTreeMap<String, usize>,
 }
 
 impl LevelReport {
@@ -105,6 +111,14 @@ impl LevelReport {
             slo_attainment: None,
             goodput_rps: None,
             first_error: samples.iter().find_map(|s| s.error.clone()),
+            class: None,
+            backends: samples
+                .iter()
+                .filter_map(|s| s.backend.clone())
+                .fold(std::collections::BTreeMap::new(), |mut m, b| {
+                    *m.entry(b).or_insert(0) += 1;
+                    m
+                }),
         }
     }
 }

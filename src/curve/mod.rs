@@ -114,6 +114,9 @@ pub struct Point {
 /// How stale a curve's [`Model`] may get while observations arrive.
 pub const REFRESH: Duration = Duration::from_millis(100);
 
+/// Observations before which every one refreshes the model.
+const EAGER_REFRESH: u64 = 512;
+
 /// The curve of one backend and model.
 #[derive(Debug, Clone)]
 pub struct Curve {
@@ -226,9 +229,11 @@ impl Curve {
             output_tokens: obs.output_tokens,
             concurrency,
         });
-        if self
-            .refreshed_at
-            .is_none_or(|at| obs.at.saturating_duration_since(at) >= REFRESH)
+        // While the curve is young every sample changes it a lot (and costs little to fit).
+        if self.observations <= EAGER_REFRESH
+            || self
+                .refreshed_at
+                .is_none_or(|at| obs.at.saturating_duration_since(at) >= REFRESH)
         {
             self.refresh(obs.at);
         }

@@ -129,22 +129,28 @@ impl Model {
         let weight = bucket.map_or(0.0, |s| s.weight);
         let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
         let beyond_evidence = concurrency > 2.0 * self.evidence_up_to.max(1.0);
+        let fit = &self.fit;
+        let tpot_at = |c: f64| fit.tpot_base_s + fit.tpot_per_seq_s * c;
+        let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * c;
         if let Some(s) = bucket.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+            // A bucket spans a range of concurrency (16 holds 14 to 19): its quantiles are moved
+            // along the fit from where its samples were to where this request would be.
+            let speed = tpot_at(s.mean_concurrency) / tpot_at(concurrency);
+            let later = queue_at(concurrency) - queue_at(s.mean_concurrency);
             return Prediction {
-                per_user_tps_p50: s.tps_p50,
-                per_user_tps_p10: s.tps_p10,
-                ttft_p50_s: s.ttft_p50,
-                ttft_p90_s: s.ttft_p90,
+                per_user_tps_p50: s.tps_p50 * speed,
+                per_user_tps_p10: s.tps_p10 * speed,
+                ttft_p50_s: (s.ttft_p50 + later).max(0.0),
+                ttft_p90_s: (s.ttft_p90 + later).max(0.0),
                 confidence,
                 beyond_evidence,
             };
         }
-        let fit = &self.fit;
         let prefill = fit
             .prefill_tokens_per_s
             .map_or(0.0, |r| prompt_tokens as f64 / r);
-        let tps = 1.0 / (fit.tpot_base_s + fit.tpot_per_seq_s * concurrency);
-        let ttft = fit.ttft_base_s + fit.ttft_per_seq_s * concurrency + prefill;
+        let tps = 1.0 / tpot_at(concurrency);
+        let ttft = queue_at(concurrency) + prefill;
         // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median and
         // a TTFT tail 25% above it.
         Prediction {

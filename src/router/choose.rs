@@ -9,8 +9,8 @@ use super::slo::Slo;
 use super::{Ask, Candidate};
 use crate::config::Policy;
 
-/// Output tokens assumed by `cheapest` when the request sets no `max_tokens`.
-const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
+/// Output tokens assumed when the request sets no `max_tokens` (for prices and throughput).
+pub const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
 
 /// Baselines decide without curves.
 pub fn is_baseline(policy: Policy) -> bool {
@@ -53,7 +53,8 @@ fn price(c: &Candidate<'_>, ask: &Ask<'_>) -> f64 {
 
 /// Batch placement: a never-observed backend first (batch traffic is the one that can afford to
 /// teach the curves), else the backend where the request adds the most system TPS among those
-/// where every class already decoding keeps its speed.
+/// where every class already decoding keeps its speed and a latency-class request could still
+/// join after it.
 pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
     if let Some(i) = candidates.iter().position(Candidate::cold_start) {
         return Some(i);
@@ -61,7 +62,7 @@ pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.prediction.is_some() && c.keeps_others)
+        .filter(|(_, c)| c.prediction.is_some() && c.keeps_others && c.leaves_room)
         .max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
         .map(|(i, _)| i)
 }

@@ -131,8 +131,12 @@ pub struct Candidate<'r> {
     pub slack: f64,
     /// Every class already decoding there keeps its speed target.
     pub keeps_others: bool,
-    /// System tokens per second this request adds there: `n·tps(n) - (n-1)·tps(n-1)` at the
-    /// median; 0 without a prediction.
+    /// After this request joins, a request of every latency class could still join and meet its
+    /// SLO there (or the backend cannot serve that class at all). Batch placement requires it,
+    /// so that batch work only takes capacity interactive traffic is not about to need.
+    pub leaves_room: bool,
+    /// System tokens per second this request adds there, `S(n) - S(n-1)` where `S(c)` is `c`
+    /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); 0 without a prediction.
     pub marginal_tps: f64,
 }
 
@@ -484,14 +488,24 @@ impl Router {
                         prediction: None,
                         slack: 0.0,
                         keeps_others: true,
+                        leaves_room: true,
                         marginal_tps: 0.0,
                     };
                 }
                 let n = f64::from(joining);
                 let prediction = self.predict(index, backend, ask, n, policy);
+                let batch = policy == Policy::Throughput || ask.slo.is_batch();
+                let leaves_room = !batch
+                    || self.leaves_room(index, backend, ask, n + 1.0, policy);
+                // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
+                // so a backend that queues (TTFT growing with n) adds nothing by taking more.
+                let tokens = ask.max_tokens.map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
+                let system = |c: f64, p: &Prediction| {
+                    c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
+                };
                 let before = if joining > 1 {
                     self.predict(index, backend, ask, n - 1.0, policy)
-                        .map_or(0.0, |p| (n - 1.0) * p.per_user_tps_p50)
+                        .map_or(0.0, |p| system(n - 1.0, &p))
                 } else {
                     0.0
                 };
@@ -502,7 +516,8 @@ impl Router {
                     prediction,
                     slack: prediction.map_or(0.0, |p| ask.slo.slack(&p)),
                     keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
-                    marginal_tps: prediction.map_or(0.0, |p| n * p.per_user_tps_p50 - before),
+                    leaves_room,
+                    marginal_tps: prediction.map_or(0.0, |p| system(n, &p) - before),
                 }
             })
             .collect()
@@ -525,6 +540,28 @@ impl Router {
                 .model(ask.model)?
                 .predict(concurrency, ask.prompt_tokens),
         )
+    }
+
+    /// Whether a latency-class request joining `backend` as the `next`-th would meet its SLO,
+    /// for every latency class the backend can serve at all (a lone request meets it).
+    fn leaves_room(
+        &self,
+        index: usize,
+        backend: &Backend,
+        ask: &Ask<'_>,
+        next: f64,
+        policy: Policy,
+    ) -> bool {
+        let (Some(then), Some(alone)) = (
+            self.predict(index, backend, ask, next, policy),
+            self.predict(index, backend, ask, 1.0, policy),
+        ) else {
+            return true;
+        };
+        self.classes
+            .iter()
+            .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
+            .all(|c| c.slo.slack(&then) >= 0.0)
     }
 
     /// Whether every class with requests decoding on `backend` keeps its speed at `p`.
@@ -613,4 +650,144 @@ pub struct Cap {
     pub class: Arc<str>,
     /// Largest concurrency predicted to meet the class's SLO (0: not even one request).
     pub cap: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::curve::{Observation, Outcome};
+
+    /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
+    /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`.
+    fn router_over(backends: &[&str]) -> Router {
+        let list: String = backends
+            .iter()
+            .map(|name| {
+                format!("- {{name: {name}, url: 'http://127.0.0.1:1', dialect: openai, models: {{m: m}}}}\n")
+            })
+            .collect();
+        let text = format!("backends:\n{list}\
+            classes:\n\
+            - {{name: interactive, min_tps: 41, tps_percentile: 50, on_miss: shed}}\n\
+            - {{name: loose, min_tps: 21, tps_percentile: 50, on_miss: shed}}\n\
+            - {{name: batch, on_miss: shed}}\n\
+            routing: {{exploration: 0}}\n");
+        let config = crate::config::parse(&text, |_| None).unwrap();
+        let line = Arc::new(Line::new(config.classes.len()));
+        let backends = config
+            .backends
+            .iter()
+            .map(|b| Backend::new(b.clone(), 300.0, config.classes.len(), Arc::clone(&line)))
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        Router::new(backends, None, config.classes, config.routing, line)
+    }
+
+    fn router() -> Router {
+        router_over(&["a"])
+    }
+
+    /// Teaches backend `i` a batching curve: TPOT = 10 ms + `per_seq_ms` per request.
+    fn teach(router: &Router, i: usize, per_seq_ms: f64) {
+        let now = Instant::now();
+        for c in [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0] {
+            for _ in 0..8 {
+                let obs = Observation {
+                    at: now,
+                    outcome: Outcome::Completed,
+                    ttft: Some(0.05),
+                    tpot: Some(0.010 + per_seq_ms * 1e-3 * c),
+                    output_tokens: 100,
+                    estimated: false,
+                    prompt_tokens: Some(10),
+                    concurrency: Some(c),
+                    admitted_with: c as u32,
+                };
+                router.backends[i].record("m", "interactive", &obs, 0.0);
+            }
+        }
+    }
+
+    fn ask(router: &Router, class: usize) -> Ask<'static> {
+        Ask {
+            model: "m",
+            dialect: BackendDialect::Openai,
+            prompt_tokens: 10,
+            max_tokens: None,
+            class: Some(class),
+            slo: router.classes[class].slo,
+            received: Instant::now(),
+        }
+    }
+
+    /// Holds `n` slots of `class` on backend `i`.
+    fn occupy(router: &Router, i: usize, class: usize, n: usize) -> Vec<InFlightGuard> {
+        (0..n)
+            .map(|_| router.backends[i].try_admit(Some(class)).unwrap())
+            .collect()
+    }
+
+    fn chosen(router: &Router, class: usize) -> Result<&str, ErrorKind> {
+        match router.route(&ask(router, class)) {
+            Ok(Some(d)) => Ok(router
+                .backends
+                .iter()
+                .find(|b| Arc::ptr_eq(b, &d.backend))
+                .map(|b| &*b.config.name)
+                .unwrap()),
+            Ok(None) => Err(ErrorKind::NoBackendAvailable),
+            Err(e) => Err(e.kind()),
+        }
+    }
+
+    #[test]
+    fn headroom_picks_the_most_slack_and_pack_the_least() {
+        let mut router = router_over(&["a", "b"]);
+        teach(&router, 0, 1.0);
+        teach(&router, 1, 0.5);
+        // Alone on either, b (flatter curve) has more slack.
+        assert_eq!(chosen(&router, 0), Ok("b"));
+        router.classes[0].policy = Policy::Pack;
+        assert_eq!(chosen(&router, 0), Ok("a"));
+    }
+
+    #[test]
+    fn a_request_is_refused_where_it_would_slow_others_below_their_slo() {
+        let router = router();
+        teach(&router, 0, 1.0);
+        // 41 tok/s at the median holds up to 14 requests: 1 / (10 + 14) ms = 41.7.
+        let _held = occupy(&router, 0, 0, 14);
+        // A loose request would get 40 tok/s at 15 (enough for it), but the 14 interactive
+        // requests there would drop below 41.
+        assert_eq!(chosen(&router, 1), Err(ErrorKind::SloUnmet));
+        let only_loose = router_over(&["a"]);
+        teach(&only_loose, 0, 1.0);
+        let _held = occupy(&only_loose, 0, 1, 14);
+        assert_eq!(chosen(&only_loose, 1), Ok("a"), "only loose requests there");
+    }
+
+    #[test]
+    fn batch_work_leaves_room_for_one_more_latency_request() {
+        let router = router();
+        teach(&router, 0, 1.0);
+        // Interactive fits up to 14 (see above). With 12 batch requests in flight, a 13th
+        // leaves room for one interactive request at 14; with 13, it would not.
+        let mut held = occupy(&router, 0, 2, 12);
+        assert_eq!(chosen(&router, 2), Ok("a"));
+        held.extend(occupy(&router, 0, 2, 1));
+        assert_eq!(chosen(&router, 2), Err(ErrorKind::SloUnmet));
+        assert_eq!(chosen(&router, 0), Ok("a"), "the room is there");
+    }
+
+    #[test]
+    fn derived_caps_follow_the_curve_and_the_class() {
+        let router = router();
+        teach(&router, 0, 1.0);
+        let caps = router.caps();
+        let cap = |class: &str| caps.iter().find(|c| &*c.class == class).unwrap().cap;
+        assert_eq!(cap("interactive"), 14);
+        // 21 tok/s: 1 / (10 + 37.6) ms; beyond the learned 32 the fit extrapolates.
+        assert_eq!(cap("loose"), 37);
+        assert!(caps.iter().all(|c| &*c.class != "batch"));
+    }
 }

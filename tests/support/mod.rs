@@ -57,6 +57,9 @@ pub async fn start(spec: BackendSpec) -> (Fleet, SocketAddr) {
     (fleet, addr)
 }
 
+/// Keeps simulated fleets running until dropped.
+pub struct FleetGuard(pub Vec<Fleet>);
+
 /// Starts one backend with default stream options and no faults.
 pub async fn start_engine(name: &str, engine: EngineRaw) -> (Fleet, SocketAddr) {
     start(spec(name, engine, StreamRaw::default(), Vec::new())).await

@@ -1,0 +1,50 @@
+"""Goodput table from benches/goodput.sh results: per policy, median over runs of interactive SLO
+attainment and batch system TPS at each rate, and the highest rate at 95% attainment
+(interpolated linearly between measured rates)."""
+import collections
+import json
+import statistics
+import sys
+
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+att = collections.defaultdict(list)    # (policy, rate) -> [attainment]
+good = collections.defaultdict(list)   # (policy, rate) -> [goodput]
+batch = collections.defaultdict(list)  # (policy, rate) -> [system tps]
+for row in rows:
+    r, key = row["r"], (row["policy"], row["r"]["rate_rps"])
+    if r.get("class") == "interactive":
+        att[key].append(r["slo_attainment"])
+        good[key].append(r["goodput_rps"])
+    elif r.get("class") == "batch":
+        batch[key].append(r["system_tps"])
+policies = list(dict.fromkeys(row["policy"] for row in rows))
+rates = sorted({k[1] for k in att})
+runs = len({row["run"] for row in rows})
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+
+
+def at95(policy):
+    pts = [(rate, med(att[(policy, rate)])) for rate in rates]
+    best = 0.0
+    for (r0, a0), (r1, a1) in zip([(0.0, 1.0)] + pts, pts):
+        if a1 >= 0.95:
+            best = r1
+        elif a0 >= 0.95:
+            return r0 + (r1 - r0) * (a0 - 0.95) / (a0 - a1)
+        else:
+            break
+    return best
+
+
+print(f"Median of {runs} run(s). Interactive SLO attainment (TTFT <= 1 s and per-user TPS >= 25) "
+      "at each total arrival rate; batch = batch system tokens/s; last column: highest rate "
+      "at 95% attainment (linear between measured rates; a policy at 95% everywhere shows the "
+      "top rate).\n")
+head = " | ".join(f"{r:g}/s" for r in rates)
+print(f"| policy | {head} | batch tok/s {head} | rate at 95% |")
+print("|---" * (2 * len(rates) + 2) + "|")
+for p in policies:
+    a = " | ".join(f"{100 * med(att[(p, r)]):.1f}%" for r in rates)
+    b = " | ".join(f"{med(batch[(p, r)]):.0f}" for r in rates)
+    print(f"| {p} | {a} | {b} | {at95(p):.1f}/s |")
+print()

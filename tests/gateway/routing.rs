@@ -1,0 +1,318 @@
+//! SLO-aware routing as a client sees it: where requests go once the curves know the backends,
+//! what the explain headers say, queueing and shedding, per-request overrides, class
+//! precedence with gateway API keys, the exploration budget and priors.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{HeaderMap, Method, StatusCode};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tpsgate::bench::{HttpClient, http_client};
+
+use crate::support;
+
+/// A short streaming chat request for model `m`.
+const CHAT: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":6,"stream":true}"#;
+
+/// A slow backend (10 tok/s, under a 25 tok/s SLO) and a fast one (100 tok/s).
+async fn slow_and_fast() -> (support::FleetGuard, SocketAddr, SocketAddr) {
+    let (slow_fleet, slow) = support::start_engine("slow", support::engine(100.0, 0.0, 8)).await;
+    let (fast_fleet, fast) = support::start_engine("fast", support::engine(10.0, 0.0, 8)).await;
+    (support::FleetGuard(vec![slow_fleet, fast_fleet]), slow, fast)
+}
+
+fn two_backends(slow: SocketAddr, fast: SocketAddr, rest: &str) -> String {
+    format!(
+        "backends:\n{}{}{rest}",
+        support::backend_yaml("slow", slow, "openai", "    models: {m: m}\n"),
+        support::backend_yaml("fast", fast, "openai", "    models: {m: m}\n"),
+    )
+}
+
+async fn chat(client: &HttpClient, gw: SocketAddr, headers: &[(&str, &str)]) -> support::Exchange {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    support::send(
+        client,
+        gw,
+        Method::POST,
+        "/v1/chat/completions",
+        Some(CHAT),
+        &all,
+    )
+    .await
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+#[tokio::test]
+async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why() {
+    let (_fleets, slow, fast) = slow_and_fast().await;
+    let gw = support::gateway(&two_backends(
+        slow,
+        fast,
+        "classes:\n  - {name: interactive, min_tps: 25, max_ttft_ms: 2000}\n  - {name: turns, min_tps: 25, policy: round_robin}\n",
+    ))
+    .await;
+    let client = http_client();
+    // Each backend is new: each takes one lone request to be measured.
+    let mut cold = Vec::new();
+    for _ in 0..2 {
+        let ex = chat(&client, gw.addr(), &[]).await;
+        assert_eq!(ex.status, StatusCode::OK);
+        cold.push(header(&ex.headers, "x-tpsgate-backend").to_owned());
+    }
+    cold.sort();
+    assert_eq!(cold, ["fast", "slow"], "a cold start on each backend");
+
+    for _ in 0..8 {
+        let ex = chat(&client, gw.addr(), &[]).await;
+        assert_eq!(header(&ex.headers, "x-tpsgate-backend"), "fast");
+        assert_eq!(header(&ex.headers, "x-tpsgate-route-reason"), "feasible");
+        let tps: f64 = header(&ex.headers, "x-tpsgate-predicted-tps").parse().unwrap();
+        assert!((60.0..=120.0).contains(&tps), "predicted {tps} tok/s");
+        let ttft: f64 = header(&ex.headers, "x-tpsgate-predicted-ttft-ms")
+            .parse()
+            .unwrap();
+        assert!(ttft < 500.0, "predicted TTFT {ttft} ms");
+    }
+
+    // A baseline class ignores the curves: round robin alternates.
+    let mut turns = Vec::new();
+    for _ in 0..4 {
+        let ex = chat(&client, gw.addr(), &[("x-tpsgate-class", "turns")]).await;
+        assert_eq!(header(&ex.headers, "x-tpsgate-route-reason"), "baseline");
+        turns.push(header(&ex.headers, "x-tpsgate-backend").to_owned());
+    }
+    assert_eq!(turns.iter().filter(|b| *b == "slow").count(), 2, "{turns:?}");
+
+    let curves = support::get_json(gw.admin_addr(), "/admin/curves").await;
+    let cap = |backend: &str| {
+        curves["curves"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["backend"] == backend)
+            .map(|c| c["concurrency_caps"]["interactive"].clone())
+            .unwrap()
+    };
+    assert_eq!(cap("slow"), json!(0), "the slow backend cannot serve the SLO");
+    assert!(cap("fast").as_u64().unwrap() >= 1);
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    let text = String::from_utf8(metrics.body()).unwrap();
+    // (The recorder is the process's: other tests count into it too.)
+    assert!(
+        text.contains(r#"tpsgate_route_decisions_total{class="interactive",policy="headroom",reason="feasible"}"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"tpsgate_concurrency_cap{backend="fast",model="m",class="interactive"}"#));
+}
+
+/// One slow backend (10 tok/s) behind classes that queue briefly or shed at once.
+async fn slow_only() -> (support::FleetGuard, tpsgate::gateway::Gateway) {
+    let (fleet, slow) = support::start_engine("slow", support::engine(100.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {{name: waits, min_tps: 25, on_miss: queue, queue_max_wait_ms: 300}}\n  - {{name: strict, min_tps: 25, on_miss: shed}}\n",
+        support::backend_yaml("slow", slow, "openai", "    models: {m: m}\n"),
+    ))
+    .await;
+    // The first request (a cold start) teaches the curve that the backend is slow.
+    let ex = chat(&http_client(), gw.addr(), &[("x-tpsgate-slo-tps", "1")]).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    (support::FleetGuard(vec![fleet]), gw)
+}
+
+#[tokio::test]
+async fn a_queued_request_is_shed_with_retry_after_when_its_wait_runs_out() {
+    let (_fleet, gw) = slow_only().await;
+    let client = http_client();
+    let start = Instant::now();
+    let ex = chat(&client, gw.addr(), &[("x-tpsgate-class", "waits")]).await;
+    assert_eq!(ex.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(start.elapsed() >= Duration::from_millis(300), "it waited");
+    let retry: u32 = header(&ex.headers, "retry-after").parse().unwrap();
+    assert!((1..=60).contains(&retry));
+    let body = ex.json();
+    assert_eq!(body["error"]["code"], "slo_unmet");
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("queue wait"),
+        "{body}"
+    );
+
+    let ex = chat(&client, gw.addr(), &[("x-tpsgate-class", "strict")]).await;
+    assert_eq!(ex.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(ex.headers.contains_key("retry-after"));
+}
+
+#[tokio::test]
+async fn per_request_slo_overrides_apply_within_documented_bounds() {
+    let (_fleet, gw) = slow_only().await;
+    let client = http_client();
+    // Asking for less speed than the class makes the slow backend feasible.
+    let ex = chat(
+        &client,
+        gw.addr(),
+        &[("x-tpsgate-class", "strict"), ("x-tpsgate-slo-tps", "5")],
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::OK);
+    assert_eq!(header(&ex.headers, "x-tpsgate-route-reason"), "feasible");
+
+    for (name, value) in [
+        ("x-tpsgate-slo-tps", "0"),
+        ("x-tpsgate-slo-tps", "20000"),
+        ("x-tpsgate-slo-tps", "fast"),
+        ("x-tpsgate-slo-ttft-ms", "0.5"),
+        ("x-tpsgate-slo-ttft-ms", "700000"),
+    ] {
+        let ex = chat(&client, gw.addr(), &[(name, value)]).await;
+        assert_eq!(ex.status, StatusCode::BAD_REQUEST, "{name}: {value}");
+        let message = ex.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.starts_with(name) && message.contains("must be a number from"),
+            "{message}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_class_comes_from_the_header_then_a_route_rule_then_the_key_then_the_default() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {{name: interactive}}\n  - {{name: batch}}\n  - {{name: bulk}}\n\
+         routes:\n  - {{path: /v1/completions, class: bulk}}\n\
+         api_keys:\n  - {{key_env: BATCH_KEY, class: batch}}\n  - {{key_env: PLAIN_KEY}}\n",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n"),
+    ))
+    .await;
+    let client = http_client();
+    let completions = br#"{"model":"m","prompt":"hi","max_tokens":2,"stream":true}"#;
+    let class_of = async |path: &str, body: &[u8], headers: &[(&str, &str)]| {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        let ex = support::send(&client, gw.addr(), Method::POST, path, Some(body), &all).await;
+        (ex.status, header(&ex.headers, "x-tpsgate-class").to_owned(), ex)
+    };
+    let chat_path = "/v1/chat/completions";
+    let batch_key = ("authorization", "Bearer key-of-BATCH_KEY");
+
+    let (status, _, ex) = class_of(chat_path, CHAT, &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(ex.json()["error"]["code"], "invalid_api_key");
+    let (status, ..) = class_of(chat_path, CHAT, &[("authorization", "Bearer key-of-BATCH")]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "a key's prefix is not the key");
+
+    let plain = ("x-api-key", "key-of-PLAIN_KEY");
+    assert_eq!(class_of(chat_path, CHAT, &[plain]).await.1, "interactive");
+    assert_eq!(class_of(chat_path, CHAT, &[batch_key]).await.1, "batch");
+    assert_eq!(
+        class_of("/v1/completions", completions, &[batch_key]).await.1,
+        "bulk",
+        "a route rule beats the key's class"
+    );
+    assert_eq!(
+        class_of(chat_path, CHAT, &[batch_key, ("x-tpsgate-class", "interactive")])
+            .await
+            .1,
+        "interactive",
+        "the header beats everything"
+    );
+    let seen: Vec<Value> = support::seen(sim).await;
+    assert!(
+        seen.iter().all(|r| r["authorization"].is_null()),
+        "gateway keys never go upstream: {seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn exploration_never_spends_more_than_its_budget() {
+    for budget in [0.0, 0.25] {
+        let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+        let gw = support::gateway(&format!(
+            "backends:\n{}classes:\n  - {{name: interactive, min_tps: 25}}\nrouting: {{exploration: {budget}}}\n",
+            support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n"),
+        ))
+        .await;
+        let client = http_client();
+        let mut explored = 0;
+        let n = 24;
+        for _ in 0..n {
+            let ex = chat(&client, gw.addr(), &[]).await;
+            assert_eq!(ex.status, StatusCode::OK);
+            explored += usize::from(header(&ex.headers, "x-tpsgate-route-reason") == "explore");
+        }
+        assert!(
+            explored as f64 <= budget * f64::from(n) + 1.0,
+            "{explored} explorations of {n} with budget {budget}"
+        );
+        if budget > 0.0 {
+            assert!(explored >= 1, "an unseen curve is explored");
+        } else {
+            assert_eq!(explored, 0);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_prior_steers_the_first_requests_and_a_bench_file_imports_as_one() {
+    let (_fleets, slow, fast) = slow_and_fast().await;
+    let dir = tempfile::tempdir().unwrap();
+    // What `tpsgate bench --json` prints for a closed-loop sweep (fields it does not need are
+    // ignored).
+    std::fs::write(
+        dir.path().join("fast.jsonl"),
+        "{\"concurrency\":1,\"requests\":8,\"per_user_tps_p50\":95.0,\"ttft_p50_s\":0.02,\"system_tps\":95.0}\n\
+         {\"concurrency\":8,\"requests\":8,\"per_user_tps_p50\":90.0,\"ttft_p50_s\":0.03,\"system_tps\":720.0}\n",
+    )
+    .unwrap();
+    let text = format!(
+        "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\nbackends:\n{}{}classes:\n  - {{name: interactive, min_tps: 25}}\nrouting: {{exploration: 0}}\n",
+        support::backend_yaml(
+            "slow",
+            slow,
+            "openai",
+            "    models: {m: m}\n    prior: {points: [{concurrency: 1, per_user_tps: 10, ttft_ms: 50}]}\n"
+        ),
+        support::backend_yaml(
+            "fast",
+            fast,
+            "openai",
+            "    models: {m: m}\n    prior: {bench_file: fast.jsonl}\n"
+        ),
+    );
+    let config = tpsgate::config::parse_in(&text, |_| None, dir.path()).unwrap();
+    let gw = tpsgate::gateway::Gateway::start(&config).await.unwrap();
+    let curves = support::get_json(gw.admin_addr(), "/admin/curves").await;
+    let fast_curve = curves["curves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["backend"] == "fast")
+        .cloned()
+        .unwrap();
+    assert_eq!(support::curves::point(&fast_curve, 8)["per_user_tps_p50"], 90.0);
+
+    // Without the prior the first request would be a cold start on either; with it, no request
+    // goes to the backend believed slow.
+    let client = http_client();
+    for _ in 0..4 {
+        let ex = chat(&client, gw.addr(), &[]).await;
+        assert_eq!(header(&ex.headers, "x-tpsgate-backend"), "fast");
+        assert_eq!(header(&ex.headers, "x-tpsgate-route-reason"), "feasible");
+    }
+
+    let broken = text.replace("fast.jsonl", "missing.jsonl");
+    let err = tpsgate::config::parse_in(&broken, |_| None, dir.path()).unwrap_err();
+    assert_eq!(err.path, "backends[1].prior.bench_file");
+    assert!(err.message.contains("missing.jsonl"), "{}", err.message);
+}
