@@ -51,8 +51,13 @@ pub enum Command {
     Sim(SimArgs),
     /// Measure TTFT, per-user TPS and goodput of a server, closed or open loop.
     Bench(BenchArgs),
-    /// Run simulated backends, the gateway, traffic and the dashboard (not built yet).
-    Demo,
+    /// Run simulated backends, the gateway in front of them and traffic; watch the dashboard.
+    Demo(crate::demo::DemoArgs),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// `--config FILE`.
@@ -193,7 +198,14 @@ pub fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Serve(args) => block_on(threads, serve(args.config)),
         Command::Check(args) => check(&args.config),
-        Command::Demo => not_built("demo", "the ecosystem issue"),
+        Command::Demo(args) => block_on(threads, crate::demo::run(args)),
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "tpsgate", &mut out);
+            say(String::from_utf8_lossy(&out).trim_end());
+            ExitCode::SUCCESS
+        }
         Command::Sim(args) => block_on(threads, sim(args)),
         Command::Bench(args) => block_on(threads, run_bench(args)),
     }
@@ -322,11 +334,6 @@ fn check(file: &std::path::Path) -> ExitCode {
         say(&format!("class {}{default}", c.name));
     }
     ExitCode::SUCCESS
-}
-
-fn not_built(command: &str, issue: &str) -> ExitCode {
-    eprintln!("tpsgate {command}: not built yet (arrives with {issue})");
-    ExitCode::from(2)
 }
 
 fn block_on(threads: Option<usize>, work: impl Future<Output = Result<(), String>>) -> ExitCode {
@@ -468,7 +475,11 @@ impl BenchArgs {
 }
 
 /// The open-loop arms: one plain arm, or one per `--mix` entry.
-fn mix_arms(args: &BenchArgs, spec: &RequestSpec, slo: Option<Slo>) -> Result<Vec<bench::Arm>, String> {
+fn mix_arms(
+    args: &BenchArgs,
+    spec: &RequestSpec,
+    slo: Option<Slo>,
+) -> Result<Vec<bench::Arm>, String> {
     if args.mix.is_empty() {
         return Ok(vec![bench::Arm {
             class: None,

@@ -22,6 +22,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod curve;
+pub mod demo;
 pub mod error;
 pub mod gateway;
 pub mod listen;

@@ -41,6 +41,10 @@ pub const CURVE_TTFT: &str = "tpsgate_curve_ttft_seconds";
 pub const ROUTE_DECISIONS: &str = "tpsgate_route_decisions_total";
 /// The derived concurrency cap per backend, model and class.
 pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
+/// Recent share of a backend's completed requests that met their class's SLO, per class.
+pub const SLO_ATTAINMENT: &str = "tpsgate_slo_attainment";
+/// 1 while a backend is healthy, 0 while it is failing.
+pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
 /// Requests waiting in the `queue` line.
 pub const QUEUE_WAITING: &str = "tpsgate_queue_waiting";
 
@@ -202,17 +206,38 @@ pub fn render(router: &Router) -> String {
     for b in router.backends() {
         let backend = b.config.name.to_string();
         gauge!(IN_FLIGHT, "backend" => backend.clone()).set(f64::from(b.in_flight()));
+        gauge!(BACKEND_HEALTHY, "backend" => backend.clone()).set(if b.is_healthy() {
+            1.0
+        } else {
+            0.0
+        });
         for entry in &b.curves {
             let model = entry.key().to_string();
+            for class in router.classes().iter().filter(|c| !c.slo.is_batch()) {
+                if let Some(share) = entry.value().attainment(
+                    class.slo.min_tps,
+                    class.slo.max_ttft_s,
+                    now,
+                    b.half_life_s,
+                ) {
+                    gauge!(SLO_ATTAINMENT, "backend" => backend.clone(), "model" => model.clone(), "class" => class.name.to_string()).set(share);
+                }
+            }
             for p in entry.value().points(now, b.half_life_s) {
                 let c = p.concurrency.to_string();
                 let set = |name: &'static str, q: &'static str, v: f64| {
                     gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "quantile" => q).set(v);
                 };
-                set(CURVE_TPS, "0.5", p.per_user_tps_p50);
-                set(CURVE_TPS, "0.1", p.per_user_tps_p10);
-                set(CURVE_TTFT, "0.5", p.ttft_p50_s);
-                set(CURVE_TTFT, "0.9", p.ttft_p90_s);
+                for (name, q, value) in [
+                    (CURVE_TPS, "0.5", p.per_user_tps_p50),
+                    (CURVE_TPS, "0.1", p.per_user_tps_p10),
+                    (CURVE_TTFT, "0.5", p.ttft_p50_s),
+                    (CURVE_TTFT, "0.9", p.ttft_p90_s),
+                ] {
+                    if let Some(v) = value {
+                        set(name, q, v);
+                    }
+                }
             }
         }
     }

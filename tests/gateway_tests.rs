@@ -16,6 +16,8 @@ mod classes;
 mod credentials;
 #[path = "gateway/curves.rs"]
 mod curves;
+#[path = "gateway/demo.rs"]
+mod demo;
 #[path = "gateway/errors.rs"]
 mod errors;
 #[path = "gateway/passthrough.rs"]

@@ -112,13 +112,13 @@ impl LevelReport {
             goodput_rps: None,
             first_error: samples.iter().find_map(|s| s.error.clone()),
             class: None,
-            backends: samples
-                .iter()
-                .filter_map(|s| s.backend.clone())
-                .fold(std::collections::BTreeMap::new(), |mut m, b| {
+            backends: samples.iter().filter_map(|s| s.backend.clone()).fold(
+                std::collections::BTreeMap::new(),
+                |mut m, b| {
                     *m.entry(b).or_insert(0) += 1;
                     m
-                }),
+                },
+            ),
         }
     }
 }

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 pub use model::{Model, Prediction};
 pub use occupancy::{Occupancy, Reading};
-use window::{Sample, Summary, Window};
+use window::{Sample, Window};
 
 /// Bucket concurrency levels.
 pub const BUCKETS: [u32; 24] = [
@@ -92,23 +92,26 @@ pub struct Fit {
     pub prefill_tokens_per_s: Option<f64>,
 }
 
-/// One bucket as `/admin/curves` shows it.
+/// One bucket as `/admin/curves` shows it. Speed is bucketed by experienced concurrency, TTFT by
+/// the occupancy a request found at admission, so a level may have one without the other.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Point {
     /// The bucket's concurrency level.
     pub concurrency: u32,
-    /// Samples in its window.
+    /// Speed samples in its window.
     pub samples: usize,
-    /// Decayed sample weight.
+    /// Decayed weight of its speed samples.
     pub weight: f64,
     /// Per-user TPS median.
-    pub per_user_tps_p50: f64,
+    pub per_user_tps_p50: Option<f64>,
     /// Per-user TPS 10th percentile (the slow tail).
-    pub per_user_tps_p10: f64,
+    pub per_user_tps_p10: Option<f64>,
     /// TTFT median, seconds.
-    pub ttft_p50_s: f64,
+    pub ttft_p50_s: Option<f64>,
     /// TTFT 90th percentile, seconds.
-    pub ttft_p90_s: f64,
+    pub ttft_p90_s: Option<f64>,
+    /// Decayed weight of its TTFT samples.
+    pub ttft_weight: f64,
 }
 
 /// How stale a curve's [`Model`] may get while observations arrive.
@@ -186,6 +189,7 @@ impl Curve {
                     prompt_tokens: None,
                     output_tokens: 0,
                     concurrency: p.concurrency,
+                    admitted_with: p.concurrency,
                 });
             }
         }
@@ -228,6 +232,7 @@ impl Curve {
             prompt_tokens: obs.prompt_tokens,
             output_tokens: obs.output_tokens,
             concurrency,
+            admitted_with: f64::from(obs.admitted_with.max(1)),
         });
         // While the curve is young every sample changes it a lot (and costs little to fit).
         if self.observations <= EAGER_REFRESH
@@ -253,30 +258,10 @@ impl Curve {
         }
     }
 
-    fn summaries(
-        &self,
-        now: Instant,
-        half_life_s: f64,
-    ) -> impl Iterator<Item = (usize, Summary)> + '_ {
-        self.buckets
-            .iter()
-            .enumerate()
-            .filter_map(move |(i, w)| w.summary(now, half_life_s).map(|s| (i, s)))
-    }
-
-    /// The buckets that hold samples.
+    /// The buckets that hold samples: speed by experienced concurrency, TTFT by the occupancy
+    /// requests found at admission.
     pub fn points(&self, now: Instant, half_life_s: f64) -> Vec<Point> {
-        self.summaries(now, half_life_s)
-            .map(|(i, s)| Point {
-                concurrency: BUCKETS[i],
-                samples: s.samples,
-                weight: s.weight,
-                per_user_tps_p50: s.tps_p50,
-                per_user_tps_p10: s.tps_p10,
-                ttft_p50_s: s.ttft_p50,
-                ttft_p90_s: s.ttft_p90,
-            })
-            .collect()
+        Model::build(&self.buckets, now, half_life_s).map_or_else(Vec::new, |m| m.points())
     }
 
     /// Decayed share of recent samples that met an SLO (`min_tps` and `max_ttft_s`, either may

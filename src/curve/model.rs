@@ -7,8 +7,8 @@
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::window::{self, Summary, Window};
-use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, bucket_of, fit};
+use super::window::{self, Summary, Window, weighted_quantile};
+use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, bucket_of, fit};
 
 /// What the curve expects for one more request.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -28,12 +28,24 @@ pub struct Prediction {
     pub beyond_evidence: bool,
 }
 
+/// TTFT of the requests that found a given occupancy at admission.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Start {
+    weight: f64,
+    mean_admitted: f64,
+    p50: f64,
+    p90: f64,
+}
+
 /// A fitted snapshot of one curve.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Model {
     /// The fitted lines.
     pub fit: Fit,
+    /// Speed by experienced concurrency.
     buckets: [Option<Summary>; BUCKETS.len()],
+    /// TTFT by occupancy at admission.
+    starts: [Option<Start>; BUCKETS.len()],
     /// Highest experienced concurrency among buckets holding at least one sample's weight.
     pub evidence_up_to: f64,
     /// Weighted mean of TTFT + decode time, seconds: how long a request holds its slot.
@@ -87,7 +99,7 @@ impl Model {
             .then(|| {
                 fit::wls(samples.iter().map(|(w, s)| {
                     let p = s.prompt_tokens.unwrap_or(0) as f64;
-                    ([1.0, s.concurrency, p], s.ttft, *w)
+                    ([1.0, s.admitted_with, p], s.ttft, *w)
                 }))
             })
             .flatten()
@@ -97,16 +109,42 @@ impl Model {
             None => match fit::wls(
                 samples
                     .iter()
-                    .map(|(w, s)| ([1.0, s.concurrency], s.ttft, *w)),
+                    .map(|(w, s)| ([1.0, s.admitted_with], s.ttft, *w)),
             ) {
                 Some([t0, t1]) if t1 >= 0.0 => (t0, t1, None),
                 _ => (mean_ttft, 0.0, None),
             },
         };
+        let mut by_start: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); BUCKETS.len()];
+        for (w, s) in &samples {
+            by_start[bucket_of(s.admitted_with)].push((s.ttft, *w, s.admitted_with));
+        }
+        let mut starts = [None; BUCKETS.len()];
+        for (slot, group) in starts.iter_mut().zip(&by_start) {
+            let weight: f64 = group.iter().map(|g| g.1).sum();
+            if group.is_empty() || weight <= 0.0 {
+                continue;
+            }
+            let mean_admitted = group.iter().map(|g| g.1 * g.2).sum::<f64>() / weight;
+            let mut pairs: Vec<(f64, f64)> = group.iter().map(|g| (g.0, g.1)).collect();
+            *slot = Some(Start {
+                weight,
+                mean_admitted,
+                p50: weighted_quantile(&mut pairs, 0.5),
+                p90: weighted_quantile(&mut pairs, 0.9),
+            });
+        }
         let evidence_up_to = present
             .iter()
             .filter(|s| s.weight >= 1.0)
             .map(|s| s.mean_concurrency)
+            .chain(
+                starts
+                    .iter()
+                    .flatten()
+                    .filter(|s| s.weight >= 1.0)
+                    .map(|s| s.mean_admitted),
+            )
             .fold(0.0, f64::max);
         Some(Self {
             fit: Fit {
@@ -117,49 +155,79 @@ impl Model {
                 prefill_tokens_per_s,
             },
             buckets: summaries,
+            starts,
             evidence_up_to,
             mean_duration_s,
         })
     }
 
     /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
-    /// expect: a bucket's own quantiles where it has enough evidence, else the fit.
+    /// expect. Speed: the bucket of that experienced concurrency, TTFT: the bucket of that
+    /// occupancy at admission, each where it has enough evidence (its quantiles moved along the
+    /// fit from where its samples were to this exact concurrency), else the fit.
     pub fn predict(&self, concurrency: f64, prompt_tokens: u64) -> Prediction {
-        let bucket = self.buckets[bucket_of(concurrency)];
-        let weight = bucket.map_or(0.0, |s| s.weight);
-        let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
-        let beyond_evidence = concurrency > 2.0 * self.evidence_up_to.max(1.0);
+        let i = bucket_of(concurrency);
         let fit = &self.fit;
         let tpot_at = |c: f64| fit.tpot_base_s + fit.tpot_per_seq_s * c;
         let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * c;
-        if let Some(s) = bucket.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
-            // A bucket spans a range of concurrency (16 holds 14 to 19): its quantiles are moved
-            // along the fit from where its samples were to where this request would be.
-            let speed = tpot_at(s.mean_concurrency) / tpot_at(concurrency);
-            let later = queue_at(concurrency) - queue_at(s.mean_concurrency);
-            return Prediction {
-                per_user_tps_p50: s.tps_p50 * speed,
-                per_user_tps_p10: s.tps_p10 * speed,
-                ttft_p50_s: (s.ttft_p50 + later).max(0.0),
-                ttft_p90_s: (s.ttft_p90 + later).max(0.0),
-                confidence,
-                beyond_evidence,
-            };
-        }
-        let prefill = fit
-            .prefill_tokens_per_s
-            .map_or(0.0, |r| prompt_tokens as f64 / r);
-        let tps = 1.0 / tpot_at(concurrency);
-        let ttft = queue_at(concurrency) + prefill;
-        // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median and
-        // a TTFT tail 25% above it.
+        let speed_weight = self.buckets[i].map_or(0.0, |s| s.weight);
+        let start_weight = self.starts[i].map_or(0.0, |s| s.weight);
+        let weight = speed_weight.min(start_weight);
+        let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
+        let beyond_evidence = concurrency > 2.0 * self.evidence_up_to.max(1.0);
+
+        // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median
+        // and a TTFT tail 25% above it.
+        let (tps_p50, tps_p10) = match self.buckets[i].filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+            Some(s) => {
+                // A bucket spans a range (16 holds 14 to 19): move it along the fit.
+                let speed = tpot_at(s.mean_concurrency) / tpot_at(concurrency);
+                (s.tps_p50 * speed, s.tps_p10 * speed)
+            }
+            None => {
+                let tps = 1.0 / tpot_at(concurrency);
+                (tps, 0.9 * tps)
+            }
+        };
+        let (ttft_p50, ttft_p90) = match self.starts[i].filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+            Some(s) => {
+                let later = queue_at(concurrency) - queue_at(s.mean_admitted);
+                ((s.p50 + later).max(0.0), (s.p90 + later).max(0.0))
+            }
+            None => {
+                let prefill = fit
+                    .prefill_tokens_per_s
+                    .map_or(0.0, |r| prompt_tokens as f64 / r);
+                let ttft = queue_at(concurrency) + prefill;
+                (ttft, 1.25 * ttft)
+            }
+        };
         Prediction {
-            per_user_tps_p50: tps,
-            per_user_tps_p10: 0.9 * tps,
-            ttft_p50_s: ttft,
-            ttft_p90_s: 1.25 * ttft,
+            per_user_tps_p50: tps_p50,
+            per_user_tps_p10: tps_p10,
+            ttft_p50_s: ttft_p50,
+            ttft_p90_s: ttft_p90,
             confidence,
             beyond_evidence,
         }
+    }
+
+    /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.
+    pub fn points(&self) -> Vec<Point> {
+        BUCKETS
+            .iter()
+            .zip(self.buckets.iter().zip(&self.starts))
+            .filter(|(_, (speed, start))| speed.is_some() || start.is_some())
+            .map(|(level, (speed, start))| Point {
+                concurrency: *level,
+                samples: speed.map_or(0, |s| s.samples),
+                weight: speed.map_or(0.0, |s| s.weight),
+                per_user_tps_p50: speed.map(|s| s.tps_p50),
+                per_user_tps_p10: speed.map(|s| s.tps_p10),
+                ttft_p50_s: start.map(|s| s.p50),
+                ttft_p90_s: start.map(|s| s.p90),
+                ttft_weight: start.map_or(0.0, |s| s.weight),
+            })
+            .collect()
     }
 }

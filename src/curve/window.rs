@@ -28,8 +28,11 @@ pub struct Sample {
     pub prompt_tokens: Option<u64>,
     /// Output tokens.
     pub output_tokens: u64,
-    /// Experienced concurrency.
+    /// Experienced concurrency (mean in flight while it decoded): what its speed depends on.
     pub concurrency: f64,
+    /// In flight when it was admitted, itself included: what its TTFT depends on (the queue
+    /// it found).
+    pub admitted_with: f64,
 }
 
 /// Decayed summary of a window.
@@ -170,6 +173,7 @@ mod tests {
             prompt_tokens: None,
             output_tokens: 10,
             concurrency: 1.0,
+            admitted_with: 1.0,
         };
         w.push(sample(t0, 10.0));
         w.push(sample(t0 + Duration::from_secs(100), 20.0));

@@ -58,6 +58,18 @@ pub struct Ask<'a> {
     pub received: Instant,
 }
 
+impl Ask<'_> {
+    /// The SLO as it stands at `now`: the TTFT budget less the time already spent since the
+    /// request arrived (reading it, waiting in line).
+    pub fn slo_at(&self, now: Instant) -> Slo {
+        let waited = now.saturating_duration_since(self.received).as_secs_f64();
+        Slo {
+            max_ttft_s: self.slo.max_ttft_s.map(|t| t - waited),
+            ..self.slo
+        }
+    }
+}
+
 /// Why a backend was chosen (the `reason` label of `tpsgate_route_decisions_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -476,6 +488,7 @@ impl Router {
             .serving(ask)
             .any(|(_, b)| under_limit(b) && b.is_healthy());
         let predicts = !choose::is_baseline(policy);
+        let slo = ask.slo_at(Instant::now());
         self.serving(ask)
             .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy()))
             .map(|(index, backend)| {
@@ -495,11 +508,12 @@ impl Router {
                 let n = f64::from(joining);
                 let prediction = self.predict(index, backend, ask, n, policy);
                 let batch = policy == Policy::Throughput || ask.slo.is_batch();
-                let leaves_room = !batch
-                    || self.leaves_room(index, backend, ask, n + 1.0, policy);
+                let leaves_room = !batch || self.leaves_room(index, backend, ask, n + 1.0, policy);
                 // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
                 // so a backend that queues (TTFT growing with n) adds nothing by taking more.
-                let tokens = ask.max_tokens.map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
+                let tokens = ask
+                    .max_tokens
+                    .map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
                 let system = |c: f64, p: &Prediction| {
                     c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
                 };
@@ -514,7 +528,7 @@ impl Router {
                     backend,
                     joining,
                     prediction,
-                    slack: prediction.map_or(0.0, |p| ask.slo.slack(&p)),
+                    slack: prediction.map_or(0.0, |p| slo.slack(&p)),
                     keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
                     leaves_room,
                     marginal_tps: prediction.map_or(0.0, |p| system(n, &p) - before),
@@ -666,12 +680,14 @@ mod tests {
                 format!("- {{name: {name}, url: 'http://127.0.0.1:1', dialect: openai, models: {{m: m}}}}\n")
             })
             .collect();
-        let text = format!("backends:\n{list}\
+        let text = format!(
+            "backends:\n{list}\
             classes:\n\
             - {{name: interactive, min_tps: 41, tps_percentile: 50, on_miss: shed}}\n\
             - {{name: loose, min_tps: 21, tps_percentile: 50, on_miss: shed}}\n\
             - {{name: batch, on_miss: shed}}\n\
-            routing: {{exploration: 0}}\n");
+            routing: {{exploration: 0}}\n"
+        );
         let config = crate::config::parse(&text, |_| None).unwrap();
         let line = Arc::new(Line::new(config.classes.len()));
         let backends = config

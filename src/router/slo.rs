@@ -50,9 +50,14 @@ impl Slo {
         let tps = self
             .min_tps
             .map_or(f64::INFINITY, |min| (self.tps(p) - min) / min);
-        let ttft = self
-            .max_ttft_s
-            .map_or(f64::INFINITY, |max| (max - self.ttft(p)) / max);
+        let ttft = self.max_ttft_s.map_or(f64::INFINITY, |max| {
+            if max > 0.0 {
+                (max - self.ttft(p)) / max
+            } else {
+                // The budget is spent (a request that waited in line for all of it).
+                f64::NEG_INFINITY
+            }
+        });
         tps.min(ttft)
     }
 
@@ -64,12 +69,14 @@ impl Slo {
 }
 
 /// The largest concurrency in `1..=limit` at which `predict` meets `slo`, scanning up from 1
-/// and stopping at the first miss (a curve past its knee does not come back); 0 when even a
-/// lone request misses.
+/// and stopping at the first miss (a curve past its knee does not come back) or where the
+/// prediction goes beyond the curve's evidence (admission does not trust it there either); 0
+/// when even a lone request misses.
 pub fn derived_cap(slo: &Slo, limit: u32, predict: impl Fn(f64) -> Prediction) -> u32 {
     let mut cap = 0;
     for n in 1..=limit {
-        if slo.slack(&predict(f64::from(n))) < 0.0 {
+        let p = predict(f64::from(n));
+        if p.beyond_evidence || slo.slack(&p) < 0.0 {
             break;
         }
         cap = n;

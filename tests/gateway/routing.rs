@@ -13,13 +13,18 @@ use tpsgate::bench::{HttpClient, http_client};
 use crate::support;
 
 /// A short streaming chat request for model `m`.
-const CHAT: &[u8] = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":6,"stream":true}"#;
+const CHAT: &[u8] =
+    br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":6,"stream":true}"#;
 
 /// A slow backend (10 tok/s, under a 25 tok/s SLO) and a fast one (100 tok/s).
 async fn slow_and_fast() -> (support::FleetGuard, SocketAddr, SocketAddr) {
     let (slow_fleet, slow) = support::start_engine("slow", support::engine(100.0, 0.0, 8)).await;
     let (fast_fleet, fast) = support::start_engine("fast", support::engine(10.0, 0.0, 8)).await;
-    (support::FleetGuard(vec![slow_fleet, fast_fleet]), slow, fast)
+    (
+        support::FleetGuard(vec![slow_fleet, fast_fleet]),
+        slow,
+        fast,
+    )
 }
 
 fn two_backends(slow: SocketAddr, fast: SocketAddr, rest: &str) -> String {
@@ -75,7 +80,9 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
         let ex = chat(&client, gw.addr(), &[]).await;
         assert_eq!(header(&ex.headers, "x-tpsgate-backend"), "fast");
         assert_eq!(header(&ex.headers, "x-tpsgate-route-reason"), "feasible");
-        let tps: f64 = header(&ex.headers, "x-tpsgate-predicted-tps").parse().unwrap();
+        let tps: f64 = header(&ex.headers, "x-tpsgate-predicted-tps")
+            .parse()
+            .unwrap();
         assert!((60.0..=120.0).contains(&tps), "predicted {tps} tok/s");
         let ttft: f64 = header(&ex.headers, "x-tpsgate-predicted-ttft-ms")
             .parse()
@@ -90,7 +97,11 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
         assert_eq!(header(&ex.headers, "x-tpsgate-route-reason"), "baseline");
         turns.push(header(&ex.headers, "x-tpsgate-backend").to_owned());
     }
-    assert_eq!(turns.iter().filter(|b| *b == "slow").count(), 2, "{turns:?}");
+    assert_eq!(
+        turns.iter().filter(|b| *b == "slow").count(),
+        2,
+        "{turns:?}"
+    );
 
     let curves = support::get_json(gw.admin_addr(), "/admin/curves").await;
     let cap = |backend: &str| {
@@ -102,7 +113,11 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
             .map(|c| c["concurrency_caps"]["interactive"].clone())
             .unwrap()
     };
-    assert_eq!(cap("slow"), json!(0), "the slow backend cannot serve the SLO");
+    assert_eq!(
+        cap("slow"),
+        json!(0),
+        "the slow backend cannot serve the SLO"
+    );
     assert!(cap("fast").as_u64().unwrap() >= 1);
     let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
     let text = String::from_utf8(metrics.body()).unwrap();
@@ -111,7 +126,9 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
         text.contains(r#"tpsgate_route_decisions_total{class="interactive",policy="headroom",reason="feasible"}"#),
         "{text}"
     );
-    assert!(text.contains(r#"tpsgate_concurrency_cap{backend="fast",model="m",class="interactive"}"#));
+    assert!(
+        text.contains(r#"tpsgate_concurrency_cap{backend="fast",model="m",class="interactive"}"#)
+    );
 }
 
 /// One slow backend (10 tok/s) behind classes that queue briefly or shed at once.
@@ -201,7 +218,11 @@ async fn the_class_comes_from_the_header_then_a_route_rule_then_the_key_then_the
         let mut all = vec![("content-type", "application/json")];
         all.extend_from_slice(headers);
         let ex = support::send(&client, gw.addr(), Method::POST, path, Some(body), &all).await;
-        (ex.status, header(&ex.headers, "x-tpsgate-class").to_owned(), ex)
+        (
+            ex.status,
+            header(&ex.headers, "x-tpsgate-class").to_owned(),
+            ex,
+        )
     };
     let chat_path = "/v1/chat/completions";
     let batch_key = ("authorization", "Bearer key-of-BATCH_KEY");
@@ -210,20 +231,30 @@ async fn the_class_comes_from_the_header_then_a_route_rule_then_the_key_then_the
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(ex.json()["error"]["code"], "invalid_api_key");
     let (status, ..) = class_of(chat_path, CHAT, &[("authorization", "Bearer key-of-BATCH")]).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED, "a key's prefix is not the key");
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "a key's prefix is not the key"
+    );
 
     let plain = ("x-api-key", "key-of-PLAIN_KEY");
     assert_eq!(class_of(chat_path, CHAT, &[plain]).await.1, "interactive");
     assert_eq!(class_of(chat_path, CHAT, &[batch_key]).await.1, "batch");
     assert_eq!(
-        class_of("/v1/completions", completions, &[batch_key]).await.1,
+        class_of("/v1/completions", completions, &[batch_key])
+            .await
+            .1,
         "bulk",
         "a route rule beats the key's class"
     );
     assert_eq!(
-        class_of(chat_path, CHAT, &[batch_key, ("x-tpsgate-class", "interactive")])
-            .await
-            .1,
+        class_of(
+            chat_path,
+            CHAT,
+            &[batch_key, ("x-tpsgate-class", "interactive")]
+        )
+        .await
+        .1,
         "interactive",
         "the header beats everything"
     );
@@ -300,7 +331,10 @@ async fn a_prior_steers_the_first_requests_and_a_bench_file_imports_as_one() {
         .find(|c| c["backend"] == "fast")
         .cloned()
         .unwrap();
-    assert_eq!(support::curves::point(&fast_curve, 8)["per_user_tps_p50"], 90.0);
+    assert_eq!(
+        support::curves::point(&fast_curve, 8)["per_user_tps_p50"],
+        90.0
+    );
 
     // Without the prior the first request would be a cold start on either; with it, no request
     // goes to the backend believed slow.

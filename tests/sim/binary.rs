@@ -66,13 +66,6 @@ fn an_out_of_range_value_is_reported_with_its_path_and_the_fix() {
 }
 
 #[test]
-fn demo_is_not_built_yet_and_says_so_with_exit_2() {
-    let out = tpsgate().arg("demo").output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not built yet"));
-}
-
-#[test]
 fn the_shipped_fleet_has_four_backends_of_distinct_shape() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/sim-fleet.yaml");
     let specs = tpsgate::yaml::from_file::<FleetRaw>(&path)
@@ -202,4 +195,29 @@ async fn open_loop_bench_reports_slo_attainment_and_goodput() {
     let impossible = open_loop(addr, "1000").await;
     assert_eq!(impossible["slo_attainment"], 0.0, "{impossible}");
     assert_eq!(impossible["goodput_rps"], 0.0, "{impossible}");
+}
+
+#[test]
+fn every_command_has_help_and_shells_get_completions() {
+    let out = tpsgate().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    for command in ["serve", "check", "sim", "bench", "demo", "completions"] {
+        assert!(help.contains(command), "{command} missing from:\n{help}");
+        let out = tpsgate().args([command, "--help"]).output().unwrap();
+        assert!(out.status.success(), "{command} --help");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage: tpsgate"),
+            "{command} --help"
+        );
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let out = tpsgate().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains("tpsgate") && script.contains("bench") && script.contains("--config"),
+            "{shell}"
+        );
+    }
 }

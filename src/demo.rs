@@ -1,0 +1,201 @@
+//! `tpsgate demo`: the simulated fleet of `config/sim-fleet.yaml` (on free ports), the gateway in
+//! front of it with an interactive and a batch class, and background traffic whose rate rises
+//! and falls, so that every backend's curve forms on the dashboard within a minute.
+
+use std::f64::consts::TAU;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::bench::{self, BenchDialect, HttpClient, RequestSpec};
+use crate::cli::say;
+use crate::gateway::Gateway;
+use crate::sim::{Fleet, FleetRaw};
+
+/// The fleet, compiled in so that the demo runs from any directory.
+const FLEET: &str = include_str!("../config/sim-fleet.yaml");
+
+/// The model every simulated backend serves.
+const MODEL: &str = "llama-3.1-8b";
+
+/// One rise and fall of the traffic rate.
+const PERIOD_S: f64 = 120.0;
+
+/// `tpsgate demo` settings.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// Gateway address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+    /// Admin address (dashboard, metrics).
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub admin: String,
+    /// Peak arrival rate of the background traffic, requests per second (0: no traffic).
+    #[arg(long, default_value_t = 6.0)]
+    pub rate: f64,
+}
+
+/// The gateway config in front of the running fleet.
+fn gateway_yaml(fleet: &Fleet, args: &DemoArgs) -> String {
+    let mut text = format!(
+        "listen: {{address: '{}'}}\nadmin: {{listen: '{}'}}\nbackends:\n",
+        args.listen, args.admin
+    );
+    for (name, addr) in fleet.addrs() {
+        // The hosted API is rate-limited, as hosted APIs are; the others by their engines.
+        let limit = match name {
+            "hosted-api" => {
+                "\n    max_concurrency: 16\n    cost: {input_per_1m: 0.15, output_per_1m: 0.60}"
+            }
+            "llamacpp-serial" => "\n    max_concurrency: 4",
+            _ => "\n    max_concurrency: 64",
+        };
+        let models = if name == "hosted-api" {
+            format!("{{{MODEL}: {MODEL}, gpt-4o-mini: gpt-4o-mini}}")
+        } else {
+            format!("{{{MODEL}: {MODEL}}}")
+        };
+        text.push_str(&format!(
+            "  - name: {name}\n    url: http://{addr}\n    dialect: openai\n    models: {models}{limit}\n"
+        ));
+    }
+    text.push_str(
+        "classes:\n  - {name: interactive, min_tps: 25, max_ttft_ms: 1000}\n  - {name: batch}\n\
+         curves: {half_life_s: 120}\n",
+    );
+    text
+}
+
+/// Runs the demo until Ctrl-C or SIGTERM.
+pub async fn run(args: DemoArgs) -> Result<(), String> {
+    if !(args.rate.is_finite() && args.rate >= 0.0) {
+        return Err("--rate: use a number of requests per second, 0 or more".into());
+    }
+    let mut fleet: FleetRaw =
+        crate::yaml::from_str(FLEET).map_err(|e| format!("the built-in fleet: {e}"))?;
+    for backend in &mut fleet.backends {
+        backend.listen = "127.0.0.1:0".to_owned();
+    }
+    let specs = fleet
+        .validate()
+        .map_err(|e| format!("the built-in fleet: {e}"))?;
+    let sims = Fleet::start(&specs)
+        .await
+        .map_err(|e| format!("cannot start the simulated backends: {e}"))?;
+    let text = gateway_yaml(&sims, &args);
+    let config = crate::config::parse(&text, |_| None)
+        .map_err(|e| format!("--listen/--admin: {}", e.message))?;
+    let gateway = Gateway::start(&config).await.map_err(|e| {
+        format!("{e} (is another tpsgate running? pick other ports with --listen and --admin)")
+    })?;
+    let url = gateway.url();
+    let admin = format!("http://{}", gateway.admin_addr());
+    say(&format!(
+        "tpsgate demo: {} simulated backends behind the gateway, traffic up to {} requests/s \
+         (80% interactive, 20% batch), rising and falling every {PERIOD_S:.0} s.",
+        specs.len(),
+        args.rate
+    ));
+    say(&format!(
+        "  gateway    {url}/v1   (OpenAI and Anthropic APIs)"
+    ));
+    say(&format!(
+        "  dashboard  {admin}/   (curves form within a minute)"
+    ));
+    say(&format!(
+        "  metrics    {admin}/metrics   curves: {admin}/admin/curves"
+    ));
+    say(&format!(
+        "  curl       curl -N {url}/v1/chat/completions -H 'content-type: application/json' \
+         -H 'x-tpsgate-class: interactive' \
+         -d '{{\"model\":\"{MODEL}\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"hi\"}}]}}'"
+    ));
+    say(&format!(
+        "  python     from openai import OpenAI; c = OpenAI(base_url=\"{url}/v1\", api_key=\"unused\"); \
+         print(c.chat.completions.create(model=\"{MODEL}\", messages=[{{\"role\":\"user\",\"content\":\"hi\"}}]).choices[0].message.content)"
+    ));
+    say("Ctrl-C stops everything.");
+
+    let (stop, stopped) = watch::channel(false);
+    let traffic = tokio::spawn(traffic(url, args.rate, stopped));
+    crate::cli::shutdown_signal().await;
+    say("stopping: traffic, then the gateway, then the backends");
+    let _ = stop.send(true);
+    let _ = traffic.await;
+    gateway.stop().await;
+    sims.stop().await;
+    Ok(())
+}
+
+/// The request kinds of the traffic: interactive with prompts and outputs of several sizes,
+/// and long batch generations.
+fn kinds(url: &str) -> Result<(Vec<RequestSpec>, Vec<RequestSpec>), String> {
+    let class = |name: &'static str| {
+        vec![(
+            HeaderName::from_static("x-tpsgate-class"),
+            HeaderValue::from_static(name),
+        )]
+    };
+    let mut interactive = Vec::new();
+    for prompt in [32, 256, 1024] {
+        for output in [64, 128, 256] {
+            interactive.push(RequestSpec::new(
+                url,
+                BenchDialect::Openai,
+                MODEL,
+                prompt,
+                output,
+                class("interactive"),
+            )?);
+        }
+    }
+    let batch = vec![RequestSpec::new(
+        url,
+        BenchDialect::Openai,
+        MODEL,
+        512,
+        512,
+        class("batch"),
+    )?];
+    Ok((interactive, batch))
+}
+
+/// Poisson arrivals whose rate follows `peak × (0.55 + 0.45 sin(2πt / PERIOD_S))`.
+async fn traffic(url: String, peak: f64, mut stopped: watch::Receiver<bool>) {
+    let Ok((interactive, batch)) = kinds(&url) else {
+        return;
+    };
+    if peak <= 0.0 {
+        return;
+    }
+    let client: HttpClient = bench::http_client();
+    let mut rng = SmallRng::from_os_rng();
+    let mut running = JoinSet::new();
+    let start = Instant::now();
+    loop {
+        let t = start.elapsed().as_secs_f64();
+        let rate = peak * (0.55 + 0.45 * (TAU * t / PERIOD_S).sin());
+        let gap = -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-3);
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs_f64(gap.min(5.0))) => {}
+            _ = stopped.wait_for(|s| *s) => break,
+        }
+        let kind = if rng.random::<f64>() < 0.8 {
+            &interactive[rng.random_range(0..interactive.len())]
+        } else {
+            &batch[0]
+        };
+        let (client, spec) = (client.clone(), kind.clone());
+        running.spawn(async move {
+            let _ = bench::client::run_one(&client, &spec).await;
+        });
+        while running.try_join_next().is_some() {}
+    }
+    // In-flight requests are dropped: the client goes away, as users do.
+    running.abort_all();
+}

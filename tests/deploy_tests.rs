@@ -1,0 +1,145 @@
+//! deploy/: every file parses, every tpsgate config the manifests carry passes `tpsgate check`'s
+//! validation, and Prometheus accepts its config and rules (`promtool`, which `.ci/run` installs
+//! from the Debian package `prometheus`).
+
+#![expect(clippy::unwrap_used, reason = "a test fails loudly")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+
+fn deploy() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
+}
+
+fn files(ext: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![deploy()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path
+                .extension()
+                .is_some_and(|e| ext.iter().any(|x| e == *x))
+            {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every document of a YAML file.
+fn documents(path: &Path) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            serde_yaml::Value::deserialize(doc)
+                .map_err(|e| format!("{}: {e}", path.display()))
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Validates a gateway config as `tpsgate check` does, with every key variable set.
+fn valid_gateway_config(text: &str, origin: &str) {
+    tpsgate::config::parse(text, |_| Some("set".to_owned()))
+        .map_err(|e| format!("{origin}: {e}"))
+        .unwrap();
+}
+
+#[test]
+fn every_yaml_and_json_file_parses() {
+    let yaml = files(&["yml", "yaml"]);
+    assert!(yaml.len() >= 8, "{yaml:?}");
+    for path in &yaml {
+        assert!(!documents(path).is_empty(), "{}", path.display());
+    }
+    for path in files(&["json"]) {
+        let text = std::fs::read_to_string(&path).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .unwrap();
+    }
+}
+
+#[test]
+fn the_gateway_configs_the_manifests_carry_are_valid() {
+    let mut checked = 0;
+    for path in files(&["yml", "yaml"]) {
+        for doc in documents(&path) {
+            if doc["kind"] == "ConfigMap"
+                && let Some(text) = doc["data"]["tpsgate.yaml"].as_str()
+            {
+                valid_gateway_config(text, &path.display().to_string());
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 2, "the sidecar and the shared gateway");
+    let compose = deploy().join("compose/gateway.yaml");
+    valid_gateway_config(&std::fs::read_to_string(&compose).unwrap(), "compose");
+}
+
+#[test]
+fn the_grafana_dashboard_queries_metrics_the_gateway_exports() {
+    let text = std::fs::read_to_string(deploy().join("grafana/dashboards/tpsgate.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let exported = [
+        tpsgate::telemetry::TTFT,
+        tpsgate::telemetry::TPOT,
+        tpsgate::telemetry::PER_USER_TPS,
+        tpsgate::telemetry::CURVE_TPS,
+        tpsgate::telemetry::CURVE_TTFT,
+        tpsgate::telemetry::SLO_ATTAINMENT,
+        tpsgate::telemetry::IN_FLIGHT,
+        tpsgate::telemetry::BACKEND_HEALTHY,
+        tpsgate::telemetry::ROUTE_DECISIONS,
+        tpsgate::telemetry::CONCURRENCY_CAP,
+        tpsgate::telemetry::REQUESTS,
+        tpsgate::telemetry::QUEUE_WAITING,
+    ];
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            assert!(
+                exported.iter().any(|m| expr.contains(m)),
+                "panel {}: {expr}",
+                panel["title"]
+            );
+        }
+    }
+}
+
+#[test]
+fn prometheus_accepts_the_scrape_config_and_the_alert_rules() {
+    let Ok(version) = Command::new("promtool").arg("--version").output() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "promtool is missing: .ci/run installs it (apt-get install prometheus)"
+        );
+        eprintln!("skipped: promtool not installed (apt-get install prometheus)");
+        return;
+    };
+    assert!(version.status.success());
+    for (what, file) in [
+        ("config", "prometheus/prometheus.yml"),
+        ("rules", "prometheus/alerts.yml"),
+    ] {
+        let out = Command::new("promtool")
+            .args(["check", what])
+            .arg(deploy().join(file))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool check {what} {file}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! `tpsgate demo`: README's first command.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use tokio::time::Instant;
+
+use crate::support;
+
+fn address_after(lines: &[String], label: &str) -> SocketAddr {
+    lines
+        .iter()
+        .find(|l| l.trim_start().starts_with(label))
+        .and_then(|l| l.split("http://").nth(1))
+        .and_then(|rest| rest.split(['/', ' ']).next())
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| format!("no {label} address in {lines:?}"))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_demo_shows_a_curve_for_every_backend_within_a_minute_and_stops_cleanly() {
+    let mut child = support::tpsgate()
+        .args(["demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for line in std::io::BufReader::new(stdout).lines() {
+            let line = line.unwrap();
+            let last = line.contains("Ctrl-C");
+            lines.push(line);
+            if last {
+                break;
+            }
+        }
+        lines
+    })
+    .await
+    .unwrap();
+    let gateway = address_after(&lines, "gateway");
+    let admin = address_after(&lines, "dashboard");
+    let text = lines.join("\n");
+    assert!(text.contains("curl -N http://") && text.contains("from openai import OpenAI"));
+
+    let page = support::exchange(admin, Method::GET, "/", None).await;
+    assert_eq!(page.status, StatusCode::OK);
+    let started = Instant::now();
+    let mut with_curve = Vec::new();
+    while started.elapsed() < Duration::from_secs(60) {
+        let curves = support::get_json(admin, "/admin/curves").await;
+        with_curve = curves["curves"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["points"].as_array().is_some_and(|p| !p.is_empty()))
+            .map(|c| c["backend"].as_str().unwrap().to_owned())
+            .collect();
+        with_curve.sort();
+        with_curve.dedup();
+        if with_curve.len() == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        with_curve,
+        [
+            "hosted-api",
+            "llamacpp-serial",
+            "sglang-small",
+            "vllm-large"
+        ],
+        "curves after {:?}",
+        started.elapsed()
+    );
+    dashboard_renders_in_a_browser(admin, &with_curve).await;
+    // The gateway answers a client too.
+    let ex = support::post(
+        gateway,
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "llama-3.1-8b", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::OK);
+
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit:?}");
+}
+
+/// Loads the dashboard in headless Chromium, lets its script fetch `/admin/curves` and draw,
+/// and checks the DOM: a card with both charts (points drawn) for every backend. Saves a
+/// screenshot to `target/dashboard.png`. `.ci/run` installs Chromium (Debian `chromium`).
+async fn dashboard_renders_in_a_browser(admin: SocketAddr, backends: &[String]) {
+    let Some(browser) = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok()
+        })
+    else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Chromium is missing: .ci/run installs it (apt-get install chromium)"
+        );
+        eprintln!("skipped the browser check: no Chromium (apt-get install chromium)");
+        return;
+    };
+    let url = format!("http://{admin}/");
+    let screenshot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+    let common = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        "--virtual-time-budget=8000",
+        "--window-size=1280,2400",
+    ];
+    let run = |extra: Vec<String>| {
+        let (browser, url) = (browser.to_owned(), url.clone());
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(browser)
+                .args(common)
+                .args(extra)
+                .arg(url)
+                .output()
+                .unwrap()
+        })
+    };
+    let dom = run(vec!["--dump-dom".to_owned()]).await.unwrap();
+    assert!(
+        dom.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    let dom = String::from_utf8_lossy(&dom.stdout).into_owned();
+    for backend in backends {
+        let card = dom
+            .split(&format!("data-backend=\"{backend}\""))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no card for {backend} in the rendered page:\n{dom}"));
+        let card = card.split("</section>").next().unwrap();
+        assert_eq!(card.matches("<svg").count(), 2, "{backend}: both charts");
+        assert!(card.contains("<circle"), "{backend}: measured points drawn");
+    }
+    let shot = run(vec![format!("--screenshot={}", screenshot.display())])
+        .await
+        .unwrap();
+    assert!(shot.status.success());
+    assert!(
+        std::fs::metadata(&screenshot).unwrap().len() > 10_000,
+        "a real screenshot"
+    );
+}
