@@ -148,6 +148,9 @@ pub struct BenchArgs {
     /// API dialect.
     #[arg(long, value_enum, default_value = "openai")]
     pub dialect: BenchDialect,
+    /// Ask for whole JSON responses instead of streams (reports latency, no TTFT).
+    #[arg(long)]
+    pub no_stream: bool,
     /// Open loop: Poisson arrival rates, requests per second, comma-separated (replaces the
     /// closed loop).
     #[arg(long, value_delimiter = ',')]
@@ -463,14 +466,19 @@ impl BenchArgs {
             value.set_sensitive(true);
             headers.push((HeaderName::from_static(name), value));
         }
-        RequestSpec::new(
+        let spec = RequestSpec::new(
             &self.url,
             self.dialect,
             &self.model,
             self.prompt_tokens,
             self.max_tokens,
             headers,
-        )
+        )?;
+        Ok(if self.no_stream {
+            spec.unstreamed()
+        } else {
+            spec
+        })
     }
 }
 

@@ -48,6 +48,8 @@ pub struct RequestSpec {
     prompt_tokens: u32,
     /// Output tokens asked for.
     pub max_tokens: u32,
+    /// Ask for a stream (the default) or one JSON response.
+    pub stream: bool,
 }
 
 impl RequestSpec {
@@ -82,8 +84,19 @@ impl RequestSpec {
             model: model.to_owned(),
             prompt_tokens,
             max_tokens: 0,
+            stream: true,
         };
         Ok(spec.with_max_tokens(max_tokens))
+    }
+
+    /// The same request asking for one JSON response instead of a stream.
+    #[must_use]
+    pub fn unstreamed(&self) -> Self {
+        Self {
+            stream: false,
+            ..self.clone()
+        }
+        .with_max_tokens(self.max_tokens)
     }
 
     /// The same request asking for `max_tokens` of output.
@@ -91,13 +104,13 @@ impl RequestSpec {
     pub fn with_max_tokens(&self, max_tokens: u32) -> Self {
         let prompt = "word".repeat(self.prompt_tokens as usize);
         let messages = json!([{"role": "user", "content": prompt}]);
-        let body = match self.dialect {
-            BenchDialect::Openai => json!({
+        let body = match (self.dialect, self.stream) {
+            (BenchDialect::Openai, true) => json!({
                 "model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "stream": true, "stream_options": {"include_usage": true},
             }),
-            BenchDialect::Anthropic => json!({
-                "model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": true,
+            (_, stream) => json!({
+                "model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": stream,
             }),
         };
         Self {
@@ -121,6 +134,8 @@ pub struct Sample {
     pub output_tokens: u32,
     /// Events that carried content.
     pub content_events: u32,
+    /// Body frames (reads) that carried data: equal to the events when nothing coalesced them.
+    pub frames: u32,
     /// `output_tokens` came from counting events, not from usage.
     pub estimated: bool,
     /// Gaps between successive content events, seconds.
@@ -197,12 +212,25 @@ pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
         sample.backend = backend;
         return sample;
     }
+    if !spec.stream {
+        let collected = body.collect().await;
+        let end = Instant::now();
+        let mut sample = match collected {
+            Ok(b) => unstreamed(spec.dialect, &b.to_bytes()),
+            Err(e) => failed(format!("body broke: {e}")),
+        };
+        sample.total = (end - start).as_secs_f64();
+        sample.backend = backend;
+        return sample;
+    }
     let mut timer = StreamTimer::new(spec.dialect, start);
     let mut parser = SseParser::new();
+    let mut frames = 0u32;
     while let Some(frame) = body.frame().await {
         match frame {
             Ok(frame) => {
                 if let Some(data) = frame.data_ref() {
+                    frames += 1;
                     let now = Instant::now();
                     parser.feed(data, &mut |ev| timer.on_event(ev, now));
                 }
@@ -214,13 +242,34 @@ pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
                     sample.output_tokens
                 ));
                 sample.backend = backend;
+                sample.frames = frames;
                 return sample;
             }
         }
     }
     let mut sample = timer.finish(Instant::now());
     sample.backend = backend;
+    sample.frames = frames;
     sample
+}
+
+/// A whole JSON response: its output tokens from usage.
+fn unstreamed(dialect: BenchDialect, body: &[u8]) -> Sample {
+    let Ok(value) = serde_json::from_slice::<Value>(body) else {
+        return failed("the response is not JSON".to_owned());
+    };
+    let tokens = match dialect {
+        BenchDialect::Openai => &value["usage"]["completion_tokens"],
+        BenchDialect::Anthropic => &value["usage"]["output_tokens"],
+    };
+    Sample {
+        output_tokens: tokens
+            .as_u64()
+            .and_then(|t| u32::try_from(t).ok())
+            .unwrap_or(0),
+        estimated: tokens.is_null(),
+        ..Sample::default()
+    }
 }
 
 fn failed(error: String) -> Sample {
@@ -306,6 +355,7 @@ impl StreamTimer {
             gaps: self.gaps,
             total: (end - self.start).as_secs_f64(),
             backend: None,
+            frames: 0,
         }
     }
 }

@@ -107,8 +107,15 @@ pub async fn closed_loop(
     } else {
         0.0
     };
+    let ok: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.error.is_none())
+        .map(|s| s.total)
+        .collect();
+    let mean_time = ok.iter().sum::<f64>() / ok.len().max(1) as f64;
     LevelReport {
         concurrency: Some(concurrency),
+        requests_per_s: (mean_time > 0.0).then(|| concurrency as f64 / mean_time),
         ..LevelReport::from_samples(&samples, system_tps)
     }
 }

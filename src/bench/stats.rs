@@ -67,6 +67,17 @@ pub struct LevelReport {
     pub system_tps: f64,
     /// 99th percentile of gaps between content events, seconds.
     pub chunk_gap_p99_s: Option<f64>,
+    /// Content events received, over all requests.
+    pub content_events: u64,
+    /// Body frames received, over all requests (more events than frames: something coalesced).
+    pub frames: u64,
+    /// Whole-request time quantiles, seconds (send to end of body).
+    pub latency_p50_s: Option<f64>,
+    /// See `latency_p50_s`.
+    pub latency_p99_s: Option<f64>,
+    /// Closed loop: completed requests per second (`c / mean request time`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requests_per_s: Option<f64>,
     /// Requests whose token count was estimated (the stream carried no usage).
     pub estimated: usize,
     /// Open loop: the SLO requests were scored against.
@@ -93,6 +104,7 @@ impl LevelReport {
         let mut ttft: Vec<f64> = ok().filter_map(|s| s.ttft).collect();
         let mut tps: Vec<f64> = ok().filter_map(Sample::per_user_tps).collect();
         let mut gaps: Vec<f64> = ok().flat_map(|s| s.gaps.iter().copied()).collect();
+        let mut latency: Vec<f64> = ok().map(|s| s.total).collect();
         Self {
             concurrency: None,
             rate_rps: None,
@@ -106,6 +118,11 @@ impl LevelReport {
             per_user_tps_p90: quantile(&mut tps, 0.9),
             system_tps,
             chunk_gap_p99_s: quantile(&mut gaps, 0.99),
+            content_events: ok().map(|s| u64::from(s.content_events)).sum(),
+            frames: ok().map(|s| u64::from(s.frames)).sum(),
+            latency_p50_s: quantile(&mut latency, 0.5),
+            latency_p99_s: quantile(&mut latency, 0.99),
+            requests_per_s: None,
             estimated: ok().filter(|s| s.estimated).count(),
             slo: None,
             slo_attainment: None,

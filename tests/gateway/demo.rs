@@ -153,7 +153,8 @@ async fn dashboard_renders_in_a_browser(admin: SocketAddr, backends: &[String]) 
         let card = dom
             .split(&format!("data-backend=\"{backend}\""))
             .nth(1)
-            .unwrap_or_else(|| panic!("no card for {backend} in the rendered page:\n{dom}"));
+            .ok_or_else(|| format!("no card for {backend} in the rendered page:\n{dom}"))
+            .unwrap();
         let card = card.split("</section>").next().unwrap();
         assert_eq!(card.matches("<svg").count(), 2, "{backend}: both charts");
         assert!(card.contains("<circle"), "{backend}: measured points drawn");
