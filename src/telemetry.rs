@@ -45,6 +45,8 @@ pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
 pub const SLO_ATTAINMENT: &str = "tpsgate_slo_attainment";
 /// 1 while a backend is healthy, 0 while it is failing.
 pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
+/// Ejections of backends after upstream failures.
+pub const EJECTIONS: &str = "tpsgate_ejections_total";
 /// Requests waiting in the `queue` line.
 pub const QUEUE_WAITING: &str = "tpsgate_queue_waiting";
 
@@ -172,6 +174,12 @@ pub fn count_response(
         "outcome" => outcome_label(outcome)
     )
     .increment(1);
+}
+
+/// Counts one ejection (rare: the label is built here).
+pub fn count_ejection(backend: &str) {
+    let _ = prometheus();
+    counter!(EJECTIONS, "backend" => backend.to_owned()).increment(1);
 }
 
 /// Counts one error the gateway answered itself.

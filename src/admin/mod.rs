@@ -86,7 +86,8 @@ fn backends(router: &Router) -> serde_json::Value {
                 "dialect": match c.dialect { BackendDialect::Openai => "openai", BackendDialect::Anthropic => "anthropic" },
                 "models": c.models.aliases,
                 "passthrough": c.models.passthrough,
-                "health": b.health(),
+                "health": b.health().0,
+                "health_for_s": b.health().1,
                 "in_flight": b.in_flight(),
                 "max_concurrency": c.max_concurrency,
             })

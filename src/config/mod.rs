@@ -155,6 +155,19 @@ pub struct BackendConfig {
     pub anthropic_version: HeaderValue,
     /// Cold-start curve points, if configured.
     pub prior: Option<Vec<PriorPoint>>,
+    /// Outlier ejection.
+    pub ejection: Ejection,
+}
+
+/// When a backend is ejected and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ejection {
+    /// Failures in a row that eject.
+    pub after_failures: u32,
+    /// First period.
+    pub base: Duration,
+    /// Longest period.
+    pub max: Duration,
 }
 
 /// A validated traffic class.

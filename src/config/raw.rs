@@ -186,6 +186,31 @@ pub struct RawBackend {
     /// What the backend is believed to do before it has been observed.
     #[serde(default)]
     pub prior: Option<RawPrior>,
+    /// When upstream failures take the backend out of routing, and for how long.
+    #[serde(default)]
+    pub ejection: RawEjection,
+}
+
+/// `backends[].ejection`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawEjection {
+    /// Upstream failures in a row (connect errors, 5xx, broken streams) that eject; default 3.
+    pub after_failures: u32,
+    /// First ejection, ms; doubled after each failed probe; default 5000.
+    pub base_ms: u64,
+    /// Longest ejection, ms; default 300000.
+    pub max_ms: u64,
+}
+
+impl Default for RawEjection {
+    fn default() -> Self {
+        Self {
+            after_failures: 3,
+            base_ms: 5000,
+            max_ms: 300_000,
+        }
+    }
 }
 
 /// `backends[].prior`: exactly one of `points`, `fit` or `bench_file`.

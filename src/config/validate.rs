@@ -499,8 +499,20 @@ fn backend(
         Some(p) => Some(prior(&format!("{at}.prior"), p, b.max_concurrency, dir)?),
         None => None,
     };
+    let e = b.ejection;
+    if e.after_failures == 0 || e.base_ms == 0 || e.max_ms < e.base_ms {
+        return Err(ConfigError::at(
+            format!("{at}.ejection"),
+            "after_failures and base_ms must be at least 1, and max_ms at least base_ms",
+        ));
+    }
     Ok(BackendConfig {
         prior,
+        ejection: super::Ejection {
+            after_failures: e.after_failures,
+            base: Duration::from_millis(e.base_ms),
+            max: Duration::from_millis(e.max_ms),
+        },
         name: Arc::from(b.name.as_str()),
         url,
         dialect: b.dialect,

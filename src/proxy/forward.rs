@@ -154,6 +154,16 @@ impl Future for ForwardFuture {
             }
         };
         let (mut parts, body) = resp.into_parts();
+        if parts.status == http::StatusCode::TOO_MANY_REQUESTS {
+            // Seconds only: the HTTP-date form of Retry-After falls back to the default.
+            let retry_after = parts
+                .headers
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(std::time::Duration::from_secs);
+            pending.backend.note_rate_limited(retry_after);
+        }
         let hop: Vec<HeaderName> = parts
             .headers
             .keys()

@@ -28,6 +28,8 @@ pub struct Backend {
     metrics: DashMap<(Arc<str>, Arc<str>), ModelMetrics>,
     /// Upstream failures in a row (connect errors, 5xx, broken streams); a success resets it.
     failures_in_a_row: AtomicU32,
+    /// Outlier ejection and 429 cooldown.
+    outlier: Outlier,
     /// Half-life of curve observations, seconds.
     pub half_life_s: f64,
     /// The prior as a curve, for models not observed yet.
@@ -72,6 +74,7 @@ impl Backend {
             curves,
             metrics: DashMap::new(),
             failures_in_a_row: AtomicU32::new(0),
+            outlier: Outlier::new(now),
             half_life_s,
             prior,
             class_in_flight: (0..classes).map(|_| AtomicU32::new(0)).collect(),
@@ -172,33 +175,120 @@ impl Backend {
             .observe(obs, max_gap_s);
     }
 
-    /// Notes how an upstream exchange went, for [`Backend::health`].
+    /// Notes how an upstream exchange went. `ejection.after_failures` failures in a row eject
+    /// the backend for `ejection.base`, doubling with each ejection that follows a failed probe
+    /// (up to `ejection.max`); once the period ends, requests are let through again (half-open) and
+    /// the first result decides: a success clears everything, a failure ejects at once for
+    /// longer.
     pub fn note_upstream(&self, ok: bool) {
+        let now = Instant::now();
         if ok {
+            // A success (a probe, or the only backend tried anyway) ends any ejection.
             self.failures_in_a_row.store(0, Ordering::Relaxed);
-        } else {
-            self.failures_in_a_row.fetch_add(1, Ordering::Relaxed);
+            self.outlier.ejections.store(0, Ordering::Relaxed);
+            self.outlier.ejected_until_ms.store(0, Ordering::Relaxed);
+            return;
+        }
+        let failures = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        let probing = self.outlier.ejections.load(Ordering::Relaxed) > 0
+            && self.outlier.ejected_until(now).is_none();
+        let rule = self.config.ejection;
+        if failures >= rule.after_failures || probing {
+            let k = self
+                .outlier
+                .ejections
+                .fetch_add(1, Ordering::Relaxed)
+                .min(16);
+            let period = rule.base.saturating_mul(1 << k).min(rule.max);
+            self.outlier.eject(now, period);
+            self.failures_in_a_row.store(0, Ordering::Relaxed);
+            crate::telemetry::count_ejection(&self.config.name);
+            tracing::warn!(
+                backend = &*self.config.name,
+                seconds = period.as_secs_f64(),
+                "backend ejected after upstream failures"
+            );
         }
     }
 
-    /// Not failing.
-    pub fn is_healthy(&self) -> bool {
-        self.failures_in_a_row.load(Ordering::Relaxed) < FAILING_AFTER
+    /// Notes a 429 from the backend: no requests go there for `retry_after` (its `Retry-After`,
+    /// else a second; at most a minute).
+    pub fn note_rate_limited(&self, retry_after: Option<std::time::Duration>) {
+        let period = retry_after
+            .unwrap_or(std::time::Duration::from_secs(1))
+            .min(std::time::Duration::from_secs(60));
+        self.outlier.cool(Instant::now(), period);
     }
 
-    /// `healthy`, or `failing` after [`FAILING_AFTER`] upstream failures in a row (until the next
-    /// success). Reported only: ejecting a failing backend is the resilience layer's job.
-    pub fn health(&self) -> &'static str {
-        if self.failures_in_a_row.load(Ordering::Relaxed) >= FAILING_AFTER {
-            "failing"
+    /// Takes requests: neither ejected nor cooling down after a 429.
+    pub fn is_healthy(&self) -> bool {
+        let now = Instant::now();
+        self.outlier.ejected_until(now).is_none() && self.outlier.cooling_until(now).is_none()
+    }
+
+    /// `healthy`, `ejected` (after upstream failures) or `cooling` (after a 429), with the
+    /// seconds left.
+    pub fn health(&self) -> (&'static str, f64) {
+        let now = Instant::now();
+        let left = |until: Instant| until.saturating_duration_since(now).as_secs_f64();
+        if let Some(until) = self.outlier.ejected_until(now) {
+            ("ejected", left(until))
+        } else if let Some(until) = self.outlier.cooling_until(now) {
+            ("cooling", left(until))
         } else {
-            "healthy"
+            ("healthy", 0.0)
         }
     }
 }
 
-/// Upstream failures in a row after which a backend reports itself failing.
-pub const FAILING_AFTER: u32 = 3;
+/// Ejection and cooldown deadlines, as milliseconds since the backend was built (atomics: read
+/// on every routing decision).
+#[derive(Debug)]
+struct Outlier {
+    born: Instant,
+    ejected_until_ms: AtomicU64,
+    cooling_until_ms: AtomicU64,
+    /// Ejections since the last success.
+    ejections: AtomicU32,
+}
+
+impl Outlier {
+    fn new(born: Instant) -> Self {
+        Self {
+            born,
+            ejected_until_ms: AtomicU64::new(0),
+            cooling_until_ms: AtomicU64::new(0),
+            ejections: AtomicU32::new(0),
+        }
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.born).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn until(&self, slot: &AtomicU64, now: Instant) -> Option<Instant> {
+        let until = slot.load(Ordering::Relaxed);
+        (until > self.ms(now)).then(|| self.born + std::time::Duration::from_millis(until))
+    }
+
+    fn ejected_until(&self, now: Instant) -> Option<Instant> {
+        self.until(&self.ejected_until_ms, now)
+    }
+
+    fn cooling_until(&self, now: Instant) -> Option<Instant> {
+        self.until(&self.cooling_until_ms, now)
+    }
+
+    fn eject(&self, now: Instant, period: std::time::Duration) {
+        self.ejected_until_ms
+            .store(self.ms(now + period), Ordering::Relaxed);
+    }
+
+    fn cool(&self, now: Instant, period: std::time::Duration) {
+        self.cooling_until_ms
+            .fetch_max(self.ms(now + period), Ordering::Relaxed);
+    }
+}
 
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]

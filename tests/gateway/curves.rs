@@ -10,7 +10,7 @@ use crate::support::curves::{OUTPUT, PROMPT, curve, level, point};
 use crate::support::{self, rel_err};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_no_sample() {
+async fn a_client_that_leaves_mid_stream_cancels_upstream_frees_its_slot_and_leaves_no_sample() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(5.0, 0.0, 8)).await;
     let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
     use http_body_util::BodyExt;
@@ -29,7 +29,23 @@ async fn a_client_that_leaves_mid_stream_frees_its_slot_and_leaves_no_sample() {
         body.frame().await.unwrap().unwrap();
     }
     assert_eq!(curve_in_flight(&gw).await, 1);
+    let left = tokio::time::Instant::now();
     drop(body);
+    // The upstream request is cancelled too: the simulator sees its client (the gateway) go.
+    let mut stats = Value::Null;
+    for _ in 0..200 {
+        stats = support::get_json(sim, "/sim/stats").await;
+        if stats["stats"]["cancelled"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(stats["stats"]["cancelled"], 1, "{stats}");
+    assert_eq!(stats["stats"]["running"], 0, "{stats}");
+    eprintln!(
+        "upstream cancelled {:?} after the client left",
+        left.elapsed()
+    );
     let mut c = Value::Null;
     for _ in 0..100 {
         c = curve(gw.admin_addr()).await;

@@ -1,0 +1,132 @@
+//! Outlier ejection and 429 cooldown as a client sees them.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::json;
+use tpsgate::bench::http_client;
+use tpsgate::sim::config::{FaultKindRaw, FaultRaw, StreamRaw};
+
+use crate::support;
+
+const CHAT: &[u8] = br#"{"model":"m","messages":[],"max_tokens":3,"stream":true}"#;
+
+fn fault(kind: FaultKindRaw, retry_after_s: Option<u32>) -> FaultRaw {
+    FaultRaw {
+        kind,
+        probability: None,
+        every: Some(1),
+        retry_after_s,
+        delay_ms: None,
+        after_tokens: None,
+    }
+}
+
+/// A faulty and a good backend behind a round-robin class (so that the order is known).
+async fn faulty_and_good(
+    faulty: FaultRaw,
+) -> (support::FleetGuard, SocketAddr, tpsgate::gateway::Gateway) {
+    let (bad_fleet, bad) = support::start(support::spec(
+        "bad",
+        support::engine(1.0, 0.0, 8),
+        StreamRaw::default(),
+        vec![faulty],
+    ))
+    .await;
+    let (good_fleet, good) = support::start_engine("good", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}{}classes:\n  - {{name: turns, policy: round_robin}}\n",
+        support::backend_yaml(
+            "bad",
+            bad,
+            "openai",
+            "    models: {m: m}\n    ejection: {after_failures: 3, base_ms: 300, max_ms: 1000}\n"
+        ),
+        support::backend_yaml("good", good, "openai", "    models: {m: m}\n"),
+    ))
+    .await;
+    (support::FleetGuard(vec![bad_fleet, good_fleet]), bad, gw)
+}
+
+async fn backend_of_next(gw: &tpsgate::gateway::Gateway) -> (StatusCode, String) {
+    let ex = support::exchange_with(
+        &http_client(),
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(CHAT),
+    )
+    .await;
+    let backend = ex
+        .headers
+        .get("x-tpsgate-backend")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    (ex.status, backend)
+}
+
+async fn health(gw: &tpsgate::gateway::Gateway) -> String {
+    let all = support::get_json(gw.admin_addr(), "/admin/backends").await;
+    all["backends"][0]["health"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_failing_backend_is_ejected_then_probed_back_once_it_recovers() {
+    let (_fleets, bad, gw) = faulty_and_good(fault(FaultKindRaw::Http500, None)).await;
+    let mut failures = 0;
+    for _ in 0..6 {
+        let (status, _) = backend_of_next(&gw).await;
+        failures += usize::from(status == StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    assert_eq!(failures, 3, "three failures eject it");
+    assert_eq!(health(&gw).await, "ejected");
+    for _ in 0..4 {
+        assert_eq!(
+            backend_of_next(&gw).await,
+            (StatusCode::OK, "good".to_owned())
+        );
+    }
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    assert!(
+        String::from_utf8(metrics.body())
+            .unwrap()
+            .contains(r#"tpsgate_ejections_total{backend="bad"}"#)
+    );
+
+    // Recovered and the ejection over: round robin reaches it again, the probe succeeds.
+    support::post(bad, "/sim/params", &json!({"faults": []})).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let (status, backend) = backend_of_next(&gw).await;
+        assert_eq!(status, StatusCode::OK);
+        seen.push(backend);
+    }
+    assert!(seen.contains(&"bad".to_owned()), "{seen:?}");
+    assert_eq!(health(&gw).await, "healthy");
+}
+
+#[tokio::test]
+async fn a_429_cools_the_backend_for_its_retry_after() {
+    let (_fleets, bad, gw) = faulty_and_good(fault(FaultKindRaw::Http429, Some(1))).await;
+    let mut statuses = Vec::new();
+    for _ in 0..2 {
+        statuses.push(backend_of_next(&gw).await);
+    }
+    assert!(
+        statuses.contains(&(StatusCode::TOO_MANY_REQUESTS, "bad".to_owned())),
+        "{statuses:?}"
+    );
+    assert_eq!(health(&gw).await, "cooling");
+    for _ in 0..4 {
+        assert_eq!(
+            backend_of_next(&gw).await,
+            (StatusCode::OK, "good".to_owned())
+        );
+    }
+    support::post(bad, "/sim/params", &json!({"faults": []})).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(health(&gw).await, "healthy");
+}
