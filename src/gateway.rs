@@ -78,6 +78,7 @@ impl Gateway {
         let admin = Arc::new(AdminState {
             router: Arc::clone(&router),
             ready: AtomicBool::new(true),
+            token: config.admin_token.clone(),
         });
         let has_tls = tls.is_some();
         let classes = Classes::new(
@@ -89,7 +90,12 @@ impl Gateway {
         let proxy = tokio::spawn(listen::serve(
             listener,
             tls,
-            limits.header_read_timeout,
+            listen::Limits {
+                header_read_timeout: limits.header_read_timeout,
+                max_header_bytes: limits.max_header_bytes,
+                max_connections: limits.max_connections,
+                drain: limits.drain_timeout,
+            },
             stack::build(
                 Arc::clone(&router),
                 limits,
@@ -97,7 +103,6 @@ impl Gateway {
                 config.api_keys.clone(),
             ),
             stopped(&stop),
-            limits.drain_timeout,
         ));
         let admin_state = Arc::clone(&admin);
         let admin_service =
@@ -105,10 +110,12 @@ impl Gateway {
         let admin_task = tokio::spawn(listen::serve(
             admin_listener,
             None,
-            listen::HEADER_READ_TIMEOUT,
+            listen::Limits {
+                max_connections: 256,
+                ..listen::Limits::default()
+            },
             admin_service,
             stopped(&stop),
-            std::time::Duration::from_secs(1),
         ));
         // Histograms buffer samples until upkeep drains them: without a scraper they would grow.
         let mut stopped_upkeep = stop.subscribe();

@@ -21,16 +21,39 @@ use tower::Service;
 /// How long a client may take to send its request headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves `service` on `listener` until `shutdown` completes, then waits up to `drain` for open
-/// connections to finish. With `tls`, connections are HTTPS (ALPN h2 and http/1.1); the
+/// How a listener treats its clients.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Time to send request headers (and finish a TLS handshake).
+    pub header_read_timeout: Duration,
+    /// Largest request head (HTTP/1.1 read buffer; HTTP/2 header list).
+    pub max_header_bytes: usize,
+    /// Connections open at once; beyond it, new ones wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// How long open connections may finish after shutdown begins.
+    pub drain: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            max_header_bytes: 64 << 10,
+            max_connections: 10_000,
+            drain: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Serves `service` on `listener` until `shutdown` completes, then waits up to `limits.drain`
+/// for open connections to finish. With `tls`, connections are HTTPS (ALPN h2 and http/1.1); the
 /// header-read timeout also bounds the TLS handshake.
 pub async fn serve<S, B>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
-    header_read_timeout: Duration,
+    limits: Limits,
     service: S,
     shutdown: impl Future<Output = ()>,
-    drain: Duration,
 ) where
     S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Clone
@@ -40,16 +63,30 @@ pub async fn serve<S, B>(
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    let header_read_timeout = limits.header_read_timeout;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
+        .max_buf_size(limits.max_header_bytes.max(8192))
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let graceful = GracefulShutdown::new();
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     tokio::pin!(shutdown);
     loop {
+        // A slot first: at the limit, connections wait in the backlog instead of being accepted.
+        let slot = tokio::select! {
+            slot = std::sync::Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(conn) => conn,
@@ -74,6 +111,7 @@ pub async fn serve<S, B>(
                     if let Err(err) = conn.await {
                         tracing::debug!(%peer, %err, "connection ended with an error");
                     }
+                    drop(slot);
                 });
             }
             Some(acceptor) => {
@@ -100,11 +138,13 @@ pub async fn serve<S, B>(
                     if let Err(err) = watcher.watch(conn.into_owned()).await {
                         tracing::debug!(%peer, %err, "connection ended with an error");
                     }
+                    drop(slot);
                 });
             }
         }
     }
     drop(listener);
+    let drain = limits.drain;
     if tokio::time::timeout(drain, graceful.shutdown())
         .await
         .is_err()

@@ -26,6 +26,24 @@ pub struct AdminState {
     pub router: Arc<Router>,
     /// False once draining has begun.
     pub ready: AtomicBool,
+    /// Bearer token for `/metrics` and `/admin/*`, if configured.
+    pub token: Option<crate::config::Secret>,
+}
+
+/// Whether `req` may read the admin data: no token configured, or `Authorization: Bearer` with
+/// it (compared in constant time).
+fn authorized<B>(state: &AdminState, req: &Request<B>) -> bool {
+    use subtle::ConstantTimeEq as _;
+    let Some(token) = &state.token else {
+        return true;
+    };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    bool::from(given.as_bytes().ct_eq(token.expose().as_bytes()))
 }
 
 /// Answers one admin request.
@@ -38,6 +56,17 @@ pub async fn handle<B>(
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+        return Ok(resp);
+    }
+    let open = matches!(req.uri().path(), "/healthz" | "/readyz");
+    if !open && !authorized(&state, &req) {
+        let body = json!({"error": {"message": "the admin plane needs Authorization: Bearer TOKEN (admin.token_env)", "type": "invalid_request_error", "code": "invalid_api_key"}});
+        let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+        *resp.status_mut() = StatusCode::UNAUTHORIZED;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
         );
         return Ok(resp);
     }

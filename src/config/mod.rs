@@ -30,6 +30,8 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// Admin listener address.
     pub admin_listen: SocketAddr,
+    /// Bearer token the admin data endpoints require, if any.
+    pub admin_token: Option<Secret>,
     /// Request limits and drain.
     pub limits: Limits,
     /// Upstream providers, in config order.
@@ -68,6 +70,10 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// How long in-flight requests may finish after SIGINT/SIGTERM.
     pub drain_timeout: Duration,
+    /// Largest request head.
+    pub max_header_bytes: usize,
+    /// Client connections open at once.
+    pub max_connections: usize,
 }
 
 /// A string that never shows itself in logs or debug output.

@@ -100,12 +100,16 @@ pub struct RawAdmin {
     /// `IP:port`; default `127.0.0.1:9090` (loopback: the admin plane is not for the internet).
     #[serde(default = "default_admin")]
     pub listen: String,
+    /// Environment variable holding a bearer token that `/metrics` and `/admin/*` require.
+    #[serde(default)]
+    pub token_env: Option<String>,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
         Self {
             listen: default_admin(),
+            token_env: None,
         }
     }
 }
@@ -124,6 +128,10 @@ pub struct RawLimits {
     pub header_read_timeout_s: f64,
     /// On SIGINT/SIGTERM, how long in-flight requests may go on, seconds; default 30.
     pub drain_timeout_s: f64,
+    /// Largest request head (request line and headers), bytes; default 65536.
+    pub max_header_bytes: u64,
+    /// Client connections open at once; default 10000.
+    pub max_connections: u64,
 }
 
 impl Default for RawLimits {
@@ -132,6 +140,8 @@ impl Default for RawLimits {
             max_body_bytes: 4 << 20,
             header_read_timeout_s: 10.0,
             drain_timeout_s: 30.0,
+            max_header_bytes: 64 << 10,
+            max_connections: 10_000,
         }
     }
 }

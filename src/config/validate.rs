@@ -45,6 +45,20 @@ pub fn validate(
         ));
     }
     let limits = limits(raw)?;
+    let admin_token = match &raw.admin.token_env {
+        None => None,
+        Some(var) => match env(var) {
+            Some(token) if !token.is_empty() => Some(Secret::new(token)),
+            _ => {
+                return Err(ConfigError::at(
+                    "admin.token_env",
+                    format!(
+                        "environment variable {var} is not set (or empty); export it, or remove token_env"
+                    ),
+                ));
+            }
+        },
+    };
 
     if raw.backends.is_empty() {
         return Err(ConfigError::at(
@@ -152,6 +166,7 @@ pub fn validate(
         listen,
         tls,
         admin_listen,
+        admin_token,
         limits,
         backends,
         default_backend,
@@ -367,11 +382,25 @@ fn limits(raw: &RawConfig) -> Result<Limits> {
         ));
     }
     positive("limits.header_read_timeout_s", l.header_read_timeout_s)?;
+    if l.max_header_bytes < 1024 {
+        return Err(ConfigError::at(
+            "limits.max_header_bytes",
+            format!("{} is too small: use at least 1024", l.max_header_bytes),
+        ));
+    }
+    if l.max_connections == 0 {
+        return Err(ConfigError::at(
+            "limits.max_connections",
+            "must be at least 1",
+        ));
+    }
     positive("limits.drain_timeout_s", l.drain_timeout_s)?;
     Ok(Limits {
         max_body_bytes: usize::try_from(l.max_body_bytes).unwrap_or(usize::MAX),
         header_read_timeout: Duration::from_secs_f64(l.header_read_timeout_s),
         drain_timeout: Duration::from_secs_f64(l.drain_timeout_s),
+        max_header_bytes: usize::try_from(l.max_header_bytes).unwrap_or(usize::MAX),
+        max_connections: usize::try_from(l.max_connections).unwrap_or(usize::MAX),
     })
 }
 

@@ -6,7 +6,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
@@ -643,13 +643,13 @@ impl Fleet {
             let shutdown = async move {
                 let _ = stopped.wait_for(|s| *s).await;
             };
+            let limits = listen::Limits {
+                // A simulator serves many thousands of streams in benchmarks.
+                max_connections: 100_000,
+                ..listen::Limits::default()
+            };
             tasks.push(tokio::spawn(listen::serve(
-                listener,
-                tls,
-                listen::HEADER_READ_TIMEOUT,
-                service,
-                shutdown,
-                Duration::from_secs(1),
+                listener, tls, limits, service, shutdown,
             )));
             backends.push((backend, addr));
         }

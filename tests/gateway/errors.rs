@@ -323,3 +323,36 @@ async fn other_v1_paths_pass_through_by_model_or_to_the_default_backend() {
             .contains("no default_backend")
     );
 }
+
+#[tokio::test]
+async fn an_admin_token_guards_metrics_and_admin_data_but_not_health() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "admin: {{listen: 127.0.0.1:0, token_env: ADMIN_TOKEN}}\nbackends:\n{}",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let client = tpsgate::bench::http_client();
+    let get = async |path: &str, auth: Option<&str>| {
+        let headers: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
+        support::send(&client, gw.admin_addr(), Method::GET, path, None, &headers)
+            .await
+            .status
+    };
+    for path in ["/metrics", "/admin/curves", "/admin/backends"] {
+        assert_eq!(get(path, None).await, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(
+            get(path, Some("Bearer nope")).await,
+            StatusCode::UNAUTHORIZED,
+            "{path}"
+        );
+        assert_eq!(
+            get(path, Some("Bearer key-of-ADMIN_TOKEN")).await,
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+    for path in ["/healthz", "/readyz", "/"] {
+        assert_eq!(get(path, None).await, StatusCode::OK, "{path}");
+    }
+}

@@ -102,3 +102,56 @@ async fn tls_works_on_both_sides_with_h2_negotiated() {
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
 }
+
+#[tokio::test]
+async fn connections_beyond_the_limit_wait_until_one_closes_and_oversized_heads_are_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "limits: {{max_connections: 2, max_header_bytes: 4096}}\nbackends:\n{}",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let ask = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+    let answered = async |conn: &mut tokio::net::TcpStream| {
+        conn.write_all(ask).await.unwrap();
+        let mut buf = [0u8; 512];
+        let n = conn.read(&mut buf).await.unwrap();
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let mut first = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    let mut second = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    assert!(answered(&mut first).await.starts_with("HTTP/1.1 200"));
+    assert!(answered(&mut second).await.starts_with("HTTP/1.1 200"));
+    let mut third = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    third.write_all(ask).await.unwrap();
+    let mut buf = [0u8; 512];
+    let waited =
+        tokio::time::timeout(std::time::Duration::from_millis(300), third.read(&mut buf)).await;
+    assert!(
+        waited.is_err(),
+        "the third connection is not served while two are open"
+    );
+    drop(first);
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), third.read(&mut buf))
+        .await
+        .expect("served once a slot frees")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop((second, third));
+
+    let mut big = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    let padding = "a".repeat(16 << 10);
+    big.write_all(
+        format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: {padding}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut reply = Vec::new();
+    let _ = big.read_to_end(&mut reply).await;
+    assert!(
+        String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 431"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+}

@@ -246,7 +246,12 @@ pub fn backend_yaml(name: &str, addr: SocketAddr, dialect: &str, extra: &str) ->
 /// Starts a gateway from config text on port 0 (both listeners). Environment lookups answer
 /// `key-of-NAME` for every variable NAME.
 pub async fn gateway(body: &str) -> tpsgate::gateway::Gateway {
-    let text = format!("listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{body}");
+    let admin = if body.contains("admin:") {
+        ""
+    } else {
+        "admin: {listen: 127.0.0.1:0}\n"
+    };
+    let text = format!("listen: {{address: 127.0.0.1:0}}\n{admin}{body}");
     let config = tpsgate::config::parse(&text, |name| Some(format!("key-of-{name}")))
         .map_err(|e| format!("test config: {e}\n{text}"))
         .unwrap();
