@@ -45,6 +45,9 @@ pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
 pub const SLO_ATTAINMENT: &str = "tpsgate_slo_attainment";
 /// 1 while a backend is healthy, 0 while it is failing.
 pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
+/// Streams (or responses) cut by a timeout, by backend and kind (`first_token`, `stall`,
+/// `total`).
+pub const TIMEOUTS: &str = "tpsgate_upstream_timeouts_total";
 /// Ejections of backends after upstream failures.
 pub const EJECTIONS: &str = "tpsgate_ejections_total";
 /// Requests waiting in the `queue` line.
@@ -174,6 +177,12 @@ pub fn count_response(
         "outcome" => outcome_label(outcome)
     )
     .increment(1);
+}
+
+/// Counts one timeout (rare: the labels are built here).
+pub fn count_timeout(backend: &str, kind: &'static str) {
+    let _ = prometheus();
+    counter!(TIMEOUTS, "backend" => backend.to_owned(), "kind" => kind).increment(1);
 }
 
 /// Counts one ejection (rare: the label is built here).

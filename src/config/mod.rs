@@ -157,12 +157,25 @@ pub struct BackendConfig {
     pub forward_client_auth: bool,
     /// Connect timeout (TCP and TLS).
     pub connect_timeout: Duration,
+    /// First-token, stall and total timeouts.
+    pub timeouts: Timeouts,
     /// Default `anthropic-version`.
     pub anthropic_version: HeaderValue,
     /// Cold-start curve points, if configured.
     pub prior: Option<Vec<PriorPoint>>,
     /// Outlier ejection.
     pub ejection: Ejection,
+}
+
+/// How long a backend may take, past connecting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// From receipt to the first content event.
+    pub first_token: Duration,
+    /// Longest silence between chunks after the first content.
+    pub stall: Duration,
+    /// Whole response.
+    pub total: Option<Duration>,
 }
 
 /// When a backend is ejected and for how long.

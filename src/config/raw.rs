@@ -190,6 +190,15 @@ pub struct RawBackend {
     /// TCP (and TLS) connect timeout, ms; default 5000.
     #[serde(default = "default_connect_timeout_ms")]
     pub connect_timeout_ms: u64,
+    /// From the gateway receiving the request to the first content event, ms; default 60000.
+    #[serde(default = "default_first_token_timeout_ms")]
+    pub first_token_timeout_ms: u64,
+    /// Longest silence between two chunks once output flows, ms; default 30000.
+    #[serde(default = "default_stall_timeout_ms")]
+    pub stall_timeout_ms: u64,
+    /// Whole response, ms; default none.
+    #[serde(default)]
+    pub total_timeout_ms: Option<u64>,
     /// `anthropic-version` sent when the client sends none; default `2023-06-01`.
     #[serde(default)]
     pub anthropic_version: Option<String>,
@@ -265,6 +274,14 @@ pub struct RawPriorFit {
     /// Added per concurrent request, ms.
     #[serde(default)]
     pub ttft_per_seq_ms: f64,
+}
+
+fn default_first_token_timeout_ms() -> u64 {
+    60_000
+}
+
+fn default_stall_timeout_ms() -> u64 {
+    30_000
 }
 
 fn default_connect_timeout_ms() -> u64 {

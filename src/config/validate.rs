@@ -517,6 +517,18 @@ fn backend(
             "must be at least 1",
         ));
     }
+    for (field, ms) in [
+        ("first_token_timeout_ms", Some(b.first_token_timeout_ms)),
+        ("stall_timeout_ms", Some(b.stall_timeout_ms)),
+        ("total_timeout_ms", b.total_timeout_ms),
+    ] {
+        if ms == Some(0) {
+            return Err(ConfigError::at(
+                format!("{at}.{field}"),
+                "must be at least 1",
+            ));
+        }
+    }
     let version = b.anthropic_version.as_deref().unwrap_or("2023-06-01");
     let anthropic_version = HeaderValue::try_from(version).map_err(|_| {
         ConfigError::at(
@@ -553,6 +565,11 @@ fn backend(
         ca_file: b.ca_file.clone(),
         forward_client_auth: b.forward_client_auth,
         connect_timeout: Duration::from_millis(b.connect_timeout_ms),
+        timeouts: super::Timeouts {
+            first_token: Duration::from_millis(b.first_token_timeout_ms),
+            stall: Duration::from_millis(b.stall_timeout_ms),
+            total: b.total_timeout_ms.map(Duration::from_millis),
+        },
         anthropic_version,
     })
 }

@@ -9,6 +9,7 @@
 //! parsed only for an event that mentions usage). The backend's occupancy lock is taken twice per
 //! request (first content, end), never per chunk.
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -20,6 +21,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
 use super::meter::StreamMeter;
+use crate::config::Timeouts;
 use crate::curve::{Observation, Outcome, Reading};
 use crate::sse::observe::StreamDialect;
 use crate::upstream::InFlightGuard;
@@ -237,12 +239,19 @@ impl Drop for RequestLog {
 }
 
 pin_project! {
-    /// An upstream body on its way to the client.
+    /// An upstream body on its way to the client, with its first-token, stall and total
+    /// deadlines.
     #[derive(Debug)]
     pub struct Observed {
         #[pin]
         inner: Incoming,
         log: RequestLog,
+        #[pin]
+        timer: tokio::time::Sleep,
+        timeouts: Timeouts,
+        dialect: Option<StreamDialect>,
+        // Set once a deadline passed and the stream was ended with an error event.
+        timed_out: bool,
     }
 }
 
@@ -253,10 +262,63 @@ impl Observed {
         inner: Incoming,
         mut log: RequestLog,
         stream: Option<(StreamDialect, bool)>,
+        timeouts: Timeouts,
     ) -> Self {
         log.meter = stream.map(|(dialect, strip)| StreamMeter::new(dialect, strip));
-        Self { inner, log }
+        let first = log.start + timeouts.first_token;
+        let deadline = timeouts.total.map_or(first, |t| first.min(log.start + t));
+        Self {
+            inner,
+            dialect: stream.map(|(d, _)| d),
+            log,
+            timer: tokio::time::sleep_until(deadline),
+            timeouts,
+            timed_out: false,
+        }
     }
+}
+
+/// Which deadline passed, for the error event and the metric.
+fn timeout_kind(log: &RequestLog, timeouts: &Timeouts, now: Instant) -> (&'static str, String) {
+    if timeouts.total.is_some_and(|t| now >= log.start + t) {
+        let ms = timeouts.total.map_or(0, |t| t.as_millis());
+        (
+            "total",
+            format!("the upstream did not finish within {ms} ms"),
+        )
+    } else if log
+        .meter
+        .as_ref()
+        .is_some_and(|m| m.first_content.is_some())
+    {
+        let ms = timeouts.stall.as_millis();
+        (
+            "stall",
+            format!("the upstream stalled: no data for {ms} ms"),
+        )
+    } else {
+        let ms = timeouts.first_token.as_millis();
+        (
+            "first_token",
+            format!("no first token from the upstream within {ms} ms"),
+        )
+    }
+}
+
+/// The event that ends a stream cut by a timeout, in the stream's dialect. It opens with a line
+/// end so that it stands apart even after an event the upstream left unfinished.
+fn timeout_event(dialect: StreamDialect, message: &str) -> Bytes {
+    let text = match dialect {
+        StreamDialect::Anthropic => format!(
+            "\nevent: error\ndata: {}\n\n",
+            serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}})
+        ),
+        StreamDialect::OpenAi | StreamDialect::Responses => format!(
+            "\ndata: {}\n\n",
+            serde_json::json!({"error": {"message": message, "type": "server_error", "code": "upstream_timeout"}})
+        ),
+    };
+    Bytes::from(text)
 }
 
 impl Body for Observed {
@@ -268,8 +330,35 @@ impl Body for Observed {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let mut this = self.project();
+        if *this.timed_out {
+            return Poll::Ready(None);
+        }
         loop {
-            let frame = match ready!(this.inner.as_mut().poll_frame(cx)) {
+            let polled = match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(polled) => polled,
+                Poll::Pending => {
+                    ready!(this.timer.as_mut().poll(cx));
+                    // A deadline passed: end the stream with an error event, never silently.
+                    let now = Instant::now();
+                    let (kind, message) = timeout_kind(this.log, this.timeouts, now);
+                    crate::telemetry::count_timeout(&this.log.backend, kind);
+                    this.log.outcome = Outcome::Failed;
+                    *this.timed_out = true;
+                    let Some(dialect) = *this.dialect else {
+                        return Poll::Ready(Some(Err(message.into())));
+                    };
+                    let mut out = this
+                        .log
+                        .meter
+                        .as_mut()
+                        .and_then(StreamMeter::finish)
+                        .map(|b| b.to_vec())
+                        .unwrap_or_default();
+                    out.extend_from_slice(&timeout_event(dialect, &message));
+                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                }
+            };
+            let frame = match polled {
                 Some(Ok(frame)) => frame,
                 Some(Err(err)) => {
                     this.log.outcome = Outcome::Failed;
@@ -288,10 +377,26 @@ impl Body for Observed {
             let log = &mut *this.log;
             log.bytes += data.len() as u64;
             let Some(meter) = log.meter.as_mut() else {
+                // Not a stream: the bytes still may not stall.
+                let stall = Instant::now() + this.timeouts.stall;
+                let deadline = this
+                    .timeouts
+                    .total
+                    .map_or(stall, |t| stall.min(log.start + t));
+                this.timer.as_mut().reset(deadline);
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             };
             let now = Instant::now();
             let (out, first_content) = meter.frame(data, now);
+            if meter.first_content.is_some() {
+                // Output flows: the next deadline is a stall (or the total, if sooner).
+                let stall = now + this.timeouts.stall;
+                let deadline = this
+                    .timeouts
+                    .total
+                    .map_or(stall, |t| stall.min(log.start + t));
+                this.timer.as_mut().reset(deadline);
+            }
             if first_content {
                 log.first_reading = log.guard.as_ref().map(|g| g.backend().occupancy.read(now));
             }

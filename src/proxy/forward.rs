@@ -89,8 +89,12 @@ impl Service<Request<UpstreamBody>> for Forward {
             None => (None, None, None),
         };
         let inner = routed.backend.client.request(req);
+        let timeouts = routed.backend.config.timeouts;
+        let first = start + timeouts.first_token;
+        let deadline = timeouts.total.map_or(first, |t| first.min(start + t));
         ForwardFuture {
             inner: Some(inner),
+            head_timer: tokio::time::sleep_until(deadline),
             pending: Some(Pending {
                 backend: Arc::clone(&routed.backend),
                 class,
@@ -112,6 +116,9 @@ pin_project! {
     pub struct ForwardFuture {
         #[pin]
         inner: Option<ResponseFuture>,
+        // The first-token (or total) deadline while the response head is awaited.
+        #[pin]
+        head_timer: tokio::time::Sleep,
         pending: Option<Pending>,
         failed: Option<Error>,
     }
@@ -121,6 +128,7 @@ impl ForwardFuture {
     fn failed(err: Error) -> Self {
         Self {
             inner: None,
+            head_timer: tokio::time::sleep_until(Instant::now()),
             pending: None,
             failed: Some(err),
         }
@@ -138,7 +146,25 @@ impl Future for ForwardFuture {
             });
             return Poll::Ready(Err(err));
         };
-        let result = ready!(inner.poll(cx));
+        let result = match inner.poll(cx) {
+            Poll::Ready(result) => result,
+            Poll::Pending => {
+                ready!(this.head_timer.poll(cx));
+                let Some(pending) = this.pending.take() else {
+                    return Poll::Pending;
+                };
+                pending.backend.note_upstream(false);
+                crate::telemetry::count_timeout(&pending.backend.config.name, "first_token");
+                let ms = pending.backend.config.timeouts.first_token.as_millis();
+                return Poll::Ready(Err(Error::new(
+                    ErrorKind::UpstreamTimeout,
+                    format!(
+                        "backend {} sent no response within {ms} ms (first_token_timeout_ms)",
+                        pending.backend.config.name
+                    ),
+                )));
+            }
+        };
         let Some(pending) = this.pending.take() else {
             return Poll::Ready(Err(Error::new(
                 ErrorKind::InvalidRequest,
@@ -222,7 +248,7 @@ impl Future for ForwardFuture {
             backend,
         );
         let body = ProxyBody::Upstream {
-            body: Observed::new(body, log, stream),
+            body: Observed::new(body, log, stream, pending.backend.config.timeouts),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }

@@ -130,3 +130,130 @@ async fn a_429_cools_the_backend_for_its_retry_after() {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(health(&gw).await, "healthy");
 }
+
+fn timed_fault(kind: FaultKindRaw, delay_ms: u64, after_tokens: Option<u32>) -> FaultRaw {
+    FaultRaw {
+        delay_ms: Some(delay_ms),
+        after_tokens,
+        ..fault(kind, None)
+    }
+}
+
+/// One backend (both dialects, two entries) whose every request meets `faulty`, with `timeouts`.
+async fn timing_out(
+    faulty: FaultRaw,
+    timeouts: &str,
+) -> (support::FleetGuard, tpsgate::gateway::Gateway) {
+    let (fleet, sim) = support::start(support::spec(
+        "sim",
+        support::engine(20.0, 0.0, 8),
+        StreamRaw::default(),
+        vec![faulty],
+    ))
+    .await;
+    let extra = format!("    models: {{m: m}}\n{timeouts}");
+    let gw = support::gateway(&format!(
+        "backends:\n{}{}",
+        support::backend_yaml("oa", sim, "openai", &extra),
+        support::backend_yaml("an", sim, "anthropic", &extra),
+    ))
+    .await;
+    (support::FleetGuard(vec![fleet]), gw)
+}
+
+#[tokio::test]
+async fn a_stalled_stream_ends_with_an_error_event_in_its_dialect() {
+    let (_fleet, gw) = timing_out(
+        timed_fault(FaultKindRaw::Stall, 5000, Some(2)),
+        "    stall_timeout_ms: 200\n",
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(br#"{"model":"m","messages":[],"max_tokens":10,"stream":true}"#),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "cut long before the stall ends"
+    );
+    assert_eq!(ex.status, StatusCode::OK);
+    let events = ex.data_events();
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "upstream_timeout", "{events:?}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stalled")
+    );
+    assert!(
+        events.iter().filter(|e| e.contains("\"content\"")).count() >= 2,
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e == "[DONE]"),
+        "a cut stream does not claim to be done"
+    );
+
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/messages",
+        Some(br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}"#),
+    )
+    .await;
+    let text = String::from_utf8(ex.body()).unwrap();
+    assert!(
+        text.contains("event: error\ndata: {\"error\":{\"message\":\"the upstream stalled: no data for 200 ms\",\"type\":\"api_error\"},\"type\":\"error\"}\n\n"),
+        "{text}"
+    );
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    assert!(
+        String::from_utf8(metrics.body())
+            .unwrap()
+            .contains(r#"tpsgate_upstream_timeouts_total{backend="oa",kind="stall"}"#)
+    );
+}
+
+#[tokio::test]
+async fn no_response_within_the_first_token_timeout_is_a_504() {
+    let (_fleet, gw) = timing_out(
+        timed_fault(FaultKindRaw::SlowFirstByte, 5000, None),
+        "    first_token_timeout_ms: 200\n",
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let ex = support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(CHAT)).await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert_eq!(ex.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(ex.json()["error"]["code"], "upstream_timeout");
+}
+
+#[tokio::test]
+async fn a_stream_over_its_total_timeout_is_cut_with_an_error_event() {
+    let (_fleet, gw) = timing_out(
+        timed_fault(FaultKindRaw::Stall, 1, Some(1_000_000)),
+        "    total_timeout_ms: 300\n",
+    )
+    .await;
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(br#"{"model":"m","messages":[],"max_tokens":1000,"stream":true}"#),
+    )
+    .await;
+    let events = ex.data_events();
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("within 300 ms"),
+        "{last}"
+    );
+}
