@@ -237,13 +237,81 @@ async fn serve(file: PathBuf) -> Result<(), String> {
         gateway.admin_addr(),
         config.backends.len()
     ));
+    let watcher = tokio::spawn(reload_on_change(file, gateway.reloader()));
     shutdown_signal().await;
+    watcher.abort();
     tracing::info!(
         drain_s = config.limits.drain_timeout.as_secs_f64(),
         "draining"
     );
     gateway.stop().await;
     Ok(())
+}
+
+/// How often the config file is looked at, and how long a change must stay put before it is
+/// read (an editor or a deploy tool writing it in several steps).
+const WATCH_EVERY: Duration = Duration::from_millis(500);
+const SETTLE: Duration = Duration::from_millis(200);
+
+/// Reloads the config on SIGHUP, and when the file's content changes (once per change: a file
+/// caught half-written fails validation, and the next write is another change).
+async fn reload_on_change(file: PathBuf, reloader: crate::gateway::Reloader) {
+    let fingerprint = |file: &PathBuf| {
+        use std::hash::{Hash as _, Hasher as _};
+        let bytes = std::fs::read(file).ok()?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        bytes.hash(&mut h);
+        Some(h.finish())
+    };
+    let apply = |why: &str| {
+        tracing::info!(file = %file.display(), why, "reloading the config");
+        match crate::config::load(&file) {
+            Ok(config) => {
+                let _ = reloader.reload(&config);
+            }
+            Err(err) => {
+                let message = err.to_string();
+                tracing::error!(error = %message, "config reload refused; the running config stays");
+                reloader.refused(message);
+            }
+        }
+    };
+    let mut seen = fingerprint(&file);
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut every = tokio::time::interval(WATCH_EVERY);
+    loop {
+        #[cfg(unix)]
+        let hup = async {
+            match hangup.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let hup = std::future::pending::<()>();
+        tokio::select! {
+            () = hup => {
+                seen = fingerprint(&file);
+                apply("SIGHUP");
+            }
+            _ = every.tick() => {
+                let now = fingerprint(&file);
+                if now == seen {
+                    continue;
+                }
+                tokio::time::sleep(SETTLE).await;
+                let settled = fingerprint(&file);
+                if settled != now {
+                    continue; // still being written: look again next tick
+                }
+                seen = settled;
+                apply("the file changed");
+            }
+        }
+    }
 }
 
 /// A simulator fleet lists backends by `listen` address; a gateway config by `url`.

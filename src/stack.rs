@@ -1,23 +1,22 @@
 //! The ONE function that composes the request stack, outermost first. Tower runs the first layer
 //! added first on the way in (tower `ServiceBuilder`, "Order").
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{Request, Response};
-use hyper::body::Incoming;
-use tower::{Service, ServiceBuilder};
+use tower::ServiceBuilder;
 
 use crate::config::{ApiKey, Limits};
-use crate::proxy::auth::AuthLayer;
-use crate::proxy::body::ProxyBody;
-use crate::proxy::classify::{Classes, ClassifyLayer};
+use crate::proxy::auth::{Auth, AuthLayer};
+use crate::proxy::classify::{Classes, Classify, ClassifyLayer};
 use crate::proxy::forward::Forward;
-use crate::proxy::request_id::RequestIdLayer;
-use crate::proxy::rescue::RescueLayer;
-use crate::proxy::rewrite::RewriteLayer;
-use crate::proxy::route::RouteLayer;
+use crate::proxy::request_id::{RequestIdLayer, RequestIdService};
+use crate::proxy::rescue::{Rescue, RescueLayer};
+use crate::proxy::rewrite::{Rewrite, RewriteLayer};
+use crate::proxy::route::{Route, RouteLayer};
 use crate::router::Router;
+
+/// The gateway's request stack, outermost first.
+pub type Stack = RequestIdService<Rescue<Auth<Classify<Route<Rewrite<Forward>>>>>>;
 
 /// The gateway's request stack.
 pub fn build(
@@ -25,10 +24,7 @@ pub fn build(
     limits: Limits,
     classes: Classes,
     api_keys: Vec<ApiKey>,
-) -> impl Service<Request<Incoming>, Response = Response<ProxyBody>, Error = Infallible, Future: Send>
-+ Clone
-+ Send
-+ 'static {
+) -> Stack {
     ServiceBuilder::new()
         // Outermost: every response, errors included, carries the request id.
         .layer(RequestIdLayer::new())

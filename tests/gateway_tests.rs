@@ -22,6 +22,8 @@ mod demo;
 mod errors;
 #[path = "gateway/passthrough.rs"]
 mod passthrough;
+#[path = "gateway/reload.rs"]
+mod reload;
 #[path = "gateway/resilience.rs"]
 mod resilience;
 #[path = "gateway/routing.rs"]

@@ -22,12 +22,14 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 /// What the admin endpoints read.
 #[derive(Debug)]
 pub struct AdminState {
-    /// The router and its backends.
-    pub router: Arc<Router>,
+    /// The running config's stack and router (swapped by reloads).
+    pub live: Arc<arc_swap::ArcSwap<crate::gateway::Live>>,
     /// False once draining has begun.
     pub ready: AtomicBool,
     /// Bearer token for `/metrics` and `/admin/*`, if configured.
     pub token: Option<crate::config::Secret>,
+    /// How the last reload went.
+    pub reload: std::sync::Mutex<crate::gateway::ReloadStatus>,
 }
 
 /// Whether `req` may read the admin data: no token configured, or `Authorization: Bearer` with
@@ -71,7 +73,9 @@ pub async fn handle<B>(
         return Ok(resp);
     }
     if req.uri().path() == "/metrics" {
-        let mut resp = Response::new(Full::new(Bytes::from(telemetry::render(&state.router))));
+        let mut resp = Response::new(Full::new(Bytes::from(telemetry::render(
+            &state.live.load().router,
+        ))));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -87,11 +91,15 @@ pub async fn handle<B>(
             StatusCode::SERVICE_UNAVAILABLE,
             json!({"status": "draining"}),
         ),
-        "/admin/backends" => (StatusCode::OK, backends(&state.router)),
-        "/admin/curves" => (StatusCode::OK, curves(&state.router)),
+        "/admin/backends" => (StatusCode::OK, backends(&state.live.load().router)),
+        "/admin/curves" => (StatusCode::OK, curves(&state.live.load().router)),
+        "/admin/reload" => {
+            let status = state.reload.lock().map(|s| s.clone()).unwrap_or_default();
+            (StatusCode::OK, json!(status))
+        }
         _ => (
             StatusCode::NOT_FOUND,
-            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves", "type": "invalid_request_error", "code": "not_found"}}),
+            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));

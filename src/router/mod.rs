@@ -235,6 +235,11 @@ impl Router {
         self.oracle.as_ref()
     }
 
+    /// The wait line (shared with the backends, which wake it).
+    pub fn line(&self) -> Arc<Line> {
+        Arc::clone(&self.line)
+    }
+
     /// Requests waiting in the `queue` line.
     pub fn waiting(&self) -> usize {
         self.line.waiting()
@@ -765,6 +770,31 @@ mod tests {
         assert_eq!(chosen(&router, 0), Ok("b"));
         router.classes[0].policy = Policy::Pack;
         assert_eq!(chosen(&router, 0), Ok("a"));
+    }
+
+    #[test]
+    fn cheapest_takes_the_lower_price_among_the_feasible_even_with_less_slack() {
+        let text = "backends:\n\
+            - {name: dear, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, cost: {input_per_1m: 1, output_per_1m: 4}}\n\
+            - {name: cheap, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, cost: {input_per_1m: 0.1, output_per_1m: 0.4}}\n\
+            classes:\n\
+            - {name: interactive, min_tps: 41, tps_percentile: 50, policy: cheapest, on_miss: shed}\n\
+            routing: {exploration: 0}\n";
+        let config = crate::config::parse(text, |_| None).unwrap();
+        let line = Arc::new(Line::new(1));
+        let backends = config
+            .backends
+            .iter()
+            .map(|b| Backend::new(b.clone(), 300.0, 1, Arc::clone(&line)))
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let router = Router::new(backends, None, config.classes, config.routing, line);
+        teach(&router, 0, 0.5);
+        teach(&router, 1, 1.0);
+        assert_eq!(chosen(&router, 0), Ok("cheap"));
+        // Once the cheap one can no longer meet the SLO, the dear one takes it.
+        let _held = occupy(&router, 1, 0, 14);
+        assert_eq!(chosen(&router, 0), Ok("dear"));
     }
 
     #[test]

@@ -84,6 +84,14 @@ impl Backend {
         }))
     }
 
+    /// Takes over the curves of `old` (a reload changed this backend's config, not what it is).
+    pub fn adopt_curves(&self, old: &Self) {
+        for entry in &old.curves {
+            self.curves
+                .insert(Arc::clone(entry.key()), entry.value().clone());
+        }
+    }
+
     /// The fitted curve of `model` (or the prior's, before it has been observed).
     pub fn model(&self, model: &str) -> Option<Arc<Model>> {
         match self.curves.get(model) {

@@ -1,0 +1,184 @@
+//! Hot reload: validated whole, swapped at once, streams in flight untouched, curves kept; on
+//! SIGHUP and on file change, once per change.
+
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::Method;
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tpsgate::bench::http_client;
+
+use crate::support;
+
+fn config_text(backends: &[(&str, SocketAddr)]) -> String {
+    let mut text = String::from("backends:\n");
+    for (name, addr) in backends {
+        text.push_str(&support::backend_yaml(
+            name,
+            *addr,
+            "openai",
+            "    models: {m: m}\n",
+        ));
+    }
+    text
+}
+
+fn parse(text: &str) -> tpsgate::config::Config {
+    let full = format!("listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{text}");
+    tpsgate::config::parse(&full, |_| None).unwrap()
+}
+
+async fn backend_names(admin: SocketAddr) -> Vec<String> {
+    support::get_json(admin, "/admin/backends").await["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_curves() {
+    let (_a_fleet, a) = support::start_engine("a", support::engine(20.0, 0.0, 8)).await;
+    let (_b_fleet, b) = support::start_engine("b", support::engine(1.0, 0.0, 8)).await;
+    let gw = tpsgate::gateway::Gateway::start(&parse(&config_text(&[("a", a)])))
+        .await
+        .unwrap();
+    // One request teaches a's curve.
+    let ex = support::post(
+        gw.addr(),
+        "/v1/chat/completions",
+        &serde_json::json!({"model": "m", "messages": [], "max_tokens": 4, "stream": true}),
+    )
+    .await;
+    assert_eq!(ex.status, http::StatusCode::OK);
+
+    // A stream of 40 tokens at 20 ms each is running while the config changes.
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"m","messages":[],"max_tokens":40,"stream":true}"#,
+        )))
+        .unwrap();
+    let mut body = http_client().request(request).await.unwrap().into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+
+    gw.reload(&parse(&config_text(&[("a", a), ("b", b)])))
+        .unwrap();
+    assert_eq!(backend_names(gw.admin_addr()).await, ["a", "b"]);
+
+    let rest = body.collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        text.ends_with("data: [DONE]\n\n"),
+        "the running stream finished: {text}"
+    );
+
+    let curves = support::get_json(gw.admin_addr(), "/admin/curves").await;
+    let a_curve = curves["curves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["backend"] == "a")
+        .cloned()
+        .unwrap();
+    assert!(a_curve["observations"].as_u64().unwrap() >= 2, "{a_curve}");
+
+    // A reload that would change the listener is refused whole, and says why.
+    let moved = tpsgate::config::parse(
+        &format!(
+            "listen: {{address: 127.0.0.1:1}}\nadmin: {{listen: 127.0.0.1:0}}\n{}",
+            config_text(&[("b", b)])
+        ),
+        |_| None,
+    )
+    .unwrap();
+    let err = gw.reload(&moved).unwrap_err();
+    assert!(err.contains("restart"), "{err}");
+    assert_eq!(backend_names(gw.admin_addr()).await, ["a", "b"]);
+    let status = support::get_json(gw.admin_addr(), "/admin/reload").await;
+    assert_eq!(status["applied"], 1);
+    assert_eq!(status["refused"], 1);
+    assert_eq!(status["last_ok"], false);
+}
+
+#[tokio::test]
+async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys_sighup() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.yaml");
+    let head = "listen: {address: 127.0.0.1:0}\nadmin: {listen: 127.0.0.1:0}\n";
+    std::fs::write(&file, format!("{head}{}", config_text(&[("one", sim)]))).unwrap();
+    let mut child = support::tpsgate()
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    let admin: SocketAddr = line
+        .split("admin http://")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| format!("no admin address in {line:?}"))
+        .unwrap();
+    let status = async || -> Value { support::get_json(admin, "/admin/reload").await };
+    let settle = || tokio::time::sleep(Duration::from_millis(1500));
+
+    // Caught half-written: refused, the running config stays.
+    std::fs::write(
+        &file,
+        format!("{head}backends:\n  - name: two\n    url: http://{sim}\n"),
+    )
+    .unwrap();
+    settle().await;
+    let s = status().await;
+    assert_eq!(
+        (s["applied"].as_u64(), s["refused"].as_u64()),
+        (Some(0), Some(1)),
+        "{s}"
+    );
+    assert_eq!(backend_names(admin).await, ["one"]);
+
+    // The finished write is the next change: applied, once.
+    std::fs::write(
+        &file,
+        format!("{head}{}", config_text(&[("one", sim), ("two", sim)])),
+    )
+    .unwrap();
+    settle().await;
+    settle().await;
+    let s = status().await;
+    assert_eq!(
+        (s["applied"].as_u64(), s["refused"].as_u64()),
+        (Some(1), Some(1)),
+        "{s}"
+    );
+    assert_eq!(backend_names(admin).await, ["one", "two"]);
+
+    // SIGHUP reloads even without a change.
+    let killed = std::process::Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(status().await["applied"], 2);
+    let _ = support::exchange(admin, Method::GET, "/healthz", None).await;
+    let _ = child.kill();
+    let _ = child.wait();
+}
