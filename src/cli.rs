@@ -229,6 +229,8 @@ fn init_tracing(format: LogFormat) {
 // === serve and check ===
 
 async fn serve(file: PathBuf) -> Result<(), String> {
+    // Taken before the file is read, so that a change made from now on is seen as one.
+    let loaded = fingerprint(&file);
     let config = crate::config::load(&file).map_err(|e| e.to_string())?;
     let gateway = crate::gateway::Gateway::start(&config).await?;
     say(&format!(
@@ -237,7 +239,7 @@ async fn serve(file: PathBuf) -> Result<(), String> {
         gateway.admin_addr(),
         config.backends.len()
     ));
-    let watcher = tokio::spawn(reload_on_change(file, gateway.reloader()));
+    let watcher = tokio::spawn(reload_on_change(file, loaded, gateway.reloader()));
     shutdown_signal().await;
     watcher.abort();
     tracing::info!(
@@ -253,16 +255,22 @@ async fn serve(file: PathBuf) -> Result<(), String> {
 const WATCH_EVERY: Duration = Duration::from_millis(500);
 const SETTLE: Duration = Duration::from_millis(200);
 
+/// A hash of the file's content, `None` when it cannot be read.
+fn fingerprint(file: &std::path::Path) -> Option<u64> {
+    use std::hash::{Hash as _, Hasher as _};
+    let bytes = std::fs::read(file).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    Some(h.finish())
+}
+
 /// Reloads the config on SIGHUP, and when the file's content changes (once per change: a file
 /// caught half-written fails validation, and the next write is another change).
-async fn reload_on_change(file: PathBuf, reloader: crate::gateway::Reloader) {
-    let fingerprint = |file: &PathBuf| {
-        use std::hash::{Hash as _, Hasher as _};
-        let bytes = std::fs::read(file).ok()?;
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        bytes.hash(&mut h);
-        Some(h.finish())
-    };
+async fn reload_on_change(
+    file: PathBuf,
+    loaded: Option<u64>,
+    reloader: crate::gateway::Reloader,
+) {
     let apply = |why: &str| {
         tracing::info!(file = %file.display(), why, "reloading the config");
         match crate::config::load(&file) {
@@ -276,7 +284,7 @@ async fn reload_on_change(file: PathBuf, reloader: crate::gateway::Reloader) {
             }
         }
     };
-    let mut seen = fingerprint(&file);
+    let mut seen = loaded;
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut every = tokio::time::interval(WATCH_EVERY);

@@ -48,6 +48,8 @@ pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
 /// Streams (or responses) cut by a timeout, by backend and kind (`first_token`, `stall`,
 /// `total`).
 pub const TIMEOUTS: &str = "tpsgate_upstream_timeouts_total";
+/// Retries on another backend (before any content reached the client).
+pub const RETRIES: &str = "tpsgate_retries_total";
 /// Ejections of backends after upstream failures.
 pub const EJECTIONS: &str = "tpsgate_ejections_total";
 /// Requests waiting in the `queue` line.
@@ -183,6 +185,12 @@ pub fn count_response(
 pub fn count_timeout(backend: &str, kind: &'static str) {
     let _ = prometheus();
     counter!(TIMEOUTS, "backend" => backend.to_owned(), "kind" => kind).increment(1);
+}
+
+/// Counts one retry.
+pub fn count_retry() {
+    let _ = prometheus();
+    counter!(RETRIES).increment(1);
 }
 
 /// Counts one ejection (rare: the label is built here).

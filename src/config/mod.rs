@@ -233,6 +233,10 @@ pub struct Routing {
     pub exploration: f64,
     /// Prompt and output tokens the oracle asks `/sim/truth` about.
     pub oracle_shape: (u32, u32),
+    /// Attempts per request (1: no retries).
+    pub max_attempts: u32,
+    /// Retries as a share of requests.
+    pub retry_budget: f64,
 }
 
 /// Reads, parses and validates a config file, reading API keys from the process environment.

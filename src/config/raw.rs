@@ -407,6 +407,11 @@ pub struct RawRouting {
     pub exploration: f64,
     /// The request shape the `oracle` policy asks `/sim/truth` about.
     pub oracle: RawOracle,
+    /// Attempts per request, the first included (retries happen only before any content
+    /// reached the client); default 2.
+    pub max_attempts: u32,
+    /// Retries as a share of requests; default 0.2.
+    pub retry_budget: f64,
 }
 
 impl Default for RawRouting {
@@ -415,6 +420,8 @@ impl Default for RawRouting {
             policy: Policy::Headroom,
             exploration: 0.02,
             oracle: RawOracle::default(),
+            max_attempts: 2,
+            retry_budget: 0.2,
         }
     }
 }

@@ -195,7 +195,27 @@ fn routing(raw: &RawConfig) -> Result<Routing> {
             "must be at least 1",
         ));
     }
+    if !(1..=5).contains(&r.max_attempts) {
+        return Err(ConfigError::at(
+            "routing.max_attempts",
+            format!(
+                "{} is out of range: use 1 (no retries) to 5",
+                r.max_attempts
+            ),
+        ));
+    }
+    if !(0.0..=1.0).contains(&r.retry_budget) {
+        return Err(ConfigError::at(
+            "routing.retry_budget",
+            format!(
+                "{} is out of range: use a share from 0 to 1",
+                r.retry_budget
+            ),
+        ));
+    }
     Ok(Routing {
+        max_attempts: r.max_attempts,
+        retry_budget: r.retry_budget,
         policy: r.policy,
         exploration: r.exploration,
         oracle_shape: (r.oracle.prompt_tokens, r.oracle.output_tokens),

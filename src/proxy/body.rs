@@ -77,7 +77,8 @@ impl Body for ProxyBody {
             Self::Local { body } => body.is_end_stream(),
             // Not while the meter still holds the start of an unfinished event.
             Self::Upstream { body } => {
-                body.inner.is_end_stream()
+                body.held.is_empty()
+                    && body.inner.is_end_stream()
                     && body.log.meter.as_ref().is_none_or(|m| !m.holds_bytes())
             }
         }
@@ -246,12 +247,19 @@ pin_project! {
         #[pin]
         inner: Incoming,
         log: RequestLog,
-        #[pin]
-        timer: tokio::time::Sleep,
+        // Boxed so that the body is Unpin and can be read ahead while held (one allocation
+        // per response).
+        timer: Pin<Box<tokio::time::Sleep>>,
         timeouts: Timeouts,
         dialect: Option<StreamDialect>,
         // Set once a deadline passed and the stream was ended with an error event.
         timed_out: bool,
+        // Frames read ahead while the response was held for its first content; sent first.
+        held: std::collections::VecDeque<Bytes>,
+        // Reading ahead: frames go into `held`, not out.
+        holding: bool,
+        // The upstream body ended (the held frames may still be waiting).
+        ended: bool,
     }
 }
 
@@ -271,9 +279,68 @@ impl Observed {
             inner,
             dialect: stream.map(|(d, _)| d),
             log,
-            timer: tokio::time::sleep_until(deadline),
+            timer: Box::pin(tokio::time::sleep_until(deadline)),
             timeouts,
             timed_out: false,
+            held: std::collections::VecDeque::new(),
+            holding: false,
+            ended: false,
+        }
+    }
+}
+
+impl ProxyBody {
+    /// Reads ahead, keeping what it reads to send later, until the first content event, the end
+    /// of the body or a failure. `true` when content came: the response may go to the client.
+    /// `false` when the upstream failed (or ended) before producing any: the request may still
+    /// be retried elsewhere, since nothing reached the client. Only streams are held; any other
+    /// body answers `true` at once.
+    pub async fn hold_until_content(&mut self) -> bool {
+        let Self::Upstream { body } = self else {
+            return true;
+        };
+        if body.log.meter.is_none() {
+            return true;
+        }
+        body.holding = true;
+        let content = body.read_ahead().await;
+        body.holding = false;
+        content
+    }
+}
+
+impl Observed {
+    async fn read_ahead(&mut self) -> bool {
+        use http_body_util::BodyExt as _;
+        let body = self;
+        loop {
+            if body
+                .log
+                .meter
+                .as_ref()
+                .is_some_and(|m| m.first_content.is_some())
+            {
+                return true;
+            }
+            match Pin::new(&mut *body).frame().await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        body.held.push_back(data);
+                    }
+                    if body.timed_out {
+                        return false;
+                    }
+                }
+                Some(Err(_)) => return false,
+                None => {
+                    body.ended = true;
+                    return body
+                        .log
+                        .meter
+                        .as_ref()
+                        .is_some_and(|m| m.first_content.is_some());
+                }
+            }
         }
     }
 }
@@ -330,7 +397,12 @@ impl Body for Observed {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let mut this = self.project();
-        if *this.timed_out {
+        if !*this.holding
+            && let Some(data) = this.held.pop_front()
+        {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if *this.timed_out || *this.ended {
             return Poll::Ready(None);
         }
         loop {

@@ -1,6 +1,12 @@
 //! Route: ask the [`Router`] for a backend and take an in-flight slot there; `GET /v1/models` is
-//! answered here, from the same backend list. A request whose class queues waits here (the only
-//! path that allocates a future); every other decision is made synchronously in `call`.
+//! answered here, from the same backend list. A request whose class queues waits here.
+//!
+//! Retry and failover, only before any content reached the client: a connect failure or
+//! timeout, a 5xx or 429 head, or a stream that fails (or times out) before its first content
+//! event is tried again on another backend, up to `routing.max_attempts` and within the retry
+//! budget, after a short jittered backoff. A stream's head and role-only first chunk are held
+//! until its first content event, so that such a failure stays invisible to the client; once
+//! content has gone out, never (no duplicated output).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -78,6 +84,87 @@ fn ask<'a>(c: &'a Classified, model: &'a str, received: Instant) -> Ask<'a> {
         class: c.class_index,
         slo: c.slo,
         received,
+        avoid: 0,
+    }
+}
+
+/// A copy of the request for another attempt (the body is shared, not copied).
+fn copy(parts: &http::request::Parts, body: &Bytes) -> Request<Bytes> {
+    let mut req = Request::new(body.clone());
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = parts.uri.clone();
+    *req.version_mut() = parts.version;
+    *req.headers_mut() = parts.headers.clone();
+    *req.extensions_mut() = parts.extensions.clone();
+    req
+}
+
+/// Whether an attempt's result may be retried: the upstream failed before anything went out.
+fn retryable(result: &Result<Response<ProxyBody>, Error>) -> bool {
+    match result {
+        Err(e) => matches!(
+            e.kind(),
+            ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamTimeout
+        ),
+        Ok(resp) => {
+            resp.status().is_server_error() || resp.status() == http::StatusCode::TOO_MANY_REQUESTS
+        }
+    }
+}
+
+/// Attempts `req` on `decision`'s backend, then on others while it fails before content.
+async fn attempts<S>(
+    router: Arc<Router>,
+    mut inner: S,
+    req: Request<Bytes>,
+    mut decision: Decision,
+    received: Instant,
+) -> Result<Response<ProxyBody>, Error>
+where
+    S: Service<Request<Bytes>, Response = Response<ProxyBody>, Error = Error>,
+{
+    router.budget().deposit();
+    let (parts, body) = req.into_parts();
+    let mut avoid = 0u64;
+    let mut attempt = 1;
+    loop {
+        let index = decision.index;
+        let mut result = forward(&mut inner, copy(&parts, &body), decision).await;
+        let failed = match &mut result {
+            Ok(resp) if resp.status().is_success() => !resp.body_mut().hold_until_content().await,
+            other => retryable(other),
+        };
+        if !failed || attempt >= router.max_attempts() || !router.budget().withdraw() {
+            return result;
+        }
+        if index < 64 {
+            avoid |= 1 << index;
+        }
+        attempt += 1;
+        // Backoff with jitter: 10-30 ms per attempt made, so that retries do not arrive in step.
+        let jitter = rand::random_range(10..=30u64);
+        tokio::time::sleep(std::time::Duration::from_millis(
+            jitter * u64::from(attempt - 1),
+        ))
+        .await;
+        let next = parts.extensions.get::<Classified>().and_then(|c| {
+            let model = c.model.as_deref()?;
+            let again = Ask {
+                avoid,
+                ..ask(c, model, received)
+            };
+            router.route(&again).ok().flatten()
+        });
+        let Some(next) = next else {
+            return result;
+        };
+        tracing::info!(
+            attempt,
+            to = &*next.backend.config.name,
+            "retrying on another backend (nothing had reached the client)"
+        );
+        crate::telemetry::count_retry();
+        decision = next;
     }
 }
 
@@ -141,6 +228,17 @@ where
             Some(model) => self.router.route(&ask(classified, model, received)),
         };
         match decided {
+            Ok(Some(decision)) if self.router.max_attempts() > 1 && classified.model.is_some() => {
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                Either::Right(Box::pin(attempts(
+                    Arc::clone(&self.router),
+                    inner,
+                    req,
+                    decision,
+                    received,
+                )))
+            }
             Ok(Some(decision)) => {
                 Either::Left(Either::Right(forward(&mut self.inner, req, decision)))
             }
@@ -149,7 +247,7 @@ where
                 // The clone that was driven to readiness serves this call (tower's
                 // clone-and-swap).
                 let clone = self.inner.clone();
-                let mut inner = std::mem::replace(&mut self.inner, clone);
+                let inner = std::mem::replace(&mut self.inner, clone);
                 let router = Arc::clone(&self.router);
                 Either::Right(Box::pin(async move {
                     let decision = {
@@ -162,7 +260,7 @@ where
                         };
                         router.wait_in_line(&ask(c, model, received)).await?
                     };
-                    forward(&mut inner, req, decision).await
+                    attempts(router, inner, req, decision, received).await
                 }))
             }
         }

@@ -56,6 +56,8 @@ pub struct Ask<'a> {
     pub slo: Slo,
     /// When the gateway received it: queueing counts against the TTFT budget from here.
     pub received: Instant,
+    /// Backends (by index, the first 64) not to use: a retry avoids those that failed it.
+    pub avoid: u64,
 }
 
 impl Ask<'_> {
@@ -120,6 +122,8 @@ impl Reason {
 pub struct Decision {
     /// The chosen backend.
     pub backend: Arc<Backend>,
+    /// Its index in the router's list.
+    pub index: usize,
     /// The slot taken there.
     pub guard: InFlightGuard,
     /// What the router expected this request to see there.
@@ -179,6 +183,49 @@ pub struct Router {
     explored: AtomicU64,
     /// Decision counters by class (the last row: requests without a class) and [`Reason`].
     counters: Vec<[Counter; Reason::ALL.len()]>,
+    /// Retries allowed as a share of requests.
+    budget: RetryBudget,
+}
+
+/// Retries as a share of requests, as linkerd and Envoy bound them: every request deposits
+/// `ratio` of a retry, a retry spends one, and the balance starts (and is capped) at
+/// [`RetryBudget::RESERVE`] so that a quiet gateway can still retry a few.
+#[derive(Debug)]
+pub struct RetryBudget {
+    /// Balance in thousandths of a retry.
+    milli: std::sync::atomic::AtomicI64,
+    deposit: i64,
+}
+
+impl RetryBudget {
+    /// Retries available to a gateway that has seen no requests yet.
+    pub const RESERVE: i64 = 10;
+
+    fn new(ratio: f64) -> Self {
+        Self {
+            milli: std::sync::atomic::AtomicI64::new(Self::RESERVE * 1000),
+            deposit: (ratio * 1000.0).round() as i64,
+        }
+    }
+
+    /// One request passed.
+    pub fn deposit(&self) {
+        let cap = Self::RESERVE * 1000 * 10;
+        let _ = self
+            .milli
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                Some((m + self.deposit).min(cap))
+            });
+    }
+
+    /// Spends one retry if the balance allows.
+    pub fn withdraw(&self) -> bool {
+        self.milli
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                (m >= 1000).then_some(m - 1000)
+            })
+            .is_ok()
+    }
 }
 
 impl Router {
@@ -217,6 +264,7 @@ impl Router {
             decided: AtomicU64::new(0),
             explored: AtomicU64::new(0),
             counters,
+            budget: RetryBudget::new(routing.retry_budget),
         }
     }
 
@@ -233,6 +281,16 @@ impl Router {
     /// The oracle, when a class uses it; its curves need [`Oracle::refresh`] now and then.
     pub fn oracle(&self) -> Option<&Oracle> {
         self.oracle.as_ref()
+    }
+
+    /// Attempts a request may make (1: no retries).
+    pub fn max_attempts(&self) -> u32 {
+        self.routing.max_attempts
+    }
+
+    /// The retry budget.
+    pub fn budget(&self) -> &RetryBudget {
+        &self.budget
     }
 
     /// The wait line (shared with the backends, which wake it).
@@ -288,6 +346,7 @@ impl Router {
         })?;
         Ok(Decision {
             backend: Arc::clone(backend),
+            index: self.default_backend.unwrap_or(0),
             guard,
             prediction: None,
             reason: Reason::Baseline,
@@ -426,6 +485,7 @@ impl Router {
         );
         Some(Decision {
             backend: Arc::clone(c.backend),
+            index: c.index,
             guard,
             prediction: c.prediction,
             reason,
@@ -476,8 +536,10 @@ impl Router {
         &'r self,
         ask: &'a Ask<'_>,
     ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
-        self.backends.iter().enumerate().filter(|(_, b)| {
-            b.config.dialect == ask.dialect && b.config.models.upstream(ask.model).is_some()
+        self.backends.iter().enumerate().filter(|(i, b)| {
+            b.config.dialect == ask.dialect
+                && b.config.models.upstream(ask.model).is_some()
+                && (*i >= 64 || ask.avoid & (1 << i) == 0)
         })
     }
 
@@ -738,6 +800,7 @@ mod tests {
             class: Some(class),
             slo: router.classes[class].slo,
             received: Instant::now(),
+            avoid: 0,
         }
     }
 

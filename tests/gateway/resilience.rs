@@ -23,9 +23,11 @@ fn fault(kind: FaultKindRaw, retry_after_s: Option<u32>) -> FaultRaw {
     }
 }
 
-/// A faulty and a good backend behind a round-robin class (so that the order is known).
-async fn faulty_and_good(
+/// A faulty and a good backend behind a round-robin class (so that the order is known), with
+/// `routing` settings.
+async fn faulty_and_good_with(
     faulty: FaultRaw,
+    routing: &str,
 ) -> (support::FleetGuard, SocketAddr, tpsgate::gateway::Gateway) {
     let (bad_fleet, bad) = support::start(support::spec(
         "bad",
@@ -36,7 +38,7 @@ async fn faulty_and_good(
     .await;
     let (good_fleet, good) = support::start_engine("good", support::engine(1.0, 0.0, 8)).await;
     let gw = support::gateway(&format!(
-        "backends:\n{}{}classes:\n  - {{name: turns, policy: round_robin}}\n",
+        "backends:\n{}{}classes:\n  - {{name: turns, policy: round_robin}}\nrouting: {{{routing}}}\n",
         support::backend_yaml(
             "bad",
             bad,
@@ -47,6 +49,20 @@ async fn faulty_and_good(
     ))
     .await;
     (support::FleetGuard(vec![bad_fleet, good_fleet]), bad, gw)
+}
+
+/// [`faulty_and_good_with`] retries on.
+async fn faulty_and_good(
+    faulty: FaultRaw,
+) -> (support::FleetGuard, SocketAddr, tpsgate::gateway::Gateway) {
+    faulty_and_good_with(faulty, "").await
+}
+
+/// [`faulty_and_good_with`] without retries, so that the client sees each failure.
+async fn faulty_and_good_unretried(
+    faulty: FaultRaw,
+) -> (support::FleetGuard, SocketAddr, tpsgate::gateway::Gateway) {
+    faulty_and_good_with(faulty, "max_attempts: 1").await
 }
 
 async fn backend_of_next(gw: &tpsgate::gateway::Gateway) -> (StatusCode, String) {
@@ -74,7 +90,7 @@ async fn health(gw: &tpsgate::gateway::Gateway) -> String {
 
 #[tokio::test]
 async fn a_failing_backend_is_ejected_then_probed_back_once_it_recovers() {
-    let (_fleets, bad, gw) = faulty_and_good(fault(FaultKindRaw::Http500, None)).await;
+    let (_fleets, bad, gw) = faulty_and_good_unretried(fault(FaultKindRaw::Http500, None)).await;
     let mut failures = 0;
     for _ in 0..6 {
         let (status, _) = backend_of_next(&gw).await;
@@ -110,7 +126,8 @@ async fn a_failing_backend_is_ejected_then_probed_back_once_it_recovers() {
 
 #[tokio::test]
 async fn a_429_cools_the_backend_for_its_retry_after() {
-    let (_fleets, bad, gw) = faulty_and_good(fault(FaultKindRaw::Http429, Some(1))).await;
+    let (_fleets, bad, gw) =
+        faulty_and_good_unretried(fault(FaultKindRaw::Http429, Some(1))).await;
     let mut statuses = Vec::new();
     for _ in 0..2 {
         statuses.push(backend_of_next(&gw).await);
@@ -256,4 +273,101 @@ async fn a_stream_over_its_total_timeout_is_cut_with_an_error_event() {
             .contains("within 300 ms"),
         "{last}"
     );
+}
+
+#[tokio::test]
+async fn a_failure_before_any_content_is_retried_elsewhere_invisibly() {
+    let (_fleets, _bad, gw) = faulty_and_good(fault(FaultKindRaw::Http500, None)).await;
+    for _ in 0..4 {
+        assert_eq!(
+            backend_of_next(&gw).await,
+            (StatusCode::OK, "good".to_owned())
+        );
+    }
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    assert!(
+        String::from_utf8(metrics.body())
+            .unwrap()
+            .contains("tpsgate_retries_total")
+    );
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_content_fails_over_but_one_cut_after_content_is_never_repeated() {
+    let reset = |after_tokens| FaultRaw {
+        after_tokens: Some(after_tokens),
+        ..fault(FaultKindRaw::Reset, None)
+    };
+    let body = br#"{"model":"m","messages":[],"max_tokens":5,"stream":true}"#;
+    // Cut after the role chunk, before any content: the client sees one whole stream.
+    let (_fleets, _bad, gw) = faulty_and_good(reset(0)).await;
+    for _ in 0..2 {
+        let ex =
+            support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(body)).await;
+        assert_eq!(ex.headers["x-tpsgate-backend"], "good");
+        let events = ex.data_events();
+        assert_eq!(
+            events.iter().filter(|e| e.contains("\"role\"")).count(),
+            1,
+            "{events:?}"
+        );
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        assert!(ex.error.is_none());
+    }
+    // Cut after two tokens went out: no retry, the client's stream breaks, nothing repeats.
+    let (_fleets, _bad, gw) = faulty_and_good(reset(2)).await;
+    let mut broken = 0;
+    for _ in 0..2 {
+        let ex =
+            support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(body)).await;
+        if ex.headers["x-tpsgate-backend"] == "bad" {
+            broken += 1;
+            assert!(ex.error.is_some(), "the cut reaches the client");
+            let content = ex
+                .data_events()
+                .iter()
+                .filter(|e| e.contains("\"content\""))
+                .count();
+            assert_eq!(content, 2, "exactly what was produced, once");
+        }
+    }
+    assert_eq!(
+        broken, 1,
+        "round robin sent one of two to the cutting backend"
+    );
+}
+
+#[tokio::test]
+async fn retries_stop_when_the_budget_is_spent() {
+    let (bad_fleet, bad) = support::start(support::spec(
+        "bad",
+        support::engine(1.0, 0.0, 8),
+        StreamRaw::default(),
+        vec![fault(FaultKindRaw::Http503, None)],
+    ))
+    .await;
+    let (good_fleet, good) = support::start_engine("good", support::engine(1.0, 0.0, 8)).await;
+    let _fleets = support::FleetGuard(vec![bad_fleet, good_fleet]);
+    // No deposits, no ejection: only the reserve of retries is there to spend.
+    let gw = support::gateway(&format!(
+        "backends:\n{}{}classes:\n  - {{name: turns, policy: round_robin}}\nrouting: {{retry_budget: 0}}\n",
+        support::backend_yaml(
+            "bad",
+            bad,
+            "openai",
+            "    models: {m: m}\n    ejection: {after_failures: 1000}\n"
+        ),
+        support::backend_yaml("good", good, "openai", "    models: {m: m}\n"),
+    ))
+    .await;
+    let mut unavailable = 0;
+    for _ in 0..30 {
+        let (status, _) = backend_of_next(&gw).await;
+        unavailable += usize::from(status == StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // Retries never go back to the backend that failed: what it received are first attempts.
+    // The reserve (10 retries) saves the first ten of them; the rest reach the client.
+    let started_on_bad = support::seen(bad).await.len();
+    assert!(started_on_bad > 10, "{started_on_bad}");
+    assert_eq!(unavailable, started_on_bad - 10);
 }
