@@ -266,11 +266,7 @@ fn fingerprint(file: &std::path::Path) -> Option<u64> {
 
 /// Reloads the config on SIGHUP, and when the file's content changes (once per change: a file
 /// caught half-written fails validation, and the next write is another change).
-async fn reload_on_change(
-    file: PathBuf,
-    loaded: Option<u64>,
-    reloader: crate::gateway::Reloader,
-) {
+async fn reload_on_change(file: PathBuf, loaded: Option<u64>, reloader: crate::gateway::Reloader) {
     let apply = |why: &str| {
         tracing::info!(file = %file.display(), why, "reloading the config");
         match crate::config::load(&file) {

@@ -251,6 +251,8 @@ pin_project! {
         // per response).
         timer: Pin<Box<tokio::time::Sleep>>,
         timeouts: Timeouts,
+        // When the request was sent upstream: the timeouts run from here.
+        sent: Instant,
         dialect: Option<StreamDialect>,
         // Set once a deadline passed and the stream was ended with an error event.
         timed_out: bool,
@@ -271,16 +273,18 @@ impl Observed {
         mut log: RequestLog,
         stream: Option<(StreamDialect, bool)>,
         timeouts: Timeouts,
+        sent: Instant,
     ) -> Self {
         log.meter = stream.map(|(dialect, strip)| StreamMeter::new(dialect, strip));
-        let first = log.start + timeouts.first_token;
-        let deadline = timeouts.total.map_or(first, |t| first.min(log.start + t));
+        let first = sent + timeouts.first_token;
+        let deadline = timeouts.total.map_or(first, |t| first.min(sent + t));
         Self {
             inner,
             dialect: stream.map(|(d, _)| d),
             log,
             timer: Box::pin(tokio::time::sleep_until(deadline)),
             timeouts,
+            sent,
             timed_out: false,
             held: std::collections::VecDeque::new(),
             holding: false,
@@ -346,8 +350,13 @@ impl Observed {
 }
 
 /// Which deadline passed, for the error event and the metric.
-fn timeout_kind(log: &RequestLog, timeouts: &Timeouts, now: Instant) -> (&'static str, String) {
-    if timeouts.total.is_some_and(|t| now >= log.start + t) {
+fn timeout_kind(
+    log: &RequestLog,
+    timeouts: &Timeouts,
+    sent: Instant,
+    now: Instant,
+) -> (&'static str, String) {
+    if timeouts.total.is_some_and(|t| now >= sent + t) {
         let ms = timeouts.total.map_or(0, |t| t.as_millis());
         (
             "total",
@@ -412,7 +421,7 @@ impl Body for Observed {
                     ready!(this.timer.as_mut().poll(cx));
                     // A deadline passed: end the stream with an error event, never silently.
                     let now = Instant::now();
-                    let (kind, message) = timeout_kind(this.log, this.timeouts, now);
+                    let (kind, message) = timeout_kind(this.log, this.timeouts, *this.sent, now);
                     crate::telemetry::count_timeout(&this.log.backend, kind);
                     this.log.outcome = Outcome::Failed;
                     *this.timed_out = true;
@@ -454,7 +463,7 @@ impl Body for Observed {
                 let deadline = this
                     .timeouts
                     .total
-                    .map_or(stall, |t| stall.min(log.start + t));
+                    .map_or(stall, |t| stall.min(*this.sent + t));
                 this.timer.as_mut().reset(deadline);
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             };
@@ -466,7 +475,7 @@ impl Body for Observed {
                 let deadline = this
                     .timeouts
                     .total
-                    .map_or(stall, |t| stall.min(log.start + t));
+                    .map_or(stall, |t| stall.min(*this.sent + t));
                 this.timer.as_mut().reset(deadline);
             }
             if first_content {

@@ -51,6 +51,7 @@ struct Pending {
     model: Option<String>,
     stream: Option<(StreamDialect, bool)>,
     start: Instant,
+    sent: Instant,
     prediction: Option<crate::curve::Prediction>,
     reason: crate::router::Reason,
 }
@@ -89,9 +90,12 @@ impl Service<Request<UpstreamBody>> for Forward {
             None => (None, None, None),
         };
         let inner = routed.backend.client.request(req);
+        // A backend's timeouts run from when the request is sent to it, not from its arrival
+        // (time spent waiting in a queue line is not the backend's).
+        let sent = Instant::now();
         let timeouts = routed.backend.config.timeouts;
-        let first = start + timeouts.first_token;
-        let deadline = timeouts.total.map_or(first, |t| first.min(start + t));
+        let first = sent + timeouts.first_token;
+        let deadline = timeouts.total.map_or(first, |t| first.min(sent + t));
         ForwardFuture {
             inner: Some(inner),
             head_timer: tokio::time::sleep_until(deadline),
@@ -102,6 +106,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                 model,
                 stream,
                 start,
+                sent,
                 prediction: routed.prediction,
                 reason: routed.reason,
             }),
@@ -248,7 +253,13 @@ impl Future for ForwardFuture {
             backend,
         );
         let body = ProxyBody::Upstream {
-            body: Observed::new(body, log, stream, pending.backend.config.timeouts),
+            body: Observed::new(
+                body,
+                log,
+                stream,
+                pending.backend.config.timeouts,
+                pending.sent,
+            ),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }

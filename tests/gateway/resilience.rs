@@ -126,8 +126,7 @@ async fn a_failing_backend_is_ejected_then_probed_back_once_it_recovers() {
 
 #[tokio::test]
 async fn a_429_cools_the_backend_for_its_retry_after() {
-    let (_fleets, bad, gw) =
-        faulty_and_good_unretried(fault(FaultKindRaw::Http429, Some(1))).await;
+    let (_fleets, bad, gw) = faulty_and_good_unretried(fault(FaultKindRaw::Http429, Some(1))).await;
     let mut statuses = Vec::new();
     for _ in 0..2 {
         statuses.push(backend_of_next(&gw).await);
