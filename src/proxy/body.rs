@@ -254,7 +254,8 @@ pin_project! {
         // When the request was sent upstream: the timeouts run from here.
         sent: Instant,
         dialect: Option<StreamDialect>,
-        // Set once a deadline passed and the stream was ended with an error event.
+        // Set once the stream was cut (a deadline passed, or the upstream broke off) and ended
+        // with an error event.
         timed_out: bool,
         // Frames read ahead while the response was held for its first content; sent first.
         held: std::collections::VecDeque<Bytes>,
@@ -336,6 +337,7 @@ impl Observed {
                     }
                 }
                 Some(Err(_)) => return false,
+                None if body.timed_out => return false,
                 None => {
                     body.ended = true;
                     return body
@@ -381,9 +383,26 @@ fn timeout_kind(
     }
 }
 
-/// The event that ends a stream cut by a timeout, in the stream's dialect. It opens with a line
-/// end so that it stands apart even after an event the upstream left unfinished.
-fn timeout_event(dialect: StreamDialect, message: &str) -> Bytes {
+/// What a cut stream's last frame carries: whatever the meter still held, then the error event.
+fn end_with_error(
+    log: &mut RequestLog,
+    dialect: StreamDialect,
+    message: &str,
+    code: &str,
+) -> Bytes {
+    let mut out = log
+        .meter
+        .as_mut()
+        .and_then(StreamMeter::finish)
+        .map(|b| b.to_vec())
+        .unwrap_or_default();
+    out.extend_from_slice(&error_event(dialect, message, code));
+    Bytes::from(out)
+}
+
+/// The event that ends a cut stream, in the stream's dialect. It opens with a line end so that
+/// it stands apart even after an event the upstream left unfinished.
+fn error_event(dialect: StreamDialect, message: &str, code: &str) -> Bytes {
     let text = match dialect {
         StreamDialect::Anthropic => format!(
             "\nevent: error\ndata: {}\n\n",
@@ -391,7 +410,7 @@ fn timeout_event(dialect: StreamDialect, message: &str) -> Bytes {
         ),
         StreamDialect::OpenAi | StreamDialect::Responses => format!(
             "\ndata: {}\n\n",
-            serde_json::json!({"error": {"message": message, "type": "server_error", "code": "upstream_timeout"}})
+            serde_json::json!({"error": {"message": message, "type": "server_error", "code": code}})
         ),
     };
     Bytes::from(text)
@@ -428,22 +447,30 @@ impl Body for Observed {
                     let Some(dialect) = *this.dialect else {
                         return Poll::Ready(Some(Err(message.into())));
                     };
-                    let mut out = this
-                        .log
-                        .meter
-                        .as_mut()
-                        .and_then(StreamMeter::finish)
-                        .map(|b| b.to_vec())
-                        .unwrap_or_default();
-                    out.extend_from_slice(&timeout_event(dialect, &message));
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    return Poll::Ready(Some(Ok(Frame::data(end_with_error(
+                        this.log,
+                        dialect,
+                        &message,
+                        "upstream_timeout",
+                    )))));
                 }
             };
             let frame = match polled {
                 Some(Ok(frame)) => frame,
                 Some(Err(err)) => {
+                    // The upstream broke off: a stream ends with an error event, never silently.
                     this.log.outcome = Outcome::Failed;
-                    return Poll::Ready(Some(Err(err.into())));
+                    *this.timed_out = true;
+                    let Some(dialect) = *this.dialect else {
+                        return Poll::Ready(Some(Err(err.into())));
+                    };
+                    let message = format!("the upstream broke off the stream: {err}");
+                    return Poll::Ready(Some(Ok(Frame::data(end_with_error(
+                        this.log,
+                        dialect,
+                        &message,
+                        "upstream_error",
+                    )))));
                 }
                 None => {
                     this.log.outcome = Outcome::Completed;

@@ -313,7 +313,8 @@ async fn a_stream_cut_before_content_fails_over_but_one_cut_after_content_is_nev
         assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
         assert!(ex.error.is_none());
     }
-    // Cut after two tokens went out: no retry, the client's stream breaks, nothing repeats.
+    // Cut after two tokens went out: no retry; the stream ends with an error event, nothing
+    // repeats.
     let (_fleets, _bad, gw) = faulty_and_good(reset(2)).await;
     let mut broken = 0;
     for _ in 0..2 {
@@ -321,12 +322,13 @@ async fn a_stream_cut_before_content_fails_over_but_one_cut_after_content_is_nev
             support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(body)).await;
         if ex.headers["x-tpsgate-backend"] == "bad" {
             broken += 1;
-            assert!(ex.error.is_some(), "the cut reaches the client");
-            let content = ex
-                .data_events()
-                .iter()
-                .filter(|e| e.contains("\"content\""))
-                .count();
+            let events = ex.data_events();
+            let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+            assert_eq!(
+                last["error"]["code"], "upstream_error",
+                "the cut is said: {events:?}"
+            );
+            let content = events.iter().filter(|e| e.contains("\"content\"")).count();
             // The reset may take the last chunk with it; never anything twice.
             assert!((1..=2).contains(&content), "{content} content events");
         }
@@ -370,4 +372,190 @@ async fn retries_stop_when_the_budget_is_spent() {
     let started_on_bad = support::seen(bad).await.len();
     assert!(started_on_bad > 10, "{started_on_bad}");
     assert_eq!(unavailable, started_on_bad - 10);
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// What a stream through the gateway looked like.
+enum Ending {
+    /// `[DONE]` after exactly the tokens asked for, in order.
+    Whole,
+    /// An error event after a prefix of them (or an error response before any).
+    Error,
+}
+
+fn judge(ex: &support::Exchange, tokens: u32) -> Result<Ending, String> {
+    if ex.status != StatusCode::OK {
+        let body = ex.json();
+        return if body["error"]["code"].is_string() {
+            Ok(Ending::Error)
+        } else {
+            Err(format!("{}: {body}", ex.status))
+        };
+    }
+    let events = ex.data_events();
+    let mut text = String::new();
+    for e in &events {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(e)
+            && let Some(t) = v["choices"][0]["delta"]["content"].as_str()
+        {
+            text.push_str(t);
+        }
+    }
+    let expected = tpsgate::sim::wire::token_text(0, tokens);
+    if !expected.starts_with(&text) {
+        return Err(format!(
+            "content is not a prefix of what was produced: {text:?}"
+        ));
+    }
+    match events.last().map(String::as_str) {
+        Some("[DONE]") if text == expected => Ok(Ending::Whole),
+        Some(last) => {
+            let v: serde_json::Value =
+                serde_json::from_str(last).map_err(|e| format!("{e}: {last}"))?;
+            if v["error"]["code"].is_string() && ex.error.is_none() {
+                Ok(Ending::Error)
+            } else {
+                Err(format!(
+                    "ended without [DONE] or an error event: {events:?}"
+                ))
+            }
+        }
+        None => Err("no events".to_owned()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_random_faults_every_stream_is_whole_or_ends_with_an_error_event() {
+    let faults = || {
+        let f = |kind, probability: f64, delay_ms, after_tokens| FaultRaw {
+            kind,
+            probability: Some(probability),
+            every: None,
+            retry_after_s: (kind == FaultKindRaw::Http429).then_some(1),
+            delay_ms,
+            after_tokens,
+        };
+        vec![
+            f(FaultKindRaw::Http500, 0.04, None, None),
+            f(FaultKindRaw::Http429, 0.02, None, None),
+            f(FaultKindRaw::Stall, 0.04, Some(3000), Some(3)),
+            f(FaultKindRaw::Reset, 0.04, None, Some(5)),
+            f(FaultKindRaw::Reset, 0.02, None, Some(0)),
+            f(FaultKindRaw::SlowFirstByte, 0.04, Some(300), None),
+        ]
+    };
+    let mut fleets = Vec::new();
+    let mut yaml = String::from("backends:\n");
+    for name in ["a", "b", "c"] {
+        let (fleet, addr) = support::start(support::spec(
+            name,
+            support::engine(5.0, 0.0, 1024),
+            StreamRaw::default(),
+            faults(),
+        ))
+        .await;
+        fleets.push(fleet);
+        yaml.push_str(&support::backend_yaml(
+            name,
+            addr,
+            "openai",
+            "    models: {m: m}\n    stall_timeout_ms: 500\n    ejection: {after_failures: 1000}\n",
+        ));
+    }
+    let _fleets = support::FleetGuard(fleets);
+    // The gateway is the real binary, so that its memory is its own.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{yaml}routing: {{max_attempts: 3, retry_budget: 0.5}}\n"
+        ),
+    )
+    .unwrap();
+    let mut command = support::tpsgate();
+    command
+        .args(["--log-format", "json", "serve", "--config"])
+        .arg(&file)
+        .stderr(std::process::Stdio::null());
+    let gw = support::spawn_listening(command).await;
+    let admin: SocketAddr = support::admin_of(&gw);
+    let pid = gw.child.id();
+    let tokens = 20;
+    let body = format!(r#"{{"model":"m","messages":[],"max_tokens":{tokens},"stream":true}}"#);
+    let client = http_client();
+    // Three rounds: the first sets the allocator's high-water mark, the later ones must not
+    // climb far above it (memory held per stream would).
+    let mut rss = Vec::new();
+    for round in 0..3 {
+        let mut streams = tokio::task::JoinSet::new();
+        for _ in 0..500 {
+            let (client, body, addr) = (client.clone(), body.clone(), gw.addr);
+            streams.spawn(async move {
+                support::exchange_with(
+                    &client,
+                    addr,
+                    Method::POST,
+                    "/v1/chat/completions",
+                    Some(body.as_bytes()),
+                )
+                .await
+            });
+        }
+        let results = tokio::time::timeout(Duration::from_secs(60), streams.join_all())
+            .await
+            .expect("every stream ends in bounded time");
+        let (mut whole, mut errors) = (0, 0);
+        for ex in &results {
+            match judge(ex, tokens) {
+                Ok(Ending::Whole) => whole += 1,
+                Ok(Ending::Error) => errors += 1,
+                Err(why) => panic_free_fail(&why),
+            }
+        }
+        assert_eq!(whole + errors, 500);
+        assert!(
+            whole > 400,
+            "retries before content keep most streams whole: {whole} whole, {errors} errors"
+        );
+        // Everything released.
+        let mut in_flight = u64::MAX;
+        for _ in 0..50 {
+            let all = support::get_json(admin, "/admin/backends").await;
+            in_flight = all["backends"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b["in_flight"].as_u64().unwrap())
+                .sum();
+            if in_flight == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(in_flight, 0);
+        drop(results);
+        rss.push(rss_bytes(pid));
+        eprintln!(
+            "round {round}: {whole} whole, {errors} ended with an error; RSS {} MiB",
+            rss[round] >> 20
+        );
+    }
+    assert!(rss[2] < rss[0] + (16 << 20), "RSS grew: {rss:?}");
+}
+
+/// Fails the test with a message (the lint forbids `panic!`).
+fn panic_free_fail(why: &str) {
+    assert!(why.is_empty(), "{why}");
 }

@@ -293,6 +293,8 @@ pub fn tpsgate() -> std::process::Command {
 pub struct Spawned {
     pub child: std::process::Child,
     pub addr: SocketAddr,
+    /// `admin http://ADDR` on the same line, if printed.
+    pub admin: Option<SocketAddr>,
 }
 
 impl Drop for Spawned {
@@ -300,6 +302,13 @@ impl Drop for Spawned {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The admin address a spawned `tpsgate serve` printed (`admin http://ADDR`).
+pub fn admin_of(spawned: &Spawned) -> SocketAddr {
+    spawned
+        .admin
+        .expect("the first line named an admin address")
 }
 
 /// Starts `command` with stdout piped and waits for its first line, which names `http://ADDR`.
@@ -326,7 +335,12 @@ pub async fn spawn_listening(mut command: std::process::Command) -> Spawned {
         .and_then(|a| a.parse().ok())
         .ok_or_else(|| format!("no address in {line:?}"))
         .unwrap();
-    Spawned { child, addr }
+    let admin = line
+        .split("admin http://")
+        .nth(1)
+        .and_then(|rest| rest.split([')', ' ']).next())
+        .and_then(|a| a.parse().ok());
+    Spawned { child, addr, admin }
 }
 
 /// A gateway with one backend: the sim at `sim`, serving `extra` (YAML lines of the backend).
