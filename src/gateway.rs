@@ -74,10 +74,16 @@ pub struct Gateway {
 pub struct Reloader {
     admin: Arc<AdminState>,
     live: Arc<ArcSwap<Live>>,
+    drained: tokio_util::sync::CancellationToken,
 }
 
-/// Builds the router and stack for `config`, reusing `old` backends that did not change.
-fn build(config: &Config, old: Option<&Live>) -> Result<Live, String> {
+/// Builds the router and stack for `config`, reusing `old` backends that did not change;
+/// `drained` ends streams still open at the drain deadline.
+fn build(
+    config: &Config,
+    old: Option<&Live>,
+    drained: &tokio_util::sync::CancellationToken,
+) -> Result<Live, String> {
     let classes_same = old.is_some_and(|o| o.config.classes == config.classes);
     // Waiters are woken by releases on any backend: reused backends keep waking the line they
     // were built with, so it is carried over with them.
@@ -122,6 +128,7 @@ fn build(config: &Config, old: Option<&Live>) -> Result<Live, String> {
         config.limits,
         classes,
         config.api_keys.clone(),
+        drained.clone(),
     );
     Ok(Live {
         stack,
@@ -172,7 +179,8 @@ impl Gateway {
     /// Builds every backend's client, binds both listeners (or fails without serving anything)
     /// and starts serving.
     pub async fn start(config: &Config) -> Result<Self, String> {
-        let live = Arc::new(ArcSwap::from_pointee(build(config, None)?));
+        let drained = tokio_util::sync::CancellationToken::new();
+        let live = Arc::new(ArcSwap::from_pointee(build(config, None, &drained)?));
         let tls = match &config.tls {
             Some(files) => Some(listen::tls_acceptor(&files.cert_file, &files.key_file)?),
             None => None,
@@ -261,7 +269,11 @@ impl Gateway {
             addr,
             admin_addr,
             tls: has_tls,
-            reloader: Reloader { admin, live },
+            reloader: Reloader {
+                admin,
+                live,
+                drained,
+            },
             stop,
             tasks: vec![proxy, admin_task, upkeep, oracle],
         })
@@ -297,6 +309,14 @@ impl Gateway {
     pub async fn stop(mut self) {
         self.reloader.admin.ready.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
+        // At the drain deadline, streams still open end with an error event (and the listener
+        // then closes their connections).
+        let drained = self.reloader.drained.clone();
+        let deadline = self.reloader.live.load().config.limits.drain_timeout;
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline.saturating_sub(std::time::Duration::from_millis(50))).await;
+            drained.cancel();
+        });
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
@@ -357,7 +377,7 @@ impl Reloader {
                     .to_owned(),
             );
         }
-        let next = build(config, Some(&current))?;
+        let next = build(config, Some(&current), &self.drained)?;
         self.live.store(Arc::new(next));
         Ok(())
     }

@@ -24,6 +24,7 @@ pub fn build(
     limits: Limits,
     classes: Classes,
     api_keys: Vec<ApiKey>,
+    drained: tokio_util::sync::CancellationToken,
 ) -> Stack {
     ServiceBuilder::new()
         // Outermost: every response, errors included, carries the request id.
@@ -40,5 +41,5 @@ pub fn build(
         // URL, credentials, model alias and include_usage for that backend.
         .layer(RewriteLayer::new())
         // The pooled upstream client; the response body is observed on its way out.
-        .service(Forward::new())
+        .service(Forward::new(drained))
 }

@@ -253,6 +253,8 @@ pin_project! {
         timeouts: Timeouts,
         // When the request was sent upstream: the timeouts run from here.
         sent: Instant,
+        // Resolves when the drain deadline passes (streams only).
+        drained: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
         dialect: Option<StreamDialect>,
         // Set once the stream was cut (a deadline passed, or the upstream broke off) and ended
         // with an error event.
@@ -275,6 +277,7 @@ impl Observed {
         stream: Option<(StreamDialect, bool)>,
         timeouts: Timeouts,
         sent: Instant,
+        drained: tokio_util::sync::CancellationToken,
     ) -> Self {
         log.meter = stream.map(|(dialect, strip)| StreamMeter::new(dialect, strip));
         let first = sent + timeouts.first_token;
@@ -286,6 +289,7 @@ impl Observed {
             timer: Box::pin(tokio::time::sleep_until(deadline)),
             timeouts,
             sent,
+            drained: stream.map(|_| Box::pin(drained.cancelled_owned())),
             timed_out: false,
             held: std::collections::VecDeque::new(),
             holding: false,
@@ -437,6 +441,20 @@ impl Body for Observed {
             let polled = match this.inner.as_mut().poll_frame(cx) {
                 Poll::Ready(polled) => polled,
                 Poll::Pending => {
+                    if let Some(drained) = this.drained.as_mut()
+                        && drained.as_mut().poll(cx).is_ready()
+                        && let Some(dialect) = *this.dialect
+                    {
+                        // The drain deadline passed with the stream still open.
+                        this.log.outcome = Outcome::Cancelled;
+                        *this.timed_out = true;
+                        return Poll::Ready(Some(Ok(Frame::data(end_with_error(
+                            this.log,
+                            dialect,
+                            "the gateway is shutting down and its drain deadline passed",
+                            "gateway_shutdown",
+                        )))));
+                    }
                     ready!(this.timer.as_mut().poll(cx));
                     // A deadline passed: end the stream with an error event, never silently.
                     let now = Instant::now();

@@ -32,13 +32,17 @@ pub const X_TPSGATE_PREDICTED_TTFT_MS: HeaderName =
 pub const X_TPSGATE_ROUTE_REASON: HeaderName = HeaderName::from_static("x-tpsgate-route-reason");
 
 /// Sends requests upstream.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Forward;
+#[derive(Debug, Clone, Default)]
+pub struct Forward {
+    /// Cancelled when the drain deadline passes: streams still open then end with an error
+    /// event.
+    drained: tokio_util::sync::CancellationToken,
+}
 
 impl Forward {
-    /// The service.
-    pub const fn new() -> Self {
-        Self
+    /// The service; `drained` ends the streams still open at the drain deadline.
+    pub const fn new(drained: tokio_util::sync::CancellationToken) -> Self {
+        Self { drained }
     }
 }
 
@@ -54,6 +58,7 @@ struct Pending {
     sent: Instant,
     prediction: Option<crate::curve::Prediction>,
     reason: crate::router::Reason,
+    drained: tokio_util::sync::CancellationToken,
 }
 
 impl Service<Request<UpstreamBody>> for Forward {
@@ -109,6 +114,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                 sent,
                 prediction: routed.prediction,
                 reason: routed.reason,
+                drained: self.drained.clone(),
             }),
             failed: None,
         }
@@ -259,6 +265,7 @@ impl Future for ForwardFuture {
                 stream,
                 pending.backend.config.timeouts,
                 pending.sent,
+                pending.drained,
             ),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))

@@ -559,3 +559,36 @@ async fn under_random_faults_every_stream_is_whole_or_ends_with_an_error_event()
 fn panic_free_fail(why: &str) {
     assert!(why.is_empty(), "{why}");
 }
+
+#[tokio::test]
+async fn streams_still_open_at_the_drain_deadline_end_with_an_error_event() {
+    use http_body_util::BodyExt;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(50.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "limits: {{drain_timeout_s: 0.3}}\nbackends:\n{}",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"m","messages":[],"max_tokens":200,"stream":true}"#,
+        )))
+        .unwrap();
+    let mut body = http_client().request(request).await.unwrap().into_body();
+    body.frame().await.unwrap().unwrap();
+    let started = tokio::time::Instant::now();
+    let stopping = tokio::spawn(gw.stop());
+    let rest = body.collect().await.unwrap().to_bytes();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        text.trim_end().ends_with(r#""code":"gateway_shutdown","message":"the gateway is shutting down and its drain deadline passed","type":"server_error"}}"#),
+        "{text}"
+    );
+    stopping.await.unwrap();
+}
