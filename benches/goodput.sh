@@ -19,7 +19,12 @@ cargo build --release --quiet
 bin=target/release/tpsgate
 out=target/goodput
 mkdir -p "$out"
-rm -f "$out"/*.jsonl
+# Given policies re-measure just those: their old rows go, the others stay.
+if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
+  for policy in $policies; do sed -i "/\"policy\":\"$policy\"/d" "$out/results.jsonl"; done
+else
+  rm -f "$out"/*.jsonl
+fi
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop EXIT

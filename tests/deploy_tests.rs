@@ -102,6 +102,7 @@ fn the_grafana_dashboard_queries_metrics_the_gateway_exports() {
         tpsgate::telemetry::CONCURRENCY_CAP,
         tpsgate::telemetry::REQUESTS,
         tpsgate::telemetry::QUEUE_WAITING,
+        tpsgate::telemetry::EJECTIONS,
     ];
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {

@@ -64,7 +64,8 @@ impl Oracle {
     /// Re-reads every backend's truth; a backend that does not answer keeps its last curve.
     pub async fn refresh(&self, backends: &[Arc<Backend>]) {
         for (slot, b) in self.curves.iter().zip(backends) {
-            let url = format!("{}/sim/truth?{}", b.config.url, self.query);
+            let base = b.config.url.to_string();
+            let url = format!("{}/sim/truth?{}", base.trim_end_matches('/'), self.query);
             let Ok(req) = Request::get(url).body(Full::new(Bytes::new())) else {
                 continue;
             };
