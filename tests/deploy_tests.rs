@@ -103,6 +103,8 @@ fn the_grafana_dashboard_queries_metrics_the_gateway_exports() {
         tpsgate::telemetry::REQUESTS,
         tpsgate::telemetry::QUEUE_WAITING,
         tpsgate::telemetry::EJECTIONS,
+        tpsgate::telemetry::RETRIES,
+        tpsgate::telemetry::TIMEOUTS,
     ];
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().unwrap() {
