@@ -28,7 +28,7 @@ window() { # label
   curl -s -X POST http://127.0.0.1:9101/sim/params -H 'content-type: application/json' \
     -d '{"engine":{"step_base_ms":27,"step_per_seq_ms":1.66}}' >/dev/null
   for i in 1 2 3 4 5 6; do window "after-$i"; done
-} | python3 -c '
+} | tee "$out/windows.txt" | python3 -c '
 import json, sys
 print("| window | vllm-large share | interactive attainment | requests per backend |")
 print("|---|---|---|---|")
@@ -37,5 +37,6 @@ for line in sys.stdin:
     r = json.loads(doc)
     b = r.get("backends", {})
     share = b.get("vllm-large", 0) / max(1, sum(b.values()))
-    print(f"| {label} | {100*share:.0f}% | {100*r[\"slo_attainment\"]:.1f}% | {b} |")
+    attained = 100 * r["slo_attainment"]
+    print(f"| {label} | {100*share:.0f}% | {attained:.1f}% | {b} |")
 '

@@ -48,15 +48,4 @@ for run in $(seq "$runs"); do
 done
 python3 benches/goodput_table.py "$out/results.jsonl" >"$out/table.md"
 cat "$out/table.md"
-python3 - "$out/table.md" <<'PY'
-import sys, datetime, os, subprocess
-table = open(sys.argv[1]).read()
-start, end = "<!-- goodput:start -->", "<!-- goodput:end -->"
-text = open("BENCHMARKS.md").read()
-if start in text and end in text:
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    text = head + start + "\n" + table + end + tail
-    open("BENCHMARKS.md", "w").write(text)
-    print("BENCHMARKS.md updated", file=sys.stderr)
-PY
+python3 benches/splice.py goodput "$out/table.md"

@@ -25,12 +25,11 @@ def rss():
 
 
 async def open_stream(held):
+    # The request is sent and the stream left open. Nothing is read: tpsgate holds a stream's
+    # head until its first content, which this backend takes minutes to produce.
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(REQUEST)
     await writer.drain()
-    head = await reader.readuntil(b"\r\n\r\n")
-    if b" 200 " not in head.split(b"\r\n")[0]:
-        raise RuntimeError(head[:200])
     held.append((reader, writer))
 
 
@@ -39,7 +38,7 @@ async def main():
     held = []
     for start in range(0, n, 500):
         await asyncio.gather(*(open_stream(held) for _ in range(min(500, n - start))))
-    await asyncio.sleep(2)
+    await asyncio.sleep(3)
     after = rss()
     print(json.dumps({"streams": n, "rss_before": before, "rss_after": after,
                       "bytes_per_stream": (after - before) / n}))

@@ -61,7 +61,7 @@ print(f"| CPU per streamed chunk (c=16, incl. its request's share) | – | {cpu_
       f"{cpu_us('tpsgate', 'stream-c16', 'chunk'):.1f} µs | | |")
 fr = {a: (sum(r["r"]["frames"] for r in by[(a, "stream-c16")]), sum(r["r"]["content_events"] for r in by[(a, "stream-c16")])) for a in ("direct", "nginx", "tpsgate")}
 print(f"| stream c=16: frames / content events | {fr['direct'][0]} / {fr['direct'][1]} | {fr['nginx'][0]} / {fr['nginx'][1]} | {fr['tpsgate'][0]} / {fr['tpsgate'][1]} | | no coalescing |")
-for n in (1000, 10000):
+for n in (1000, 9000):
     vals = {}
     for a in ("nginx", "tpsgate"):
         rs = [r["r"] for r in by[(a, "idle")] if r["r"]["streams"] == n]

@@ -1,11 +1,9 @@
 //! Hot reload: validated whole, swapped at once, streams in flight untouched, curves kept; on
 //! SIGHUP and on file change, once per change.
 
-use std::io::BufRead;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use http::Method;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tpsgate::bench::http_client;
@@ -112,30 +110,13 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
     let file = dir.path().join("gateway.yaml");
     let head = "listen: {address: 127.0.0.1:0}\nadmin: {listen: 127.0.0.1:0}\n";
     std::fs::write(&file, format!("{head}{}", config_text(&[("one", sim)]))).unwrap();
-    let mut child = support::tpsgate()
+    let mut command = support::tpsgate();
+    command
         .args(["serve", "--config"])
         .arg(&file)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let line = tokio::task::spawn_blocking(move || {
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .unwrap();
-        line
-    })
-    .await
-    .unwrap();
-    let admin: SocketAddr = line
-        .split("admin http://")
-        .nth(1)
-        .and_then(|r| r.split(')').next())
-        .and_then(|a| a.parse().ok())
-        .ok_or_else(|| format!("no admin address in {line:?}"))
-        .unwrap();
+        .stderr(std::process::Stdio::null());
+    let gw = support::spawn_listening(command).await;
+    let admin = support::admin_of(&gw);
     let status = async || -> Value { support::get_json(admin, "/admin/reload").await };
     let settle = || tokio::time::sleep(Duration::from_millis(1500));
 
@@ -172,13 +153,10 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
 
     // SIGHUP reloads even without a change.
     let killed = std::process::Command::new("kill")
-        .args(["-HUP", &child.id().to_string()])
+        .args(["-HUP", &gw.child.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(status().await["applied"], 2);
-    let _ = support::exchange(admin, Method::GET, "/healthz", None).await;
-    let _ = child.kill();
-    let _ = child.wait();
 }

@@ -83,6 +83,11 @@ async fn backend_of_next(gw: &tpsgate::gateway::Gateway) -> (StatusCode, String)
     (ex.status, backend)
 }
 
+async fn metrics_of(gw: &tpsgate::gateway::Gateway) -> String {
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    String::from_utf8(metrics.body()).unwrap()
+}
+
 async fn health(gw: &tpsgate::gateway::Gateway) -> String {
     let all = support::get_json(gw.admin_addr(), "/admin/backends").await;
     all["backends"][0]["health"].as_str().unwrap().to_owned()
@@ -104,10 +109,9 @@ async fn a_failing_backend_is_ejected_then_probed_back_once_it_recovers() {
             (StatusCode::OK, "good".to_owned())
         );
     }
-    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
     assert!(
-        String::from_utf8(metrics.body())
-            .unwrap()
+        metrics_of(&gw)
+            .await
             .contains(r#"tpsgate_ejections_total{backend="bad"}"#)
     );
 
@@ -283,12 +287,7 @@ async fn a_failure_before_any_content_is_retried_elsewhere_invisibly() {
             (StatusCode::OK, "good".to_owned())
         );
     }
-    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
-    assert!(
-        String::from_utf8(metrics.body())
-            .unwrap()
-            .contains("tpsgate_retries_total")
-    );
+    assert!(metrics_of(&gw).await.contains("tpsgate_retries_total"));
 }
 
 #[tokio::test]
