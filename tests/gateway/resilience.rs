@@ -551,7 +551,8 @@ async fn under_random_faults_every_stream_is_whole_or_ends_with_an_error_event()
             rss[round] >> 20
         );
     }
-    assert!(rss[2] < rss[0] + (16 << 20), "RSS grew: {rss:?}");
+    // 1,000 streams later: a leak of 32 KiB a stream would show as 32 MiB.
+    assert!(rss[2] < rss[0] + (32 << 20), "RSS grew: {rss:?}");
 }
 
 /// Fails the test with a message (the lint forbids `panic!`).
