@@ -152,7 +152,8 @@ pub struct Candidate<'r> {
     /// so that batch work only takes capacity interactive traffic is not about to need.
     pub leaves_room: bool,
     /// System tokens per second this request adds there, `S(n) - S(n-1)` where `S(c)` is `c`
-    /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); 0 without a prediction.
+    /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
+    /// only (0 for a latency request, and without a prediction).
     pub marginal_tps: f64,
 }
 
@@ -378,15 +379,21 @@ impl Router {
                 .ok_or_else(|| self.at_limit(ask));
         }
         let (on_miss, _) = self.on_miss(ask);
+        self.decided.fetch_add(1, Ordering::Relaxed);
         let queued_before = ask
             .class
             .is_some_and(|c| on_miss == OnMiss::Queue && self.line.waiting_in(c) > 0);
-        if !queued_before && let Some(decision) = self.try_decide(ask, policy) {
-            return Ok(Some(decision));
-        }
+        let missed = if queued_before {
+            None
+        } else {
+            match self.try_decide(ask, policy, false) {
+                Ok(decision) => return Ok(Some(decision)),
+                Err(candidates) => Some(candidates),
+            }
+        };
         match on_miss {
             OnMiss::BestEffort => {
-                let candidates = self.candidates(ask, policy);
+                let candidates = missed.unwrap_or_else(|| self.candidates(ask, policy));
                 choose::best_effort(&ask.slo, &candidates)
                     .and_then(|c| self.admit(ask, &candidates[c], Reason::BestEffort))
                     .or_else(|| self.any_admissible(ask, &candidates))
@@ -399,32 +406,45 @@ impl Router {
     }
 
     /// One attempt to place the request on a feasible (or exploring, or cold) backend.
-    fn try_decide(&self, ask: &Ask<'_>, policy: Policy) -> Option<Decision> {
+    /// One attempt to place the request on a feasible (or exploring, or cold) backend; on a
+    /// miss, the candidates as evaluated, for `on_miss`. A request waiting in line (`queued`)
+    /// neither explores nor counts again toward the exploration budget.
+    fn try_decide(
+        &self,
+        ask: &Ask<'_>,
+        policy: Policy,
+        queued: bool,
+    ) -> Result<Decision, Vec<Candidate<'_>>> {
         let candidates = self.candidates(ask, policy);
-        let decided = self.decided.fetch_add(1, Ordering::Relaxed) + 1;
-        let may_explore = policy != Policy::Oracle
+        let may_explore = !queued
+            && policy != Policy::Oracle
             && (self.explored.load(Ordering::Relaxed) as f64)
-                < self.routing.exploration * decided as f64;
+                < self.routing.exploration * self.decided.load(Ordering::Relaxed) as f64;
         if may_explore
             && let Some(c) = choose::exploration_target(&ask.slo, &candidates)
             && let Some(decision) = self.admit(ask, &candidates[c], Reason::Explore)
         {
             self.explored.fetch_add(1, Ordering::Relaxed);
-            return Some(decision);
+            return Ok(decision);
         }
         let throughput = policy == Policy::Throughput || ask.slo.is_batch();
         let pick = if throughput {
             choose::throughput(&candidates)
         } else {
             choose::among_feasible(policy, &candidates, ask)
-        }?;
-        let c = &candidates[pick];
-        let reason = if c.prediction.is_none() {
-            Reason::ColdStart
-        } else {
-            Reason::Feasible
         };
-        self.admit(ask, c, reason)
+        let decision = pick.and_then(|i| {
+            let c = &candidates[i];
+            let reason = if queued {
+                Reason::Queued
+            } else if c.prediction.is_none() {
+                Reason::ColdStart
+            } else {
+                Reason::Feasible
+            };
+            self.admit(ask, c, reason)
+        });
+        decision.ok_or(candidates)
     }
 
     /// Waits in the class's line (first come, first served within the class) until a backend is
@@ -442,10 +462,8 @@ impl Router {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if place.is_first()
-                && let Some(mut decision) = self.try_decide(ask, policy)
+                && let Ok(decision) = self.try_decide(ask, policy, true)
             {
-                decision.reason = Reason::Queued;
-                self.count(ask, Reason::Queued);
                 return Ok(decision);
             }
             // Curves also change without a release (a refresh after a completion elsewhere):
@@ -467,9 +485,7 @@ impl Router {
     /// Takes a slot on candidate `c`, counting and logging the decision.
     fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
         let guard = c.backend.try_admit(ask.class)?;
-        if reason != Reason::Queued {
-            self.count(ask, reason);
-        }
+        self.count(ask, reason);
         tracing::debug!(
             backend = &*c.backend.config.name,
             class = ask
@@ -584,7 +600,7 @@ impl Router {
                 let system = |c: f64, p: &Prediction| {
                     c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
                 };
-                let before = if joining > 1 {
+                let before = if batch && joining > 1 {
                     self.predict(index, backend, ask, n - 1.0, policy)
                         .map_or(0.0, |p| system(n - 1.0, &p))
                 } else {
@@ -598,7 +614,11 @@ impl Router {
                     slack: prediction.map_or(0.0, |p| slo.slack(&p)),
                     keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
                     leaves_room,
-                    marginal_tps: prediction.map_or(0.0, |p| system(n, &p) - before),
+                    marginal_tps: if batch {
+                        prediction.map_or(0.0, |p| system(n, &p) - before)
+                    } else {
+                        0.0
+                    },
                 }
             })
             .collect()
