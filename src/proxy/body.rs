@@ -510,6 +510,10 @@ impl Body for Observed {
                     .total
                     .map_or(stall, |t| stall.min(*this.sent + t));
                 this.timer.as_mut().reset(deadline);
+                // hyper stops polling a body that says it has ended: the last frame completes it.
+                if this.inner.is_end_stream() {
+                    log.outcome = Outcome::Completed;
+                }
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             };
             let now = Instant::now();
@@ -522,6 +526,9 @@ impl Body for Observed {
                     .total
                     .map_or(stall, |t| stall.min(*this.sent + t));
                 this.timer.as_mut().reset(deadline);
+            }
+            if this.inner.is_end_stream() && !meter.holds_bytes() {
+                log.outcome = Outcome::Completed;
             }
             if first_content {
                 log.first_reading = log.guard.as_ref().map(|g| g.backend().occupancy.read(now));

@@ -186,3 +186,24 @@ async fn the_dashboard_is_one_self_contained_page() {
         "no CDN, no external assets"
     );
 }
+
+#[tokio::test]
+async fn a_non_stream_response_read_to_its_end_is_counted_as_completed() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(2.0, 0.1, 8)).await;
+    // Its own backend name: the metrics registry is shared by every test in this binary.
+    let backend = support::backend_yaml("whole", sim, "openai", "    models: {m: m}\n");
+    let gw = support::gateway(&format!("backends:\n{backend}")).await;
+    let body = serde_json::json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let ex = support::post(gw.addr(), "/v1/chat/completions", &body).await;
+    assert_eq!(ex.status, 200);
+    let metrics = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    let text = String::from_utf8(metrics.body()).unwrap();
+    let requests: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("tpsgate_requests_total{") && l.contains("backend=\"whole\""))
+        .collect();
+    assert!(
+        requests.len() == 1 && requests[0].contains("outcome=\"completed\""),
+        "{requests:?}"
+    );
+}
