@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use http::{HeaderName, HeaderValue};
 
 use crate::bench::{self, BenchDialect, LevelReport, RequestSpec, Slo};
+use crate::logging::LogFormat;
 use crate::sim::config::{BackendRaw, EngineRaw, Mode, StreamRaw, UsageStyle};
 use crate::sim::{Fleet, FleetRaw};
 use crate::yaml;
@@ -29,15 +30,6 @@ pub struct Cli {
     /// The command to run.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// How logs are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Pretty,
-    /// One JSON object per line.
-    Json,
 }
 
 /// Subcommands.
@@ -196,7 +188,7 @@ pub fn say(line: &str) {
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
-    init_tracing(cli.log_format);
+    crate::logging::init(cli.log_format);
     let threads = cli.threads;
     match cli.command {
         Command::Serve(args) => block_on(threads, serve(args.config)),
@@ -212,18 +204,6 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Sim(args) => block_on(threads, sim(args)),
         Command::Bench(args) => block_on(threads, run_bench(args)),
     }
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Pretty => builder.try_init(),
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-    };
 }
 
 // === serve and check ===

@@ -26,6 +26,7 @@ pub mod demo;
 pub mod error;
 pub mod gateway;
 pub mod listen;
+pub mod logging;
 pub mod proxy;
 pub mod router;
 pub mod sim;
