@@ -100,9 +100,13 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-/// Histogram handles of one backend × model × class.
+/// Metric handles of one backend × model × class: the histograms, built with it, and the
+/// response counter of each status × outcome, built the first time that one is seen (a registry
+/// lookup hashes and copies every label: a tenth of a proxied request's instructions).
 #[derive(Debug)]
 pub struct ModelMetrics {
+    labels: [(&'static str, String); 3],
+    responses: Vec<(u16, Outcome, Counter)>,
     ttft: Histogram,
     tpot: Histogram,
     tps: Histogram,
@@ -128,7 +132,44 @@ impl ModelMetrics {
             input_tokens: with("input"),
             output_tokens: with("output"),
             max_gap: histogram!(MAX_CHUNK_GAP, &labels),
+            labels,
+            responses: Vec::new(),
         }
+    }
+
+    /// The `tpsgate_requests_total` counter for `status` × `outcome`, if it was built already.
+    pub fn responses(&self, status: u16, outcome: Outcome) -> Option<&Counter> {
+        self.responses
+            .iter()
+            .find(|(s, o, _)| *s == status && *o == outcome)
+            .map(|(_, _, c)| c)
+    }
+
+    /// Builds (once) and returns the counter for `status` × `outcome`.
+    pub fn add_responses(&mut self, status: u16, outcome: Outcome) -> &Counter {
+        let at = match self
+            .responses
+            .iter()
+            .position(|(s, o, _)| *s == status && *o == outcome)
+        {
+            Some(at) => at,
+            None => {
+                let [backend, model, class] = &self.labels;
+                let counter = counter!(
+                    REQUESTS,
+                    &[
+                        (backend.0, backend.1.clone()),
+                        (model.0, model.1.clone()),
+                        (class.0, class.1.clone()),
+                        ("status", status.to_string()),
+                        ("outcome", outcome_label(outcome).to_owned()),
+                    ]
+                );
+                self.responses.push((status, outcome, counter));
+                self.responses.len() - 1
+            }
+        };
+        &self.responses[at].2
     }
 
     /// Records one request.
@@ -161,7 +202,8 @@ fn outcome_label(outcome: Outcome) -> &'static str {
     }
 }
 
-/// Counts one response from a backend.
+/// Counts one response from a backend through the registry (for responses without a model;
+/// the others count through their [`ModelMetrics`]).
 pub fn count_response(
     backend: &str,
     model: Option<&str>,

@@ -200,19 +200,28 @@ impl Drop for RequestLog {
                 guard.backend().note_upstream(true);
             }
         }
-        if let (Some(guard), Some(model), Some(meter), true) =
-            (&self.guard, &self.model, &self.meter, success)
-        {
-            let obs = self.observation(meter, guard, now);
-            guard.backend().record(model, class, &obs, meter.max_gap_s);
+        match (&self.guard, &self.model) {
+            (Some(guard), Some(model)) => {
+                let backend = guard.backend();
+                let timed = match &self.meter {
+                    Some(meter) if success => {
+                        let obs = self.observation(meter, guard, now);
+                        backend.record(model, &obs);
+                        Some((obs, meter.max_gap_s))
+                    }
+                    _ => None,
+                };
+                let timed = timed.as_ref().map(|(obs, gap)| (obs, *gap));
+                backend.count(model, class, self.status, self.outcome, timed);
+            }
+            _ => crate::telemetry::count_response(
+                &self.backend,
+                self.model.as_deref(),
+                class,
+                self.status,
+                self.outcome,
+            ),
         }
-        crate::telemetry::count_response(
-            &self.backend,
-            self.model.as_deref(),
-            class,
-            self.status,
-            self.outcome,
-        );
         let ttft_ms = self
             .meter
             .as_ref()

@@ -806,7 +806,7 @@ mod tests {
                     concurrency: Some(c),
                     admitted_with: c as u32,
                 };
-                router.backends[i].record("m", "interactive", &obs, 0.0);
+                router.backends[i].record("m", &obs);
             }
         }
     }

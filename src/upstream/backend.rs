@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::client::{self, UpstreamClient};
 use crate::config::BackendConfig;
-use crate::curve::{Curve, Model, Observation, Occupancy};
+use crate::curve::{Curve, Model, Observation, Occupancy, Outcome};
 use crate::router::queue::Line;
 use crate::telemetry::ModelMetrics;
 
@@ -24,8 +24,9 @@ pub struct Backend {
     pub occupancy: Occupancy,
     /// Curves by client model name.
     pub curves: DashMap<Arc<str>, Curve>,
-    /// Metric handles by client model name and class, built once each.
-    metrics: DashMap<(Arc<str>, Arc<str>), ModelMetrics>,
+    /// Metric handles by client model name, then by class (a handful: found by a scan, with no
+    /// key to allocate per request), built once each.
+    metrics: DashMap<Arc<str>, Vec<(Arc<str>, ModelMetrics)>>,
     /// Upstream failures in a row (connect errors, 5xx, broken streams); a success resets it.
     failures_in_a_row: AtomicU32,
     /// Outlier ejection and 429 cooldown.
@@ -160,7 +161,7 @@ impl Backend {
 
     /// Adds what one request taught us to the curve of `model` and the metrics of `model` and
     /// `class`.
-    pub fn record(&self, model: &str, class: &str, obs: &Observation, max_gap_s: f64) {
+    pub fn record(&self, model: &str, obs: &Observation) {
         // Map guards live only for these statements: never across an await.
         match self.curves.get_mut(model) {
             Some(mut curve) => curve.record(obs),
@@ -176,11 +177,44 @@ impl Backend {
         if let Some(ttft) = obs.ttft {
             self.note_ttft(ttft);
         }
-        let key = (Arc::from(model), Arc::from(class));
-        self.metrics
-            .entry(key)
-            .or_insert_with(|| ModelMetrics::new(&self.config.name, model, class))
-            .observe(obs, max_gap_s);
+    }
+
+    /// Counts one response for `model` and `class` in the metrics, with its timings when it
+    /// was a stream that succeeded.
+    pub fn count(
+        &self,
+        model: &str,
+        class: &str,
+        status: u16,
+        outcome: Outcome,
+        timed: Option<(&Observation, f64)>,
+    ) {
+        let counted = |m: &ModelMetrics| {
+            if let Some((obs, max_gap_s)) = timed {
+                m.observe(obs, max_gap_s);
+            }
+        };
+        // The common case under a read lock: handles exist for this model, class and status.
+        if let Some(classes) = self.metrics.get(model)
+            && let Some((_, m)) = classes.iter().find(|(c, _)| &**c == class)
+            && let Some(responses) = m.responses(status, outcome)
+        {
+            responses.increment(1);
+            counted(m);
+            return;
+        }
+        let mut classes = self.metrics.entry(Arc::from(model)).or_default();
+        let at = match classes.iter().position(|(c, _)| &**c == class) {
+            Some(at) => at,
+            None => {
+                let m = ModelMetrics::new(&self.config.name, model, class);
+                classes.push((Arc::from(class), m));
+                classes.len() - 1
+            }
+        };
+        let m = &mut classes[at].1;
+        m.add_responses(status, outcome).increment(1);
+        counted(m);
     }
 
     /// Notes how an upstream exchange went. `ejection.after_failures` failures in a row eject
