@@ -148,6 +148,13 @@ struct Escaped<'a, W>(&'a mut W);
 
 impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
     fn write_str(&mut self, s: &str) -> fmt::Result {
+        // Almost every string needs nothing: one branch-free pass (it vectorises) says so.
+        let special = s.bytes().fold(false, |any, b| {
+            any | (b < 0x20) | (b == b'"') | (b == b'\\') | (b == 0x7f)
+        });
+        if !special {
+            return self.0.write_str(s);
+        }
         let mut plain = 0;
         for (i, b) in s.bytes().enumerate() {
             let escape = match b {

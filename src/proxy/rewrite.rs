@@ -112,20 +112,29 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
 }
 
 fn upstream_uri(backend: &BackendConfig, client: &Uri) -> Result<Uri, Error> {
-    let path_and_query = client.path_and_query().map_or("/", |p| p.as_str());
-    let base = &backend.url;
-    let mut uri = String::with_capacity(64 + path_and_query.len());
-    uri.push_str(base.scheme_str().unwrap_or("http"));
-    uri.push_str("://");
-    uri.push_str(base.authority().map_or("", |a| a.as_str()));
-    uri.push_str(base.path().trim_end_matches('/'));
-    uri.push_str(path_and_query);
-    uri.parse().map_err(|_| {
+    let unforwardable = || {
         Error::new(
             ErrorKind::InvalidRequest,
             "the request path cannot be forwarded",
         )
-    })
+    };
+    let base = &backend.url;
+    let prefix = base.path().trim_end_matches('/');
+    // The client's path as it came (already parsed, shared, not copied) unless the backend's
+    // URL has a path of its own to put in front.
+    let path_and_query = match client.path_and_query() {
+        Some(p) if prefix.is_empty() => p.clone(),
+        client => {
+            let client = client.map_or("/", |p| p.as_str());
+            http::uri::PathAndQuery::try_from(format!("{prefix}{client}"))
+                .map_err(|_| unforwardable())?
+        }
+    };
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(base.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP));
+    parts.authority = base.authority().cloned();
+    parts.path_and_query = Some(path_and_query);
+    Uri::from_parts(parts).map_err(|_| unforwardable())
 }
 
 /// Splices the upstream model name and `include_usage` into the client's bytes; everything else
