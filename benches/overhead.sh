@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# What a proxy adds: the same `tpsgate sim` upstream reached directly, through nginx
-# (proxy_buffering off) and through tpsgate, arms interleaved in one run and repeated, the proxy
-# pinned to core 1 and the simulator and the client (`tpsgate bench`) to core 0. Writes the table
-# into BENCHMARKS.md between the overhead markers (medians over repetitions; "added" is the arm
-# minus direct in the same repetition).
+# What a proxy adds. Arms, interleaved in each repetition: direct, nginx (one worker, upstream
+# keepalive, proxy_buffering off), a bare hyper proxy (examples/bare_proxy.rs: hyper's server and
+# pooled client and nothing else, the floor under tpsgate) and tpsgate (`serve`, one worker
+# thread, the full stack, JSON request log on). The proxy under test runs on core 1; upstreams and
+# clients on core 0 (taskset).
 #
-# Usage: benches/overhead.sh [REPS=3]   (needs ports 9201-9203, 9293 free; installs nginx-light
-# with apt when missing; about 10 minutes)
+# Two upstreams: `tpsgate sim` (a 2 ms decode step) for the streaming measures, and a static nginx
+# responder (an instant upstream: a canned chat completion) for the non-stream ones, driven by wrk,
+# so that the simulator's millisecond clock and the client's own cost do not hide microseconds.
+# Writes the table into BENCHMARKS.md between the overhead markers (medians over repetitions;
+# "added" is the arm minus direct in the same repetition).
+#
+# Usage: benches/overhead.sh [REPS=3]   (ports 9201-9216 and 9293 free; installs nginx-light
+# and wrk with apt when missing; about 10 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-3}
-command -v nginx >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
-cargo build --release --quiet
+for tool in nginx:nginx-light wrk:wrk; do
+  command -v "${tool%%:*}" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tool##*:}" >/dev/null
+done
+cargo build --release --quiet --bin tpsgate --example bare_proxy
 bin=$PWD/target/release/tpsgate
+bare=$PWD/target/release/examples/bare_proxy
 out=$PWD/target/overhead
 mkdir -p "$out"
 rm -f "$out/results.jsonl"
@@ -21,10 +30,45 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 
-# The upstream: a 2 ms decode step, no prefill cost, room for every stream at once.
+# Upstreams (core 0): the simulator with no prefill cost and room for every stream at once, and
+# the static responder.
 taskset -c 0 "$bin" sim --listen 127.0.0.1:9201 --name sim --model m --step-base-ms 2 \
   --step-per-seq-ms 0 --max-batch 16384 --prefill-tokens-per-s 1000000000 >/dev/null 2>&1 &
 pids+=($!)
+cat >"$out/static.conf" <<NGINX
+worker_processes 1;
+pid $out/static.pid;
+error_log $out/static-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  server {
+    listen 127.0.0.1:9205;
+    location / {
+      default_type application/json;
+      return 200 '{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"s","choices":[{"index":0,"message":{"role":"assistant","content":"hello"},"finish_reason":"length"}],"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}}';
+    }
+  }
+}
+NGINX
+taskset -c 0 nginx -c "$out/static.conf" -g 'daemon off;' & pids+=($!)
+
+# Proxies (core 1). nginx: 9202 to the simulator, 9212 to the static upstream.
+proxy_server() { # port upstream
+  cat <<NGINX
+  upstream u$1 { server $2; keepalive 256; }
+  server {
+    listen 127.0.0.1:$1;
+    location / {
+      proxy_pass http://u$1;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 3600s;
+    }
+  }
+NGINX
+}
 cat >"$out/nginx.conf" <<NGINX
 worker_processes 1;
 pid $out/nginx.pid;
@@ -32,70 +76,87 @@ error_log $out/nginx-error.log;
 events { worker_connections 30000; }
 http {
   access_log off;
-  upstream sim { server 127.0.0.1:9201; keepalive 256; }
-  server {
-    listen 127.0.0.1:9202;
-    location / {
-      proxy_pass http://sim;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_request_buffering off;
-      proxy_read_timeout 3600s;
-    }
-  }
+$(proxy_server 9202 127.0.0.1:9201)
+$(proxy_server 9212 127.0.0.1:9205)
 }
 NGINX
 taskset -c 1 nginx -c "$out/nginx.conf" -g 'daemon off;' & pids+=($!)
-cat >"$out/gateway.yaml" <<YAML
+taskset -c 1 "$bare" 127.0.0.1:9204 127.0.0.1:9201 & pids+=($!)
+bare_sim=$!
+taskset -c 1 "$bare" 127.0.0.1:9214 127.0.0.1:9205 & pids+=($!)
+bare_static=$!
+gateway_config() { # sim-port
+  cat <<YAML
 listen: {address: 127.0.0.1:9203}
 admin: {listen: 127.0.0.1:9293}
 limits: {drain_timeout_s: 1}
 backends:
-  - {name: sim, url: http://127.0.0.1:9201, dialect: openai, models: {m: m}}
+  - {name: sim, url: http://127.0.0.1:$1, dialect: openai, models: {m: m}, first_token_timeout_ms: 3600000}
+  - {name: static, url: http://127.0.0.1:9205, dialect: openai, models: {s: s}}
 YAML
-taskset -c 1 "$bin" --threads 1 --log-format json serve --config "$out/gateway.yaml" >/dev/null 2>"$out/gateway.log" & pids+=($!)
-gw=$!
+}
+gateway_config 9201 >"$out/gateway.yaml"
+start_gateway() {
+  taskset -c 1 "$bin" --threads 1 --log-format json serve --config "$out/gateway.yaml" >/dev/null 2>"$out/gateway.log" &
+  pids+=($!)
+  gw=$!
+}
+start_gateway
 sleep 1
-nginx_pids() { local m; m=$(pgrep -f "nginx.*$out/nginx.conf" | head -1); echo "$m $(pgrep -P "$m" | tr '\n' ' ')"; }
+nginx_pids() { local m; m=$(cat "$out/nginx.pid"); echo "$m $(pgrep -P "$m" | tr '\n' ' ')"; }
 cpu_ticks() { local t=0; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+arm_pids() { case $1 in nginx) nginx_pids;; bare) echo "$bare_sim $bare_static";; tpsgate) echo "$gw";; esac; }
 
-bench() { # arm port kind args...
+record() { # arm kind: reads result lines on stdin, adds the proxy's CPU ticks since $before
+  local after=0 procs
+  procs=$(arm_pids "$1")
+  while read -r line; do
+    [ -n "$procs" ] && after=$(cpu_ticks $procs)
+    echo "{\"arm\":\"$1\",\"kind\":\"$2\",\"rep\":$rep,\"cpu_ticks\":$((after - before)),\"r\":$line}"
+  done >>"$out/results.jsonl"
+}
+measure() { # arm kind command...
+  local arm=$1 kind=$2 procs; shift 2
+  procs=$(arm_pids "$arm")
+  before=0; [ -n "$procs" ] && before=$(cpu_ticks $procs)
+  "$@" 2>/dev/null | record "$arm" "$kind"
+}
+stream() { # arm port kind args...
   local arm=$1 port=$2 kind=$3; shift 3
-  local procs=""
-  case $arm in nginx) procs=$(nginx_pids);; tpsgate) procs=$gw;; esac
-  local before=0; [ -n "$procs" ] && before=$(cpu_ticks $procs)
-  taskset -c 0 "$bin" bench --url "http://127.0.0.1:$port" --model m --prompt-tokens 16 --json "$@" 2>/dev/null \
-    | while read -r line; do
-        local after=0; [ -n "$procs" ] && after=$(cpu_ticks $procs)
-        echo "{\"arm\":\"$arm\",\"kind\":\"$kind\",\"rep\":$rep,\"cpu_ticks\":$((after - before)),\"r\":$line}"
-      done >>"$out/results.jsonl"
+  measure "$arm" "$kind" taskset -c 0 "$bin" bench --url "http://127.0.0.1:$port" --model m \
+    --prompt-tokens 16 --json "$@"
+}
+plain() { # arm port kind connections seconds
+  measure "$1" "$3" taskset -c 0 wrk -t1 -c"$4" -d"$5"s -s benches/wrk-chat.lua \
+    "http://127.0.0.1:$2/v1/chat/completions"
 }
 for rep in $(seq "$reps"); do
-  for arm in direct:9201 nginx:9202 tpsgate:9203; do
-    name=${arm%%:*}; port=${arm##*:}
-    bench "$name" "$port" stream-c1 --concurrency 1 --requests 300 --max-tokens 32
-    bench "$name" "$port" stream-c16 --concurrency 16 --requests 800 --max-tokens 32
-    bench "$name" "$port" nonstream-c1 --no-stream --concurrency 1 --requests 2000 --max-tokens 1
-    bench "$name" "$port" nonstream-c32 --no-stream --concurrency 32 --requests 6000 --max-tokens 1
+  for arm in direct:9201:9205 nginx:9202:9212 bare:9204:9214 tpsgate:9203:9203; do
+    IFS=: read -r name sim_port static_port <<<"$arm"
+    stream "$name" "$sim_port" stream-c1 --concurrency 1 --requests 300 --max-tokens 32
+    stream "$name" "$sim_port" stream-c16 --concurrency 16 --requests 800 --max-tokens 32
+    plain "$name" "$static_port" nonstream-c1 1 5
+    plain "$name" "$static_port" nonstream-c32 32 5
     echo "rep $rep: $name done" >&2
   done
 done
-# Idle streams: a second simulator whose first token takes ten minutes (first_token_timeout_ms
-# raised so that the gateway keeps waiting too).
+# Idle streams: a second simulator whose first token takes ten minutes; every proxy pointed at it
+# (first_token_timeout_ms raised so that the gateway keeps waiting too).
 taskset -c 0 "$bin" sim --listen 127.0.0.1:9211 --name slow --model m --step-base-ms 600000 \
   --step-per-seq-ms 0 --max-batch 16384 >/dev/null 2>&1 & pids+=($!)
-sed -i 's/127.0.0.1:9201/127.0.0.1:9211/' "$out/nginx.conf" "$out/gateway.yaml"
-sed -i 's/models: {m: m}}/models: {m: m}, first_token_timeout_ms: 3600000}/' "$out/gateway.yaml"
-nginx -c "$out/nginx.conf" -s reload; sleep 1
+sed -i 's/127.0.0.1:9201;/127.0.0.1:9211;/' "$out/nginx.conf"
+nginx -c "$out/nginx.conf" -s reload
+kill "$bare_sim"
+taskset -c 1 "$bare" 127.0.0.1:9204 127.0.0.1:9211 & pids+=($!)
+bare_sim=$!
 kill "$gw"; wait "$gw" 2>/dev/null || true
-taskset -c 1 "$bin" --threads 1 serve --config "$out/gateway.yaml" >/dev/null 2>&1 & pids+=($!)
-gw=$!
+gateway_config 9211 >"$out/gateway.yaml"
+start_gateway
 sleep 1
 for n in 1000 9000; do   # 9000: a proxy holds two descriptors per stream, and the hard limit here is 20000
-  for arm in nginx:9202 tpsgate:9203; do
+  for arm in nginx:9202 bare:9204 tpsgate:9203; do
     name=${arm%%:*}; port=${arm##*:}
-    case $name in nginx) procs=$(nginx_pids);; tpsgate) procs=$gw;; esac
+    case $name in nginx) procs=$(nginx_pids);; bare) procs=$bare_sim;; tpsgate) procs=$gw;; esac
     python3 benches/idle_streams.py "$port" "$n" $procs | sed "s/^/{\"arm\":\"$name\",\"kind\":\"idle\",\"r\":/; s/$/}/" >>"$out/results.jsonl"
     sleep 2
   done

@@ -1,6 +1,7 @@
 """Overhead table from benches/overhead.sh results (medians over repetitions)."""
 import collections
 import json
+import math
 import statistics
 import sys
 
@@ -10,33 +11,52 @@ by = collections.defaultdict(list)  # (arm, kind) -> rows
 for row in rows:
     by[(row["arm"], row["kind"])].append(row)
 med = statistics.median
+ARMS = ("direct", "nginx", "bare", "tpsgate")
+PROXIES = ARMS[1:]
+
+
+def value(row, field):
+    r = row["r"]
+    if field == "requests_per_s" and "duration_us" in r:  # wrk
+        return r["requests"] / (r["duration_us"] / 1e6)
+    if field in ("latency_p50_s", "latency_p99_s") and "p50_us" in r:
+        return r["p50_us" if "p50" in field else "p99_us"] / 1e6
+    return r.get(field)
 
 
 def stat(arm, kind, field):
-    vals = [r["r"][field] for r in by[(arm, kind)] if r["r"].get(field) is not None]
-    return med(vals) if vals else float("nan")
+    vals = [v for r in by[(arm, kind)] if (v := value(r, field)) is not None]
+    return med(vals) if vals else math.nan
 
 
 def added(arm, kind, field):
     """Median over repetitions of (arm - direct) in the same repetition."""
-    direct = {r["rep"]: r["r"][field] for r in by[("direct", kind)]}
-    vals = [r["r"][field] - direct[r["rep"]] for r in by[(arm, kind)] if r["rep"] in direct]
-    return med(vals) if vals else float("nan")
+    direct = {r["rep"]: value(r, field) for r in by[("direct", kind)]}
+    vals = [value(r, field) - direct[r["rep"]] for r in by[(arm, kind)] if r["rep"] in direct]
+    return med(vals) if vals else math.nan
 
 
 def cpu_us(arm, kind, per):
     vals = []
     for r in by[(arm, kind)]:
-        n = r["r"]["content_events"] if per == "chunk" else r["r"]["requests"]
+        n = r["r"].get("content_events") if per == "chunk" else r["r"].get("requests")
         if n:
             vals.append(r["cpu_ticks"] / hz * 1e6 / n)
-    return med(vals) if vals else float("nan")
+    return med(vals) if vals else math.nan
 
 
-us = lambda s: f"{s * 1e6:.0f} µs"
-print("Medians over repetitions; \"added\" = arm − direct in the same repetition.\n")
-print("| measure | direct | nginx | tpsgate | tpsgate ÷ nginx | goal |")
-print("|---|---|---|---|---|---|")
+def us(s):
+    return "–" if math.isnan(s) else f"{s * 1e6:.0f} µs"
+
+
+def ratio(a, b):
+    return "–" if not b or math.isnan(a) or math.isnan(b) or b <= 0 else f"{a / b:.2f}×"
+
+
+print("Medians over repetitions; \"added\" = arm − direct in the same repetition. "
+      "Streams: `tpsgate sim` upstream, `tpsgate bench` client; non-stream: static upstream, wrk.\n")
+print("| measure | direct | nginx | bare hyper | tpsgate | tpsgate ÷ nginx | goal |")
+print("|---|---|---|---|---|---|---|")
 lines = [
     ("stream c=1: TTFT p50", "stream-c1", "ttft_p50_s", None),
     ("stream c=16: TTFT p50", "stream-c16", "ttft_p50_s", "added ≤ 100 µs"),
@@ -46,25 +66,32 @@ lines = [
     ("non-stream c=1: latency p99", "nonstream-c1", "latency_p99_s", None),
 ]
 for label, kind, field, goal in lines:
-    d = stat("direct", kind, field)
-    n, t = stat("nginx", kind, field), stat("tpsgate", kind, field)
+    cells = [us(stat("direct", kind, field))]
+    for arm in PROXIES:
+        cells.append(f"{us(stat(arm, kind, field))} (+{us(added(arm, kind, field))})")
     an, at = added("nginx", kind, field), added("tpsgate", kind, field)
-    print(f"| {label} | {us(d)} | {us(n)} (+{us(an)}) | {us(t)} (+{us(at)}) | "
-          f"{at / an if an > 0 else float('nan'):.2f}× added | {goal or ''} |")
-rps = {a: stat(a, "nonstream-c32", "requests_per_s") for a in ("direct", "nginx", "tpsgate")}
-flag = lambda a: " (within 10% of direct: the upstream may be the limit)" if rps[a] >= 0.9 * rps["direct"] else ""
-print(f"| non-stream c=32: requests/s | {rps['direct']:.0f} | {rps['nginx']:.0f}{flag('nginx')} | "
-      f"{rps['tpsgate']:.0f}{flag('tpsgate')} | {rps['tpsgate'] / rps['nginx']:.2f}× | ≥ 0.8× nginx |")
-print(f"| CPU per non-stream request (c=32) | – | {cpu_us('nginx', 'nonstream-c32', 'req'):.0f} µs | "
-      f"{cpu_us('tpsgate', 'nonstream-c32', 'req'):.0f} µs | | |")
-print(f"| CPU per streamed chunk (c=16, incl. its request's share) | – | {cpu_us('nginx', 'stream-c16', 'chunk'):.1f} µs | "
-      f"{cpu_us('tpsgate', 'stream-c16', 'chunk'):.1f} µs | | |")
-fr = {a: (sum(r["r"]["frames"] for r in by[(a, "stream-c16")]), sum(r["r"]["content_events"] for r in by[(a, "stream-c16")])) for a in ("direct", "nginx", "tpsgate")}
-print(f"| stream c=16: frames / content events | {fr['direct'][0]} / {fr['direct'][1]} | {fr['nginx'][0]} / {fr['nginx'][1]} | {fr['tpsgate'][0]} / {fr['tpsgate'][1]} | | no coalescing |")
+    print(f"| {label} | {' | '.join(cells)} | {ratio(at, an)} added | {goal or ''} |")
+rps = {a: stat(a, "nonstream-c32", "requests_per_s") for a in ARMS}
+flag = lambda a: " ⚑" if rps[a] >= 0.9 * rps["direct"] else ""
+print(f"| non-stream c=32: requests/s | {rps['direct']:.0f} | "
+      + " | ".join(f"{rps[a]:.0f}{flag(a)}" for a in PROXIES)
+      + f" | {ratio(rps['tpsgate'], rps['nginx'])} | ≥ 0.8× nginx |")
+print("| CPU per non-stream request (c=32) | – | "
+      + " | ".join(f"{cpu_us(a, 'nonstream-c32', 'req'):.0f} µs" for a in PROXIES) + " | | |")
+print("| CPU per streamed chunk (c=16, incl. its request's share) | – | "
+      + " | ".join(f"{cpu_us(a, 'stream-c16', 'chunk'):.1f} µs" for a in PROXIES) + " | | |")
+fr = {a: (sum(r["r"]["frames"] for r in by[(a, "stream-c16")]),
+          sum(r["r"]["content_events"] for r in by[(a, "stream-c16")])) for a in ARMS}
+print("| stream c=16: frames / content events | "
+      + " | ".join(f"{fr[a][0]} / {fr[a][1]}" for a in ARMS) + " | | no coalescing |")
 for n in (1000, 9000):
     vals = {}
-    for a in ("nginx", "tpsgate"):
+    for a in PROXIES:
         rs = [r["r"] for r in by[(a, "idle")] if r["r"]["streams"] == n]
         vals[a] = f"{rs[0]['bytes_per_stream'] / 1024:.1f} KiB" if rs else "–"
-    print(f"| memory per idle stream ({n} open) | – | {vals['nginx']} | {vals['tpsgate']} | | ≤ 16 KiB |")
+    print(f"| memory per idle stream ({n} open) | – | "
+          + " | ".join(vals[a] for a in PROXIES) + " | | ≤ 16 KiB |")
+errors = sum(r["r"].get("errors", 0) + r["r"].get("non_2xx", 0) for r in rows if r["kind"].startswith("nonstream"))
+print(f"\n⚑ within 10% of direct: the upstream (or the client) may be the limit there. "
+      f"Non-stream errors in all runs: {errors}.")
 print()
