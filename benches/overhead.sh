@@ -127,9 +127,13 @@ stream() { # arm port kind args...
     --prompt-tokens 16 --json "$@"
 }
 plain() { # arm port kind connections seconds
-  measure "$1" "$3" taskset -c 0 wrk -t1 -c"$4" -d"$5"s -s benches/wrk-chat.lua \
-    "http://127.0.0.1:$2/v1/chat/completions"
+  measure "$1" "$3" wrk_json "$2" "$4" "$5"
 }
+wrk_json() { # port connections seconds: only the JSON line that benches/wrk-chat.lua writes
+  taskset -c 0 wrk -t1 -c"$2" -d"$3"s -s benches/wrk-chat.lua "http://127.0.0.1:$1/v1/chat/completions" | grep '^{'
+}
+steal() { awk '/^cpu /{print $9}' /proc/stat; }   # ticks the hypervisor gave to other guests
+steal_before=$(steal); started=$(date +%s)
 for rep in $(seq "$reps"); do
   for arm in direct:9201:9205 nginx:9202:9212 bare:9204:9214 tpsgate:9203:9203; do
     IFS=: read -r name sim_port static_port <<<"$arm"
@@ -161,5 +165,6 @@ for n in 1000 9000; do   # 9000: a proxy holds two descriptors per stream, and t
     sleep 2
   done
 done
+echo "{\"arm\":\"machine\",\"kind\":\"steal\",\"r\":{\"steal_ticks\":$(($(steal) - steal_before)),\"seconds\":$(($(date +%s) - started)),\"cpus\":$(nproc)}}" >>"$out/results.jsonl"
 python3 benches/overhead_table.py "$out/results.jsonl" "$(getconf CLK_TCK)" | tee "$out/table.md"
 python3 benches/splice.py overhead "$out/table.md"

@@ -5,7 +5,14 @@ import math
 import statistics
 import sys
 
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def parsed(line):
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None
+
+
+rows = [r for l in open(sys.argv[1]) if (r := parsed(l))]
 hz = float(sys.argv[2])
 by = collections.defaultdict(list)  # (arm, kind) -> rows
 for row in rows:
@@ -92,6 +99,11 @@ for n in (1000, 9000):
     print(f"| memory per idle stream ({n} open) | – | "
           + " | ".join(vals[a] for a in PROXIES) + " | | ≤ 16 KiB |")
 errors = sum(r["r"].get("errors", 0) + r["r"].get("non_2xx", 0) for r in rows if r["kind"].startswith("nonstream"))
+steal = [r["r"] for r in rows if r["kind"] == "steal"]
+if steal:
+    s = steal[0]
+    print(f"\nCPU steal during the run (time the hypervisor gave other guests): "
+          f"{s['steal_ticks'] / hz / (s['seconds'] * s['cpus']) * 100:.0f}% of both cores.")
 print(f"\n⚑ within 10% of direct: the upstream (or the client) may be the limit there. "
       f"Non-stream errors in all runs: {errors}.")
 print()
