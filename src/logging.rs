@@ -97,11 +97,15 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.field(field, |out| write!(out, "{value}"));
+        self.field(field, |out| {
+            out.write_str(itoa::Buffer::new().format(value))
+        });
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.field(field, |out| write!(out, "{value}"));
+        self.field(field, |out| {
+            out.write_str(itoa::Buffer::new().format(value))
+        });
     }
 
     fn record_bool(&mut self, field: &Field, value: bool) {
@@ -112,7 +116,7 @@ impl<W: fmt::Write> Visit for Fields<'_, W> {
         // JSON has no NaN or infinity.
         self.field(field, |out| {
             if value.is_finite() {
-                write!(out, "{value}")
+                out.write_str(ryu::Buffer::new().format_finite(value))
             } else {
                 out.write_str("null")
             }

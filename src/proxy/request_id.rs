@@ -55,8 +55,14 @@ fn mint() -> HeaderValue {
     static PREFIX: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let prefix = *PREFIX.get_or_init(rand::random);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    HeaderValue::try_from(format!("tg-{prefix:08x}-{n:x}"))
-        .unwrap_or_else(|_| HeaderValue::from_static("tg"))
+    // Written on the stack: the header value is the only allocation.
+    let mut text = [0u8; 3 + 8 + 1 + 16];
+    let mut cursor = std::io::Cursor::new(&mut text[..]);
+    let len = match std::io::Write::write_fmt(&mut cursor, format_args!("tg-{prefix:08x}-{n:x}")) {
+        Ok(()) => usize::try_from(cursor.position()).unwrap_or(0),
+        Err(_) => 0,
+    };
+    HeaderValue::from_bytes(&text[..len]).unwrap_or_else(|_| HeaderValue::from_static("tg"))
 }
 
 /// A client id is kept when it is 1..=128 visible ASCII characters.
