@@ -35,11 +35,12 @@ trap cleanup EXIT
 taskset -c 0 "$bin" sim --listen 127.0.0.1:9201 --name sim --model m --step-base-ms 2 \
   --step-per-seq-ms 0 --max-batch 16384 --prefill-tokens-per-s 1000000000 >/dev/null 2>&1 &
 pids+=($!)
+nginx_main() { # name worker-connections: the top of an nginx config with its own pid and log
+  printf 'worker_processes 1;\npid %s;\nerror_log %s;\nevents { worker_connections %s; }\n' \
+    "$out/$1.pid" "$out/$1-error.log" "$2"
+}
 cat >"$out/static.conf" <<NGINX
-worker_processes 1;
-pid $out/static.pid;
-error_log $out/static-error.log;
-events { worker_connections 4096; }
+$(nginx_main static 4096)
 http {
   access_log off;
   server {
@@ -70,10 +71,7 @@ proxy_server() { # port upstream
 NGINX
 }
 cat >"$out/nginx.conf" <<NGINX
-worker_processes 1;
-pid $out/nginx.pid;
-error_log $out/nginx-error.log;
-events { worker_connections 30000; }
+$(nginx_main nginx 30000)
 http {
   access_log off;
 $(proxy_server 9202 127.0.0.1:9201)
