@@ -211,8 +211,7 @@ impl Drop for RequestLog {
                     }
                     _ => None,
                 };
-                let timed = timed.as_ref().map(|(obs, gap)| (obs, *gap));
-                backend.count(model, class, self.status, self.outcome, timed);
+                backend.count(model, class, self.status, self.outcome, timed.as_ref());
             }
             _ => crate::telemetry::count_response(
                 &self.backend,

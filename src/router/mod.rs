@@ -405,7 +405,6 @@ impl Router {
         }
     }
 
-    /// One attempt to place the request on a feasible (or exploring, or cold) backend.
     /// One attempt to place the request on a feasible (or exploring, or cold) backend; on a
     /// miss, the candidates as evaluated, for `on_miss`. A request waiting in line (`queued`)
     /// neither explores nor counts again toward the exploration budget.

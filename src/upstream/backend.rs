@@ -26,7 +26,7 @@ pub struct Backend {
     pub curves: DashMap<Arc<str>, Curve>,
     /// Metric handles by client model name, then by class (a handful: found by a scan, with no
     /// key to allocate per request), built once each.
-    metrics: DashMap<Arc<str>, Vec<(Arc<str>, ModelMetrics)>>,
+    metrics: DashMap<Arc<str>, Vec<ModelMetrics>>,
     /// Upstream failures in a row (connect errors, 5xx, broken streams); a success resets it.
     failures_in_a_row: AtomicU32,
     /// Outlier ejection and 429 cooldown.
@@ -159,8 +159,7 @@ impl Backend {
         })
     }
 
-    /// Adds what one request taught us to the curve of `model` and the metrics of `model` and
-    /// `class`.
+    /// Adds what one request taught us to the curve of `model` (its metrics: [`Self::count`]).
     pub fn record(&self, model: &str, obs: &Observation) {
         // Map guards live only for these statements: never across an await.
         match self.curves.get_mut(model) {
@@ -187,16 +186,16 @@ impl Backend {
         class: &str,
         status: u16,
         outcome: Outcome,
-        timed: Option<(&Observation, f64)>,
+        timed: Option<&(Observation, f64)>,
     ) {
         let counted = |m: &ModelMetrics| {
             if let Some((obs, max_gap_s)) = timed {
-                m.observe(obs, max_gap_s);
+                m.observe(obs, *max_gap_s);
             }
         };
         // The common case under a read lock: handles exist for this model, class and status.
         if let Some(classes) = self.metrics.get(model)
-            && let Some((_, m)) = classes.iter().find(|(c, _)| &**c == class)
+            && let Some(m) = classes.iter().find(|m| m.class() == class)
             && let Some(responses) = m.responses(status, outcome)
         {
             responses.increment(1);
@@ -204,15 +203,14 @@ impl Backend {
             return;
         }
         let mut classes = self.metrics.entry(Arc::from(model)).or_default();
-        let at = match classes.iter().position(|(c, _)| &**c == class) {
+        let at = match classes.iter().position(|m| m.class() == class) {
             Some(at) => at,
             None => {
-                let m = ModelMetrics::new(&self.config.name, model, class);
-                classes.push((Arc::from(class), m));
+                classes.push(ModelMetrics::new(&self.config.name, model, class));
                 classes.len() - 1
             }
         };
-        let m = &mut classes[at].1;
+        let m = &mut classes[at];
         m.add_responses(status, outcome).increment(1);
         counted(m);
     }
