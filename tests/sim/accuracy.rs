@@ -144,7 +144,8 @@ async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
     for k in 1..5 {
         let step = ttft[k] - ttft[k - 1];
         assert!(
-            (step - 0.095).abs() < 0.003,
+            // 10 ms of slack: timers on a shared machine, not the model, decide the rest.
+            (step - 0.095).abs() < 0.010,
             "position {k} waits {step:.4} s more: {ttft:?}"
         );
     }
