@@ -150,6 +150,10 @@ pub struct BenchArgs {
     /// Open loop: how long arrivals go on at each rate, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub duration: f64,
+    /// Open loop: seed for arrival times and class draws; runs with the same seed offer the same
+    /// requests at the same moments (default: a fresh random sequence).
+    #[arg(long, requires = "rate")]
+    pub seed: Option<u64>,
     /// Open loop SLO: largest acceptable TTFT, ms (with --slo-tps).
     #[arg(long, requires = "slo_tps")]
     pub slo_ttft_ms: Option<f64>,
@@ -624,7 +628,7 @@ async fn run_bench(args: BenchArgs) -> Result<(), String> {
         for &rate in &args.rate {
             let expected = (rate * args.duration).ceil() as u64;
             let bar = bench::progress_bar(expected, format!("{rate}/s"));
-            let reports = bench::open_loop(&client, &arms, rate, duration, limit, &bar).await;
+            let reports = bench::open_loop(&client, &arms, rate, duration, limit, args.seed, &bar).await;
             bar.finish_and_clear();
             for report in &reports {
                 show(report);

@@ -134,16 +134,19 @@ pub struct Arm {
 }
 
 /// Sends Poisson arrivals at `rate` per second for `duration`, each drawn from `arms` by weight,
-/// then waits for them all; one report per arm.
+/// then waits for them all; one report per arm. The same `seed` draws the same sequence of arms
+/// and the same arrival times (scaled by the rate), so that policies compared side by side are
+/// offered identical work.
 pub async fn open_loop(
     client: &HttpClient,
     arms: &[Arm],
     rate: f64,
     duration: Duration,
     limit: Duration,
+    seed: Option<u64>,
     progress: &ProgressBar,
 ) -> Vec<LevelReport> {
-    let mut rng = SmallRng::from_os_rng();
+    let mut rng = seed.map_or_else(SmallRng::from_os_rng, SmallRng::seed_from_u64);
     let total_weight: f64 = arms.iter().map(|a| a.weight).sum();
     let start = Instant::now();
     let mut at = 0.0;

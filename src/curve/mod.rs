@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 pub use model::{Model, Prediction};
 pub use occupancy::{Occupancy, Reading};
+pub use window::FirstToken;
 use window::{Sample, Window};
 
 /// Bucket concurrency levels.
@@ -73,8 +74,6 @@ pub struct Observation {
     pub prompt_tokens: Option<u64>,
     /// Time-weighted mean in-flight count of the backend over the decode window.
     pub concurrency: Option<f64>,
-    /// In flight at admission, this request included.
-    pub admitted_with: u32,
 }
 
 /// The fitted model of a curve.
@@ -123,7 +122,10 @@ const EAGER_REFRESH: u64 = 512;
 /// The curve of one backend and model.
 #[derive(Debug, Clone)]
 pub struct Curve {
+    /// Speed samples by experienced concurrency.
     buckets: Vec<Window>,
+    /// First tokens by occupancy at admission.
+    starts: Vec<Window<FirstToken>>,
     half_life_s: f64,
     observations: u64,
     estimated: u64,
@@ -166,6 +168,7 @@ impl Curve {
     pub fn new(half_life_s: f64) -> Self {
         Self {
             buckets: vec![Window::default(); BUCKETS.len()],
+            starts: vec![Window::default(); BUCKETS.len()],
             half_life_s,
             observations: 0,
             estimated: 0,
@@ -182,13 +185,19 @@ impl Curve {
         let mut curve = Self::new(half_life_s);
         for p in prior {
             for _ in 0..MIN_BUCKET_WEIGHT as usize {
-                curve.buckets[bucket_of(p.concurrency)].push(Sample {
+                let i = bucket_of(p.concurrency);
+                curve.buckets[i].push(Sample {
                     at: now,
                     tps: p.per_user_tps,
                     ttft: p.ttft_s,
                     prompt_tokens: None,
                     output_tokens: 0,
                     concurrency: p.concurrency,
+                });
+                curve.starts[i].push(FirstToken {
+                    at: now,
+                    ttft: p.ttft_s,
+                    prompt_tokens: None,
                     admitted_with: p.concurrency,
                 });
             }
@@ -202,13 +211,39 @@ impl Curve {
         self.model.as_ref()
     }
 
+    fn build(&self, now: Instant, half_life_s: f64) -> Option<Model> {
+        Model::build(&self.buckets, &self.starts, now, half_life_s)
+    }
+
     fn refresh(&mut self, now: Instant) {
-        self.model = Model::build(&self.buckets, now, self.half_life_s).map(Arc::new);
+        self.model = self.build(now, self.half_life_s).map(Arc::new);
         self.refreshed_at = Some(now);
     }
 
-    /// Records one request. Only completed requests with a TTFT, a TPOT and a concurrency become
-    /// samples; the rest are only counted.
+    /// Refreshes the model if it is young (every sample changes it a lot, and costs little to
+    /// fit) or [`REFRESH`] old.
+    fn maybe_refresh(&mut self, now: Instant) {
+        if self.observations <= EAGER_REFRESH
+            || self
+                .refreshed_at
+                .is_none_or(|at| now.saturating_duration_since(at) >= REFRESH)
+        {
+            self.refresh(now);
+        }
+    }
+
+    /// Records a request's first token: TTFT at the occupancy it was admitted with.
+    pub fn first_token(&mut self, start: &FirstToken) {
+        if !(start.ttft.is_finite() && start.ttft >= 0.0) {
+            return;
+        }
+        self.starts[bucket_of(start.admitted_with)].push(*start);
+        self.maybe_refresh(start.at);
+    }
+
+    /// Records one finished request. Only completed requests with a TTFT, a TPOT and a
+    /// concurrency become speed samples; the rest are only counted. (Its TTFT was learned from
+    /// [`Curve::first_token`].)
     pub fn record(&mut self, obs: &Observation) {
         self.observations += 1;
         if obs.outcome == Outcome::Cancelled {
@@ -232,16 +267,8 @@ impl Curve {
             prompt_tokens: obs.prompt_tokens,
             output_tokens: obs.output_tokens,
             concurrency,
-            admitted_with: f64::from(obs.admitted_with.max(1)),
         });
-        // While the curve is young every sample changes it a lot (and costs little to fit).
-        if self.observations <= EAGER_REFRESH
-            || self
-                .refreshed_at
-                .is_none_or(|at| obs.at.saturating_duration_since(at) >= REFRESH)
-        {
-            self.refresh(obs.at);
-        }
+        self.maybe_refresh(obs.at);
     }
 
     /// Counters.
@@ -261,7 +288,7 @@ impl Curve {
     /// The buckets that hold samples: speed by experienced concurrency, TTFT by the occupancy
     /// requests found at admission.
     pub fn points(&self, now: Instant, half_life_s: f64) -> Vec<Point> {
-        Model::build(&self.buckets, now, half_life_s).map_or_else(Vec::new, |m| m.points())
+        self.build(now, half_life_s).map_or_else(Vec::new, |m| m.points())
     }
 
     /// Decayed share of recent samples that met an SLO (`min_tps` and `max_ttft_s`, either may
@@ -289,7 +316,7 @@ impl Curve {
 
     /// Fits TPOT and TTFT as of `now`; `None` before the first sample.
     pub fn fit(&self, now: Instant, half_life_s: f64) -> Option<Fit> {
-        Model::build(&self.buckets, now, half_life_s).map(|m| m.fit)
+        self.build(now, half_life_s).map(|m| m.fit)
     }
 
     /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
@@ -302,7 +329,8 @@ impl Curve {
         now: Instant,
         half_life_s: f64,
     ) -> Option<Prediction> {
-        Model::build(&self.buckets, now, half_life_s).map(|m| m.predict(concurrency, prompt_tokens))
+        self.build(now, half_life_s)
+            .map(|m| m.predict(concurrency, prompt_tokens))
     }
 }
 
@@ -324,8 +352,18 @@ mod tests {
             estimated: false,
             prompt_tokens: Some(prompt),
             concurrency: Some(c),
-            admitted_with: c as u32,
         }
+    }
+
+    /// One request of [`observation`] as the proxy reports it: its first token, then its end.
+    fn learn(curve: &mut Curve, obs: &Observation) {
+        curve.first_token(&FirstToken {
+            at: obs.at,
+            ttft: obs.ttft.unwrap(),
+            prompt_tokens: obs.prompt_tokens,
+            admitted_with: obs.concurrency.unwrap(),
+        });
+        curve.record(obs);
     }
 
     #[test]
@@ -344,7 +382,7 @@ mod tests {
         let mut curve = Curve::default();
         for (i, c) in [1.0, 2.0, 4.0, 8.0, 16.0, 32.0].into_iter().enumerate() {
             for p in [64, 512, 2048] {
-                curve.record(&observation(now, c, p + i as u64, 1.0));
+                learn(&mut curve, &observation(now, c, p + i as u64, 1.0));
             }
         }
         let fit = curve.fit(now, 300.0).unwrap();
@@ -371,17 +409,13 @@ mod tests {
         let mut curve = Curve::default();
         // Ten minutes at normal speed, one sample a second at concurrency 4...
         for s in 0..600 {
-            curve.record(&observation(t0 + Duration::from_secs(s), 4.0, 100, 1.0));
+            learn(&mut curve, &observation(t0 + Duration::from_secs(s), 4.0, 100, 1.0));
         }
         // ...then the backend becomes twice as slow.
         let slow_from = t0 + Duration::from_secs(600);
         for s in 0..=120 {
-            curve.record(&observation(
-                slow_from + Duration::from_secs(s),
-                4.0,
-                100,
-                2.0,
-            ));
+            let obs = observation(slow_from + Duration::from_secs(s), 4.0, 100, 2.0);
+            learn(&mut curve, &obs);
         }
         let after_two_half_lives = slow_from + Duration::from_secs(120);
         let p = curve
@@ -395,11 +429,34 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_shows_in_predicted_ttft_at_its_first_token_not_when_the_request_ends() {
+        // A one-slot server: alone, 50 ms to the first token; second in line, 3 s.
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        for _ in 0..10 {
+            let mut obs = observation(now, 1.0, 64, 1.0);
+            obs.ttft = Some(0.05);
+            learn(&mut curve, &obs);
+        }
+        let before = curve.model().unwrap().predict(2.0, 64);
+        assert!(before.ttft_p50_s < 0.1, "nothing seen at 2 yet: {before:?}");
+        // The second request's first token arrives; it is still decoding.
+        curve.first_token(&FirstToken {
+            at: now,
+            ttft: 3.0,
+            prompt_tokens: Some(64),
+            admitted_with: 2.0,
+        });
+        let after = curve.model().unwrap().predict(2.0, 64);
+        assert!(after.ttft_p50_s > 2.5, "{after:?}");
+    }
+
+    #[test]
     fn attainment_is_the_share_of_recent_samples_meeting_both_targets() {
         let now = Instant::now();
         let mut curve = Curve::default();
         for c in [1.0, 2.0, 4.0, 8.0] {
-            curve.record(&observation(now, c, 0, 1.0));
+            learn(&mut curve, &observation(now, c, 0, 1.0));
         }
         // TPS: 90.9, 83.3, 71.4, 55.6; TTFT: 22, 24, 28, 36 ms.
         assert_eq!(curve.attainment(Some(60.0), None, now, 300.0), Some(0.75));

@@ -7,7 +7,7 @@
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::window::{self, Summary, Window, weighted_quantile};
+use super::window::{FirstToken, Summary, Window, weighted_quantile};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, bucket_of, fit};
 
 /// What the curve expects for one more request.
@@ -30,7 +30,7 @@ pub struct Prediction {
 
 /// TTFT of the requests that found a given occupancy at admission.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Start {
+struct TtftSummary {
     weight: f64,
     mean_admitted: f64,
     p50: f64,
@@ -45,7 +45,7 @@ pub struct Model {
     /// Speed by experienced concurrency.
     buckets: [Option<Summary>; BUCKETS.len()],
     /// TTFT by occupancy at admission.
-    starts: [Option<Start>; BUCKETS.len()],
+    starts: [Option<TtftSummary>; BUCKETS.len()],
     /// Highest experienced concurrency among buckets holding at least one sample's weight.
     pub evidence_up_to: f64,
     /// Weighted mean of TTFT + decode time, seconds: how long a request holds its slot.
@@ -53,8 +53,14 @@ pub struct Model {
 }
 
 impl Model {
-    /// Fits `buckets` as of `now`; `None` when they hold no samples.
-    pub fn build(buckets: &[Window], now: Instant, half_life_s: f64) -> Option<Self> {
+    /// Fits speed from `buckets` and TTFT from `starts` as of `now`; `None` before the first
+    /// completed request.
+    pub fn build(
+        buckets: &[Window],
+        starts: &[Window<FirstToken>],
+        now: Instant,
+        half_life_s: f64,
+    ) -> Option<Self> {
         let mut summaries = [None; BUCKETS.len()];
         for (slot, w) in summaries.iter_mut().zip(buckets) {
             *slot = w.summary(now, half_life_s);
@@ -75,13 +81,24 @@ impl Model {
             _ => (mean_tpot, 0.0),
         };
 
-        let samples: Vec<(f64, &window::Sample)> = buckets
+        let completed: Vec<_> = buckets
             .iter()
-            .flat_map(Window::samples)
-            .map(|s| {
-                let age = now.saturating_duration_since(s.at).as_secs_f64();
-                (window::weight(age, half_life_s), s)
-            })
+            .flat_map(|w| w.weighted(now, half_life_s))
+            .collect();
+        let cw: f64 = completed
+            .iter()
+            .map(|(w, _)| w)
+            .sum::<f64>()
+            .max(f64::MIN_POSITIVE);
+        let mean_duration_s = completed
+            .iter()
+            .map(|(w, s)| w * (s.ttft + s.output_tokens as f64 / s.tps))
+            .sum::<f64>()
+            / cw;
+
+        let samples: Vec<(f64, &FirstToken)> = starts
+            .iter()
+            .flat_map(|w| w.weighted(now, half_life_s))
             .collect();
         let sw: f64 = samples
             .iter()
@@ -89,11 +106,6 @@ impl Model {
             .sum::<f64>()
             .max(f64::MIN_POSITIVE);
         let mean_ttft = samples.iter().map(|(w, s)| w * s.ttft).sum::<f64>() / sw;
-        let mean_duration_s = samples
-            .iter()
-            .map(|(w, s)| w * (s.ttft + s.output_tokens as f64 / s.tps))
-            .sum::<f64>()
-            / sw;
         let with_prompt = samples.iter().all(|(_, s)| s.prompt_tokens.is_some());
         let three = with_prompt
             .then(|| {
@@ -127,7 +139,7 @@ impl Model {
             }
             let mean_admitted = group.iter().map(|g| g.1 * g.2).sum::<f64>() / weight;
             let mut pairs: Vec<(f64, f64)> = group.iter().map(|g| (g.0, g.1)).collect();
-            *slot = Some(Start {
+            *slot = Some(TtftSummary {
                 weight,
                 mean_admitted,
                 p50: weighted_quantile(&mut pairs, 0.5),

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 /// Samples kept per bucket.
 pub const WINDOW: usize = 256;
 
-/// One completed request's speed and latency.
+/// One completed request's speed and latency: what speed buckets hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
     /// When it completed.
@@ -30,9 +30,41 @@ pub struct Sample {
     pub output_tokens: u64,
     /// Experienced concurrency (mean in flight while it decoded): what its speed depends on.
     pub concurrency: f64,
+}
+
+/// One request's first token: what TTFT buckets hold. Recorded when the token arrives, not when
+/// the request ends, so that a queue forming on a backend shows within one TTFT rather than one
+/// whole request later.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FirstToken {
+    /// When the first token arrived.
+    pub at: Instant,
+    /// Time to first token, seconds.
+    pub ttft: f64,
+    /// Prompt tokens (the stream's count when it came before the first token, else the
+    /// estimate routing used).
+    pub prompt_tokens: Option<u64>,
     /// In flight when it was admitted, itself included: what its TTFT depends on (the queue
     /// it found).
     pub admitted_with: f64,
+}
+
+/// What a window holds: anything with a time, so that it can be decayed.
+pub trait Dated {
+    /// When it was observed.
+    fn at(&self) -> Instant;
+}
+
+impl Dated for Sample {
+    fn at(&self) -> Instant {
+        self.at
+    }
+}
+
+impl Dated for FirstToken {
+    fn at(&self) -> Instant {
+        self.at
+    }
 }
 
 /// Decayed summary of a window.
@@ -44,24 +76,26 @@ pub struct Summary {
     pub samples: usize,
     /// Weighted mean TPOT (seconds per token), the fit's input.
     pub mean_tpot: f64,
-    /// Weighted mean TTFT.
-    pub mean_ttft: f64,
     /// Weighted mean experienced concurrency.
     pub mean_concurrency: f64,
     /// Per-user TPS quantiles.
     pub tps_p10: f64,
     /// See `tps_p10`.
     pub tps_p50: f64,
-    /// TTFT quantiles, seconds.
-    pub ttft_p50: f64,
-    /// See `ttft_p50`.
-    pub ttft_p90: f64,
 }
 
 /// The last [`WINDOW`] samples of a bucket.
-#[derive(Debug, Clone, Default)]
-pub struct Window {
-    samples: VecDeque<Sample>,
+#[derive(Debug, Clone)]
+pub struct Window<S = Sample> {
+    samples: VecDeque<S>,
+}
+
+impl<S> Default for Window<S> {
+    fn default() -> Self {
+        Self {
+            samples: VecDeque::new(),
+        }
+    }
 }
 
 /// Weight of a sample `age_s` old.
@@ -85,9 +119,9 @@ pub fn weighted_quantile(pairs: &mut [(f64, f64)], q: f64) -> f64 {
     pairs.last().map_or(f64::NAN, |p| p.0)
 }
 
-impl Window {
+impl<S: Dated> Window<S> {
     /// Adds a sample, dropping the oldest beyond [`WINDOW`].
-    pub fn push(&mut self, sample: Sample) {
+    pub fn push(&mut self, sample: S) {
         if self.samples.len() == WINDOW {
             self.samples.pop_front();
         }
@@ -95,43 +129,37 @@ impl Window {
     }
 
     /// The samples, oldest first.
-    pub fn samples(&self) -> impl Iterator<Item = &Sample> {
+    pub fn samples(&self) -> impl Iterator<Item = &S> {
         self.samples.iter()
     }
 
+    /// The samples with their decayed weights as of `now`.
+    pub fn weighted(&self, now: Instant, half_life_s: f64) -> impl Iterator<Item = (f64, &S)> {
+        self.samples.iter().map(move |s| {
+            let age = now.saturating_duration_since(s.at()).as_secs_f64();
+            (weight(age, half_life_s), s)
+        })
+    }
+}
+
+impl Window {
     /// The decayed summary as of `now`, or `None` when empty.
     pub fn summary(&self, now: Instant, half_life_s: f64) -> Option<Summary> {
         if self.samples.is_empty() {
             return None;
         }
-        let weighted: Vec<(f64, &Sample)> = self
-            .samples
-            .iter()
-            .map(|s| {
-                (
-                    weight(
-                        (now.saturating_duration_since(s.at)).as_secs_f64(),
-                        half_life_s,
-                    ),
-                    s,
-                )
-            })
-            .collect();
+        let weighted: Vec<(f64, &Sample)> = self.weighted(now, half_life_s).collect();
         let total: f64 = weighted.iter().map(|(w, _)| w).sum();
         let mean =
             |f: fn(&Sample) -> f64| weighted.iter().map(|(w, s)| w * f(s)).sum::<f64>() / total;
         let mut tps: Vec<(f64, f64)> = weighted.iter().map(|(w, s)| (s.tps, *w)).collect();
-        let mut ttft: Vec<(f64, f64)> = weighted.iter().map(|(w, s)| (s.ttft, *w)).collect();
         Some(Summary {
             weight: total,
             samples: self.samples.len(),
             mean_tpot: mean(|s| 1.0 / s.tps),
-            mean_ttft: mean(|s| s.ttft),
             mean_concurrency: mean(|s| s.concurrency),
             tps_p10: weighted_quantile(&mut tps, 0.1),
             tps_p50: weighted_quantile(&mut tps, 0.5),
-            ttft_p50: weighted_quantile(&mut ttft, 0.5),
-            ttft_p90: weighted_quantile(&mut ttft, 0.9),
         })
     }
 }
@@ -173,7 +201,6 @@ mod tests {
             prompt_tokens: None,
             output_tokens: 10,
             concurrency: 1.0,
-            admitted_with: 1.0,
         };
         w.push(sample(t0, 10.0));
         w.push(sample(t0 + Duration::from_secs(100), 20.0));

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::meter::StreamMeter;
 use crate::config::Timeouts;
-use crate::curve::{Observation, Outcome, Reading};
+use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::sse::observe::StreamDialect;
 use crate::upstream::InFlightGuard;
 
@@ -112,6 +112,9 @@ pub struct RequestLog {
     pub start: Instant,
     /// The backend that answered.
     pub backend: Arc<str>,
+    /// Prompt tokens as routing estimated them (for the TTFT sample when the stream has not
+    /// reported its own count by the first token).
+    prompt_estimate: u64,
     /// The backend slot; released with this log.
     guard: Option<InFlightGuard>,
     /// The stream's meter (streams only).
@@ -131,6 +134,7 @@ impl RequestLog {
         status: u16,
         start: Instant,
         backend: Arc<str>,
+        prompt_estimate: u64,
     ) -> Self {
         Self {
             id,
@@ -139,11 +143,36 @@ impl RequestLog {
             status,
             start,
             backend,
+            prompt_estimate,
             guard: None,
             meter: None,
             first_reading: None,
             bytes: 0,
             outcome: Outcome::Cancelled,
+        }
+    }
+
+    /// The first content event arrived at `now`: the curve learns this request's TTFT at once,
+    /// and the occupancy integral starts for its experienced concurrency.
+    fn first_token(&mut self, now: Instant) {
+        let Some(guard) = &self.guard else {
+            return;
+        };
+        let backend = guard.backend();
+        self.first_reading = Some(backend.occupancy.read(now));
+        if let Some(model) = &self.model
+            && (200..300).contains(&self.status)
+        {
+            let prompt = self.meter.as_ref().and_then(|m| m.prompt_tokens);
+            backend.first_token(
+                model,
+                &FirstToken {
+                    at: now,
+                    ttft: (now - self.start).as_secs_f64(),
+                    prompt_tokens: Some(prompt.unwrap_or(self.prompt_estimate)),
+                    admitted_with: f64::from(guard.admitted_with().max(1)),
+                },
+            );
         }
     }
 
@@ -183,7 +212,6 @@ impl RequestLog {
             estimated,
             prompt_tokens: meter.prompt_tokens,
             concurrency,
-            admitted_with: guard.admitted_with(),
         }
     }
 }
@@ -539,7 +567,7 @@ impl Body for Observed {
                 log.outcome = Outcome::Completed;
             }
             if first_content {
-                log.first_reading = log.guard.as_ref().map(|g| g.backend().occupancy.read(now));
+                log.first_token(now);
             }
             if !out.is_empty() {
                 return Poll::Ready(Some(Ok(Frame::data(out))));

@@ -53,6 +53,7 @@ struct Pending {
     class: Option<Arc<str>>,
     id: HeaderValue,
     model: Option<String>,
+    prompt_tokens: u64,
     stream: Option<(StreamDialect, bool)>,
     start: Instant,
     sent: Instant,
@@ -87,12 +88,12 @@ impl Service<Request<UpstreamBody>> for Forward {
             .extensions()
             .get::<RequestId>()
             .map_or_else(|| HeaderValue::from_static("-"), |r| r.0.clone());
-        let (model, stream, class) = match classified {
+        let (model, stream, class, prompt_tokens) = match classified {
             Some(c) => {
                 let stream = c.stream.then(|| (c.endpoint.stream_dialect(), injected));
-                (c.model, stream, c.class)
+                (c.model, stream, c.class, c.prompt_tokens)
             }
-            None => (None, None, None),
+            None => (None, None, None, 0),
         };
         let inner = routed.backend.client.request(req);
         // A backend's timeouts run from when the request is sent to it, not from its arrival
@@ -109,6 +110,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                 class,
                 id,
                 model,
+                prompt_tokens,
                 stream,
                 start,
                 sent,
@@ -257,6 +259,7 @@ impl Future for ForwardFuture {
             parts.status.as_u16(),
             pending.start,
             backend,
+            pending.prompt_tokens,
         );
         let body = ProxyBody::Upstream {
             body: Observed::new(

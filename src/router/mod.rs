@@ -755,7 +755,7 @@ pub struct Cap {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::curve::{Observation, Outcome};
+    use crate::curve::{FirstToken, Observation, Outcome};
 
     /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
     /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`.
@@ -803,8 +803,16 @@ mod tests {
                     estimated: false,
                     prompt_tokens: Some(10),
                     concurrency: Some(c),
-                    admitted_with: c as u32,
                 };
+                router.backends[i].first_token(
+                    "m",
+                    &FirstToken {
+                        at: now,
+                        ttft: 0.05,
+                        prompt_tokens: Some(10),
+                        admitted_with: c,
+                    },
+                );
                 router.backends[i].record("m", &obs);
             }
         }

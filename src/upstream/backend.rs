@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::client::{self, UpstreamClient};
 use crate::config::BackendConfig;
-use crate::curve::{Curve, Model, Observation, Occupancy, Outcome};
+use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome};
 use crate::router::queue::Line;
 use crate::telemetry::ModelMetrics;
 
@@ -159,22 +159,29 @@ impl Backend {
         })
     }
 
-    /// Adds what one request taught us to the curve of `model` (its metrics: [`Self::count`]).
+    /// Adds what one finished request taught us to the curve of `model` (its metrics:
+    /// [`Self::count`]).
     pub fn record(&self, model: &str, obs: &Observation) {
+        self.with_curve(model, obs.at, |curve| curve.record(obs));
+    }
+
+    /// A request's first token for `model`: its TTFT, learned as soon as it is known.
+    pub fn first_token(&self, model: &str, start: &FirstToken) {
+        self.with_curve(model, start.at, |curve| curve.first_token(start));
+        self.note_ttft(start.ttft);
+    }
+
+    fn with_curve(&self, model: &str, now: Instant, f: impl FnOnce(&mut Curve)) {
         // Map guards live only for these statements: never across an await.
         match self.curves.get_mut(model) {
-            Some(mut curve) => curve.record(obs),
-            None => self
+            Some(mut curve) => f(&mut curve),
+            None => f(&mut self
                 .curves
                 .entry(Arc::from(model))
                 .or_insert_with(|| match &self.config.prior {
-                    Some(points) => Curve::seeded(self.half_life_s, points, obs.at),
+                    Some(points) => Curve::seeded(self.half_life_s, points, now),
                     None => Curve::new(self.half_life_s),
-                })
-                .record(obs),
-        }
-        if let Some(ttft) = obs.ttft {
-            self.note_ttft(ttft);
+                })),
         }
     }
 

@@ -185,6 +185,35 @@ async fn open_loop(addr: std::net::SocketAddr, slo_tps: &str) -> serde_json::Val
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_open_loop_offers_the_same_requests_every_time() {
+    let (_fleet, addr) = support::start_engine("x", support::engine(1.0, 0.0, 64)).await;
+    let url = support::base(addr);
+    let per_class = |seed: &'static str| {
+        let url = url.clone();
+        async move {
+            let out = tokio::task::spawn_blocking(move || {
+                tpsgate()
+                    .args(["bench", "--url", &url, "--model", "m", "--max-tokens", "2"])
+                    .args(["--rate", "40", "--duration", "1", "--mix", "a=0.5,b=0.5"])
+                    .args(["--seed", seed, "--json"])
+                    .output()
+                    .unwrap()
+            })
+            .await
+            .unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["requests"].clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    let first = per_class("7").await;
+    assert_eq!(first.len(), 2, "one report per class");
+    assert_eq!(per_class("7").await, first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_bench_reports_slo_attainment_and_goodput() {
     // A 10 ms step: 100 tok/s per user whatever the load.
     let (_fleet, addr) = support::start_engine("x", support::engine(10.0, 0.0, 64)).await;
