@@ -3,16 +3,18 @@
 # benches/goodput-gateway.yaml): open-loop Poisson arrivals at rising rates, 80% interactive
 # (128 output tokens; a request is good when its TTFT <= 1 s and its per-user TPS >= 25) and
 # 20% batch (512 output tokens). Each policy gets a fresh simulator and gateway, a
-# warm-up so that curves exist, then the measured rates. Writes the table into BENCHMARKS.md
-# between the goodput markers (median over runs).
+# warm-up so that curves exist, then the measured rates. Run k offers every policy the same
+# arrivals (bench --seed k), so that policies differ only by where they send them. Writes the
+# table into BENCHMARKS.md between the goodput markers (median over runs).
 #
-# Usage: benches/goodput.sh [RUNS=3] [RATES=4,8,12] [DURATION_S=20] [POLICIES...]
-# Needs ports 8180, 9190 and 9101-9104 free. About 3 minutes per policy per run (a request not done in 30 s counts as failed).
+# Usage: benches/goodput.sh [RUNS=3] [RATES=4,8,12] [DURATION_S=60] [POLICIES...]
+# Needs ports 8180, 9190 and 9101-9104 free. About 4 minutes per policy per run (a request not
+# done in 30 s counts as failed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
 rates=${2:-4,8,12}
-duration=${3:-20}
+duration=${3:-60}
 shift $(( $# < 3 ? $# : 3 ))
 policies=${*:-headroom round_robin least_inflight p2c_peak_ewma lowest_ttft oracle}
 cargo build --release --quiet
@@ -39,8 +41,8 @@ for run in $(seq "$runs"); do
     sed "s/^  policy: headroom/  policy: $policy/" benches/goodput-gateway.yaml >"$out/gateway-$policy.yaml"
     "$bin" serve --config "$out/gateway-$policy.yaml" >"$out/gateway-$policy.log" 2>&1 & pids+=($!)
     sleep 1
-    bench --rate 5 --duration 20 --json >/dev/null   # warm-up: curves form
-    bench --rate "$rates" --duration "$duration" --json \
+    bench --rate 5 --duration 20 --seed "$((1000 + run))" --json >/dev/null   # warm-up: curves form
+    bench --rate "$rates" --duration "$duration" --seed "$run" --json \
       | sed "s/^/{\"policy\":\"$policy\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results.jsonl"
     echo "run $run: $policy done" >&2
     stop

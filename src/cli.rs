@@ -628,7 +628,8 @@ async fn run_bench(args: BenchArgs) -> Result<(), String> {
         for &rate in &args.rate {
             let expected = (rate * args.duration).ceil() as u64;
             let bar = bench::progress_bar(expected, format!("{rate}/s"));
-            let reports = bench::open_loop(&client, &arms, rate, duration, limit, args.seed, &bar).await;
+            let reports =
+                bench::open_loop(&client, &arms, rate, duration, limit, args.seed, &bar).await;
             bar.finish_and_clear();
             for report in &reports {
                 show(report);

@@ -28,6 +28,30 @@ pub const BUCKETS: [u32; 24] = [
     3072, 4096,
 ];
 
+/// Occupancy levels of TTFT buckets: every count up to 16, then the speed levels above it. A
+/// server's batch limit is an exact count and the request after it waits for a slot, so TTFT can
+/// jump between neighbouring counts where limits are small; apart, the jump stays visible.
+pub const TTFT_LEVELS: [u32; 30] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384,
+    512, 768, 1024, 1536, 2048,
+];
+
+/// The TTFT bucket of occupancy `n` at admission: itself up to 16, else the nearest level in log
+/// space.
+pub fn ttft_bucket_of(n: f64) -> usize {
+    let n = n.max(1.0);
+    if n < 16.5 {
+        return n.round() as usize - 1;
+    }
+    let ln = n.ln();
+    (15..TTFT_LEVELS.len())
+        .min_by(|&a, &b| {
+            let d = |i: usize| (f64::from(TTFT_LEVELS[i]).ln() - ln).abs();
+            d(a).total_cmp(&d(b))
+        })
+        .unwrap_or(TTFT_LEVELS.len() - 1)
+}
+
 /// Decayed sample weight a bucket needs before its own quantiles are trusted over the fit.
 pub const MIN_BUCKET_WEIGHT: f64 = 5.0;
 
@@ -111,6 +135,21 @@ pub struct Point {
     pub ttft_p90_s: Option<f64>,
     /// Decayed weight of its TTFT samples.
     pub ttft_weight: f64,
+}
+
+impl Point {
+    fn empty(concurrency: u32) -> Self {
+        Self {
+            concurrency,
+            samples: 0,
+            weight: 0.0,
+            per_user_tps_p50: None,
+            per_user_tps_p10: None,
+            ttft_p50_s: None,
+            ttft_p90_s: None,
+            ttft_weight: 0.0,
+        }
+    }
 }
 
 /// How stale a curve's [`Model`] may get while observations arrive.
@@ -288,7 +327,8 @@ impl Curve {
     /// The buckets that hold samples: speed by experienced concurrency, TTFT by the occupancy
     /// requests found at admission.
     pub fn points(&self, now: Instant, half_life_s: f64) -> Vec<Point> {
-        self.build(now, half_life_s).map_or_else(Vec::new, |m| m.points())
+        self.build(now, half_life_s)
+            .map_or_else(Vec::new, |m| m.points())
     }
 
     /// Decayed share of recent samples that met an SLO (`min_tps` and `max_ttft_s`, either may
@@ -374,6 +414,12 @@ mod tests {
         assert_eq!(BUCKETS[bucket_of(5.0)], 6);
         assert_eq!(BUCKETS[bucket_of(30.0)], 32);
         assert_eq!(BUCKETS[bucket_of(1e6)], 4096);
+        assert_eq!(TTFT_LEVELS[ttft_bucket_of(0.0)], 1);
+        assert_eq!(TTFT_LEVELS[ttft_bucket_of(9.0)], 9);
+        assert_eq!(TTFT_LEVELS[ttft_bucket_of(16.0)], 16);
+        assert_eq!(TTFT_LEVELS[ttft_bucket_of(19.0)], 16);
+        assert_eq!(TTFT_LEVELS[ttft_bucket_of(21.0)], 24);
+        assert_eq!(TTFT_LEVELS[ttft_bucket_of(1e6)], 2048);
     }
 
     #[test]
@@ -409,7 +455,10 @@ mod tests {
         let mut curve = Curve::default();
         // Ten minutes at normal speed, one sample a second at concurrency 4...
         for s in 0..600 {
-            learn(&mut curve, &observation(t0 + Duration::from_secs(s), 4.0, 100, 1.0));
+            learn(
+                &mut curve,
+                &observation(t0 + Duration::from_secs(s), 4.0, 100, 1.0),
+            );
         }
         // ...then the backend becomes twice as slow.
         let slow_from = t0 + Duration::from_secs(600);
@@ -449,6 +498,51 @@ mod tests {
         });
         let after = curve.model().unwrap().predict(2.0, 64);
         assert!(after.ttft_p50_s > 2.5, "{after:?}");
+    }
+
+    #[test]
+    fn speed_seen_behind_a_queue_is_no_evidence_for_joining_one() {
+        // One slot: each request found it free, then decoded with three more waiting behind.
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        for _ in 0..10 {
+            let obs = observation(now, 4.0, 64, 1.0);
+            curve.first_token(&FirstToken {
+                at: now,
+                ttft: 0.05,
+                prompt_tokens: Some(64),
+                admitted_with: 1.0,
+            });
+            curve.record(&obs);
+        }
+        let model = curve.model().unwrap();
+        assert!(!model.predict(2.0, 64).beyond_evidence);
+        assert!(model.predict(3.0, 64).beyond_evidence);
+    }
+
+    #[test]
+    fn ttft_jumps_right_after_a_batch_limit_and_stays_up_beyond_it() {
+        // Eight slots: the ninth request in waits for one to free.
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        for n in 1..=9u32 {
+            for _ in 0..10 {
+                let mut obs = observation(now, f64::from(n), 64, 1.0);
+                obs.ttft = Some(if n <= 8 { 0.02 } else { 1.5 });
+                curve.first_token(&FirstToken {
+                    at: now,
+                    ttft: obs.ttft.unwrap(),
+                    prompt_tokens: Some(64),
+                    admitted_with: f64::from(n),
+                });
+                curve.record(&obs);
+            }
+        }
+        let model = curve.model().unwrap();
+        assert!(model.predict(8.0, 64).ttft_p90_s < 0.05);
+        assert!(model.predict(9.0, 64).ttft_p50_s >= 1.5);
+        // Nothing seen at 10 yet: no sooner than at 9.
+        assert!(model.predict(10.0, 64).ttft_p50_s >= 1.5);
     }
 
     #[test]

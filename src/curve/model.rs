@@ -8,7 +8,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::window::{FirstToken, Summary, Window, weighted_quantile};
-use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, bucket_of, fit};
+use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
 /// What the curve expects for one more request.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -23,8 +23,9 @@ pub struct Prediction {
     pub ttft_p90_s: f64,
     /// 0 (a guess) to nearly 1 (much recent evidence at this concurrency).
     pub confidence: f64,
-    /// The concurrency asked about is more than twice the highest one observed: the fit is
-    /// extrapolating beyond what it has seen, and routing treats that as exploration.
+    /// The concurrency asked about is more than twice what the curve has seen (the highest
+    /// experienced concurrency, or the highest occupancy a first token came from, whichever is
+    /// lower): the fit is extrapolating, and routing treats that as exploration.
     pub beyond_evidence: bool,
 }
 
@@ -44,10 +45,15 @@ pub struct Model {
     pub fit: Fit,
     /// Speed by experienced concurrency.
     buckets: [Option<Summary>; BUCKETS.len()],
-    /// TTFT by occupancy at admission.
-    starts: [Option<TtftSummary>; BUCKETS.len()],
-    /// Highest experienced concurrency among buckets holding at least one sample's weight.
-    pub evidence_up_to: f64,
+    /// TTFT by occupancy at admission ([`TTFT_LEVELS`]).
+    starts: [Option<TtftSummary>; TTFT_LEVELS.len()],
+    /// Per TTFT bucket, the highest p50 and p90 of the trusted buckets at or below it: more
+    /// requests ahead never bring the first token sooner, so a prediction never goes below them.
+    floors: [(f64, f64); TTFT_LEVELS.len()],
+    /// Highest experienced concurrency among speed buckets holding at least one sample's weight.
+    pub speed_seen: f64,
+    /// Highest occupancy at admission among TTFT buckets holding at least one sample's weight.
+    pub ttft_seen: f64,
     /// Weighted mean of TTFT + decode time, seconds: how long a request holds its slot.
     pub mean_duration_s: f64,
 }
@@ -127,11 +133,11 @@ impl Model {
                 _ => (mean_ttft, 0.0, None),
             },
         };
-        let mut by_start: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); BUCKETS.len()];
+        let mut by_start: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); TTFT_LEVELS.len()];
         for (w, s) in &samples {
-            by_start[bucket_of(s.admitted_with)].push((s.ttft, *w, s.admitted_with));
+            by_start[ttft_bucket_of(s.admitted_with)].push((s.ttft, *w, s.admitted_with));
         }
-        let mut starts = [None; BUCKETS.len()];
+        let mut starts = [None; TTFT_LEVELS.len()];
         for (slot, group) in starts.iter_mut().zip(&by_start) {
             let weight: f64 = group.iter().map(|g| g.1).sum();
             if group.is_empty() || weight <= 0.0 {
@@ -146,18 +152,21 @@ impl Model {
                 p90: weighted_quantile(&mut pairs, 0.9),
             });
         }
-        let evidence_up_to = present
+        // Speed and TTFT each need their own evidence: a one-slot server's requests decode at a
+        // high experienced concurrency (the queue behind them counts) long before any has been
+        // admitted behind a queue and shown what that costs.
+        let speed_seen = present
             .iter()
             .filter(|s| s.weight >= 1.0)
             .map(|s| s.mean_concurrency)
-            .chain(
-                starts
-                    .iter()
-                    .flatten()
-                    .filter(|s| s.weight >= 1.0)
-                    .map(|s| s.mean_admitted),
-            )
             .fold(0.0, f64::max);
+        let ttft_seen = starts
+            .iter()
+            .flatten()
+            .filter(|s| s.weight >= 1.0)
+            .map(|s| s.mean_admitted)
+            .fold(0.0, f64::max);
+
         Some(Self {
             fit: Fit {
                 tpot_base_s,
@@ -168,7 +177,9 @@ impl Model {
             },
             buckets: summaries,
             starts,
-            evidence_up_to,
+            floors: floors(&starts),
+            speed_seen,
+            ttft_seen,
             mean_duration_s,
         })
     }
@@ -179,14 +190,15 @@ impl Model {
     /// fit from where its samples were to this exact concurrency), else the fit.
     pub fn predict(&self, concurrency: f64, prompt_tokens: u64) -> Prediction {
         let i = bucket_of(concurrency);
+        let j = ttft_bucket_of(concurrency);
         let fit = &self.fit;
         let tpot_at = |c: f64| fit.tpot_base_s + fit.tpot_per_seq_s * c;
         let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * c;
         let speed_weight = self.buckets[i].map_or(0.0, |s| s.weight);
-        let start_weight = self.starts[i].map_or(0.0, |s| s.weight);
+        let start_weight = self.starts[j].map_or(0.0, |s| s.weight);
         let weight = speed_weight.min(start_weight);
         let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
-        let beyond_evidence = concurrency > 2.0 * self.evidence_up_to.max(1.0);
+        let beyond_evidence = concurrency > 2.0 * self.speed_seen.min(self.ttft_seen).max(1.0);
 
         // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median
         // and a TTFT tail 25% above it.
@@ -201,7 +213,7 @@ impl Model {
                 (tps, 0.9 * tps)
             }
         };
-        let (ttft_p50, ttft_p90) = match self.starts[i].filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+        let (ttft_p50, ttft_p90) = match self.starts[j].filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
             Some(s) => {
                 let later = queue_at(concurrency) - queue_at(s.mean_admitted);
                 ((s.p50 + later).max(0.0), (s.p90 + later).max(0.0))
@@ -214,6 +226,8 @@ impl Model {
                 (ttft, 1.25 * ttft)
             }
         };
+        let (floor_p50, floor_p90) = self.floors[j];
+        let (ttft_p50, ttft_p90) = (ttft_p50.max(floor_p50), ttft_p90.max(floor_p90));
         Prediction {
             per_user_tps_p50: tps_p50,
             per_user_tps_p10: tps_p10,
@@ -226,20 +240,37 @@ impl Model {
 
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.
     pub fn points(&self) -> Vec<Point> {
-        BUCKETS
-            .iter()
-            .zip(self.buckets.iter().zip(&self.starts))
-            .filter(|(_, (speed, start))| speed.is_some() || start.is_some())
-            .map(|(level, (speed, start))| Point {
-                concurrency: *level,
-                samples: speed.map_or(0, |s| s.samples),
-                weight: speed.map_or(0.0, |s| s.weight),
-                per_user_tps_p50: speed.map(|s| s.tps_p50),
-                per_user_tps_p10: speed.map(|s| s.tps_p10),
-                ttft_p50_s: start.map(|s| s.p50),
-                ttft_p90_s: start.map(|s| s.p90),
-                ttft_weight: start.map_or(0.0, |s| s.weight),
-            })
-            .collect()
+        let mut points = std::collections::BTreeMap::new();
+        for (level, speed) in BUCKETS.iter().zip(&self.buckets) {
+            if let Some(s) = speed {
+                let p = points.entry(*level).or_insert_with(|| Point::empty(*level));
+                p.samples = s.samples;
+                p.weight = s.weight;
+                p.per_user_tps_p50 = Some(s.tps_p50);
+                p.per_user_tps_p10 = Some(s.tps_p10);
+            }
+        }
+        for (level, start) in TTFT_LEVELS.iter().zip(&self.starts) {
+            if let Some(s) = start {
+                let p = points.entry(*level).or_insert_with(|| Point::empty(*level));
+                p.ttft_p50_s = Some(s.p50);
+                p.ttft_p90_s = Some(s.p90);
+                p.ttft_weight = s.weight;
+            }
+        }
+        points.into_values().collect()
     }
+}
+
+/// Running maxima of the trusted TTFT buckets' quantiles, from the lowest occupancy up.
+fn floors(starts: &[Option<TtftSummary>; TTFT_LEVELS.len()]) -> [(f64, f64); TTFT_LEVELS.len()] {
+    let mut floors = [(0.0, 0.0); TTFT_LEVELS.len()];
+    let mut floor = (0.0_f64, 0.0_f64);
+    for (out, start) in floors.iter_mut().zip(starts) {
+        if let Some(s) = start.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+            floor = (floor.0.max(s.p50), floor.1.max(s.p90));
+        }
+        *out = floor;
+    }
+    floors
 }

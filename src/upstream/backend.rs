@@ -175,13 +175,12 @@ impl Backend {
         // Map guards live only for these statements: never across an await.
         match self.curves.get_mut(model) {
             Some(mut curve) => f(&mut curve),
-            None => f(&mut self
-                .curves
-                .entry(Arc::from(model))
-                .or_insert_with(|| match &self.config.prior {
+            None => f(&mut self.curves.entry(Arc::from(model)).or_insert_with(|| {
+                match &self.config.prior {
                     Some(points) => Curve::seeded(self.half_life_s, points, now),
                     None => Curve::new(self.half_life_s),
-                })),
+                }
+            })),
         }
     }
 

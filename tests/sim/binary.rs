@@ -201,7 +201,11 @@ async fn a_seeded_open_loop_offers_the_same_requests_every_time() {
             })
             .await
             .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["requests"].clone())
