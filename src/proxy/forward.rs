@@ -212,8 +212,8 @@ impl Future for ForwardFuture {
         for name in hop {
             parts.headers.remove(name);
         }
-        if let Ok(value) = HeaderValue::from_str(&backend) {
-            parts.headers.insert(X_TPSGATE_BACKEND, value);
+        if let Some(value) = &pending.backend.name_header {
+            parts.headers.insert(X_TPSGATE_BACKEND, value.clone());
         }
         if let Some(value) = pending
             .class

@@ -31,7 +31,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::config::{BackendDialect, ClassConfig, OnMiss, Policy, Routing};
-use crate::curve::Prediction;
+use crate::curve::{Model, Prediction};
 use crate::error::{Error, ErrorKind};
 use crate::proxy::body::ProxyBody;
 use crate::upstream::{Backend, InFlightGuard};
@@ -588,9 +588,10 @@ impl Router {
                     };
                 }
                 let n = f64::from(joining);
-                let prediction = self.predict(index, backend, ask, n, policy);
+                let predictor = self.predictor(index, backend, ask, policy);
+                let prediction = predictor.at(n);
                 let batch = policy == Policy::Throughput || ask.slo.is_batch();
-                let leaves_room = !batch || self.leaves_room(index, backend, ask, n + 1.0, policy);
+                let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
                 // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
                 // so a backend that queues (TTFT growing with n) adds nothing by taking more.
                 let tokens = ask
@@ -600,8 +601,7 @@ impl Router {
                     c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
                 };
                 let before = if batch && joining > 1 {
-                    self.predict(index, backend, ask, n - 1.0, policy)
-                        .map_or(0.0, |p| system(n - 1.0, &p))
+                    predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
                 } else {
                     0.0
                 };
@@ -623,39 +623,26 @@ impl Router {
             .collect()
     }
 
-    /// What a request would see on `backend` at `concurrency`.
-    fn predict(
+    /// Where `backend`'s predictions come from for `ask`: the oracle, or its curve's model
+    /// (looked up once per request, whatever the number of concurrencies asked about).
+    fn predictor(
         &self,
         index: usize,
         backend: &Backend,
         ask: &Ask<'_>,
-        concurrency: f64,
         policy: Policy,
-    ) -> Option<Prediction> {
+    ) -> Predictor<'_> {
         if policy == Policy::Oracle {
-            return self.oracle.as_ref()?.predict(index, concurrency);
+            Predictor::Oracle(self.oracle.as_ref(), index)
+        } else {
+            Predictor::Curve(backend.model(ask.model), ask.prompt_tokens)
         }
-        Some(
-            backend
-                .model(ask.model)?
-                .predict(concurrency, ask.prompt_tokens),
-        )
     }
 
-    /// Whether a latency-class request joining `backend` as the `next`-th would meet its SLO,
-    /// for every latency class the backend can serve at all (a lone request meets it).
-    fn leaves_room(
-        &self,
-        index: usize,
-        backend: &Backend,
-        ask: &Ask<'_>,
-        next: f64,
-        policy: Policy,
-    ) -> bool {
-        let (Some(then), Some(alone)) = (
-            self.predict(index, backend, ask, next, policy),
-            self.predict(index, backend, ask, 1.0, policy),
-        ) else {
+    /// Whether a latency-class request joining as the `next`-th would meet its SLO, for every
+    /// latency class the backend can serve at all (a lone request meets it).
+    fn leaves_room(&self, predictor: &Predictor<'_>, next: f64) -> bool {
+        let (Some(then), Some(alone)) = (predictor.at(next), predictor.at(1.0)) else {
             return true;
         };
         self.classes
@@ -736,6 +723,26 @@ impl Router {
             HeaderValue::from_static("application/json"),
         );
         resp
+    }
+}
+
+/// A backend's source of predictions for one request.
+enum Predictor<'r> {
+    /// Its curve's model (none before the first observation), for this prompt size.
+    Curve(Option<Arc<Model>>, u64),
+    /// The simulator's truth for backend `usize`.
+    Oracle(Option<&'r Oracle>, usize),
+}
+
+impl Predictor<'_> {
+    /// What a request joining at `concurrency` (itself included) would see.
+    fn at(&self, concurrency: f64) -> Option<Prediction> {
+        match self {
+            Self::Curve(model, prompt_tokens) => {
+                Some(model.as_ref()?.predict(concurrency, *prompt_tokens))
+            }
+            Self::Oracle(oracle, index) => oracle.as_ref()?.predict(*index, concurrency),
+        }
     }
 }
 

@@ -13,6 +13,11 @@ use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome};
 use crate::router::queue::Line;
 use crate::telemetry::ModelMetrics;
 
+/// A map keyed by client model name, read several times per request: hashed with foldhash, not
+/// SipHash (its keys are the configured model names, so flooding it is not a concern, and the
+/// seed is random per process all the same).
+pub type ByModel<V> = DashMap<Arc<str>, V, foldhash::fast::RandomState>;
+
 /// One upstream provider, shared by every request routed to it.
 #[derive(Debug)]
 pub struct Backend {
@@ -22,11 +27,14 @@ pub struct Backend {
     pub client: UpstreamClient,
     /// In flight and its integral.
     pub occupancy: Occupancy,
+    /// Its name as a header value (`x-tpsgate-backend` on every response), made once; `None`
+    /// for a name a header cannot carry.
+    pub name_header: Option<http::HeaderValue>,
     /// Curves by client model name.
-    pub curves: DashMap<Arc<str>, Curve>,
+    pub curves: ByModel<Curve>,
     /// Metric handles by client model name, then by class (a handful: found by a scan, with no
     /// key to allocate per request), built once each.
-    metrics: DashMap<Arc<str>, Vec<ModelMetrics>>,
+    metrics: ByModel<Vec<ModelMetrics>>,
     /// Upstream failures in a row (connect errors, 5xx, broken streams); a success resets it.
     failures_in_a_row: AtomicU32,
     /// Outlier ejection and 429 cooldown.
@@ -62,18 +70,19 @@ impl Backend {
             .prior
             .as_deref()
             .map(|points| Curve::seeded(half_life_s, points, now));
-        let curves = DashMap::new();
+        let curves = ByModel::default();
         if let Some(prior) = &prior {
             for model in config.models.aliases.keys() {
                 curves.insert(Arc::from(model.as_str()), prior.clone());
             }
         }
         Ok(Arc::new(Self {
+            name_header: http::HeaderValue::from_str(&config.name).ok(),
             config,
             client,
             occupancy: Occupancy::default(),
             curves,
-            metrics: DashMap::new(),
+            metrics: ByModel::default(),
             failures_in_a_row: AtomicU32::new(0),
             outlier: Outlier::new(now),
             half_life_s,
