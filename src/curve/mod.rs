@@ -546,6 +546,31 @@ mod tests {
     }
 
     #[test]
+    fn one_recent_slow_first_token_past_the_levels_seen_is_believed() {
+        let t0 = Instant::now();
+        let mut curve = Curve::new(60.0);
+        for n in 1..=8u32 {
+            for _ in 0..10 {
+                let mut obs = observation(t0, f64::from(n), 64, 1.0);
+                obs.ttft = Some(0.02);
+                learn(&mut curve, &obs);
+            }
+        }
+        let slow_at_nine = |at| FirstToken {
+            at,
+            ttft: 1.5,
+            prompt_tokens: Some(64),
+            admitted_with: 9.0,
+        };
+        curve.first_token(&slow_at_nine(t0));
+        assert!(curve.model().unwrap().predict(9.0, 64).ttft_p90_s >= 1.5);
+        // Two half-lives later, one old sample no longer speaks for the level.
+        let later = t0 + Duration::from_secs(120);
+        let p = curve.predict(9.0, 64, later, 60.0).unwrap();
+        assert!(p.ttft_p90_s < 0.5, "{p:?}");
+    }
+
+    #[test]
     fn attainment_is_the_share_of_recent_samples_meeting_both_targets() {
         let now = Instant::now();
         let mut curve = Curve::default();

@@ -10,6 +10,10 @@ use tokio::time::Instant;
 use super::window::{FirstToken, Summary, Window, weighted_quantile};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
+/// Decayed weight at which a TTFT bucket without enough samples to answer on its own still
+/// raises the prediction: one sample up to a half-life old.
+const SPARSE_TTFT_WEIGHT: f64 = 0.5;
+
 /// What the curve expects for one more request.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Prediction {
@@ -213,17 +217,25 @@ impl Model {
                 (tps, 0.9 * tps)
             }
         };
-        let (ttft_p50, ttft_p90) = match self.starts[j].filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
-            Some(s) => {
+        let (ttft_p50, ttft_p90) = match self.starts[j] {
+            Some(s) if s.weight >= MIN_BUCKET_WEIGHT => {
                 let later = queue_at(concurrency) - queue_at(s.mean_admitted);
                 ((s.p50 + later).max(0.0), (s.p90 + later).max(0.0))
             }
-            None => {
+            sparse => {
                 let prefill = fit
                     .prefill_tokens_per_s
                     .map_or(0.0, |r| prompt_tokens as f64 / r);
                 let ttft = queue_at(concurrency) + prefill;
-                (ttft, 1.25 * ttft)
+                // Bad news is believed before it is certain: a first token at this very
+                // occupancy, within about a half-life, that came later than the fit says is
+                // how a queue past a batch limit first shows (the fit, drawn mostly through
+                // the levels below it, cannot bend there).
+                let seen = sparse.filter(|s| s.weight >= SPARSE_TTFT_WEIGHT);
+                (
+                    seen.map_or(ttft, |s| ttft.max(s.p50)),
+                    seen.map_or(1.25 * ttft, |s| (1.25 * ttft).max(s.p90)),
+                )
             }
         };
         let (floor_p50, floor_p90) = self.floors[j];

@@ -1,4 +1,5 @@
-//! Experienced concurrency: a backend's in-flight count and its integral over time.
+//! Experienced concurrency: a backend's in-flight count and its integral over time; and the
+//! requests still waiting for their first token, with how long they have waited.
 //!
 //! Admit and release update both in O(1). A request reads the integral when its first content
 //! arrives and when its stream ends; the difference over the elapsed time is the mean number of
@@ -13,6 +14,8 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Occupancy {
     state: Mutex<State>,
+    /// Origin of the admission times summed in [`State::waiting_since`].
+    epoch: Instant,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +24,10 @@ struct State {
     /// Request-seconds accumulated up to `last`.
     area: f64,
     last: Instant,
+    /// Admitted requests whose first token has not come yet.
+    waiting: u32,
+    /// Sum of their admission times, seconds after `epoch`: their mean age in O(1).
+    waiting_since: f64,
 }
 
 /// A reading of the integral.
@@ -56,8 +63,15 @@ impl Occupancy {
                 count: 0,
                 area: 0.0,
                 last: now,
+                waiting: 0,
+                waiting_since: 0.0,
             }),
+            epoch: now,
         }
+    }
+
+    fn since_epoch(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.epoch).as_secs_f64()
     }
 
     fn update<T>(&self, now: Instant, f: impl FnOnce(&mut State) -> T) -> T {
@@ -72,19 +86,54 @@ impl Occupancy {
         f(&mut state)
     }
 
-    /// One more in flight if fewer than `limit` are; returns the count including it.
+    /// One more in flight (and waiting for its first token) if fewer than `limit` are; returns
+    /// the count including it.
     pub fn try_admit(&self, now: Instant, limit: u32) -> Option<u32> {
+        let at = self.since_epoch(now);
         self.update(now, |s| {
             (s.count < limit).then(|| {
                 s.count += 1;
+                s.waiting += 1;
+                s.waiting_since += at;
                 s.count
             })
         })
     }
 
+    /// The request admitted at `admitted` stopped waiting: its first token came, or it has
+    /// none to wait for (not a stream).
+    pub fn stop_waiting(&self, admitted: Instant) {
+        let at = self.since_epoch(admitted);
+        self.update(Instant::now(), |s| {
+            if s.waiting > 0 {
+                s.waiting -= 1;
+                s.waiting_since = if s.waiting == 0 {
+                    0.0
+                } else {
+                    s.waiting_since - at
+                };
+            }
+        });
+    }
+
     /// One fewer in flight.
     pub fn release(&self, now: Instant) {
         self.update(now, |s| s.count = s.count.saturating_sub(1));
+    }
+
+    /// How long the requests still waiting for their first token have waited, on average, as of
+    /// `now`; 0 when none is. A request arriving now queues behind them: in a steady queue it
+    /// waits about as long as they have, so this is a floor under its predicted TTFT that needs
+    /// no first token to have come back yet.
+    pub fn waited(&self, now: Instant) -> f64 {
+        let at = self.since_epoch(now);
+        self.update(now, |s| {
+            if s.waiting == 0 {
+                0.0
+            } else {
+                (at - s.waiting_since / f64::from(s.waiting)).max(0.0)
+            }
+        })
     }
 
     /// The integral up to `now`.
@@ -123,5 +172,23 @@ mod tests {
         // 100 ms x 1 + 100 ms x 2 + 100 ms x 3 + 100 ms x 2 = 0.8 request-seconds over 0.4 s.
         assert!((start.mean_until(&end).unwrap() - 2.0).abs() < 1e-9);
         assert_eq!(end.count, 2);
+    }
+
+    #[test]
+    fn waited_is_the_mean_age_of_requests_without_a_first_token() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let occ = Occupancy::new(t0);
+        assert_eq!(occ.waited(at(0)), 0.0);
+        occ.try_admit(at(0), u32::MAX);
+        occ.try_admit(at(200), u32::MAX);
+        occ.try_admit(at(400), u32::MAX);
+        // Ages 1.0, 0.8 and 0.6 s.
+        assert!((occ.waited(at(1000)) - 0.8).abs() < 1e-9);
+        occ.stop_waiting(at(0));
+        assert!((occ.waited(at(1000)) - 0.7).abs() < 1e-9);
+        occ.stop_waiting(at(200));
+        occ.stop_waiting(at(400));
+        assert_eq!(occ.waited(at(1000)), 0.0);
     }
 }

@@ -51,8 +51,12 @@ impl ProxyBody {
 
     /// Keeps a backend's in-flight slot until this body is done (a local body has nothing to
     /// wait for, so the slot goes at once).
-    pub fn hold(&mut self, guard: InFlightGuard) {
+    pub fn hold(&mut self, mut guard: InFlightGuard) {
         if let Self::Upstream { body } = self {
+            if body.log.meter.is_none() {
+                // Not a stream (or an error): there is no first token to wait for.
+                guard.stop_waiting();
+            }
             body.log.guard = Some(guard);
         }
     }
@@ -155,9 +159,10 @@ impl RequestLog {
     /// The first content event arrived at `now`: the curve learns this request's TTFT at once,
     /// and the occupancy integral starts for its experienced concurrency.
     fn first_token(&mut self, now: Instant) {
-        let Some(guard) = &self.guard else {
+        let Some(guard) = &mut self.guard else {
             return;
         };
+        guard.stop_waiting();
         let backend = guard.backend();
         self.first_reading = Some(backend.occupancy.read(now));
         if let Some(model) = &self.model

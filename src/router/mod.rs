@@ -635,7 +635,11 @@ impl Router {
         if policy == Policy::Oracle {
             Predictor::Oracle(self.oracle.as_ref(), index)
         } else {
-            Predictor::Curve(backend.model(ask.model), ask.prompt_tokens)
+            Predictor::Curve {
+                model: backend.model(ask.model),
+                prompt_tokens: ask.prompt_tokens,
+                queue_s: backend.occupancy.waited(Instant::now()),
+            }
         }
     }
 
@@ -728,8 +732,17 @@ impl Router {
 
 /// A backend's source of predictions for one request.
 enum Predictor<'r> {
-    /// Its curve's model (none before the first observation), for this prompt size.
-    Curve(Option<Arc<Model>>, u64),
+    /// The backend's curve.
+    Curve {
+        /// Its fitted model (none before the first observation).
+        model: Option<Arc<Model>>,
+        /// This request's prompt size.
+        prompt_tokens: u64,
+        /// How long the requests there still waiting for a first token have waited
+        /// ([`Occupancy::waited`](crate::curve::Occupancy::waited)): a joining request waits
+        /// behind them, which the curve learns only when their first tokens come.
+        queue_s: f64,
+    },
     /// The simulator's truth for backend `usize`.
     Oracle(Option<&'r Oracle>, usize),
 }
@@ -738,8 +751,17 @@ impl Predictor<'_> {
     /// What a request joining at `concurrency` (itself included) would see.
     fn at(&self, concurrency: f64) -> Option<Prediction> {
         match self {
-            Self::Curve(model, prompt_tokens) => {
-                Some(model.as_ref()?.predict(concurrency, *prompt_tokens))
+            Self::Curve {
+                model,
+                prompt_tokens,
+                queue_s,
+            } => {
+                let mut p = model.as_ref()?.predict(concurrency, *prompt_tokens);
+                if concurrency > 1.0 {
+                    p.ttft_p50_s = p.ttft_p50_s.max(*queue_s);
+                    p.ttft_p90_s = p.ttft_p90_s.max(*queue_s);
+                }
+                Some(p)
             }
             Self::Oracle(oracle, index) => oracle.as_ref()?.predict(*index, concurrency),
         }
@@ -856,6 +878,34 @@ mod tests {
             Ok(None) => Err(ErrorKind::NoBackendAvailable),
             Err(e) => Err(e.kind()),
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_still_waiting_for_a_first_token_keep_ttft_sensitive_ones_away() {
+        let router = router_over(&["a", "b"]);
+        // Third on `a`: 62.5 tok/s; alone on `b`: 55.6 tok/s.
+        teach(&router, 0, 2.0);
+        teach(&router, 1, 8.0);
+        // Two requests on `a`, neither with a first token yet.
+        let _held = occupy(&router, 0, 0, 2);
+        let pick = |router: &Router| {
+            let within_a_second = Ask {
+                slo: Slo {
+                    max_ttft_s: Some(1.0),
+                    ..router.classes[0].slo
+                },
+                ..ask(router, 0)
+            };
+            let d = router.route(&within_a_second).unwrap().unwrap();
+            d.backend.config.name.to_string()
+        };
+        assert_eq!(pick(&router), "a", "a fresh queue costs nothing yet");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(
+            pick(&router),
+            "b",
+            "two seconds without a first token: a queue"
+        );
     }
 
     #[test]

@@ -156,7 +156,8 @@ impl Backend {
     /// slot when dropped, which the response body does when it ends, fails or is dropped.
     pub fn try_admit(self: &Arc<Self>, class: Option<usize>) -> Option<InFlightGuard> {
         let limit = self.config.max_concurrency.unwrap_or(u32::MAX);
-        let admitted_with = self.occupancy.try_admit(Instant::now(), limit)?;
+        let now = Instant::now();
+        let admitted_with = self.occupancy.try_admit(now, limit)?;
         let class = class.filter(|c| *c < self.class_in_flight.len());
         if let Some(c) = class {
             self.class_in_flight[c].fetch_add(1, Ordering::Relaxed);
@@ -164,6 +165,8 @@ impl Backend {
         Some(InFlightGuard {
             backend: Arc::clone(self),
             admitted_with,
+            admitted: now,
+            waiting: true,
             class,
         })
     }
@@ -350,6 +353,9 @@ impl Outlier {
 pub struct InFlightGuard {
     backend: Arc<Backend>,
     admitted_with: u32,
+    admitted: Instant,
+    /// Still counted among the backend's requests waiting for a first token.
+    waiting: bool,
     class: Option<usize>,
 }
 
@@ -363,10 +369,18 @@ impl InFlightGuard {
     pub fn admitted_with(&self) -> u32 {
         self.admitted_with
     }
+
+    /// Its first token came, or it will have none (not a stream): no longer waiting.
+    pub fn stop_waiting(&mut self) {
+        if std::mem::take(&mut self.waiting) {
+            self.backend.occupancy.stop_waiting(self.admitted);
+        }
+    }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        self.stop_waiting();
         self.backend.occupancy.release(Instant::now());
         if let Some(c) = self.class {
             self.backend.class_in_flight[c].fetch_sub(1, Ordering::Relaxed);
