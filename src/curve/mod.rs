@@ -86,7 +86,7 @@ pub struct Observation {
     pub at: Instant,
     /// How it ended.
     pub outcome: Outcome,
-    /// Seconds from the gateway receiving the request to the first content byte.
+    /// Seconds from the gateway sending the request to this backend to the first content byte.
     pub ttft: Option<f64>,
     /// Seconds per output token after the first chunk.
     pub tpot: Option<f64>,

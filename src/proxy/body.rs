@@ -112,8 +112,12 @@ pub struct RequestLog {
     pub class: Option<Arc<str>>,
     /// The upstream status.
     pub status: u16,
-    /// When the gateway received the request.
+    /// When the gateway received the request (the client's TTFT and total run from here).
     pub start: Instant,
+    /// When it was sent to the backend that answered: the backend's own TTFT, which its curve
+    /// learns, runs from here (time spent in the gateway's line, or on a failed attempt, is
+    /// not the backend's).
+    sent: Instant,
     /// The backend that answered.
     pub backend: Arc<str>,
     /// Prompt tokens as routing estimated them (for the TTFT sample when the stream has not
@@ -136,7 +140,7 @@ impl RequestLog {
         model: Option<String>,
         class: Option<Arc<str>>,
         status: u16,
-        start: Instant,
+        (start, sent): (Instant, Instant),
         backend: Arc<str>,
         prompt_estimate: u64,
     ) -> Self {
@@ -146,6 +150,7 @@ impl RequestLog {
             class,
             status,
             start,
+            sent,
             backend,
             prompt_estimate,
             guard: None,
@@ -173,7 +178,7 @@ impl RequestLog {
                 model,
                 &FirstToken {
                     at: now,
-                    ttft: (now - self.start).as_secs_f64(),
+                    ttft: (now - self.sent).as_secs_f64(),
                     prompt_tokens: Some(prompt.unwrap_or(self.prompt_estimate)),
                     admitted_with: f64::from(guard.admitted_with().max(1)),
                 },
@@ -211,7 +216,7 @@ impl RequestLog {
         Observation {
             at: now,
             outcome: self.outcome,
-            ttft: meter.first_content.map(|t| (t - self.start).as_secs_f64()),
+            ttft: meter.first_content.map(|t| (t - self.sent).as_secs_f64()),
             tpot,
             output_tokens: tokens,
             estimated,

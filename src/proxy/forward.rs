@@ -257,7 +257,7 @@ impl Future for ForwardFuture {
             pending.model,
             pending.class,
             parts.status.as_u16(),
-            pending.start,
+            (pending.start, pending.sent),
             backend,
             pending.prompt_tokens,
         );

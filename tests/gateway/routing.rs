@@ -172,6 +172,36 @@ async fn a_queued_request_is_shed_with_retry_after_when_its_wait_runs_out() {
 }
 
 #[tokio::test]
+async fn time_waiting_in_line_counts_against_the_client_not_the_backends_curve() {
+    // One slot, 50 ms a token: the second request waits in line for the first.
+    let (_fleet, sim) = support::start_engine("one", support::engine(50.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {{name: waits, on_miss: queue, queue_max_wait_ms: 10000}}\n",
+        support::backend_yaml(
+            "one",
+            sim,
+            "openai",
+            "    models: {m: m}\n    max_concurrency: 1\n"
+        ),
+    ))
+    .await;
+    let client = http_client();
+    let (first, second) = tokio::join!(chat(&client, gw.addr(), &[]), async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        chat(&client, gw.addr(), &[]).await
+    });
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(second.status, StatusCode::OK);
+    assert_eq!(header(&second.headers, "x-tpsgate-route-reason"), "queued");
+
+    let curves = support::get_json(gw.admin_addr(), "/admin/curves").await;
+    let points = &curves["curves"][0]["points"];
+    let slowest = points[0]["ttft_p90_s"].as_f64().unwrap();
+    // The first token takes one 50 ms step whether or not the request waited in line before.
+    assert!(slowest < 0.2, "{points}");
+}
+
+#[tokio::test]
 async fn per_request_slo_overrides_apply_within_documented_bounds() {
     let (_fleet, gw) = slow_only().await;
     let client = http_client();
