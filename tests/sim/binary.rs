@@ -97,36 +97,21 @@ fn the_shipped_fleet_has_four_backends_of_distinct_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_prints_one_json_object_per_level() {
     let (_fleet, addr) = support::start_engine("x", support::engine(2.0, 0.5, 8)).await;
-    let url = support::base(addr);
-    let out = tokio::task::spawn_blocking(move || {
-        tpsgate()
-            .args([
-                "bench",
-                "--url",
-                &url,
-                "--model",
-                "m",
-                "--concurrency",
-                "1,4",
-                "--requests",
-                "8",
-            ])
-            .args(["--max-tokens", "16", "--prompt-tokens", "8", "--json"])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = bench_json(&[
+        "--url",
+        &support::base(addr),
+        "--model",
+        "m",
+        "--concurrency",
+        "1,4",
+        "--requests",
+        "8",
+        "--max-tokens",
+        "16",
+        "--prompt-tokens",
+        "8",
+    ])
+    .await;
     assert_eq!(lines.len(), 2);
     for (line, c) in lines.iter().zip([1, 4]) {
         assert_eq!(line["concurrency"], c);
@@ -146,31 +131,14 @@ async fn bench_prints_one_json_object_per_level() {
     }
 }
 
-async fn open_loop(addr: std::net::SocketAddr, slo_tps: &str) -> serde_json::Value {
-    let url = support::base(addr);
-    let slo_tps = slo_tps.to_owned();
+/// Runs `tpsgate bench ARGS --json` to completion; one JSON object per line it printed.
+async fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let out = tokio::task::spawn_blocking(move || {
         tpsgate()
-            .args([
-                "bench",
-                "--url",
-                &url,
-                "--model",
-                "m",
-                "--rate",
-                "20",
-                "--duration",
-                "1",
-            ])
-            .args([
-                "--max-tokens",
-                "8",
-                "--slo-ttft-ms",
-                "500",
-                "--slo-tps",
-                &slo_tps,
-                "--json",
-            ])
+            .arg("bench")
+            .args(&args)
+            .arg("--json")
             .output()
             .unwrap()
     })
@@ -181,7 +149,34 @@ async fn open_loop(addr: std::net::SocketAddr, slo_tps: &str) -> serde_json::Val
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+async fn open_loop(addr: std::net::SocketAddr, slo_tps: &str) -> serde_json::Value {
+    let url = support::base(addr);
+    let args = [
+        "--url",
+        &url,
+        "--model",
+        "m",
+        "--rate",
+        "20",
+        "--duration",
+        "1",
+    ];
+    let slo = [
+        "--max-tokens",
+        "8",
+        "--slo-ttft-ms",
+        "500",
+        "--slo-tps",
+        slo_tps,
+    ];
+    bench_json(&[&args[..], &slo[..]].concat()).await.remove(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -191,24 +186,21 @@ async fn a_seeded_open_loop_offers_the_same_requests_every_time() {
     let per_class = |seed: &'static str| {
         let url = url.clone();
         async move {
-            let out = tokio::task::spawn_blocking(move || {
-                tpsgate()
-                    .args(["bench", "--url", &url, "--model", "m", "--max-tokens", "2"])
-                    .args(["--rate", "40", "--duration", "1", "--mix", "a=0.5,b=0.5"])
-                    .args(["--seed", seed, "--json"])
-                    .output()
-                    .unwrap()
-            })
-            .await
-            .unwrap();
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["requests"].clone())
+            let args = [
+                "--url",
+                &url,
+                "--model",
+                "m",
+                "--max-tokens",
+                "2",
+                "--seed",
+                seed,
+            ];
+            let mix = ["--rate", "40", "--duration", "1", "--mix", "a=0.5,b=0.5"];
+            bench_json(&[&args[..], &mix[..]].concat())
+                .await
+                .into_iter()
+                .map(|report| report["requests"].clone())
                 .collect::<Vec<_>>()
         }
     };
