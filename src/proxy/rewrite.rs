@@ -104,7 +104,11 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     // The client's protocol is not the upstream's: the pool speaks HTTP/1.1, or HTTP/2 where TLS
     // ALPN chose it (hyper-util upgrades the version for an h2 connection by itself).
     parts.version = http::Version::HTTP_11;
-    rewrite_headers(&mut parts.headers, backend);
+    rewrite_headers(
+        &mut parts.headers,
+        backend,
+        routed.backend.auth_header.as_ref(),
+    );
     if inject {
         parts.extensions.insert(InjectedUsage);
     }
@@ -215,7 +219,11 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
+fn rewrite_headers(
+    headers: &mut HeaderMap,
+    backend: &BackendConfig,
+    auth: Option<&(HeaderName, HeaderValue)>,
+) {
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -252,18 +260,8 @@ fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
     for (name, value) in &backend.headers {
         headers.insert(name.clone(), value.clone());
     }
-    if let Some(key) = &backend.api_key {
-        let (name, value) = match backend.dialect {
-            BackendDialect::Openai => (header::AUTHORIZATION, format!("Bearer {}", key.expose())),
-            BackendDialect::Anthropic => (
-                HeaderName::from_static("x-api-key"),
-                key.expose().to_owned(),
-            ),
-        };
-        if let Ok(mut value) = HeaderValue::try_from(value) {
-            value.set_sensitive(true);
-            headers.insert(name, value);
-        }
+    if let Some((name, value)) = auth {
+        headers.insert(name.clone(), value.clone());
     }
     if backend.dialect == BackendDialect::Anthropic && !headers.contains_key("anthropic-version") {
         headers.insert(

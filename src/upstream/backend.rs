@@ -30,6 +30,8 @@ pub struct Backend {
     /// Its name as a header value (`x-tpsgate-backend` on every response), made once; `None`
     /// for a name a header cannot carry.
     pub name_header: Option<http::HeaderValue>,
+    /// The credential header sent upstream (from `api_key_env`), made once.
+    pub auth_header: Option<(http::HeaderName, http::HeaderValue)>,
     /// Curves by client model name.
     pub curves: ByModel<Curve>,
     /// Metric handles by client model name, then by class (a handful: found by a scan, with no
@@ -76,8 +78,10 @@ impl Backend {
                 curves.insert(Arc::from(model.as_str()), prior.clone());
             }
         }
+        let auth_header = auth_header(&config)?;
         Ok(Arc::new(Self {
             name_header: http::HeaderValue::from_str(&config.name).ok(),
+            auth_header,
             config,
             client,
             occupancy: Occupancy::default(),
@@ -348,6 +352,34 @@ impl Outlier {
     }
 }
 
+/// The header that carries `config`'s API key: `Authorization: Bearer` for OpenAI, `x-api-key`
+/// for Anthropic; marked sensitive (never logged, never indexed by HPACK).
+fn auth_header(
+    config: &BackendConfig,
+) -> Result<Option<(http::HeaderName, http::HeaderValue)>, String> {
+    let Some(key) = &config.api_key else {
+        return Ok(None);
+    };
+    let (name, value) = match config.dialect {
+        crate::config::BackendDialect::Openai => (
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", key.expose()),
+        ),
+        crate::config::BackendDialect::Anthropic => (
+            http::HeaderName::from_static("x-api-key"),
+            key.expose().to_owned(),
+        ),
+    };
+    let mut value = http::HeaderValue::try_from(value).map_err(|_| {
+        format!(
+            "backend {}: its API key holds characters a header cannot carry",
+            config.name
+        )
+    })?;
+    value.set_sensitive(true);
+    Ok(Some((name, value)))
+}
+
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]
 pub struct InFlightGuard {
@@ -386,5 +418,27 @@ impl Drop for InFlightGuard {
             self.backend.class_in_flight[c].fetch_sub(1, Ordering::Relaxed);
         }
         self.backend.line.released();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_api_key_no_header_can_carry_is_refused_at_load_not_dropped_per_request() {
+        let text = "backends:\n  - {name: up, url: 'http://127.0.0.1:1', dialect: openai, \
+                    models: {m: m}, api_key_env: UP_KEY}\n";
+        let config = crate::config::parse(text, |_| Some("sk-\nsecret".to_owned())).unwrap();
+        let line = Arc::new(Line::new(0));
+        let err = Backend::new(config.backends[0].clone(), 60.0, 0, line).unwrap_err();
+        assert!(
+            err.contains("backend up") && err.contains("API key"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("secret"),
+            "the key stays out of messages: {err}"
+        );
     }
 }
