@@ -235,24 +235,17 @@ fn rewrite_headers(
     for name in named {
         headers.remove(name);
     }
-    let hop: Vec<HeaderName> = headers
+    // Hop-by-hop headers and the gateway's own (`x-tpsgate-*`), in one pass over the names.
+    let ours: Vec<HeaderName> = headers
         .keys()
-        .filter(|n| is_hop_by_hop(n))
+        .filter(|n| is_hop_by_hop(n) || n.as_str().starts_with("x-tpsgate-"))
         .cloned()
         .collect();
-    for name in hop {
+    for name in ours {
         headers.remove(name);
     }
     headers.remove(header::HOST);
     headers.remove(header::CONTENT_LENGTH);
-    let internal: Vec<HeaderName> = headers
-        .keys()
-        .filter(|n| n.as_str().starts_with("x-tpsgate-"))
-        .cloned()
-        .collect();
-    for name in internal {
-        headers.remove(name);
-    }
     if !backend.forward_client_auth {
         headers.remove(header::AUTHORIZATION);
         headers.remove("x-api-key");
