@@ -57,6 +57,8 @@ pub struct SeenRequest {
     pub anthropic_version: Option<String>,
     /// The `x-request-id` header.
     pub request_id: Option<String>,
+    /// Every header name received, in order.
+    pub header_names: Vec<String>,
 }
 
 /// How many requests `GET /sim/requests` remembers.
@@ -178,6 +180,11 @@ impl SimBackend {
             x_api_key: header("x-api-key"),
             anthropic_version: header("anthropic-version"),
             request_id: header("x-request-id"),
+            header_names: req
+                .headers()
+                .keys()
+                .map(|n| n.as_str().to_owned())
+                .collect(),
         };
         let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
             Ok(body) => body.to_bytes(),

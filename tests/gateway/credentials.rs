@@ -131,3 +131,47 @@ async fn request_ids_are_kept_or_minted_and_reach_the_upstream() {
     assert_eq!(seen[0]["request_id"], "abc-123");
     assert_eq!(seen[1]["request_id"], minted);
 }
+
+#[tokio::test]
+async fn hop_by_hop_and_gateway_headers_stop_at_the_gateway_and_the_rest_go_through() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway_for(sim, "openai", "    models: {small: m}\n").await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("connection", "keep-alive, x-drop-me"),
+        ("x-drop-me", "named by connection"),
+        ("keep-alive", "timeout=5"),
+        ("proxy-authorization", "Basic c2VjcmV0"),
+        ("x-tpsgate-debug", "1"),
+        ("x-custom", "kept"),
+    ];
+    let ex = support::send(
+        &http_client(),
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(CHAT.as_bytes()),
+        &headers,
+    )
+    .await;
+    assert_eq!(ex.status, 200, "{:?}", String::from_utf8_lossy(&ex.body()));
+    let seen = support::seen(sim).await;
+    let names: Vec<&str> = seen[0]["header_names"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"x-custom"), "{names:?}");
+    for gone in [
+        "x-drop-me",
+        "keep-alive",
+        "proxy-authorization",
+        "x-tpsgate-debug",
+    ] {
+        assert!(
+            !names.contains(&gone),
+            "{gone} reached the upstream: {names:?}"
+        );
+    }
+}
