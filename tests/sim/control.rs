@@ -12,13 +12,15 @@ use crate::support::{self, rel_err};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runtime_params_slow_the_backend_down_mid_run() {
     let (_fleet, addr) = support::start_engine("x", support::engine(5.0, 0.0, 8)).await;
-    let spec = support::request(addr, BenchDialect::Openai, 0, 40);
+    // 150 tokens (0.75 s, then 1.5 s): one late timer among them, while other tests share the
+    // machine, moves the measured speed by a few ms in a span long enough not to notice.
+    let spec = support::request(addr, BenchDialect::Openai, 0, 150);
     let client = bench::http_client();
     let before = bench::client::run_one(&client, &spec)
         .await
         .per_user_tps()
         .unwrap();
-    assert!(rel_err(before, 200.0) < 0.03, "{before}");
+    assert!(rel_err(before, 200.0) < 0.05, "{before}");
 
     let ex = support::post(
         addr,
@@ -34,8 +36,8 @@ async fn runtime_params_slow_the_backend_down_mid_run() {
         .await
         .per_user_tps()
         .unwrap();
-    assert!(rel_err(after, 100.0) < 0.03, "{after}");
-    let truth = support::truth(addr, 0, 40, 1).await;
+    assert!(rel_err(after, 100.0) < 0.05, "{after}");
+    let truth = support::truth(addr, 0, 150, 1).await;
     assert!(rel_err(truth["per_user_tps"].as_f64().unwrap(), 100.0) < 0.001);
 }
 
