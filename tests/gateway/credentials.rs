@@ -8,6 +8,20 @@ use crate::support;
 
 const CHAT: &str = r#"{"model":"small","messages":[],"max_tokens":2,"stream":true}"#;
 
+/// Sends [`CHAT`] to the gateway with `headers`.
+async fn chat(gw: std::net::SocketAddr, headers: &[(&str, &str)]) -> support::Exchange {
+    let path = "/v1/chat/completions";
+    support::send(
+        &http_client(),
+        gw,
+        Method::POST,
+        path,
+        Some(CHAT.as_bytes()),
+        headers,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn the_upstream_sees_its_own_model_name_and_the_configured_key_never_the_clients() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
@@ -22,15 +36,7 @@ async fn the_upstream_sees_its_own_model_name_and_the_configured_key_never_the_c
         ("authorization", "Bearer client-secret"),
         ("x-api-key", "client-secret"),
     ];
-    let ex = support::send(
-        &http_client(),
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(CHAT.as_bytes()),
-        &headers,
-    )
-    .await;
+    let ex = chat(gw.addr(), &headers).await;
     assert_eq!(ex.status, 200, "{:?}", String::from_utf8_lossy(&ex.body()));
     let seen = support::seen(sim).await;
     assert_eq!(seen.len(), 1);
@@ -82,15 +88,7 @@ async fn forward_client_auth_passes_the_clients_key_through() {
         ("content-type", "application/json"),
         ("authorization", "Bearer client-secret"),
     ];
-    support::send(
-        &http_client(),
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(CHAT.as_bytes()),
-        &headers,
-    )
-    .await;
+    chat(gw.addr(), &headers).await;
     assert_eq!(
         support::seen(sim).await[0]["authorization"],
         "Bearer client-secret"
@@ -101,30 +99,13 @@ async fn forward_client_auth_passes_the_clients_key_through() {
 async fn request_ids_are_kept_or_minted_and_reach_the_upstream() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
     let gw = support::gateway_for(sim, "openai", "    models: {small: m}\n").await;
-    let client = http_client();
     let mine = [
         ("content-type", "application/json"),
         ("x-request-id", "abc-123"),
     ];
-    let ex = support::send(
-        &client,
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(CHAT.as_bytes()),
-        &mine,
-    )
-    .await;
+    let ex = chat(gw.addr(), &mine).await;
     assert_eq!(ex.headers["x-request-id"], "abc-123");
-    let ex = support::send(
-        &client,
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(CHAT.as_bytes()),
-        &mine[..1],
-    )
-    .await;
+    let ex = chat(gw.addr(), &mine[..1]).await;
     let minted = ex.headers["x-request-id"].to_str().unwrap().to_owned();
     assert!(minted.starts_with("tg-"), "{minted}");
     let seen = support::seen(sim).await;
@@ -145,15 +126,7 @@ async fn hop_by_hop_and_gateway_headers_stop_at_the_gateway_and_the_rest_go_thro
         ("x-tpsgate-debug", "1"),
         ("x-custom", "kept"),
     ];
-    let ex = support::send(
-        &http_client(),
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(CHAT.as_bytes()),
-        &headers,
-    )
-    .await;
+    let ex = chat(gw.addr(), &headers).await;
     assert_eq!(ex.status, 200, "{:?}", String::from_utf8_lossy(&ex.body()));
     let seen = support::seen(sim).await;
     let names: Vec<&str> = seen[0]["header_names"]
