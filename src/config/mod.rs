@@ -141,8 +141,9 @@ pub struct BackendConfig {
     pub url: Uri,
     /// API dialect.
     pub dialect: BackendDialect,
-    /// Key from `api_key_env`, read at load time.
-    pub api_key: Option<Secret>,
+    /// The header carrying the key from `api_key_env` (read at load time), ready to send:
+    /// sensitive, so it never shows in debug output.
+    pub api_key: Option<(http::HeaderName, http::HeaderValue)>,
     /// Extra headers for every upstream request.
     pub headers: HeaderMap,
     /// Models served.

@@ -11,8 +11,8 @@ use http::{HeaderMap, HeaderValue, Uri};
 
 use super::raw::{RawBackend, RawClass, RawConfig, RawPrior};
 use super::{
-    ApiKey, BackendConfig, ClassConfig, Config, Cost, Limits, ModelMap, Policy, PriorPoint,
-    RouteRule, Routing, Secret, Slo, TlsFiles,
+    ApiKey, BackendConfig, BackendDialect, ClassConfig, Config, Cost, Limits, ModelMap, Policy,
+    PriorPoint, RouteRule, Routing, Secret, Slo, TlsFiles,
 };
 use crate::yaml::ConfigError;
 
@@ -461,7 +461,12 @@ fn backend(
     let api_key = match &b.api_key_env {
         None => None,
         Some(var) => match env(var) {
-            Some(key) if !key.is_empty() => Some(Secret::new(key)),
+            Some(key) if !key.is_empty() => Some(credential(
+                &format!("{at}.api_key_env"),
+                var,
+                &key,
+                b.dialect,
+            )?),
             _ => {
                 return Err(ConfigError::at(
                     format!("{at}.api_key_env"),
@@ -594,6 +599,31 @@ fn backend(
     })
 }
 
+/// The header that carries a backend's API key: `Authorization: Bearer KEY` for OpenAI,
+/// `x-api-key: KEY` for Anthropic; marked sensitive, so that it never shows in logs or debug
+/// output. Made once here, not per request.
+fn credential(
+    at: &str,
+    var: &str,
+    key: &str,
+    dialect: BackendDialect,
+) -> Result<(HeaderName, HeaderValue)> {
+    let (name, value) = match dialect {
+        BackendDialect::Openai => (header::AUTHORIZATION, format!("Bearer {key}")),
+        BackendDialect::Anthropic => (HeaderName::from_static("x-api-key"), key.to_owned()),
+    };
+    let mut value = HeaderValue::try_from(value).map_err(|_| {
+        ConfigError::at(
+            at,
+            format!(
+                "the value of {var} holds characters an HTTP header cannot carry (a newline or a control character?); set it to the bare key"
+            ),
+        )
+    })?;
+    value.set_sensitive(true);
+    Ok((name, value))
+}
+
 fn upstream_url(at: &str, value: &str) -> Result<Uri> {
     let uri: Uri = value.parse().map_err(|e| {
         ConfigError::at(
@@ -693,9 +723,17 @@ mod tests {
             err.message
         );
         let c = parse(&text, |_| Some("sk-secret".into())).unwrap();
+        let (name, value) = c.backends[0].api_key.as_ref().unwrap();
         assert_eq!(
-            c.backends[0].api_key.as_ref().unwrap().expose(),
-            "sk-secret"
+            (name.as_str(), value.as_bytes()),
+            ("authorization", &b"Bearer sk-secret"[..])
+        );
+        let err = parse(&text, |_| Some("sk-\nsecret".into())).unwrap_err();
+        assert_eq!(err.path, "backends[0].api_key_env");
+        assert!(err.message.contains("cannot carry"), "{}", err.message);
+        assert!(
+            !err.message.contains("secret"),
+            "the key stays out of messages"
         );
         assert!(
             !format!("{c:?}").contains("sk-secret"),

@@ -207,7 +207,7 @@ impl Curve {
     pub fn new(half_life_s: f64) -> Self {
         Self {
             buckets: vec![Window::default(); BUCKETS.len()],
-            starts: vec![Window::default(); BUCKETS.len()],
+            starts: vec![Window::default(); TTFT_LEVELS.len()],
             half_life_s,
             observations: 0,
             estimated: 0,
@@ -224,16 +224,14 @@ impl Curve {
         let mut curve = Self::new(half_life_s);
         for p in prior {
             for _ in 0..MIN_BUCKET_WEIGHT as usize {
-                let i = bucket_of(p.concurrency);
-                curve.buckets[i].push(Sample {
+                curve.buckets[bucket_of(p.concurrency)].push(Sample {
                     at: now,
                     tps: p.per_user_tps,
                     ttft: p.ttft_s,
-                    prompt_tokens: None,
                     output_tokens: 0,
                     concurrency: p.concurrency,
                 });
-                curve.starts[i].push(FirstToken {
+                curve.starts[ttft_bucket_of(p.concurrency)].push(FirstToken {
                     at: now,
                     ttft: p.ttft_s,
                     prompt_tokens: None,
@@ -276,7 +274,7 @@ impl Curve {
         if !(start.ttft.is_finite() && start.ttft >= 0.0) {
             return;
         }
-        self.starts[bucket_of(start.admitted_with)].push(*start);
+        self.starts[ttft_bucket_of(start.admitted_with)].push(*start);
         self.maybe_refresh(start.at);
     }
 
@@ -303,7 +301,6 @@ impl Curve {
             at: obs.at,
             tps: 1.0 / tpot,
             ttft,
-            prompt_tokens: obs.prompt_tokens,
             output_tokens: obs.output_tokens,
             concurrency,
         });

@@ -95,27 +95,14 @@ impl Model {
             .iter()
             .flat_map(|w| w.weighted(now, half_life_s))
             .collect();
-        let cw: f64 = completed
-            .iter()
-            .map(|(w, _)| w)
-            .sum::<f64>()
-            .max(f64::MIN_POSITIVE);
-        let mean_duration_s = completed
-            .iter()
-            .map(|(w, s)| w * (s.ttft + s.output_tokens as f64 / s.tps))
-            .sum::<f64>()
-            / cw;
+        let mean_duration_s =
+            weighted_mean(&completed, |s| s.ttft + s.output_tokens as f64 / s.tps);
 
         let samples: Vec<(f64, &FirstToken)> = starts
             .iter()
             .flat_map(|w| w.weighted(now, half_life_s))
             .collect();
-        let sw: f64 = samples
-            .iter()
-            .map(|(w, _)| w)
-            .sum::<f64>()
-            .max(f64::MIN_POSITIVE);
-        let mean_ttft = samples.iter().map(|(w, s)| w * s.ttft).sum::<f64>() / sw;
+        let mean_ttft = weighted_mean(&samples, |s| s.ttft);
         let with_prompt = samples.iter().all(|(_, s)| s.prompt_tokens.is_some());
         let three = with_prompt
             .then(|| {
@@ -272,6 +259,13 @@ impl Model {
         }
         points.into_values().collect()
     }
+}
+
+/// The mean of `f` over weighted samples (0 when they weigh nothing).
+fn weighted_mean<T>(samples: &[(f64, &T)], f: impl Fn(&T) -> f64) -> f64 {
+    let total: f64 = samples.iter().map(|(w, _)| w).sum();
+    let sum: f64 = samples.iter().map(|(w, s)| w * f(s)).sum();
+    sum / total.max(f64::MIN_POSITIVE)
 }
 
 /// Running maxima of the trusted TTFT buckets' quantiles, from the lowest occupancy up.

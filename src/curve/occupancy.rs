@@ -49,6 +49,28 @@ impl Reading {
     }
 }
 
+impl State {
+    /// One request admitted `at` seconds after the epoch no longer waits for a first token.
+    fn unwait(&mut self, at: f64) {
+        if self.waiting > 0 {
+            self.waiting -= 1;
+            self.waiting_since = if self.waiting == 0 {
+                0.0
+            } else {
+                self.waiting_since - at
+            };
+        }
+    }
+
+    fn reading(&self, now: Instant) -> Reading {
+        Reading {
+            area: self.area,
+            count: self.count,
+            at: now,
+        }
+    }
+}
+
 impl Default for Occupancy {
     fn default() -> Self {
         Self::new(Instant::now())
@@ -100,25 +122,32 @@ impl Occupancy {
         })
     }
 
-    /// The request admitted at `admitted` stopped waiting: its first token came, or it has
-    /// none to wait for (not a stream).
+    /// The request admitted at `admitted` stopped waiting: it will have no first token (not a
+    /// stream).
     pub fn stop_waiting(&self, admitted: Instant) {
         let at = self.since_epoch(admitted);
-        self.update(Instant::now(), |s| {
-            if s.waiting > 0 {
-                s.waiting -= 1;
-                s.waiting_since = if s.waiting == 0 {
-                    0.0
-                } else {
-                    s.waiting_since - at
-                };
-            }
-        });
+        self.update(Instant::now(), |s| s.unwait(at));
     }
 
-    /// One fewer in flight.
-    pub fn release(&self, now: Instant) {
-        self.update(now, |s| s.count = s.count.saturating_sub(1));
+    /// The first token of the request admitted at `admitted` came at `now`: it stops waiting,
+    /// and the integral is read for its experienced concurrency (one lock for both).
+    pub fn first_token(&self, admitted: Instant, now: Instant) -> Reading {
+        let at = self.since_epoch(admitted);
+        self.update(now, |s| {
+            s.unwait(at);
+            s.reading(now)
+        })
+    }
+
+    /// One fewer in flight; `waiting_since` is its admission time if it never stopped waiting.
+    pub fn release(&self, now: Instant, waiting_since: Option<Instant>) {
+        let at = waiting_since.map(|t| self.since_epoch(t));
+        self.update(now, |s| {
+            s.count = s.count.saturating_sub(1);
+            if let Some(at) = at {
+                s.unwait(at);
+            }
+        });
     }
 
     /// How long the requests still waiting for their first token have waited, on average, as of
@@ -138,11 +167,7 @@ impl Occupancy {
 
     /// The integral up to `now`.
     pub fn read(&self, now: Instant) -> Reading {
-        self.update(now, |s| Reading {
-            area: s.area,
-            count: s.count,
-            at: now,
-        })
+        self.update(now, |s| s.reading(now))
     }
 
     /// In flight now.
@@ -167,7 +192,7 @@ mod tests {
         occ.try_admit(at(100), u32::MAX); // 2 from 100 ms
         occ.try_admit(at(200), 3); // 3 from 200 ms
         assert_eq!(occ.try_admit(at(200), 3), None, "the limit holds");
-        occ.release(at(300)); // 2 from 300 ms
+        occ.release(at(300), None); // 2 from 300 ms
         let end = occ.read(at(400));
         // 100 ms x 1 + 100 ms x 2 + 100 ms x 3 + 100 ms x 2 = 0.8 request-seconds over 0.4 s.
         assert!((start.mean_until(&end).unwrap() - 2.0).abs() < 1e-9);
@@ -185,10 +210,10 @@ mod tests {
         occ.try_admit(at(400), u32::MAX);
         // Ages 1.0, 0.8 and 0.6 s.
         assert!((occ.waited(at(1000)) - 0.8).abs() < 1e-9);
-        occ.stop_waiting(at(0));
+        occ.first_token(at(0), at(1000));
         assert!((occ.waited(at(1000)) - 0.7).abs() < 1e-9);
         occ.stop_waiting(at(200));
-        occ.stop_waiting(at(400));
+        occ.release(at(1000), Some(at(400)));
         assert_eq!(occ.waited(at(1000)), 0.0);
     }
 }

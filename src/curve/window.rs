@@ -24,8 +24,6 @@ pub struct Sample {
     pub tps: f64,
     /// Time to first token, seconds.
     pub ttft: f64,
-    /// Prompt tokens, when known.
-    pub prompt_tokens: Option<u64>,
     /// Output tokens.
     pub output_tokens: u64,
     /// Experienced concurrency (mean in flight while it decoded): what its speed depends on.
@@ -198,7 +196,6 @@ mod tests {
             at,
             tps,
             ttft: 0.1,
-            prompt_tokens: None,
             output_tokens: 10,
             concurrency: 1.0,
         };

@@ -167,9 +167,8 @@ impl RequestLog {
         let Some(guard) = &mut self.guard else {
             return;
         };
-        guard.stop_waiting();
+        self.first_reading = Some(guard.first_token(now));
         let backend = guard.backend();
-        self.first_reading = Some(backend.occupancy.read(now));
         if let Some(model) = &self.model
             && (200..300).contains(&self.status)
         {

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName};
-use http::{HeaderMap, HeaderValue, Request, Uri};
+use http::{HeaderMap, Request, Uri};
 use tower::{Layer, Service};
 
 use super::classify::Classified;
@@ -104,11 +104,7 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     // The client's protocol is not the upstream's: the pool speaks HTTP/1.1, or HTTP/2 where TLS
     // ALPN chose it (hyper-util upgrades the version for an h2 connection by itself).
     parts.version = http::Version::HTTP_11;
-    rewrite_headers(
-        &mut parts.headers,
-        backend,
-        routed.backend.auth_header.as_ref(),
-    );
+    rewrite_headers(&mut parts.headers, backend);
     if inject {
         parts.extensions.insert(InjectedUsage);
     }
@@ -219,11 +215,7 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn rewrite_headers(
-    headers: &mut HeaderMap,
-    backend: &BackendConfig,
-    auth: Option<&(HeaderName, HeaderValue)>,
-) {
+fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -253,7 +245,7 @@ fn rewrite_headers(
     for (name, value) in &backend.headers {
         headers.insert(name.clone(), value.clone());
     }
-    if let Some((name, value)) = auth {
+    if let Some((name, value)) = &backend.api_key {
         headers.insert(name.clone(), value.clone());
     }
     if backend.dialect == BackendDialect::Anthropic && !headers.contains_key("anthropic-version") {

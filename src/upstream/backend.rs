@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::client::{self, UpstreamClient};
 use crate::config::BackendConfig;
-use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome};
+use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome, Reading};
 use crate::router::queue::Line;
 use crate::telemetry::ModelMetrics;
 
@@ -30,8 +30,6 @@ pub struct Backend {
     /// Its name as a header value (`x-tpsgate-backend` on every response), made once; `None`
     /// for a name a header cannot carry.
     pub name_header: Option<http::HeaderValue>,
-    /// The credential header sent upstream (from `api_key_env`), made once.
-    pub auth_header: Option<(http::HeaderName, http::HeaderValue)>,
     /// Curves by client model name.
     pub curves: ByModel<Curve>,
     /// Metric handles by client model name, then by class (a handful: found by a scan, with no
@@ -78,10 +76,8 @@ impl Backend {
                 curves.insert(Arc::from(model.as_str()), prior.clone());
             }
         }
-        let auth_header = auth_header(&config)?;
         Ok(Arc::new(Self {
             name_header: http::HeaderValue::from_str(&config.name).ok(),
-            auth_header,
             config,
             client,
             occupancy: Occupancy::default(),
@@ -352,34 +348,6 @@ impl Outlier {
     }
 }
 
-/// The header that carries `config`'s API key: `Authorization: Bearer` for OpenAI, `x-api-key`
-/// for Anthropic; marked sensitive (never logged, never indexed by HPACK).
-fn auth_header(
-    config: &BackendConfig,
-) -> Result<Option<(http::HeaderName, http::HeaderValue)>, String> {
-    let Some(key) = &config.api_key else {
-        return Ok(None);
-    };
-    let (name, value) = match config.dialect {
-        crate::config::BackendDialect::Openai => (
-            http::header::AUTHORIZATION,
-            format!("Bearer {}", key.expose()),
-        ),
-        crate::config::BackendDialect::Anthropic => (
-            http::HeaderName::from_static("x-api-key"),
-            key.expose().to_owned(),
-        ),
-    };
-    let mut value = http::HeaderValue::try_from(value).map_err(|_| {
-        format!(
-            "backend {}: its API key holds characters a header cannot carry",
-            config.name
-        )
-    })?;
-    value.set_sensitive(true);
-    Ok(Some((name, value)))
-}
-
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]
 pub struct InFlightGuard {
@@ -402,43 +370,32 @@ impl InFlightGuard {
         self.admitted_with
     }
 
-    /// Its first token came, or it will have none (not a stream): no longer waiting.
+    /// It will have no first token (not a stream): no longer waiting for one.
     pub fn stop_waiting(&mut self) {
         if std::mem::take(&mut self.waiting) {
             self.backend.occupancy.stop_waiting(self.admitted);
+        }
+    }
+
+    /// Its first token came at `now`: no longer waiting; the occupancy integral as of then.
+    pub fn first_token(&mut self, now: Instant) -> Reading {
+        if std::mem::take(&mut self.waiting) {
+            self.backend.occupancy.first_token(self.admitted, now)
+        } else {
+            self.backend.occupancy.read(now)
         }
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.stop_waiting();
-        self.backend.occupancy.release(Instant::now());
+        let waiting_since = std::mem::take(&mut self.waiting).then_some(self.admitted);
+        self.backend
+            .occupancy
+            .release(Instant::now(), waiting_since);
         if let Some(c) = self.class {
             self.backend.class_in_flight[c].fetch_sub(1, Ordering::Relaxed);
         }
         self.backend.line.released();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_api_key_no_header_can_carry_is_refused_at_load_not_dropped_per_request() {
-        let text = "backends:\n  - {name: up, url: 'http://127.0.0.1:1', dialect: openai, \
-                    models: {m: m}, api_key_env: UP_KEY}\n";
-        let config = crate::config::parse(text, |_| Some("sk-\nsecret".to_owned())).unwrap();
-        let line = Arc::new(Line::new(0));
-        let err = Backend::new(config.backends[0].clone(), 60.0, 0, line).unwrap_err();
-        assert!(
-            err.contains("backend up") && err.contains("API key"),
-            "{err}"
-        );
-        assert!(
-            !err.contains("secret"),
-            "the key stays out of messages: {err}"
-        );
     }
 }
