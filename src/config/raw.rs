@@ -321,9 +321,10 @@ pub struct RawClass {
     /// How to choose a backend; default `routing.policy`.
     #[serde(default)]
     pub policy: Option<Policy>,
-    /// When no backend is predicted to meet the SLO; default `best_effort`.
+    /// When no backend is predicted to meet the SLO; default `best_effort`, or `queue` for a
+    /// class without an SLO (batch waits for capacity rather than take it from others).
     #[serde(default)]
-    pub on_miss: OnMiss,
+    pub on_miss: Option<OnMiss>,
     /// `queue`: longest wait, ms; default max_ttft_ms, or 60000 for a batch class.
     #[serde(default)]
     pub queue_max_wait_ms: Option<f64>,
@@ -358,11 +359,10 @@ pub enum Policy {
 }
 
 /// What a class does when no backend is predicted to meet its SLO.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnMiss {
     /// Send it where the predicted violation is least.
-    #[default]
     BestEffort,
     /// Wait (FIFO within the class) until a backend is feasible, up to the queue wait; then 429.
     Queue,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Uri};
 
-use super::raw::{RawBackend, RawClass, RawConfig, RawPrior};
+use super::raw::{OnMiss, RawBackend, RawClass, RawConfig, RawPrior};
 use super::{
     ApiKey, BackendConfig, BackendDialect, ClassConfig, Config, Cost, Limits, ModelMap, Policy,
     PriorPoint, RouteRule, Routing, Secret, Slo, TlsFiles,
@@ -261,7 +261,13 @@ fn class(at: &str, c: &RawClass, default_policy: Policy) -> Result<ClassConfig> 
         name: Arc::from(c.name.as_str()),
         slo,
         policy: c.policy.unwrap_or(default_policy),
-        on_miss: c.on_miss,
+        // Batch has no SLO to miss: "no backend" means none where it adds throughput without
+        // costing latency classes theirs, and the right thing then is to wait for one.
+        on_miss: c.on_miss.unwrap_or(if slo.is_batch() {
+            OnMiss::Queue
+        } else {
+            OnMiss::BestEffort
+        }),
         queue_max_wait: Duration::from_secs_f64(wait_ms / 1e3),
     })
 }
@@ -710,6 +716,17 @@ mod tests {
         assert_eq!(b.models.upstream("small"), Some("upstream-small"));
         assert_eq!(b.models.upstream("other"), Some("other"));
         assert_eq!(b.anthropic_version, "2023-06-01");
+    }
+
+    #[test]
+    fn a_class_without_an_slo_waits_for_room_unless_told_otherwise() {
+        let text = format!(
+            "{BASE}classes:\n  - {{name: chat, min_tps: 20}}\n  - {{name: batch}}\n  - {{name: bulk, on_miss: shed}}\n"
+        );
+        let c = parse(&text, no_env).unwrap();
+        let on_miss: Vec<OnMiss> = c.classes.iter().map(|k| k.on_miss).collect();
+        assert_eq!(on_miss, [OnMiss::BestEffort, OnMiss::Queue, OnMiss::Shed]);
+        assert_eq!(c.classes[1].queue_max_wait, Duration::from_secs(60));
     }
 
     #[test]

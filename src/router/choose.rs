@@ -86,7 +86,8 @@ pub fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
 /// Where exploring teaches the most without breaking an SLO that can be predicted: a backend
 /// whose curve has no confident answer at this concurrency (never observed, beyond twice the
 /// concurrency it has seen, or a bucket gone stale), whose prediction — when there is one —
-/// keeps this request's SLO and the speed of every class already there. Least confidence first.
+/// keeps this request's SLO, the speed of every class already there and (for batch work, which
+/// holds a slot for long) room for the next latency request. Least confidence first.
 pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
@@ -96,6 +97,7 @@ pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usi
             Some(p) => {
                 (p.beyond_evidence || p.confidence < 0.5)
                     && c.keeps_others
+                    && c.leaves_room
                     && (slo.is_batch() || c.slack >= 0.0)
             }
         })

@@ -473,10 +473,12 @@ impl Router {
                 () = tokio::time::sleep_until(tick.min(deadline)) => {}
             }
             if Instant::now() >= deadline {
-                return Err(self.shed(
-                    ask,
-                    "no backend could meet the SLO within the class's queue wait",
-                ));
+                let why = if ask.slo.is_batch() {
+                    "no backend had room for batch work within the class's queue wait"
+                } else {
+                    "no backend could meet the SLO within the class's queue wait"
+                };
+                return Err(self.shed(ask, why));
             }
         }
     }
@@ -539,9 +541,14 @@ impl Router {
         } else {
             1
         };
+        let or_batch = if ask.slo.is_batch() {
+            ""
+        } else {
+            ", or send it as a batch class"
+        };
         Error::new(
             ErrorKind::SloUnmet,
-            format!("{why}; retry after {retry_after} s, or send it as a batch class"),
+            format!("{why}; retry after {retry_after} s{or_batch}"),
         )
         .retry_after(retry_after)
     }
@@ -787,8 +794,13 @@ mod tests {
     use crate::curve::{FirstToken, Observation, Outcome};
 
     /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
-    /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`.
+    /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`
+    /// (waiting for room, the default), never exploring.
     fn router_over(backends: &[&str]) -> Router {
+        router_exploring(backends, 0.0)
+    }
+
+    fn router_exploring(backends: &[&str], exploration: f64) -> Router {
         let list: String = backends
             .iter()
             .map(|name| {
@@ -800,8 +812,8 @@ mod tests {
             classes:\n\
             - {{name: interactive, min_tps: 41, tps_percentile: 50, on_miss: shed}}\n\
             - {{name: loose, min_tps: 21, tps_percentile: 50, on_miss: shed}}\n\
-            - {{name: batch, on_miss: shed}}\n\
-            routing: {{exploration: 0}}\n"
+            - {{name: batch}}\n\
+            routing: {{exploration: {exploration}}}\n"
         );
         let config = crate::config::parse(&text, |_| None).unwrap();
         let line = Arc::new(Line::new(config.classes.len()));
@@ -820,8 +832,18 @@ mod tests {
 
     /// Teaches backend `i` a batching curve: TPOT = 10 ms + `per_seq_ms` per request.
     fn teach(router: &Router, i: usize, per_seq_ms: f64) {
+        teach_at(
+            router,
+            i,
+            per_seq_ms,
+            &[1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0],
+        );
+    }
+
+    /// [`teach`], seen at the given concurrencies only.
+    fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
         let now = Instant::now();
-        for c in [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0] {
+        for &c in seen {
             for _ in 0..8 {
                 let obs = Observation {
                     at: now,
@@ -968,8 +990,42 @@ mod tests {
         let mut held = occupy(&router, 0, 2, 12);
         assert_eq!(chosen(&router, 2), Ok("a"));
         held.extend(occupy(&router, 0, 2, 1));
-        assert_eq!(chosen(&router, 2), Err(ErrorKind::SloUnmet));
+        assert_eq!(
+            chosen(&router, 2),
+            Err(ErrorKind::NoBackendAvailable),
+            "batch waits in line"
+        );
         assert_eq!(chosen(&router, 0), Ok("a"), "the room is there");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batch_waits_at_the_gateway_until_a_slot_frees_rather_than_take_the_room() {
+        let router = router();
+        teach(&router, 0, 1.0);
+        let mut held = occupy(&router, 0, 2, 13);
+        let batch = ask(&router, 2);
+        assert!(router.route(&batch).unwrap().is_none(), "it waits in line");
+        let (decision, ()) = tokio::join!(router.wait_in_line(&batch), async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            held.pop();
+        });
+        let decision = decision.unwrap();
+        assert_eq!(&*decision.backend.config.name, "a");
+        assert_eq!(decision.reason, Reason::Queued);
+    }
+
+    #[test]
+    fn exploring_never_takes_the_room_a_latency_request_needs() {
+        // The first request may explore; `a` was only seen up to 4 at once, so 14 is unexplored.
+        let router = router_exploring(&["a"], 0.5);
+        teach_at(&router, 0, 1.0, &[1.0, 2.0, 4.0]);
+        let _held = occupy(&router, 0, 2, 13);
+        // A 14th batch request would leave an interactive one 40 tok/s at 15 (< 41).
+        assert_eq!(
+            chosen(&router, 2),
+            Err(ErrorKind::NoBackendAvailable),
+            "no exploring here"
+        );
     }
 
     #[test]
