@@ -139,6 +139,9 @@ pub struct BackendConfig {
     pub name: Arc<str>,
     /// Base URL: scheme, authority and an optional path prefix (no trailing slash).
     pub url: Uri,
+    /// The upstream `Host` header: the URL's host, with its port unless the scheme's default.
+    /// Made once here, so that the client need not format one per request.
+    pub host: HeaderValue,
     /// API dialect.
     pub dialect: BackendDialect,
     /// The header carrying the key from `api_key_env` (read at load time), ready to send:

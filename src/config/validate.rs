@@ -578,8 +578,15 @@ fn backend(
             "after_failures and base_ms must be at least 1, and max_ms at least base_ms",
         ));
     }
+    let host = host_header(&url).ok_or_else(|| {
+        ConfigError::at(
+            format!("{at}.url"),
+            "its host cannot be sent as a Host header",
+        )
+    })?;
     Ok(BackendConfig {
         prior,
+        host,
         ejection: super::Ejection {
             after_failures: e.after_failures,
             base: Duration::from_millis(e.base_ms),
@@ -628,6 +635,19 @@ fn credential(
     })?;
     value.set_sensitive(true);
     Ok((name, value))
+}
+
+/// `host[:port]` as an HTTP/1.1 client sends it: the port only when not the scheme's default.
+fn host_header(url: &Uri) -> Option<HeaderValue> {
+    let host = url.host()?;
+    let default_port = match url.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    match url.port_u16() {
+        Some(port) if port != default_port => HeaderValue::try_from(format!("{host}:{port}")).ok(),
+        _ => HeaderValue::from_str(host).ok(),
+    }
 }
 
 fn upstream_url(at: &str, value: &str) -> Result<Uri> {
@@ -713,6 +733,7 @@ mod tests {
         assert_eq!(c.limits.max_body_bytes, 4 << 20);
         let b = &c.backends[0];
         assert_eq!(b.url, "http://127.0.0.1:9101");
+        assert_eq!(b.host, "127.0.0.1:9101");
         assert_eq!(b.models.upstream("small"), Some("upstream-small"));
         assert_eq!(b.models.upstream("other"), Some("other"));
         assert_eq!(b.anthropic_version, "2023-06-01");
@@ -727,6 +748,19 @@ mod tests {
         let on_miss: Vec<OnMiss> = c.classes.iter().map(|k| k.on_miss).collect();
         assert_eq!(on_miss, [OnMiss::BestEffort, OnMiss::Queue, OnMiss::Shed]);
         assert_eq!(c.classes[1].queue_max_wait, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_upstream_host_header_carries_the_port_only_when_it_is_not_the_default() {
+        let host = |url: &str| {
+            let c = parse(&BASE.replace("http://127.0.0.1:9101/", url), no_env).unwrap();
+            c.backends[0].host.to_str().unwrap().to_owned()
+        };
+        assert_eq!(host("http://127.0.0.1:9101/"), "127.0.0.1:9101");
+        assert_eq!(host("https://api.example.com/v1"), "api.example.com");
+        assert_eq!(host("https://api.example.com:443"), "api.example.com");
+        assert_eq!(host("http://upstream:80"), "upstream");
+        assert_eq!(host("https://upstream:8443"), "upstream:8443");
     }
 
     #[test]

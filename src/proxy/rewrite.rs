@@ -236,7 +236,8 @@ fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
     for name in ours {
         headers.remove(name);
     }
-    headers.remove(header::HOST);
+    // The backend's own Host (the client's names the gateway), made once at load.
+    headers.insert(header::HOST, backend.host.clone());
     headers.remove(header::CONTENT_LENGTH);
     if !backend.forward_client_auth {
         headers.remove(header::AUTHORIZATION);
