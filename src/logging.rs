@@ -59,7 +59,9 @@ where
         let meta = event.metadata();
         writer.write_str("{\"timestamp\":\"")?;
         timestamp(&mut writer, SystemTime::now())?;
-        write!(writer, "\",\"level\":\"{}\"", meta.level())?;
+        writer.write_str("\",\"level\":\"")?;
+        writer.write_str(meta.level().as_str())?;
+        writer.write_char('"')?;
         let mut fields = Fields {
             out: &mut writer,
             result: Ok(()),
