@@ -14,7 +14,7 @@ use tower::Service;
 
 use super::body::{Observed, ProxyBody, RequestLog};
 use super::classify::Classified;
-use super::request_id::{ReceivedAt, RequestId};
+use super::request_id::Received;
 use super::rewrite::{InjectedUsage, is_hop_by_hop};
 use super::route::Routed;
 use crate::error::{Error, ErrorKind};
@@ -72,10 +72,10 @@ impl Service<Request<UpstreamBody>> for Forward {
     }
 
     fn call(&mut self, mut req: Request<UpstreamBody>) -> ForwardFuture {
-        let start = req
-            .extensions()
-            .get::<ReceivedAt>()
-            .map_or_else(Instant::now, |r| r.0);
+        let (start, id) = req.extensions().get::<Received>().map_or_else(
+            || (Instant::now(), HeaderValue::from_static("-")),
+            |r| (r.at, r.id.clone()),
+        );
         let Some(routed) = req.extensions_mut().remove::<Routed>() else {
             return ForwardFuture::failed(Error::new(
                 ErrorKind::InvalidRequest,
@@ -84,10 +84,6 @@ impl Service<Request<UpstreamBody>> for Forward {
         };
         let classified = req.extensions_mut().remove::<Classified>();
         let injected = req.extensions().get::<InjectedUsage>().is_some();
-        let id = req
-            .extensions()
-            .get::<RequestId>()
-            .map_or_else(|| HeaderValue::from_static("-"), |r| r.0.clone());
         let (model, stream, class, prompt_tokens) = match classified {
             Some(c) => {
                 let stream = c.stream.then(|| (c.endpoint.stream_dialect(), injected));

@@ -1,6 +1,6 @@
 //! Request id: keeps the client's `x-request-id` (when it is a sane token) or mints one, passes it
 //! upstream, records it for logs, and echoes it on every response. Outermost, so that errors
-//! carry it too, and so that the time it stamps ([`ReceivedAt`]) is when the gateway got the
+//! carry it too, and so that the time it stamps ([`Received`]) is when the gateway got the
 //! request: TTFT includes the gateway's own work.
 
 use std::future::Future;
@@ -15,15 +15,17 @@ use tower::{Layer, Service};
 /// `x-request-id`.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The request's id, in its extensions.
+/// The request's id and when the gateway received it (its head), in its extensions (one entry:
+/// each costs an allocation): TTFT counts from `at`.
 #[derive(Debug, Clone)]
-pub struct RequestId(pub HeaderValue);
+pub struct Received {
+    /// The id, as sent upstream and echoed to the client.
+    pub id: HeaderValue,
+    /// The moment the head arrived.
+    pub at: tokio::time::Instant,
+}
 
-/// When the gateway received the request (its head), in its extensions: TTFT counts from here.
-#[derive(Debug, Clone, Copy)]
-pub struct ReceivedAt(pub tokio::time::Instant);
-
-/// Adds [`RequestId`] to requests and `x-request-id` to responses.
+/// Adds [`Received`] to requests and `x-request-id` to responses.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RequestIdLayer;
 
@@ -99,9 +101,10 @@ where
                 id
             }
         };
-        req.extensions_mut().insert(RequestId(id.clone()));
-        req.extensions_mut()
-            .insert(ReceivedAt(tokio::time::Instant::now()));
+        req.extensions_mut().insert(Received {
+            id: id.clone(),
+            at: tokio::time::Instant::now(),
+        });
         RequestIdFuture {
             inner: self.inner.call(req),
             id: Some(id),

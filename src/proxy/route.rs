@@ -23,7 +23,7 @@ use tower::{Layer, Service};
 use super::body::ProxyBody;
 use super::classify::Classified;
 use super::endpoint::Endpoint;
-use super::request_id::ReceivedAt;
+use super::request_id::Received;
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
 use crate::router::{Ask, Decision, Reason, Router};
@@ -221,8 +221,8 @@ where
         }
         let received = req
             .extensions()
-            .get::<ReceivedAt>()
-            .map_or_else(Instant::now, |r| r.0);
+            .get::<Received>()
+            .map_or_else(Instant::now, |r| r.at);
         let decided = match classified.model.as_deref() {
             None => self.router.route_default().map(Some),
             Some(model) => self.router.route(&ask(classified, model, received)),
