@@ -581,7 +581,7 @@ fn backend(
     let host = host_header(&url).ok_or_else(|| {
         ConfigError::at(
             format!("{at}.url"),
-            "its host cannot be sent as a Host header",
+            "its host cannot be sent as a Host header; write a plain host name or IP address",
         )
     })?;
     Ok(BackendConfig {

@@ -1014,6 +1014,26 @@ mod tests {
         assert_eq!(decision.reason, Reason::Queued);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn batch_that_never_finds_room_is_shed_after_its_wait_with_a_retry_time() {
+        let router = router();
+        teach(&router, 0, 1.0);
+        let _held = occupy(&router, 0, 2, 13);
+        let batch = ask(&router, 2);
+        let waited = Instant::now();
+        let err = router.wait_in_line(&batch).await.unwrap_err();
+        assert_eq!(
+            waited.elapsed(),
+            Duration::from_secs(60),
+            "the batch default"
+        );
+        assert_eq!(err.kind(), ErrorKind::SloUnmet);
+        assert!(err.retry_after_s().is_some_and(|s| s >= 1));
+        let message = err.to_string();
+        assert!(message.contains("room for batch work"), "{message}");
+        assert!(!message.contains("send it as a batch class"), "{message}");
+    }
+
     #[test]
     fn exploring_never_takes_the_room_a_latency_request_needs() {
         // The first request may explore; `a` was only seen up to 4 at once, so 14 is unexplored.
