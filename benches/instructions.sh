@@ -9,7 +9,8 @@
 # instructions markers.
 #
 # Usage: benches/instructions.sh [TPSGATE_BINARY]   (ports 9221-9225 free; installs valgrind,
-# nginx-light and wrk with apt when missing; about 2 minutes)
+# nginx-light and wrk with apt when missing; about 3 minutes). `ARMS=tpsgate benches/instructions.sh`
+# counts only the arms named and prints their lines without touching BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in valgrind:valgrind nginx:nginx-light wrk:wrk; do
@@ -69,9 +70,16 @@ count() { # arm port command...
   ir=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
   echo "{\"arm\":\"$arm\",\"instructions\":$ir,\"wrk\":$result}" | tee -a "$out/results.jsonl"
 }
-count nginx 9222 nginx -c "$out/proxy.conf"
-count bare 9223 target/release/examples/bare_proxy 127.0.0.1:9223 127.0.0.1:9221
-count tpsgate 9224 "$bin" --threads 1 --log-format json serve --config "$out/gateway.yaml"
+arms=${ARMS:-nginx bare tpsgate}
+for arm in $arms; do
+  case $arm in
+    nginx) count nginx 9222 nginx -c "$out/proxy.conf" ;;
+    bare) count bare 9223 target/release/examples/bare_proxy 127.0.0.1:9223 127.0.0.1:9221 ;;
+    tpsgate) count tpsgate 9224 "$bin" --threads 1 --log-format json serve --config "$out/gateway.yaml" ;;
+    *) echo "unknown arm $arm (nginx, bare, tpsgate)" >&2; exit 2 ;;
+  esac
+done
+[ "$arms" = "nginx bare tpsgate" ] || exit 0
 python3 - "$out/results.jsonl" >"$out/table.md" <<'PY'
 import json, sys
 rows = {r["arm"]: r for r in map(json.loads, open(sys.argv[1]))}

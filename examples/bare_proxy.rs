@@ -4,7 +4,7 @@
 //! is built on and how much is tpsgate.
 //!
 //! Usage: `cargo run --release --example bare_proxy -- LISTEN UPSTREAM`
-//! (e.g. `127.0.0.1:9204 127.0.0.1:9201`); one worker thread, like the benchmark's tpsgate.
+//! (e.g. `127.0.0.1:9204 127.0.0.1:9201`); one thread, like the benchmark's tpsgate.
 
 use std::net::SocketAddr;
 
@@ -23,8 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let usage = "usage: bare_proxy LISTEN UPSTREAM";
     let listen: SocketAddr = args.next().ok_or(usage)?.parse()?;
     let upstream: String = args.next().ok_or(usage)?;
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
         .block_on(serve(listen, upstream))

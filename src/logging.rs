@@ -7,13 +7,22 @@
 //! date once per second. The shape is the same: `timestamp` (RFC 3339, microseconds, UTC),
 //! `level`, the event's fields with `message` among them, `target`. Spans are not written: the
 //! gateway opens none.
+//!
+//! Lines at `info` and below (one per proxied request) are gathered in memory and written when
+//! the runtime's thread is about to go idle, or once 32 KiB have gathered: under load, many
+//! lines leave in one `write` instead of a system call per request; when idle, a line leaves as
+//! soon as the work that logged it is done. Warnings and errors are written at once, after what
+//! was gathered before them.
 
 use std::cell::Cell;
 use std::fmt::{self, Write as _};
+use std::io;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::field::{Field, Visit};
-use tracing::{Event, Subscriber};
+use tracing::{Event, Level, Metadata, Subscriber};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
@@ -34,11 +43,95 @@ pub fn init(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(Stderr);
     let _ = match format {
         LogFormat::Pretty => builder.try_init(),
         LogFormat::Json => builder.event_format(JsonLines).try_init(),
     };
+}
+
+/// Lines gathered for stderr and not yet written.
+static PENDING: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+/// Gathered lines are written once there are this many bytes of them.
+const PENDING_LIMIT: usize = 32 << 10;
+
+fn pending() -> MutexGuard<'static, Vec<u8>> {
+    // A panic while holding the lock leaves whole lines behind: nothing to repair.
+    PENDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Writes the gathered log lines to stderr. The runtime calls it before its threads go idle;
+/// call it before the process exits.
+pub fn flush() {
+    let mut lines = std::mem::take(&mut *pending());
+    if lines.is_empty() {
+        return;
+    }
+    // Written without the lock held, so that other threads keep logging meanwhile. Nowhere to
+    // report a failed write to: the log is stderr.
+    let _ = io::Write::write_all(&mut io::stderr().lock(), &lines);
+    lines.clear();
+    let mut gathered = pending();
+    if gathered.is_empty() {
+        // Keep the allocation for the next lines.
+        *gathered = lines;
+    }
+}
+
+/// stderr as tracing-subscriber writes to it: see the module's doc.
+#[derive(Debug, Clone, Copy)]
+struct Stderr;
+
+/// One log line's way out.
+enum LineWriter {
+    Gathered,
+    AtOnce,
+}
+
+impl io::Write for LineWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Gathered => {
+                let full = {
+                    let mut lines = pending();
+                    lines.extend_from_slice(buf);
+                    lines.len() >= PENDING_LIMIT
+                };
+                if full {
+                    flush();
+                }
+                Ok(buf.len())
+            }
+            Self::AtOnce => {
+                flush();
+                io::stderr().write(buf)
+            }
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Stderr {
+    type Writer = LineWriter;
+
+    fn make_writer(&'a self) -> LineWriter {
+        LineWriter::AtOnce
+    }
+
+    fn make_writer_for(&'a self, meta: &Metadata<'_>) -> LineWriter {
+        // Levels compare by verbosity: INFO and the more verbose ones are gathered.
+        if *meta.level() >= Level::INFO {
+            LineWriter::Gathered
+        } else {
+            LineWriter::AtOnce
+        }
+    }
 }
 
 /// Formats each event as one JSON object.
@@ -286,6 +379,26 @@ mod tests {
         let v = line(|| tracing::warn!(reason = nasty, "upstream said {}", nasty));
         assert_eq!(v["reason"], nasty);
         assert_eq!(v["message"], format!("upstream said {nasty}"));
+    }
+
+    #[test]
+    fn info_lines_wait_for_the_next_flush_and_a_warning_takes_them_out_first() {
+        let subscriber = tracing_subscriber::fmt()
+            .event_format(JsonLines)
+            .with_writer(Stderr)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("(logging test) an info line, gathered");
+            assert!(
+                String::from_utf8_lossy(&pending()).contains("an info line, gathered"),
+                "info lines wait to be written together"
+            );
+            tracing::warn!("(logging test) a warning, written at once");
+            assert!(
+                pending().is_empty(),
+                "a warning writes what was gathered before it, then itself"
+            );
+        });
     }
 
     #[test]
