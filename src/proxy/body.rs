@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use super::meter::StreamMeter;
 use crate::config::Timeouts;
 use crate::curve::{FirstToken, Observation, Outcome, Reading};
+use crate::logging::RequestLine;
 use crate::sse::observe::StreamDialect;
 use crate::upstream::InFlightGuard;
 
@@ -258,29 +259,27 @@ impl Drop for RequestLog {
                 self.outcome,
             ),
         }
-        let ttft_ms = self
-            .meter
-            .as_ref()
-            .and_then(|m| m.first_content)
-            .map(|t| (t - self.start).as_secs_f64() * 1e3);
         let outcome = match self.outcome {
             Outcome::Completed => "ok",
             Outcome::Cancelled => "cancelled",
             Outcome::Failed => "upstream_error",
         };
-        tracing::info!(
-            request_id = self.id.to_str().unwrap_or("-"),
-            backend = &*self.backend,
-            model = self.model.as_deref().unwrap_or("-"),
+        crate::logging::request_line(&RequestLine {
+            request_id: self.id.to_str().unwrap_or("-"),
+            backend: &self.backend,
+            model: self.model.as_deref().unwrap_or("-"),
             class,
-            status = self.status,
+            status: self.status,
             outcome,
-            ttft_ms,
-            output_tokens = self.meter.as_ref().and_then(|m| m.output_tokens),
-            bytes = self.bytes,
-            total_ms = self.start.elapsed().as_secs_f64() * 1e3,
-            "request"
-        );
+            ttft: self
+                .meter
+                .as_ref()
+                .and_then(|m| m.first_content)
+                .map(|t| t - self.start),
+            output_tokens: self.meter.as_ref().and_then(|m| m.output_tokens),
+            bytes: self.bytes,
+            total: now - self.start,
+        });
     }
 }
 

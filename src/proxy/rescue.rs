@@ -97,7 +97,7 @@ pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
     tracing::info!(
         status = kind.status().as_u16(),
         code = kind.code(),
-        message = err.message(),
+        reason = err.message(),
         "request refused"
     );
     let body = if anthropic {
