@@ -6,7 +6,8 @@
 //! event is tried again on another backend, up to `routing.max_attempts` and within the retry
 //! budget, after a short jittered backoff. A stream's head and role-only first chunk are held
 //! until its first content event, so that such a failure stays invisible to the client; once
-//! content has gone out, never (no duplicated output).
+//! content has gone out, never (no duplicated output). Where no other backend serves the model,
+//! none of this is set up: the request goes out once, streamed as it comes.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -227,8 +228,17 @@ where
             None => self.router.route_default().map(Some),
             Some(model) => self.router.route(&ask(classified, model, received)),
         };
+        // Attempts (the copy of the request kept for a retry, the stream held until its first
+        // content) only where another backend could take a retry.
+        let may_retry = |d: &Decision| {
+            self.router.max_attempts() > 1
+                && classified.model.as_deref().is_some_and(|model| {
+                    self.router
+                        .serves_elsewhere(&ask(classified, model, received), d.index)
+                })
+        };
         match decided {
-            Ok(Some(decision)) if self.router.max_attempts() > 1 && classified.model.is_some() => {
+            Ok(Some(decision)) if may_retry(&decision) => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 Either::Right(Box::pin(attempts(

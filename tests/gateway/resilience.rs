@@ -290,6 +290,36 @@ async fn a_failure_before_any_content_is_retried_elsewhere_invisibly() {
     assert!(metrics_of(&gw).await.contains("tpsgate_retries_total"));
 }
 
+/// How long a streamed chat request waits for its response head.
+async fn head_after(gw: &tpsgate::gateway::Gateway) -> Duration {
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(CHAT)))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let resp = http_client().request(request).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let waited = started.elapsed();
+    drop(resp);
+    waited
+}
+
+#[tokio::test]
+async fn a_stream_head_is_held_for_a_retry_only_where_another_backend_could_take_it() {
+    let stall = timed_fault(FaultKindRaw::Stall, 1500, Some(0));
+    // One backend serves the model: nothing to fail over to, nothing held back.
+    let (_fleet, alone) = timing_out(stall.clone(), "").await;
+    assert!(head_after(&alone).await < Duration::from_millis(1000));
+    // Two do: the head waits for the first content, so that a failure before it stays unseen.
+    let (_fleets, _bad, pair) = faulty_and_good(stall).await;
+    let first = head_after(&pair).await;
+    let second = head_after(&pair).await;
+    assert!(
+        first.max(second) >= Duration::from_millis(1000),
+        "{first:?} {second:?}: the stalled backend's head came before its content"
+    );
+}
+
 #[tokio::test]
 async fn a_stream_cut_before_content_fails_over_but_one_cut_after_content_is_never_repeated() {
     let reset = |after_tokens| FaultRaw {
