@@ -347,13 +347,12 @@ fn json_content_type(value: Option<&http::HeaderValue>) -> bool {
     let Ok(value) = value.to_str() else {
         return false;
     };
-    let essence = value
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || essence.ends_with("+json")
+    let essence = value.split(';').next().unwrap_or("").trim().as_bytes();
+    let suffix = essence.len().saturating_sub(5);
+    essence.eq_ignore_ascii_case(b"application/json")
+        || essence
+            .get(suffix..)
+            .is_some_and(|s| s.eq_ignore_ascii_case(b"+json"))
 }
 
 /// Parses the JSON once for model, stream and stream_options, keeping their byte spans.
@@ -456,6 +455,8 @@ mod tests {
     fn json_content_types_are_accepted_with_parameters() {
         let ok = |v: &'static str| json_content_type(Some(&http::HeaderValue::from_static(v)));
         assert!(ok("application/json; charset=utf-8") && ok("application/vnd.api+json"));
+        assert!(ok("Application/JSON") && ok("application/VND.API+JSON"));
+        assert!(!ok("json") && !ok("+jso"));
         assert!(!ok("text/plain") && !ok("application/x-www-form-urlencoded"));
         assert!(json_content_type(None));
     }
