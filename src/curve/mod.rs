@@ -155,8 +155,12 @@ impl Point {
 /// How stale a curve's [`Model`] may get while observations arrive.
 pub const REFRESH: Duration = Duration::from_millis(100);
 
-/// Observations before which every one refreshes the model.
-const EAGER_REFRESH: u64 = 512;
+/// Observations before which every one refreshes the model. A rebuild costs about 600
+/// instructions per sample in the windows (decay weights, sorts, fits): little while a curve
+/// is young, some 300,000 once its windows fill, too much to pay on every first token and
+/// every end of a busy backend's requests. Past this count the model is rebuilt at most every
+/// [`REFRESH`].
+const EAGER_REFRESH: u64 = 128;
 
 /// The curve of one backend and model.
 #[derive(Debug, Clone)]
