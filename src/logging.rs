@@ -190,34 +190,52 @@ pub fn request_line(line: &RequestLine<'_>) {
     }
 }
 
+/// One field's value in a request line.
+enum Value<'a> {
+    Text(&'a str),
+    Count(u64),
+    Millis(Duration),
+}
+
+impl Value<'_> {
+    fn write(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        match self {
+            Self::Text(s) => string(out, s),
+            Self::Count(n) => out.write_str(itoa::Buffer::new().format(*n)),
+            Self::Millis(d) => millis(out, *d),
+        }
+    }
+}
+
 impl RequestLine<'_> {
+    /// The fields in the order they are written; absent ones are left out.
+    fn fields(&self) -> [(&'static str, Option<Value<'_>>); 10] {
+        [
+            ("request_id", Some(Value::Text(self.request_id))),
+            ("backend", Some(Value::Text(self.backend))),
+            ("model", Some(Value::Text(self.model))),
+            ("class", Some(Value::Text(self.class))),
+            ("status", Some(Value::Count(u64::from(self.status)))),
+            ("outcome", Some(Value::Text(self.outcome))),
+            ("ttft_ms", self.ttft.map(Value::Millis)),
+            ("output_tokens", self.output_tokens.map(Value::Count)),
+            ("bytes", Some(Value::Count(self.bytes))),
+            ("total_ms", Some(Value::Millis(self.total))),
+        ]
+    }
+
     fn json(&self, out: &mut impl fmt::Write) -> fmt::Result {
         out.write_str("{\"timestamp\":\"")?;
         timestamp(out, SystemTime::now())?;
-        out.write_str("\",\"level\":\"INFO\",\"message\":\"request\",\"request_id\":")?;
-        string(out, self.request_id)?;
-        out.write_str(",\"backend\":")?;
-        string(out, self.backend)?;
-        out.write_str(",\"model\":")?;
-        string(out, self.model)?;
-        out.write_str(",\"class\":")?;
-        string(out, self.class)?;
-        out.write_str(",\"status\":")?;
-        out.write_str(itoa::Buffer::new().format(self.status))?;
-        out.write_str(",\"outcome\":")?;
-        string(out, self.outcome)?;
-        if let Some(ttft) = self.ttft {
-            out.write_str(",\"ttft_ms\":")?;
-            millis(out, ttft)?;
+        out.write_str("\",\"level\":\"INFO\",\"message\":\"request\"")?;
+        for (name, value) in self.fields() {
+            if let Some(value) = value {
+                out.write_str(",\"")?;
+                out.write_str(name)?;
+                out.write_str("\":")?;
+                value.write(out)?;
+            }
         }
-        if let Some(tokens) = self.output_tokens {
-            out.write_str(",\"output_tokens\":")?;
-            out.write_str(itoa::Buffer::new().format(tokens))?;
-        }
-        out.write_str(",\"bytes\":")?;
-        out.write_str(itoa::Buffer::new().format(self.bytes))?;
-        out.write_str(",\"total_ms\":")?;
-        millis(out, self.total)?;
         out.write_str(",\"target\":\"")?;
         out.write_str(REQUEST_TARGET)?;
         out.write_str("\"}\n")
@@ -228,30 +246,15 @@ impl RequestLine<'_> {
         timestamp(out, SystemTime::now())?;
         out.write_str("  INFO ")?;
         out.write_str(REQUEST_TARGET)?;
-        out.write_str(": request request_id=")?;
-        string(out, self.request_id)?;
-        out.write_str(" backend=")?;
-        string(out, self.backend)?;
-        out.write_str(" model=")?;
-        string(out, self.model)?;
-        out.write_str(" class=")?;
-        string(out, self.class)?;
-        out.write_str(" status=")?;
-        out.write_str(itoa::Buffer::new().format(self.status))?;
-        out.write_str(" outcome=")?;
-        string(out, self.outcome)?;
-        if let Some(ttft) = self.ttft {
-            out.write_str(" ttft_ms=")?;
-            millis(out, ttft)?;
+        out.write_str(": request")?;
+        for (name, value) in self.fields() {
+            if let Some(value) = value {
+                out.write_char(' ')?;
+                out.write_str(name)?;
+                out.write_char('=')?;
+                value.write(out)?;
+            }
         }
-        if let Some(tokens) = self.output_tokens {
-            out.write_str(" output_tokens=")?;
-            out.write_str(itoa::Buffer::new().format(tokens))?;
-        }
-        out.write_str(" bytes=")?;
-        out.write_str(itoa::Buffer::new().format(self.bytes))?;
-        out.write_str(" total_ms=")?;
-        millis(out, self.total)?;
         out.write_char('\n')
     }
 }
