@@ -70,10 +70,14 @@ fn pending() -> MutexGuard<'static, Vec<u8>> {
 /// Writes the gathered log lines to stderr. The runtime calls it before its threads go idle;
 /// call it before the process exits.
 pub fn flush() {
-    let mut lines = std::mem::take(&mut *pending());
-    if lines.is_empty() {
-        return;
-    }
+    let mut lines = {
+        let mut gathered = pending();
+        // Most calls find nothing: keep the allocation where it is.
+        if gathered.is_empty() {
+            return;
+        }
+        std::mem::take(&mut *gathered)
+    };
     // Written without the lock held, so that other threads keep logging meanwhile. Nowhere to
     // report a failed write to: the log is stderr.
     let _ = io::Write::write_all(&mut io::stderr().lock(), &lines);
