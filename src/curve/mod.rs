@@ -43,13 +43,18 @@ pub fn ttft_bucket_of(n: f64) -> usize {
     if n < 16.5 {
         return n.round() as usize - 1;
     }
-    let ln = n.ln();
-    (15..TTFT_LEVELS.len())
-        .min_by(|&a, &b| {
-            let d = |i: usize| (f64::from(TTFT_LEVELS[i]).ln() - ln).abs();
-            d(a).total_cmp(&d(b))
-        })
-        .unwrap_or(TTFT_LEVELS.len() - 1)
+    15 + nearest_in_log(&TTFT_LEVELS[15..], n)
+}
+
+/// The index of the level nearest to `x` (at least 1) in log space, the lower one on a tie.
+/// Past the geometric mean of two neighbouring levels the upper one is nearer, and
+/// `x² > a·b` says so without a logarithm (this runs for every prediction).
+fn nearest_in_log(levels: &[u32], x: f64) -> usize {
+    let squared = x * x;
+    levels
+        .windows(2)
+        .take_while(|pair| squared > f64::from(pair[0]) * f64::from(pair[1]))
+        .count()
 }
 
 /// Decayed sample weight a bucket needs before its own quantiles are trusted over the fit.
@@ -57,14 +62,7 @@ pub const MIN_BUCKET_WEIGHT: f64 = 5.0;
 
 /// The bucket nearest to concurrency `c` in log space.
 pub fn bucket_of(c: f64) -> usize {
-    let c = c.max(1.0).ln();
-    let mut best = 0;
-    for (i, level) in BUCKETS.iter().enumerate() {
-        if (f64::from(*level).ln() - c).abs() < (f64::from(BUCKETS[best]).ln() - c).abs() {
-            best = i;
-        }
-    }
-    best
+    nearest_in_log(&BUCKETS, c.max(1.0))
 }
 
 /// How a request ended.
@@ -421,6 +419,30 @@ mod tests {
         assert_eq!(TTFT_LEVELS[ttft_bucket_of(19.0)], 16);
         assert_eq!(TTFT_LEVELS[ttft_bucket_of(21.0)], 24);
         assert_eq!(TTFT_LEVELS[ttft_bucket_of(1e6)], 2048);
+    }
+
+    #[test]
+    fn the_nearest_level_is_the_one_with_the_smallest_log_distance() {
+        let by_logs = |levels: &[u32], x: f64| {
+            let ln = x.max(1.0).ln();
+            (0..levels.len())
+                .min_by(|&a, &b| {
+                    let d = |i: usize| (f64::from(levels[i]).ln() - ln).abs();
+                    d(a).total_cmp(&d(b))
+                })
+                .unwrap_or(0)
+        };
+        for step in 0..20_000 {
+            let c = 0.5 + f64::from(step) * 0.25;
+            assert_eq!(bucket_of(c), by_logs(&BUCKETS, c), "concurrency {c}");
+            if c >= 16.5 {
+                assert_eq!(
+                    ttft_bucket_of(c),
+                    15 + by_logs(&TTFT_LEVELS[15..], c),
+                    "occupancy {c}"
+                );
+            }
+        }
     }
 
     #[test]
