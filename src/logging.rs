@@ -179,7 +179,11 @@ pub fn request_line(line: &RequestLine<'_>) {
     if !tracing::enabled!(target: REQUEST_TARGET, Level::INFO) {
         return;
     }
-    let format = FORMAT.get().copied().unwrap_or(LogFormat::Pretty);
+    let Some(&format) = FORMAT.get() else {
+        // Someone else's subscriber (the crate used as a library): hand it one event.
+        tracing::info!(target: REQUEST_TARGET, fields = %Readable(line), "request");
+        return;
+    };
     let full = {
         let mut lines = pending();
         let mut out = ByteWriter(&mut lines);
@@ -250,16 +254,35 @@ impl RequestLine<'_> {
         timestamp(out, SystemTime::now())?;
         out.write_str("  INFO ")?;
         out.write_str(REQUEST_TARGET)?;
-        out.write_str(": request")?;
+        out.write_str(": request ")?;
+        self.readable(out)?;
+        out.write_char('\n')
+    }
+
+    /// `name=value` for each field present, space-separated.
+    fn readable(&self, out: &mut impl fmt::Write) -> fmt::Result {
+        let mut first = true;
         for (name, value) in self.fields() {
             if let Some(value) = value {
-                out.write_char(' ')?;
+                if !first {
+                    out.write_char(' ')?;
+                }
+                first = false;
                 out.write_str(name)?;
                 out.write_char('=')?;
                 value.write(out)?;
             }
         }
-        out.write_char('\n')
+        Ok(())
+    }
+}
+
+/// A request line's fields as text, for a subscriber that is not ours.
+struct Readable<'a>(&'a RequestLine<'a>);
+
+impl fmt::Display for Readable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.readable(f)
     }
 }
 
@@ -617,6 +640,27 @@ mod tests {
              model=\"m\" class=\"interactive\" status=200 outcome=\"ok\" ttft_ms=12.345 \
              output_tokens=64 bytes=2048 total_ms=1000.007\n"
         );
+    }
+
+    #[test]
+    fn under_a_subscriber_not_ours_a_request_line_is_one_event_with_every_field() {
+        // `init` never ran in unit tests: the crate is used as a library here.
+        let buffer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&buffer);
+        let theirs = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || Sink(std::sync::Arc::clone(&sink)))
+            .finish();
+        tracing::subscriber::with_default(theirs, || request_line(&request()));
+        let text = buffer
+            .lock()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        assert!(
+            text.contains("tpsgate::request: request fields=request_id=\"tg-1\" backend="),
+            "{text}"
+        );
+        assert!(text.contains("total_ms=1000.007"), "{text}");
     }
 
     #[test]

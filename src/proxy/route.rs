@@ -89,6 +89,16 @@ fn ask<'a>(c: &'a Classified, model: &'a str, received: Instant) -> Ask<'a> {
     }
 }
 
+/// Whether a failed attempt on `decision`'s backend could be tried again: retries are on and
+/// another backend serves the model. Only then is the request copied for a retry and its stream
+/// held until the first content.
+fn may_retry(router: &Router, c: &Classified, received: Instant, decision: &Decision) -> bool {
+    router.max_attempts() > 1
+        && c.model
+            .as_deref()
+            .is_some_and(|model| router.serves_elsewhere(&ask(c, model, received), decision.index))
+}
+
 /// A copy of the request for another attempt (the body is shared, not copied).
 fn copy(parts: &http::request::Parts, body: &Bytes) -> Request<Bytes> {
     let mut req = Request::new(body.clone());
@@ -228,17 +238,8 @@ where
             None => self.router.route_default().map(Some),
             Some(model) => self.router.route(&ask(classified, model, received)),
         };
-        // Attempts (the copy of the request kept for a retry, the stream held until its first
-        // content) only where another backend could take a retry.
-        let may_retry = |d: &Decision| {
-            self.router.max_attempts() > 1
-                && classified.model.as_deref().is_some_and(|model| {
-                    self.router
-                        .serves_elsewhere(&ask(classified, model, received), d.index)
-                })
-        };
         match decided {
-            Ok(Some(decision)) if may_retry(&decision) => {
+            Ok(Some(decision)) if may_retry(&self.router, classified, received, &decision) => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 Either::Right(Box::pin(attempts(
@@ -260,7 +261,7 @@ where
                 let inner = std::mem::replace(&mut self.inner, clone);
                 let router = Arc::clone(&self.router);
                 Either::Right(Box::pin(async move {
-                    let decision = {
+                    let (decision, retry) = {
                         let c = req.extensions().get::<Classified>();
                         let (Some(c), Some(model)) = (c, c.and_then(|c| c.model.as_deref())) else {
                             return Err(Error::new(
@@ -268,9 +269,16 @@ where
                                 "unclassified request",
                             ));
                         };
-                        router.wait_in_line(&ask(c, model, received)).await?
+                        let decision = router.wait_in_line(&ask(c, model, received)).await?;
+                        let retry = may_retry(&router, c, received, &decision);
+                        (decision, retry)
                     };
-                    attempts(router, inner, req, decision, received).await
+                    if retry {
+                        attempts(router, inner, req, decision, received).await
+                    } else {
+                        let mut inner = inner;
+                        forward(&mut inner, req, decision).await
+                    }
                 }))
             }
         }

@@ -553,13 +553,13 @@ impl Router {
         .retry_after(retry_after)
     }
 
-    /// Backends that speak the dialect and serve the model, with their indices.
     /// Whether a backend other than the one at `index` serves `ask`'s model: only then can a
     /// failed attempt there be tried again.
     pub fn serves_elsewhere(&self, ask: &Ask<'_>, index: usize) -> bool {
         self.serving(ask).any(|(i, _)| i != index)
     }
 
+    /// Backends that speak the dialect and serve the model, with their indices.
     fn serving<'r, 'a>(
         &'r self,
         ask: &'a Ask<'_>,
