@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Streaming TTFT added at c=16 by tpsgate builds, the bare hyper proxy and nginx, side by side:
+# the streaming half of `benches/overhead.sh` with more repetitions and nothing else in between,
+# for a measure whose run-to-run spread (±50 µs) is as large as the goal it is read against.
+# `tpsgate sim` (2 ms decode step) on core 0 with the client (`tpsgate bench`, 800 requests of 32
+# tokens at c=16 per run); every proxy on core 1, all started once and kept up (as in a gateway's
+# life), the arms interleaved REPS times. "Added" is the arm's TTFT p50 (or p99) minus the
+# direct arm's in the same repetition; prints each repetition and the median per arm.
+#
+# Usage: benches/ttft-ab.sh NAME=BINARY... [bare] [nginx]   (REPS=10 by default; ports
+# 9301-9319 free; installs nginx-light with apt when missing; about 4 s per arm and repetition)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 1 ] || { sed -n 2,11p "$0"; exit 2; }
+command -v nginx >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+cargo build --release --quiet --bin tpsgate --example bare_proxy
+bin=$PWD/target/release/tpsgate
+out=$PWD/target/ttft-ab
+mkdir -p "$out"
+rm -f "$out/runs.jsonl"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+taskset -c 0 "$bin" sim --listen 127.0.0.1:9301 --name sim --model m --step-base-ms 2 \
+  --step-per-seq-ms 0 --max-batch 16384 --prefill-tokens-per-s 1000000000 >/dev/null 2>&1 &
+pids+=($!)
+arms=("direct:9301")
+port=9310
+for arm in "$@"; do
+  port=$((port + 1))
+  case $arm in
+    bare) taskset -c 1 target/release/examples/bare_proxy "127.0.0.1:$port" 127.0.0.1:9301 & ;;
+    nginx)
+      printf 'worker_processes 1;\nmaster_process off;\ndaemon off;\npid %s;\nerror_log %s;\n' \
+        "$out/nginx.pid" "$out/nginx-error.log" >"$out/nginx.conf"
+      printf 'events { worker_connections 1024; }\nhttp { access_log off; upstream u { server 127.0.0.1:9301; keepalive 64; } server { listen 127.0.0.1:%s; location / { proxy_pass http://u; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; } } }\n' \
+        "$port" >>"$out/nginx.conf"
+      taskset -c 1 nginx -c "$out/nginx.conf" & ;;
+    *=*)
+      printf 'listen: {address: 127.0.0.1:%s}\nadmin: {listen: 127.0.0.1:%s}\nbackends:\n  - {name: sim, url: http://127.0.0.1:9301, dialect: openai, models: {m: m}, first_token_timeout_ms: 3600000}\n' \
+        "$port" "$((port + 100))" >"$out/gateway-$port.yaml"
+      taskset -c 1 "${arm#*=}" --threads 1 --log-format json serve --config "$out/gateway-$port.yaml" \
+        >/dev/null 2>"$out/gateway-$port.log" & ;;
+    *) echo "arm $arm: NAME=BINARY, bare or nginx" >&2; exit 2 ;;
+  esac
+  pids+=($!)
+  arms+=("${arm%%=*}:$port")
+done
+for a in "${arms[@]}"; do
+  for _ in $(seq 50); do
+    curl -s -o /dev/null -m 1 -X POST "http://127.0.0.1:${a##*:}/v1/chat/completions" \
+      -d '{"model":"m","messages":[],"max_tokens":2}' && break
+    sleep 0.2
+  done
+done
+
+for rep in $(seq "${REPS:-10}"); do
+  for a in "${arms[@]}"; do
+    result=$(taskset -c 0 "$bin" bench --url "http://127.0.0.1:${a##*:}" --model m --prompt-tokens 16 \
+      --concurrency 16 --requests 800 --max-tokens 32 --json 2>/dev/null | tail -1)
+    echo "{\"rep\":$rep,\"arm\":\"${a%%:*}\",\"r\":$result}" >>"$out/runs.jsonl"
+  done
+  echo "rep $rep done" >&2
+done
+python3 - "$out/runs.jsonl" <<'PY'
+import json, statistics, sys
+reps = {}
+for line in open(sys.argv[1]):
+    row = json.loads(line)
+    reps.setdefault(row["rep"], {})[row["arm"]] = row["r"]
+arms = list(next(iter(reps.values())))
+print("arm: TTFT p50 | added p50 median (per repetition) | added p99 median, µs")
+for arm in arms:
+    added = lambda q: [(r[arm][q] - r["direct"][q]) * 1e6 for r in reps.values()]
+    p50 = statistics.median(r[arm]["ttft_p50_s"] * 1e6 for r in reps.values())
+    runs = " ".join(f"{x:+.0f}" for x in added("ttft_p50_s"))
+    print(f"{arm}: {p50:.0f} | {statistics.median(added('ttft_p50_s')):+.0f} ({runs})"
+          f" | {statistics.median(added('ttft_p99_s')):+.0f}")
+PY
