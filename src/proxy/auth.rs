@@ -16,8 +16,8 @@ use super::classify::KeyClass;
 use crate::config::ApiKey;
 use crate::error::{Error, ErrorKind};
 
-/// `x-api-key`.
-const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+/// `x-api-key`: Anthropic's credential header, which clients of either dialect may send.
+pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 
 /// Checks gateway API keys.
 #[derive(Debug, Clone)]

@@ -241,7 +241,7 @@ fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
     headers.remove(header::CONTENT_LENGTH);
     if !backend.forward_client_auth {
         headers.remove(header::AUTHORIZATION);
-        headers.remove("x-api-key");
+        headers.remove(super::auth::X_API_KEY);
     }
     for (name, value) in &backend.headers {
         headers.insert(name.clone(), value.clone());

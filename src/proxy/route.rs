@@ -35,7 +35,8 @@ use crate::upstream::{Backend, InFlightGuard};
 pub struct Routed {
     /// The chosen backend.
     pub backend: Arc<Backend>,
-    /// The model name the backend knows (the alias resolved), if the body names one.
+    /// The model name the backend knows (the alias resolved), where it is not the name the
+    /// client sent (then the body is rewritten; otherwise it goes as it came).
     pub upstream_model: Option<String>,
     /// What the router expected this request to see there.
     pub prediction: Option<Prediction>,
@@ -188,7 +189,14 @@ where
         .extensions()
         .get::<Classified>()
         .and_then(|c| c.model.as_deref())
-        .and_then(|m| decision.backend.config.models.upstream(m))
+        .and_then(|m| {
+            decision
+                .backend
+                .config
+                .models
+                .upstream(m)
+                .filter(|up| *up != m)
+        })
         .map(str::to_owned);
     req.extensions_mut().insert(Routed {
         backend: decision.backend,
