@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Streaming TTFT added at c=16 by tpsgate builds, the bare hyper proxy and nginx, side by side:
-# the streaming half of `benches/overhead.sh` with more repetitions and nothing else in between,
-# for a measure whose run-to-run spread (±50 µs) is as large as the goal it is read against.
-# `tpsgate sim` (2 ms decode step) on core 0 with the client (`tpsgate bench`, 800 requests of 32
-# tokens at c=16 per run); every proxy on core 1, all started once and kept up (as in a gateway's
-# life), the arms interleaved REPS times. "Added" is the arm's TTFT p50 (or p99) minus the
-# direct arm's in the same repetition; prints each repetition and the median per arm.
+# Streaming TTFT added at about 16 concurrent streams by tpsgate builds, the bare hyper proxy and
+# nginx, side by side, with more repetitions than `benches/overhead.sh` gives the same measure.
+# `tpsgate sim` (2 ms decode step) on core 0 with the client; every proxy on core 1, all started
+# once and kept up (as in a gateway's life), the arms interleaved REPS times.
+#
+# Open loop: Poisson arrivals at 240 requests/s for 4 s (32-token streams of ~66 ms: 16 in flight
+# on average), the same arrival times for every arm of a repetition (`--seed` = repetition). A
+# closed loop at c=16 sends each request the moment a stream ends, on one of the simulator's
+# timer ticks, so its arrivals lock to the tick and a proxy's latency moves TTFT in steps of the
+# tick (its medians jump between runs by ±100 µs); random arrivals see every phase of the tick,
+# and the added latency shows as itself. "Added" is the arm's TTFT p50 (or p99) minus the direct
+# arm's in the same repetition; prints each repetition and the median per arm.
 #
 # Usage: benches/ttft-ab.sh NAME=BINARY... [bare] [nginx]   (REPS=10 by default; ports
-# 9301-9319 free; installs nginx-light with apt when missing; about 4 s per arm and repetition)
+# 9301-9319 free; installs nginx-light with apt when missing; about 5 s per arm and repetition)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { sed -n 2,11p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,16p "$0"; exit 2; }
 command -v nginx >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
 cargo build --release --quiet --bin tpsgate --example bare_proxy
 bin=$PWD/target/release/tpsgate
@@ -58,7 +63,7 @@ done
 for rep in $(seq "${REPS:-10}"); do
   for a in "${arms[@]}"; do
     result=$(taskset -c 0 "$bin" bench --url "http://127.0.0.1:${a##*:}" --model m --prompt-tokens 16 \
-      --concurrency 16 --requests 800 --max-tokens 32 --json 2>/dev/null | tail -1)
+      --rate 240 --duration 4 --seed "$rep" --max-tokens 32 --json 2>/dev/null | tail -1)
     echo "{\"rep\":$rep,\"arm\":\"${a%%:*}\",\"r\":$result}" >>"$out/runs.jsonl"
   done
   echo "rep $rep done" >&2

@@ -547,16 +547,18 @@ impl Body for Observed {
             let log = &mut *this.log;
             log.bytes += data.len() as u64;
             let Some(meter) = log.meter.as_mut() else {
-                // Not a stream: the bytes still may not stall.
-                let stall = Instant::now() + this.timeouts.stall;
-                let deadline = this
-                    .timeouts
-                    .total
-                    .map_or(stall, |t| stall.min(*this.sent + t));
-                this.timer.as_mut().reset(deadline);
-                // hyper stops polling a body that says it has ended: the last frame completes it.
                 if this.inner.is_end_stream() {
+                    // hyper stops polling a body that says it has ended: the last frame completes
+                    // it (and there is no next frame to set a deadline for).
                     log.outcome = Outcome::Completed;
+                } else {
+                    // Not a stream: the bytes still may not stall.
+                    let stall = Instant::now() + this.timeouts.stall;
+                    let deadline = this
+                        .timeouts
+                        .total
+                        .map_or(stall, |t| stall.min(*this.sent + t));
+                    this.timer.as_mut().reset(deadline);
                 }
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             };
