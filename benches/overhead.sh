@@ -136,7 +136,10 @@ for rep in $(seq "$reps"); do
   for arm in direct:9201:9205 nginx:9202:9212 bare:9204:9214 tpsgate:9203:9203; do
     IFS=: read -r name sim_port static_port <<<"$arm"
     stream "$name" "$sim_port" stream-c1 --concurrency 1 --requests 300 --max-tokens 32
-    stream "$name" "$sim_port" stream-c16 --concurrency 16 --requests 800 --max-tokens 32
+    # About 16 streams in flight: Poisson arrivals at 240/s of ~66 ms streams, the same arrival
+    # times for every arm of a repetition. (A closed loop at c=16 sends each request when a
+    # stream ends, on one of the simulator's 1 ms ticks, and its TTFT medians step with the tick.)
+    stream "$name" "$sim_port" stream-c16 --rate 240 --duration 4 --seed "$rep" --max-tokens 32
     plain "$name" "$static_port" nonstream-c1 1 5
     plain "$name" "$static_port" nonstream-c32 32 5
     echo "rep $rep: $name done" >&2

@@ -66,9 +66,9 @@ print("| measure | direct | nginx | bare hyper | tpsgate | tpsgate ÷ nginx | go
 print("|---|---|---|---|---|---|---|")
 lines = [
     ("stream c=1: TTFT p50", "stream-c1", "ttft_p50_s", None),
-    ("stream c=16: TTFT p50", "stream-c16", "ttft_p50_s", "added ≤ 100 µs"),
-    ("stream c=16: TTFT p99", "stream-c16", "ttft_p99_s", "added ≤ 500 µs"),
-    ("stream c=16: chunk gap p99", "stream-c16", "chunk_gap_p99_s", "added ≤ 50 µs"),
+    ("stream c≈16 (open loop): TTFT p50", "stream-c16", "ttft_p50_s", "added ≤ 100 µs"),
+    ("stream c≈16 (open loop): TTFT p99", "stream-c16", "ttft_p99_s", "added ≤ 500 µs"),
+    ("stream c≈16 (open loop): chunk gap p99", "stream-c16", "chunk_gap_p99_s", "added ≤ 50 µs"),
     ("non-stream c=1: latency p50", "nonstream-c1", "latency_p50_s", "added ≤ 60 µs"),
     ("non-stream c=1: latency p99", "nonstream-c1", "latency_p99_s", None),
 ]
@@ -85,11 +85,11 @@ print(f"| non-stream c=32: requests/s | {rps['direct']:.0f} | "
       + f" | {ratio(rps['tpsgate'], rps['nginx'])} | ≥ 0.8× nginx |")
 print("| CPU per non-stream request (c=32) | – | "
       + " | ".join(f"{cpu_us(a, 'nonstream-c32', 'req'):.0f} µs" for a in PROXIES) + " | | |")
-print("| CPU per streamed chunk (c=16, incl. its request's share) | – | "
+print("| CPU per streamed chunk (c≈16, incl. its request's share) | – | "
       + " | ".join(f"{cpu_us(a, 'stream-c16', 'chunk'):.1f} µs" for a in PROXIES) + " | | |")
 fr = {a: (sum(r["r"]["frames"] for r in by[(a, "stream-c16")]),
           sum(r["r"]["content_events"] for r in by[(a, "stream-c16")])) for a in ARMS}
-print("| stream c=16: frames / content events | "
+print("| stream c≈16: frames / content events | "
       + " | ".join(f"{fr[a][0]} / {fr[a][1]}" for a in ARMS) + " | | no coalescing |")
 for n in (1000, 9000):
     vals = {}
