@@ -17,17 +17,9 @@ done
 out=$PWD/target/rps-ab
 mkdir -p "$out"
 rm -f "$out/runs.txt"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-nginx_conf() { # name body
-  printf 'worker_processes 1;\nmaster_process off;\ndaemon off;\npid %s;\nerror_log %s;\n' \
-    "$out/$1.pid" "$out/$1-error.log"
-  printf 'events { worker_connections 1024; }\nhttp { access_log off; %s }\n' "$2"
-}
+. benches/ab-lib.sh
 nginx_conf static "server { listen 127.0.0.1:9231; location / { default_type application/json; return 200 '{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":1,\"model\":\"s\",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":\"hello\"},\"finish_reason\":\"length\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}'; } }" >"$out/static.conf"
-nginx_conf proxy "upstream u { server 127.0.0.1:9231; keepalive 64; } server { listen 127.0.0.1:9233; location / { proxy_pass http://u; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; } }" >"$out/proxy.conf"
+nginx_conf proxy "$(nginx_proxy 9233 127.0.0.1:9231)" >"$out/proxy.conf"
 cat >"$out/gateway.yaml" <<YAML
 listen: {address: 127.0.0.1:9232}
 admin: {listen: 127.0.0.1:9234}

@@ -23,9 +23,7 @@ bin=$PWD/target/release/tpsgate
 out=$PWD/target/ttft-ab
 mkdir -p "$out"
 rm -f "$out/runs.jsonl"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
+. benches/ab-lib.sh
 
 taskset -c 0 "$bin" sim --listen 127.0.0.1:9301 --name sim --model m --step-base-ms 2 \
   --step-per-seq-ms 0 --max-batch 16384 --prefill-tokens-per-s 1000000000 >/dev/null 2>&1 &
@@ -37,10 +35,7 @@ for arm in "$@"; do
   case $arm in
     bare) taskset -c 1 target/release/examples/bare_proxy "127.0.0.1:$port" 127.0.0.1:9301 & ;;
     nginx)
-      printf 'worker_processes 1;\nmaster_process off;\ndaemon off;\npid %s;\nerror_log %s;\n' \
-        "$out/nginx.pid" "$out/nginx-error.log" >"$out/nginx.conf"
-      printf 'events { worker_connections 1024; }\nhttp { access_log off; upstream u { server 127.0.0.1:9301; keepalive 64; } server { listen 127.0.0.1:%s; location / { proxy_pass http://u; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; } } }\n' \
-        "$port" >>"$out/nginx.conf"
+      nginx_conf nginx "$(nginx_proxy "$port" 127.0.0.1:9301)" >"$out/nginx.conf"
       taskset -c 1 nginx -c "$out/nginx.conf" & ;;
     *=*)
       printf 'listen: {address: 127.0.0.1:%s}\nadmin: {listen: 127.0.0.1:%s}\nbackends:\n  - {name: sim, url: http://127.0.0.1:9301, dialect: openai, models: {m: m}, first_token_timeout_ms: 3600000}\n' \

@@ -664,24 +664,6 @@ mod tests {
     }
 
     #[test]
-    fn request_lines_follow_the_log_filter() {
-        let quiet = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                "info,tpsgate::request=off",
-            ))
-            .with_writer(Stderr)
-            .finish();
-        let id = "tg-filtered-out";
-        tracing::subscriber::with_default(quiet, || {
-            request_line(&RequestLine {
-                request_id: id,
-                ..request()
-            });
-        });
-        assert!(!String::from_utf8_lossy(&pending()).contains(id));
-    }
-
-    #[test]
     fn the_timestamp_is_rfc3339_utc_with_microseconds() {
         let mut s = String::new();
         let at = UNIX_EPOCH + std::time::Duration::from_micros(1_795_391_941_000_042);

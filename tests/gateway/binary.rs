@@ -70,8 +70,10 @@ fn broken_configs_print_file_line_column_and_field() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_never_logs_the_api_key() {
+/// Serves one streamed request through `tpsgate serve` (JSON logs, `RUST_LOG` as given, the
+/// backend's key from `TPSGATE_TEST_KEY`), then kills it: the headers the backend received and
+/// what the gateway wrote to stderr.
+async fn one_stream_through_serve(rust_log: &str) -> (serde_json::Value, String) {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("gw.yaml");
@@ -93,23 +95,25 @@ async fn serve_never_logs_the_api_key() {
         .args(["--log-format", "json", "serve", "--config"])
         .arg(&file)
         .env("TPSGATE_TEST_KEY", "sk-very-secret-value")
-        .env("RUST_LOG", "trace")
+        .env("RUST_LOG", rust_log)
         .stderr(Stdio::piped());
     let mut gw = support::spawn_listening(command).await;
-    let addr = gw.addr;
     let ex = support::post(
-        addr,
+        gw.addr,
         "/v1/chat/completions",
         &serde_json::json!({"model": "m", "messages": [], "max_tokens": 2, "stream": true}),
     )
     .await;
     assert_eq!(ex.status, 200);
-    assert_eq!(
-        support::seen(sim).await[0]["authorization"],
-        "Bearer sk-very-secret-value"
-    );
+    let received = support::seen(sim).await[0].clone();
     let _ = gw.child.kill();
-    let out = gw.child.wait_with_output_ref();
+    (received, gw.child.wait_with_output_ref())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_never_logs_the_api_key() {
+    let (received, out) = one_stream_through_serve("trace").await;
+    assert_eq!(received["authorization"], "Bearer sk-very-secret-value");
     assert!(
         out.contains("\"message\":\"request\""),
         "one log line per request: {out}"
@@ -118,6 +122,12 @@ async fn serve_never_logs_the_api_key() {
         !out.contains("sk-very-secret-value"),
         "the key leaked into the logs"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_lines_can_be_silenced_alone_by_their_log_target() {
+    let (_, out) = one_stream_through_serve("info,tpsgate::request=off").await;
+    assert!(!out.contains("\"message\":\"request\""), "{out}");
 }
 
 trait WaitOutput {
