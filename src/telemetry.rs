@@ -288,16 +288,14 @@ pub fn render(router: &Router) -> String {
         for entry in &b.curves {
             let model = entry.key().to_string();
             for class in router.classes().iter().filter(|c| !c.slo.is_batch()) {
-                if let Some(share) = entry.value().attainment(
-                    class.slo.min_tps,
-                    class.slo.max_ttft_s,
-                    now,
-                    b.half_life_s,
-                ) {
+                if let Some(share) = entry
+                    .value()
+                    .attainment(class.slo.min_tps, class.slo.max_ttft_s)
+                {
                     gauge!(SLO_ATTAINMENT, "backend" => backend.clone(), "model" => model.clone(), "class" => class.name.to_string()).set(share);
                 }
             }
-            for p in entry.value().points(now, b.half_life_s) {
+            for p in entry.value().points(now) {
                 let c = p.concurrency.to_string();
                 let set = |name: &'static str, q: &'static str, v: f64| {
                     gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "quantile" => q).set(v);

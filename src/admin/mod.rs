@@ -148,8 +148,7 @@ fn curves(router: &Router) -> serde_json::Value {
                 .iter()
                 .filter(|c| !c.slo.is_batch())
                 .map(|c| {
-                    let share =
-                        curve.attainment(c.slo.min_tps, c.slo.max_ttft_s, now, b.half_life_s);
+                    let share = curve.attainment(c.slo.min_tps, c.slo.max_ttft_s);
                     (c.name.to_string(), json!(share))
                 })
                 .collect();
@@ -168,8 +167,8 @@ fn curves(router: &Router) -> serde_json::Value {
                 "estimated_share": counts.estimated_share,
                 "cancelled": counts.cancelled,
                 "half_life_s": b.half_life_s,
-                "points": curve.points(now, b.half_life_s),
-                "fit": curve.fit(now, b.half_life_s),
+                "points": curve.points(now),
+                "fit": curve.fit(now),
             }));
         }
     }

@@ -19,6 +19,12 @@ pub fn wls<const N: usize>(rows: impl Iterator<Item = ([f64; N], f64, f64)>) -> 
             }
         }
     }
+    solve(a, b)
+}
+
+/// Solves the normal equations `a·β = b` (`a = Σ w·x·xᵀ`, `b = Σ w·x·y`), summed elsewhere;
+/// `None` when they are singular.
+pub fn solve<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
     for col in 0..N {
         let pivot = (col..N).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
         // Relative to the diagonal's scale, so that units (seconds, tokens) do not matter.

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 pub use model::{Model, Prediction};
 pub use occupancy::{Occupancy, Reading};
 pub use window::FirstToken;
-use window::{Sample, Window};
+use window::{Decay, Sample, StartSummary, Summary, Window};
 
 /// Bucket concurrency levels.
 pub const BUCKETS: [u32; 24] = [
@@ -153,11 +153,10 @@ impl Point {
 /// How stale a curve's [`Model`] may get while observations arrive.
 pub const REFRESH: Duration = Duration::from_millis(100);
 
-/// Observations before which every one refreshes the model. A rebuild costs about 600
-/// instructions per sample in the windows (decay weights, sorts, fits): little while a curve
-/// is young, some 300,000 once its windows fill, too much to pay on every first token and
-/// every end of a busy backend's requests. Past this count the model is rebuilt at most every
-/// [`REFRESH`].
+/// Observations before which every one refreshes the model. A rebuild re-summarises the windows
+/// that changed since the last one (a walk over their samples each) and adds up the rest: little
+/// while a curve is young, too much to pay on every first token and every end of a busy
+/// backend's requests. Past this count the model is rebuilt at most every [`REFRESH`].
 const EAGER_REFRESH: u64 = 128;
 
 /// The curve of one backend and model.
@@ -167,7 +166,11 @@ pub struct Curve {
     buckets: Vec<Window>,
     /// First tokens by occupancy at admission.
     starts: Vec<Window<FirstToken>>,
-    half_life_s: f64,
+    /// How samples' weights decay, from an anchor every window shares.
+    decay: Decay,
+    /// Each window's summary as of the last rebuild, `None` where it has changed since.
+    speed_summaries: [Option<Option<Summary>>; BUCKETS.len()],
+    start_summaries: [Option<Option<StartSummary>>; TTFT_LEVELS.len()],
     observations: u64,
     estimated: u64,
     cancelled: u64,
@@ -210,7 +213,9 @@ impl Curve {
         Self {
             buckets: vec![Window::default(); BUCKETS.len()],
             starts: vec![Window::default(); TTFT_LEVELS.len()],
-            half_life_s,
+            decay: Decay::new(half_life_s),
+            speed_summaries: [Some(None); BUCKETS.len()],
+            start_summaries: [Some(None); TTFT_LEVELS.len()],
             observations: 0,
             estimated: 0,
             cancelled: 0,
@@ -226,14 +231,14 @@ impl Curve {
         let mut curve = Self::new(half_life_s);
         for p in prior {
             for _ in 0..MIN_BUCKET_WEIGHT as usize {
-                curve.buckets[bucket_of(p.concurrency)].push(Sample {
+                curve.push_speed(Sample {
                     at: now,
                     tps: p.per_user_tps,
                     ttft: p.ttft_s,
                     output_tokens: 0,
                     concurrency: p.concurrency,
                 });
-                curve.starts[ttft_bucket_of(p.concurrency)].push(FirstToken {
+                curve.push_start(FirstToken {
                     at: now,
                     ttft: p.ttft_s,
                     prompt_tokens: None,
@@ -250,12 +255,76 @@ impl Curve {
         self.model.as_ref()
     }
 
-    fn build(&self, now: Instant, half_life_s: f64) -> Option<Model> {
-        Model::build(&self.buckets, &self.starts, now, half_life_s)
+    /// Moves the decay's anchor up to `at` once samples come far past it, so that weights stay
+    /// well inside `f64`'s range (every 64 half-lives; each window's weights are rescaled).
+    fn rebase_if_due(&mut self, at: Instant) {
+        if !self.decay.due_for_rebase(at) {
+            return;
+        }
+        let scale = self.decay.rebase(at);
+        for w in &mut self.buckets {
+            w.rescale(scale);
+        }
+        for w in &mut self.starts {
+            w.rescale(scale);
+        }
+        self.speed_summaries = [None; BUCKETS.len()];
+        self.start_summaries = [None; TTFT_LEVELS.len()];
+    }
+
+    fn push_speed(&mut self, sample: Sample) {
+        self.rebase_if_due(sample.at);
+        let i = bucket_of(sample.concurrency);
+        let weight = self.decay.weigh(sample.at);
+        self.buckets[i].push(sample, weight);
+        self.speed_summaries[i] = None;
+    }
+
+    fn push_start(&mut self, start: FirstToken) {
+        self.rebase_if_due(start.at);
+        let i = ttft_bucket_of(start.admitted_with);
+        let weight = self.decay.weigh(start.at);
+        self.starts[i].push(start, weight);
+        self.start_summaries[i] = None;
+    }
+
+    /// Every window's summary: the one kept from the last rebuild, or a new one where the
+    /// window changed since.
+    fn summaries(
+        &self,
+    ) -> (
+        [Option<Summary>; BUCKETS.len()],
+        [Option<StartSummary>; TTFT_LEVELS.len()],
+    ) {
+        let mut speed = [None; BUCKETS.len()];
+        for ((out, kept), w) in speed
+            .iter_mut()
+            .zip(&self.speed_summaries)
+            .zip(&self.buckets)
+        {
+            *out = kept.unwrap_or_else(|| w.summary());
+        }
+        let mut starts = [None; TTFT_LEVELS.len()];
+        for ((out, kept), w) in starts
+            .iter_mut()
+            .zip(&self.start_summaries)
+            .zip(&self.starts)
+        {
+            *out = kept.unwrap_or_else(|| w.summary());
+        }
+        (speed, starts)
+    }
+
+    fn build(&self, now: Instant) -> Option<Model> {
+        let (speed, starts) = self.summaries();
+        Model::build(&speed, &starts, self.decay.factor(now))
     }
 
     fn refresh(&mut self, now: Instant) {
-        self.model = self.build(now, self.half_life_s).map(Arc::new);
+        let (speed, starts) = self.summaries();
+        self.speed_summaries = speed.map(Some);
+        self.start_summaries = starts.map(Some);
+        self.model = Model::build(&speed, &starts, self.decay.factor(now)).map(Arc::new);
         self.refreshed_at = Some(now);
     }
 
@@ -276,7 +345,7 @@ impl Curve {
         if !(start.ttft.is_finite() && start.ttft >= 0.0) {
             return;
         }
-        self.starts[ttft_bucket_of(start.admitted_with)].push(*start);
+        self.push_start(*start);
         self.maybe_refresh(start.at);
     }
 
@@ -299,7 +368,7 @@ impl Curve {
         if obs.estimated {
             self.estimated += 1;
         }
-        self.buckets[bucket_of(concurrency)].push(Sample {
+        self.push_speed(Sample {
             at: obs.at,
             tps: 1.0 / tpot,
             ttft,
@@ -325,26 +394,17 @@ impl Curve {
 
     /// The buckets that hold samples: speed by experienced concurrency, TTFT by the occupancy
     /// requests found at admission.
-    pub fn points(&self, now: Instant, half_life_s: f64) -> Vec<Point> {
-        self.build(now, half_life_s)
-            .map_or_else(Vec::new, |m| m.points())
+    pub fn points(&self, now: Instant) -> Vec<Point> {
+        self.build(now).map_or_else(Vec::new, |m| m.points())
     }
 
     /// Decayed share of recent samples that met an SLO (`min_tps` and `max_ttft_s`, either may
     /// be absent); `None` before the first sample.
-    pub fn attainment(
-        &self,
-        min_tps: Option<f64>,
-        max_ttft_s: Option<f64>,
-        now: Instant,
-        half_life_s: f64,
-    ) -> Option<f64> {
+    pub fn attainment(&self, min_tps: Option<f64>, max_ttft_s: Option<f64>) -> Option<f64> {
+        // A share of decayed weights: the same whenever it is asked, as every weight decays
+        // alike.
         let (mut good, mut all) = (0.0, 0.0);
-        for s in self.buckets.iter().flat_map(Window::samples) {
-            let w = window::weight(
-                now.saturating_duration_since(s.at).as_secs_f64(),
-                half_life_s,
-            );
+        for (w, s) in self.buckets.iter().flat_map(Window::weighted) {
             all += w;
             if min_tps.is_none_or(|m| s.tps >= m) && max_ttft_s.is_none_or(|m| s.ttft <= m) {
                 good += w;
@@ -354,8 +414,8 @@ impl Curve {
     }
 
     /// Fits TPOT and TTFT as of `now`; `None` before the first sample.
-    pub fn fit(&self, now: Instant, half_life_s: f64) -> Option<Fit> {
-        self.build(now, half_life_s).map(|m| m.fit)
+    pub fn fit(&self, now: Instant) -> Option<Fit> {
+        self.build(now).map(|m| m.fit)
     }
 
     /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
@@ -366,9 +426,8 @@ impl Curve {
         concurrency: f64,
         prompt_tokens: u64,
         now: Instant,
-        half_life_s: f64,
     ) -> Option<Prediction> {
-        self.build(now, half_life_s)
+        self.build(now)
             .map(|m| m.predict(concurrency, prompt_tokens))
     }
 }
@@ -454,7 +513,7 @@ mod tests {
                 learn(&mut curve, &observation(now, c, p + i as u64, 1.0));
             }
         }
-        let fit = curve.fit(now, 300.0).unwrap();
+        let fit = curve.fit(now).unwrap();
         assert!((fit.tpot_base_s - 0.010).abs() < 1e-6, "{fit:?}");
         assert!((fit.tpot_per_seq_s - 0.001).abs() < 1e-7, "{fit:?}");
         assert!((fit.ttft_per_seq_s - 0.002).abs() < 1e-6, "{fit:?}");
@@ -463,19 +522,18 @@ mod tests {
             "{fit:?}"
         );
         // Between buckets and beyond them, the fit answers.
-        let p = curve.predict(64.0, 0, now, 300.0).unwrap();
+        let p = curve.predict(64.0, 0, now).unwrap();
         assert!((p.per_user_tps_p50 - 1.0 / 0.074).abs() < 0.01, "{p:?}");
         assert!(p.confidence < 0.01);
         // Where a bucket has evidence, its own quantiles answer.
-        let p = curve.predict(8.0, 0, now, 300.0).unwrap();
+        let p = curve.predict(8.0, 0, now).unwrap();
         assert!((p.per_user_tps_p50 - 1.0 / 0.018).abs() < 1e-6);
     }
 
     #[test]
     fn the_curve_follows_a_backend_that_slows_down_within_two_half_lives() {
         let t0 = Instant::now();
-        let half_life = 60.0;
-        let mut curve = Curve::default();
+        let mut curve = Curve::new(60.0);
         // Ten minutes at normal speed, one sample a second at concurrency 4...
         for s in 0..600 {
             learn(
@@ -490,9 +548,7 @@ mod tests {
             learn(&mut curve, &obs);
         }
         let after_two_half_lives = slow_from + Duration::from_secs(120);
-        let p = curve
-            .predict(4.0, 100, after_two_half_lives, half_life)
-            .unwrap();
+        let p = curve.predict(4.0, 100, after_two_half_lives).unwrap();
         let slow_tps = 1.0 / (2.0 * 0.014);
         assert!(
             (p.per_user_tps_p50 - slow_tps).abs() / slow_tps < 0.05,
@@ -589,7 +645,7 @@ mod tests {
         assert!(curve.model().unwrap().predict(9.0, 64).ttft_p90_s >= 1.5);
         // Two half-lives later, one old sample no longer speaks for the level.
         let later = t0 + Duration::from_secs(120);
-        let p = curve.predict(9.0, 64, later, 60.0).unwrap();
+        let p = curve.predict(9.0, 64, later).unwrap();
         assert!(p.ttft_p90_s < 0.5, "{p:?}");
     }
 
@@ -601,12 +657,40 @@ mod tests {
             learn(&mut curve, &observation(now, c, 0, 1.0));
         }
         // TPS: 90.9, 83.3, 71.4, 55.6; TTFT: 22, 24, 28, 36 ms.
-        assert_eq!(curve.attainment(Some(60.0), None, now, 300.0), Some(0.75));
-        assert_eq!(
-            curve.attainment(Some(60.0), Some(0.025), now, 300.0),
-            Some(0.5)
-        );
-        assert_eq!(curve.attainment(None, None, now, 300.0), Some(1.0));
+        assert_eq!(curve.attainment(Some(60.0), None), Some(0.75));
+        assert_eq!(curve.attainment(Some(60.0), Some(0.025)), Some(0.5));
+        assert_eq!(curve.attainment(None, None), Some(1.0));
+    }
+
+    #[test]
+    fn a_model_rebuilt_from_kept_summaries_equals_one_built_from_every_sample() {
+        // Rebuilds fall due every 100 ms, and each re-summarises only the windows changed since.
+        let t0 = Instant::now();
+        let mut curve = Curve::new(0.5);
+        let mut at = t0;
+        let learn_at = |curve: &mut Curve, at, i: u32| {
+            let c = f64::from(i % 40 + 1);
+            let slow = 1.0 + f64::from(i % 3) / 10.0;
+            learn(curve, &observation(at, c, u64::from(i % 300), slow));
+        };
+        for i in 0..2000 {
+            at += Duration::from_millis(10);
+            learn_at(&mut curve, at, i);
+        }
+        let every_sample = |curve: &Curve, at| {
+            let speed = std::array::from_fn(|i| curve.buckets[i].summary());
+            let starts = std::array::from_fn(|i| curve.starts[i].summary());
+            Model::build(&speed, &starts, curve.decay.factor(at)).unwrap()
+        };
+        curve.refresh(at);
+        assert_eq!(**curve.model().unwrap(), every_sample(&curve, at));
+        // One request 40 s later (80 half-lives of 0.5 s past the first sample): the weights are
+        // rebased onto a later anchor, and every window's kept summary with them.
+        at += Duration::from_secs(40);
+        learn_at(&mut curve, at, 0);
+        assert!(curve.decay.factor(at) > 2f64.powi(-64), "rebased");
+        curve.refresh(at);
+        assert_eq!(**curve.model().unwrap(), every_sample(&curve, at));
     }
 
     #[test]
@@ -617,7 +701,7 @@ mod tests {
         obs.outcome = Outcome::Cancelled;
         curve.record(&obs);
         assert_eq!(curve.counts().cancelled, 1);
-        assert!(curve.points(now, 300.0).is_empty());
-        assert_eq!(curve.predict(2.0, 10, now, 300.0), None);
+        assert!(curve.points(now).is_empty());
+        assert_eq!(curve.predict(2.0, 10, now), None);
     }
 }

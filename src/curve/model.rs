@@ -1,13 +1,12 @@
 //! A curve's fitted snapshot: what routing reads on every request.
 //!
-//! Building one walks every sample of every bucket (a few thousand at most), so a [`Model`] is
-//! rebuilt at most every [`super::REFRESH`] while observations arrive and shared behind an
-//! `Arc`; asking it for a [`Prediction`] is O(1).
+//! Building one adds up the windows' summaries (each window re-summarised only when it changed,
+//! see [`super::window`]); a [`Model`] is rebuilt at most every [`super::REFRESH`] while
+//! observations arrive and shared behind an `Arc`; asking it for a [`Prediction`] is O(1).
 
 use serde::Serialize;
-use tokio::time::Instant;
 
-use super::window::{FirstToken, Summary, Window, weighted_quantile};
+use super::window::{StartSummary, Summary};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
 /// Decayed weight at which a TTFT bucket without enough samples to answer on its own still
@@ -63,91 +62,75 @@ pub struct Model {
 }
 
 impl Model {
-    /// Fits speed from `buckets` and TTFT from `starts` as of `now`; `None` before the first
-    /// completed request.
+    /// Fits speed from the speed windows' summaries and TTFT from the TTFT windows', whose
+    /// anchor-relative weights are worth `factor` each as of the moment fitted (see
+    /// [`super::window::Decay`]); `None` before the first completed request.
     pub fn build(
-        buckets: &[Window],
-        starts: &[Window<FirstToken>],
-        now: Instant,
-        half_life_s: f64,
+        speed: &[Option<Summary>; BUCKETS.len()],
+        starts: &[Option<StartSummary>; TTFT_LEVELS.len()],
+        factor: f64,
     ) -> Option<Self> {
-        let mut summaries = [None; BUCKETS.len()];
-        for (slot, w) in summaries.iter_mut().zip(buckets) {
-            *slot = w.summary(now, half_life_s);
-        }
-        let present: Vec<Summary> = summaries.iter().flatten().copied().collect();
-        let total: f64 = present.iter().map(|s| s.weight).sum();
-        if present.is_empty() || total <= 0.0 {
+        let buckets = speed.map(|s| {
+            s.map(|s| Summary {
+                weight: s.weight * factor,
+                ..s
+            })
+        });
+        let present = || buckets.iter().flatten();
+        let total: f64 = present().map(|s| s.weight).sum();
+        if total <= 0.0 {
             return None;
         }
-        let mean_tpot = present.iter().map(|s| s.weight * s.mean_tpot).sum::<f64>() / total;
-        let (tpot_base_s, tpot_per_seq_s) = match fit::wls(
-            present
-                .iter()
-                .map(|s| ([1.0, s.mean_concurrency], s.mean_tpot, s.weight)),
-        ) {
-            // Speed cannot rise with load; a negative slope is noise.
-            Some([a, b]) if b >= 0.0 && a > 0.0 => (a, b),
-            _ => (mean_tpot, 0.0),
-        };
+        let mean = |f: fn(&Summary) -> f64| present().map(|s| s.weight * f(s)).sum::<f64>() / total;
+        let (tpot_base_s, tpot_per_seq_s) =
+            match fit::wls(present().map(|s| ([1.0, s.mean_concurrency], s.mean_tpot, s.weight))) {
+                // Speed cannot rise with load; a negative slope is noise.
+                Some([a, b]) if b >= 0.0 && a > 0.0 => (a, b),
+                _ => (mean(|s| s.mean_tpot), 0.0),
+            };
+        let mean_duration_s = mean(|s| s.mean_duration_s);
 
-        let completed: Vec<_> = buckets
-            .iter()
-            .flat_map(|w| w.weighted(now, half_life_s))
-            .collect();
-        let mean_duration_s =
-            weighted_mean(&completed, |s| s.ttft + s.output_tokens as f64 / s.tps);
-
-        let samples: Vec<(f64, &FirstToken)> = starts
-            .iter()
-            .flat_map(|w| w.weighted(now, half_life_s))
-            .collect();
-        let mean_ttft = weighted_mean(&samples, |s| s.ttft);
-        let with_prompt = samples.iter().all(|(_, s)| s.prompt_tokens.is_some());
+        // The TTFT fit's normal equations are sums over samples, so over windows.
+        let mut xx = [[0.0; 3]; 3];
+        let mut xy = [0.0; 3];
+        let mut with_prompt = true;
+        for s in starts.iter().flatten() {
+            with_prompt &= s.with_prompt;
+            for (row, add) in xx.iter_mut().zip(&s.xx) {
+                for (cell, a) in row.iter_mut().zip(add) {
+                    *cell += a;
+                }
+            }
+            for (cell, a) in xy.iter_mut().zip(&s.xy) {
+                *cell += a;
+            }
+        }
+        let mean_ttft = xy[0] / xx[0][0].max(f64::MIN_POSITIVE);
         let three = with_prompt
-            .then(|| {
-                fit::wls(samples.iter().map(|(w, s)| {
-                    let p = s.prompt_tokens.unwrap_or(0) as f64;
-                    ([1.0, s.admitted_with, p], s.ttft, *w)
-                }))
-            })
+            .then(|| fit::solve(xx, xy))
             .flatten()
             .filter(|[_, t1, k]| *t1 >= 0.0 && *k > 0.0);
         let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = match three {
             Some([t0, t1, k]) => (t0, t1, Some(1.0 / k)),
-            None => match fit::wls(
-                samples
-                    .iter()
-                    .map(|(w, s)| ([1.0, s.admitted_with], s.ttft, *w)),
-            ) {
-                Some([t0, t1]) if t1 >= 0.0 => (t0, t1, None),
-                _ => (mean_ttft, 0.0, None),
-            },
-        };
-        let mut by_start: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); TTFT_LEVELS.len()];
-        for (w, s) in &samples {
-            by_start[ttft_bucket_of(s.admitted_with)].push((s.ttft, *w, s.admitted_with));
-        }
-        let mut starts = [None; TTFT_LEVELS.len()];
-        for (slot, group) in starts.iter_mut().zip(&by_start) {
-            let weight: f64 = group.iter().map(|g| g.1).sum();
-            if group.is_empty() || weight <= 0.0 {
-                continue;
+            None => {
+                match fit::solve([[xx[0][0], xx[0][1]], [xx[1][0], xx[1][1]]], [xy[0], xy[1]]) {
+                    Some([t0, t1]) if t1 >= 0.0 => (t0, t1, None),
+                    _ => (mean_ttft, 0.0, None),
+                }
             }
-            let mean_admitted = group.iter().map(|g| g.1 * g.2).sum::<f64>() / weight;
-            let mut pairs: Vec<(f64, f64)> = group.iter().map(|g| (g.0, g.1)).collect();
-            *slot = Some(TtftSummary {
-                weight,
-                mean_admitted,
-                p50: weighted_quantile(&mut pairs, 0.5),
-                p90: weighted_quantile(&mut pairs, 0.9),
-            });
-        }
+        };
+        let starts = starts.map(|s| {
+            s.map(|s| TtftSummary {
+                weight: s.weight * factor,
+                mean_admitted: s.mean_admitted,
+                p50: s.p50,
+                p90: s.p90,
+            })
+        });
         // Speed and TTFT each need their own evidence: a one-slot server's requests decode at a
         // high experienced concurrency (the queue behind them counts) long before any has been
         // admitted behind a queue and shown what that costs.
-        let speed_seen = present
-            .iter()
+        let speed_seen = present()
             .filter(|s| s.weight >= 1.0)
             .map(|s| s.mean_concurrency)
             .fold(0.0, f64::max);
@@ -166,7 +149,7 @@ impl Model {
                 ttft_per_seq_s,
                 prefill_tokens_per_s,
             },
-            buckets: summaries,
+            buckets,
             starts,
             floors: floors(&starts),
             speed_seen,
@@ -259,13 +242,6 @@ impl Model {
         }
         points.into_values().collect()
     }
-}
-
-/// The mean of `f` over weighted samples (0 when they weigh nothing).
-fn weighted_mean<T>(samples: &[(f64, &T)], f: impl Fn(&T) -> f64) -> f64 {
-    let total: f64 = samples.iter().map(|(w, _)| w).sum();
-    let sum: f64 = samples.iter().map(|(w, s)| w * f(s)).sum();
-    sum / total.max(f64::MIN_POSITIVE)
 }
 
 /// Running maxima of the trusted TTFT buckets' quantiles, from the lowest occupancy up.

@@ -2,11 +2,16 @@
 //!
 //! Why a decayed sample window rather than a decayed histogram or sketch: a bucket sees at most a
 //! few samples per second, and routing needs p10/p50/p90 within a few percent. Keeping the last
-//! [`WINDOW`] samples with their times and weighting each by `2^(-age / half_life)` at read time
-//! gives exact weighted quantiles, costs O(1) per sample and a few KiB per bucket, and needs no
-//! bin layout tuned to tokens per second or seconds. At high rates the oldest samples leave the
-//! window before their weight would matter; at low rates old samples stay but weigh little, and
-//! the decayed count says how much evidence is left.
+//! [`WINDOW`] samples, each weighing `2^(-age / half_life)`, gives exact weighted quantiles,
+//! costs a few KiB per bucket, and needs no bin layout tuned to tokens per second or seconds. At
+//! high rates the oldest samples leave the window before their weight would matter; at low rates
+//! old samples stay but weigh little, and the decayed count says how much evidence is left.
+//!
+//! Why weights are kept relative to an anchor ([`Decay`]): a sample's weight at `now` is its
+//! weight at the anchor times a factor every sample shares. Quantiles, means and least-squares
+//! fits do not change when all weights are scaled alike, so a window's [`Summary`] depends only
+//! on its samples, not on the clock: a model rebuild re-summarises only the windows that changed
+//! since the last one, and no sample is decayed (an `exp`) or sorted again.
 
 use std::collections::VecDeque;
 
@@ -14,6 +19,10 @@ use tokio::time::Instant;
 
 /// Samples kept per bucket.
 pub const WINDOW: usize = 256;
+
+/// How far past the anchor samples may be taken, in half-lives, before weights are rebased onto
+/// a later anchor: `2^64` keeps every weight and weighted sum far inside `f64`.
+const REBASE_AFTER_HALF_LIVES: f64 = 64.0;
 
 /// One completed request's speed and latency: what speed buckets hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,15 +56,20 @@ pub struct FirstToken {
     pub admitted_with: f64,
 }
 
-/// What a window holds: anything with a time, so that it can be decayed.
+/// What a window holds: anything with a time, and the value whose quantiles it keeps.
 pub trait Dated {
     /// When it was observed.
     fn at(&self) -> Instant;
+    /// The value ranked for quantiles.
+    fn value(&self) -> f64;
 }
 
 impl Dated for Sample {
     fn at(&self) -> Instant {
         self.at
+    }
+    fn value(&self) -> f64 {
+        self.tps
     }
 }
 
@@ -63,9 +77,68 @@ impl Dated for FirstToken {
     fn at(&self) -> Instant {
         self.at
     }
+    fn value(&self) -> f64 {
+        self.ttft
+    }
 }
 
-/// Decayed summary of a window.
+/// Exponential decay with a half-life, measured from an anchor: the time of the first sample
+/// weighed, until weights are rebased onto a later one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decay {
+    anchor: Option<Instant>,
+    half_life_s: f64,
+}
+
+impl Decay {
+    /// Decay halving every `half_life_s`.
+    pub const fn new(half_life_s: f64) -> Self {
+        Self {
+            anchor: None,
+            half_life_s,
+        }
+    }
+
+    /// Half-lives from the anchor to `at` (negative before it).
+    fn half_lives(anchor: Instant, at: Instant, half_life_s: f64) -> f64 {
+        let secs = if at >= anchor {
+            (at - anchor).as_secs_f64()
+        } else {
+            -(anchor - at).as_secs_f64()
+        };
+        secs / half_life_s
+    }
+
+    /// The weight, relative to the anchor, of a sample taken at `at`: `2^((at - anchor) / h)`.
+    pub fn weigh(&mut self, at: Instant) -> f64 {
+        let anchor = *self.anchor.get_or_insert(at);
+        Self::half_lives(anchor, at, self.half_life_s).exp2()
+    }
+
+    /// What one unit of anchor-relative weight weighs at `now`: `2^(-(now - anchor) / h)`.
+    pub fn factor(&self, now: Instant) -> f64 {
+        self.anchor.map_or(1.0, |anchor| {
+            (-Self::half_lives(anchor, now, self.half_life_s)).exp2()
+        })
+    }
+
+    /// Whether a sample at `at` is far enough past the anchor that weights should be rebased.
+    pub fn due_for_rebase(&self, at: Instant) -> bool {
+        self.anchor.is_some_and(|anchor| {
+            Self::half_lives(anchor, at, self.half_life_s) > REBASE_AFTER_HALF_LIVES
+        })
+    }
+
+    /// Moves the anchor to `to`; returns what existing anchor-relative weights must be
+    /// multiplied by.
+    pub fn rebase(&mut self, to: Instant) -> f64 {
+        let scale = self.factor(to);
+        self.anchor = Some(to);
+        scale
+    }
+}
+
+/// Decayed summary of a speed window, in anchor-relative weights (see [`Decay`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Summary {
     /// Decayed sample count (sum of weights).
@@ -76,29 +149,65 @@ pub struct Summary {
     pub mean_tpot: f64,
     /// Weighted mean experienced concurrency.
     pub mean_concurrency: f64,
+    /// Weighted mean time a request held its slot (TTFT + decode), seconds.
+    pub mean_duration_s: f64,
     /// Per-user TPS quantiles.
     pub tps_p10: f64,
     /// See `tps_p10`.
     pub tps_p50: f64,
 }
 
+/// Decayed summary of a TTFT window, in anchor-relative weights: its quantiles, and its share
+/// of the least-squares sums of TTFT = t0 + t1·admitted + P/r, so that the fit over all windows
+/// adds up per-window sums instead of walking every sample.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StartSummary {
+    /// Decayed sample count.
+    pub weight: f64,
+    /// Weighted mean occupancy at admission.
+    pub mean_admitted: f64,
+    /// TTFT median, seconds.
+    pub p50: f64,
+    /// TTFT 90th percentile, seconds.
+    pub p90: f64,
+    /// Σ w·x·xᵀ with x = (1, admitted, prompt tokens).
+    pub xx: [[f64; 3]; 3],
+    /// Σ w·x·ttft.
+    pub xy: [f64; 3],
+    /// Every sample knew its prompt size.
+    pub with_prompt: bool,
+}
+
 /// The last [`WINDOW`] samples of a bucket.
 #[derive(Debug, Clone)]
 pub struct Window<S = Sample> {
-    samples: VecDeque<S>,
+    /// Oldest first, each with its anchor-relative weight.
+    samples: VecDeque<(S, f64)>,
+    /// The same samples' (value, weight), ascending by value: quantiles without a sort.
+    ranked: Vec<(f64, f64)>,
 }
 
 impl<S> Default for Window<S> {
     fn default() -> Self {
         Self {
             samples: VecDeque::new(),
+            ranked: Vec::new(),
         }
     }
 }
 
-/// Weight of a sample `age_s` old.
-pub fn weight(age_s: f64, half_life_s: f64) -> f64 {
-    (-age_s.max(0.0) / half_life_s * std::f64::consts::LN_2).exp()
+/// The weighted `q` quantile of (value, weight) pairs sorted by value: the smallest value whose
+/// cumulative weight reaches `q` of `total`.
+fn ranked_quantile(ranked: &[(f64, f64)], total: f64, q: f64) -> f64 {
+    let target = q * total;
+    let mut acc = 0.0;
+    for &(value, w) in ranked {
+        acc += w;
+        if acc >= target {
+            return value;
+        }
+    }
+    ranked.last().map_or(f64::NAN, |p| p.0)
 }
 
 /// The weighted `q` quantile of (value, weight) pairs: the smallest value whose cumulative weight
@@ -106,58 +215,112 @@ pub fn weight(age_s: f64, half_life_s: f64) -> f64 {
 pub fn weighted_quantile(pairs: &mut [(f64, f64)], q: f64) -> f64 {
     pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total: f64 = pairs.iter().map(|p| p.1).sum();
-    let target = q * total;
-    let mut acc = 0.0;
-    for &(value, w) in pairs.iter() {
-        acc += w;
-        if acc >= target {
-            return value;
-        }
-    }
-    pairs.last().map_or(f64::NAN, |p| p.0)
+    ranked_quantile(pairs, total, q)
 }
 
 impl<S: Dated> Window<S> {
-    /// Adds a sample, dropping the oldest beyond [`WINDOW`].
-    pub fn push(&mut self, sample: S) {
-        if self.samples.len() == WINDOW {
-            self.samples.pop_front();
+    /// Adds a sample with its anchor-relative `weight`, dropping the oldest beyond [`WINDOW`].
+    /// Values are finite (the curve admits no others), so plain comparisons rank them.
+    pub fn push(&mut self, sample: S, weight: f64) {
+        let value = sample.value();
+        let at = self.ranked.partition_point(|p| p.0 <= value);
+        let oldest = (self.samples.len() == WINDOW)
+            .then(|| self.samples.pop_front())
+            .flatten()
+            .and_then(|(old, old_weight)| {
+                let old_value = old.value();
+                let from = self.ranked.partition_point(|p| p.0 < old_value);
+                self.ranked[from..]
+                    .iter()
+                    .position(|p| p.0 == old_value && p.1 == old_weight)
+                    .map(|i| from + i)
+            });
+        match oldest {
+            // One shift of the samples between the one leaving and the new one's place.
+            Some(gone) if gone < at => {
+                self.ranked.copy_within(gone + 1..at, gone);
+                self.ranked[at - 1] = (value, weight);
+            }
+            Some(gone) => {
+                self.ranked.copy_within(at..gone, at + 1);
+                self.ranked[at] = (value, weight);
+            }
+            None => self.ranked.insert(at, (value, weight)),
         }
-        self.samples.push_back(sample);
+        self.samples.push_back((sample, weight));
     }
 
     /// The samples, oldest first.
     pub fn samples(&self) -> impl Iterator<Item = &S> {
-        self.samples.iter()
+        self.samples.iter().map(|(s, _)| s)
     }
 
-    /// The samples with their decayed weights as of `now`.
-    pub fn weighted(&self, now: Instant, half_life_s: f64) -> impl Iterator<Item = (f64, &S)> {
-        self.samples.iter().map(move |s| {
-            let age = now.saturating_duration_since(s.at()).as_secs_f64();
-            (weight(age, half_life_s), s)
-        })
+    /// The samples with their anchor-relative weights.
+    pub fn weighted(&self) -> impl Iterator<Item = (f64, &S)> {
+        self.samples.iter().map(|(s, w)| (*w, s))
+    }
+
+    /// Multiplies every weight by `scale` (the anchor moved).
+    pub fn rescale(&mut self, scale: f64) {
+        for (_, w) in &mut self.samples {
+            *w *= scale;
+        }
+        for (_, w) in &mut self.ranked {
+            *w *= scale;
+        }
+    }
+
+    /// Sum of weights, and the weighted `qs` quantiles of the samples' values; `None` when the
+    /// window is empty or weighs nothing.
+    fn quantiles<const N: usize>(&self, qs: [f64; N]) -> Option<(f64, [f64; N])> {
+        let total: f64 = self.ranked.iter().map(|p| p.1).sum();
+        (total > 0.0).then(|| (total, qs.map(|q| ranked_quantile(&self.ranked, total, q))))
     }
 }
 
 impl Window {
-    /// The decayed summary as of `now`, or `None` when empty.
-    pub fn summary(&self, now: Instant, half_life_s: f64) -> Option<Summary> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let weighted: Vec<(f64, &Sample)> = self.weighted(now, half_life_s).collect();
-        let total: f64 = weighted.iter().map(|(w, _)| w).sum();
+    /// The decayed summary, or `None` when empty.
+    pub fn summary(&self) -> Option<Summary> {
+        let (total, [p10, p50]) = self.quantiles([0.1, 0.5])?;
         let mean =
-            |f: fn(&Sample) -> f64| weighted.iter().map(|(w, s)| w * f(s)).sum::<f64>() / total;
-        let mut tps: Vec<(f64, f64)> = weighted.iter().map(|(w, s)| (s.tps, *w)).collect();
+            |f: fn(&Sample) -> f64| self.weighted().map(|(w, s)| w * f(s)).sum::<f64>() / total;
         Some(Summary {
             weight: total,
             samples: self.samples.len(),
             mean_tpot: mean(|s| 1.0 / s.tps),
             mean_concurrency: mean(|s| s.concurrency),
-            tps_p10: weighted_quantile(&mut tps, 0.1),
-            tps_p50: weighted_quantile(&mut tps, 0.5),
+            mean_duration_s: mean(|s| s.ttft + s.output_tokens as f64 / s.tps),
+            tps_p10: p10,
+            tps_p50: p50,
+        })
+    }
+}
+
+impl Window<FirstToken> {
+    /// The decayed summary, or `None` when empty.
+    pub fn summary(&self) -> Option<StartSummary> {
+        let (total, [p50, p90]) = self.quantiles([0.5, 0.9])?;
+        let mut xx = [[0.0; 3]; 3];
+        let mut xy = [0.0; 3];
+        let mut with_prompt = true;
+        for (w, s) in self.weighted() {
+            with_prompt &= s.prompt_tokens.is_some();
+            let x = [1.0, s.admitted_with, s.prompt_tokens.unwrap_or(0) as f64];
+            for i in 0..3 {
+                xy[i] += w * x[i] * s.ttft;
+                for j in 0..3 {
+                    xx[i][j] += w * x[i] * x[j];
+                }
+            }
+        }
+        Some(StartSummary {
+            weight: total,
+            mean_admitted: xx[0][1] / total,
+            p50,
+            p90,
+            xx,
+            xy,
+            with_prompt,
         })
     }
 }
@@ -168,16 +331,49 @@ mod tests {
 
     use super::*;
 
+    fn sample(at: Instant, tps: f64) -> Sample {
+        Sample {
+            at,
+            tps,
+            ttft: 0.1,
+            output_tokens: 10,
+            concurrency: 1.0,
+        }
+    }
+
     #[test]
     fn weight_halves_every_half_life_and_is_monotone() {
-        assert!((weight(10.0, 10.0) - 0.5).abs() < 1e-12);
-        assert!((weight(20.0, 10.0) - 0.25).abs() < 1e-12);
-        let mut last = 1.0;
+        let t0 = Instant::now();
+        let mut decay = Decay::new(10.0);
+        decay.weigh(t0);
+        let mut weight = |age_s: f64| {
+            let now = t0 + Duration::from_secs(1000);
+            decay.weigh(now - Duration::from_secs_f64(age_s)) * decay.factor(now)
+        };
+        assert!((weight(10.0) - 0.5).abs() < 1e-12);
+        assert!((weight(20.0) - 0.25).abs() < 1e-12);
+        let mut last = weight(0.0);
+        assert!((last - 1.0).abs() < 1e-12);
         for age in 1..100 {
-            let w = weight(f64::from(age), 7.0);
+            let w = weight(f64::from(age));
             assert!(w < last);
             last = w;
         }
+    }
+
+    #[test]
+    fn rebasing_keeps_every_weight() {
+        let t0 = Instant::now();
+        let mut decay = Decay::new(10.0);
+        assert_eq!(decay.weigh(t0), 1.0, "the first sample anchors");
+        let at = t0 + Duration::from_secs(650);
+        assert!(decay.due_for_rebase(at) && !decay.due_for_rebase(t0));
+        let now = at + Duration::from_secs(5);
+        let before = decay.weigh(at) * decay.factor(now);
+        let scale = decay.rebase(at);
+        let after = decay.weigh(at) * decay.factor(now);
+        assert!((before - after).abs() < 1e-12 * after);
+        assert_eq!(decay.weigh(t0), scale);
     }
 
     #[test]
@@ -191,23 +387,34 @@ mod tests {
     #[test]
     fn old_samples_weigh_less_and_the_window_is_bounded() {
         let t0 = Instant::now();
+        let mut decay = Decay::new(10.0);
         let mut w = Window::default();
-        let sample = |at, tps| Sample {
-            at,
-            tps,
-            ttft: 0.1,
-            output_tokens: 10,
-            concurrency: 1.0,
-        };
-        w.push(sample(t0, 10.0));
-        w.push(sample(t0 + Duration::from_secs(100), 20.0));
-        let s = w.summary(t0 + Duration::from_secs(100), 10.0).unwrap();
+        let later = t0 + Duration::from_secs(100);
+        w.push(sample(t0, 10.0), decay.weigh(t0));
+        w.push(sample(later, 20.0), decay.weigh(later));
+        let s = w.summary().unwrap();
         // The old sample weighs 2^-10: the median is the new one.
         assert_eq!(s.tps_p50, 20.0);
-        assert!((s.weight - (1.0 + 2f64.powi(-10))).abs() < 1e-9);
+        assert!((s.weight * decay.factor(later) - (1.0 + 2f64.powi(-10))).abs() < 1e-9);
         for i in 0..2 * WINDOW {
-            w.push(sample(t0, i as f64));
+            w.push(sample(t0, i as f64), 1.0);
         }
-        assert_eq!(w.summary(t0, 10.0).unwrap().samples, WINDOW);
+        assert_eq!(w.summary().unwrap().samples, WINDOW);
+    }
+
+    #[test]
+    fn quantiles_kept_in_rank_match_a_sort_of_the_window() {
+        // Values repeat and arrive out of order, and the window overflows twice.
+        let t0 = Instant::now();
+        let mut w = Window::default();
+        for i in 0..3 * WINDOW as u64 {
+            let value = ((i * 7919) % 97) as f64;
+            w.push(sample(t0, value), 1.0 + (i % 5) as f64);
+            let mut pairs: Vec<(f64, f64)> = w.weighted().map(|(w, s)| (s.tps, w)).collect();
+            let s = w.summary().unwrap();
+            assert_eq!(s.tps_p10, weighted_quantile(&mut pairs, 0.1), "after {i}");
+            assert_eq!(s.tps_p50, weighted_quantile(&mut pairs, 0.5), "after {i}");
+        }
+        assert_eq!(w.ranked.len(), WINDOW);
     }
 }
