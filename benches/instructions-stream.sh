@@ -6,13 +6,16 @@
 # counters are zeroed and N requests (default 320) are counted. The sim and bench run natively.
 # Per streamed request = instructions / N (32 content events and the role chunk each).
 #
-# Usage: N=320 benches/instructions-stream.sh   (ports 9241-9244 free; installs valgrind with apt
-# when missing; about 4 minutes)
+# Usage: N=320 benches/instructions-stream.sh [TPSGATE_BINARY]   (ports 9241-9244 free; installs
+# valgrind with apt when missing; about 4 minutes). The binary given is the gateway measured; the
+# simulator and the load come from this checkout's build. `ARMS=tpsgate` counts only the arms
+# named.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v valgrind >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 cargo build --release --quiet --bin tpsgate --example bare_proxy
 bin=$PWD/target/release/tpsgate
+gateway=${1:-$bin}
 n=${N:-320}
 out=$PWD/target/instructions-stream
 mkdir -p "$out"
@@ -55,5 +58,9 @@ count() { # arm port command...
   ir=$(callgrind_annotate "$out/callgrind.$arm.1" 2>/dev/null | awk '/PROGRAM TOTALS/{gsub(",","",$1); print $1}')
   echo "{\"arm\":\"$arm\",\"instructions\":$ir,\"requests\":$n,\"per_request\":$((ir / n)),\"bench\":$result}"
 }
-count tpsgate 9242 "$bin" --threads 1 --log-format json serve --config "$out/gateway.yaml"
-count bare 9243 target/release/examples/bare_proxy 127.0.0.1:9243 127.0.0.1:9241
+arms=${ARMS:-tpsgate bare}
+[[ " $arms " == *" tpsgate "* ]] &&
+  count tpsgate 9242 "$gateway" --threads 1 --log-format json serve --config "$out/gateway.yaml"
+[[ " $arms " == *" bare "* ]] &&
+  count bare 9243 target/release/examples/bare_proxy 127.0.0.1:9243 127.0.0.1:9241
+true

@@ -291,9 +291,7 @@ pin_project! {
         #[pin]
         inner: Incoming,
         log: RequestLog,
-        // Boxed so that the body is Unpin and can be read ahead while held (one allocation
-        // per response).
-        timer: Pin<Box<tokio::time::Sleep>>,
+        deadline: Deadline,
         timeouts: Timeouts,
         // When the request was sent upstream: the timeouts run from here.
         sent: Instant,
@@ -312,6 +310,38 @@ pin_project! {
     }
 }
 
+/// A body's next deadline, and its timer: armed the first time the upstream keeps the body
+/// waiting, so that a body that arrives whole never registers one. Boxed so that the body is
+/// Unpin and can be read ahead while held.
+#[derive(Debug)]
+struct Deadline {
+    at: Instant,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Deadline {
+    fn set(&mut self, at: Instant) {
+        self.at = at;
+        if let Some(timer) = &mut self.timer {
+            timer.as_mut().reset(at);
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let at = self.at;
+        self.timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)))
+            .as_mut()
+            .poll(cx)
+    }
+}
+
+/// The deadline while output flows: a stall from `now`, or the total, if sooner.
+fn stall_deadline(timeouts: &Timeouts, sent: Instant, now: Instant) -> Instant {
+    let stall = now + timeouts.stall;
+    timeouts.total.map_or(stall, |t| stall.min(sent + t))
+}
+
 impl Observed {
     /// Forwards `inner`; meters it as an SSE stream of `dialect` when `stream` is set (`true`:
     /// remove the usage chunk the gateway asked for).
@@ -321,19 +351,21 @@ impl Observed {
         stream: Option<(StreamDialect, bool)>,
         timeouts: Timeouts,
         sent: Instant,
-        drained: tokio_util::sync::CancellationToken,
+        drained: Option<tokio_util::sync::CancellationToken>,
     ) -> Self {
         log.meter = stream.map(|(dialect, strip)| StreamMeter::new(dialect, strip));
         let first = sent + timeouts.first_token;
-        let deadline = timeouts.total.map_or(first, |t| first.min(sent + t));
         Self {
             inner,
             dialect: stream.map(|(d, _)| d),
             log,
-            timer: Box::pin(tokio::time::sleep_until(deadline)),
+            deadline: Deadline {
+                at: timeouts.total.map_or(first, |t| first.min(sent + t)),
+                timer: None,
+            },
             timeouts,
             sent,
-            drained: stream.map(|_| Box::pin(drained.cancelled_owned())),
+            drained: stream.and(drained).map(|d| Box::pin(d.cancelled_owned())),
             timed_out: false,
             held: std::collections::VecDeque::new(),
             holding: false,
@@ -499,7 +531,7 @@ impl Body for Observed {
                             "gateway_shutdown",
                         )))));
                     }
-                    ready!(this.timer.as_mut().poll(cx));
+                    ready!(this.deadline.poll(cx));
                     // A deadline passed: end the stream with an error event, never silently.
                     let now = Instant::now();
                     let (kind, message) = timeout_kind(this.log, this.timeouts, *this.sent, now);
@@ -553,25 +585,17 @@ impl Body for Observed {
                     log.outcome = Outcome::Completed;
                 } else {
                     // Not a stream: the bytes still may not stall.
-                    let stall = Instant::now() + this.timeouts.stall;
-                    let deadline = this
-                        .timeouts
-                        .total
-                        .map_or(stall, |t| stall.min(*this.sent + t));
-                    this.timer.as_mut().reset(deadline);
+                    this.deadline
+                        .set(stall_deadline(this.timeouts, *this.sent, Instant::now()));
                 }
                 return Poll::Ready(Some(Ok(Frame::data(data))));
             };
             let now = Instant::now();
             let (out, first_content) = meter.frame(data, now);
             if meter.first_content.is_some() {
-                // Output flows: the next deadline is a stall (or the total, if sooner).
-                let stall = now + this.timeouts.stall;
-                let deadline = this
-                    .timeouts
-                    .total
-                    .map_or(stall, |t| stall.min(*this.sent + t));
-                this.timer.as_mut().reset(deadline);
+                // Output flows: the next deadline is a stall.
+                this.deadline
+                    .set(stall_deadline(this.timeouts, *this.sent, now));
             }
             if this.inner.is_end_stream() && !meter.holds_bytes() {
                 log.outcome = Outcome::Completed;

@@ -59,7 +59,7 @@ struct Pending {
     sent: Instant,
     prediction: Option<crate::curve::Prediction>,
     reason: crate::router::Reason,
-    drained: tokio_util::sync::CancellationToken,
+    drained: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Service<Request<UpstreamBody>> for Forward {
@@ -112,7 +112,8 @@ impl Service<Request<UpstreamBody>> for Forward {
                 sent,
                 prediction: routed.prediction,
                 reason: routed.reason,
-                drained: self.drained.clone(),
+                // Only a stream waits on the drain (a token clone takes a lock).
+                drained: stream.is_some().then(|| self.drained.clone()),
             }),
             failed: None,
         }
@@ -199,13 +200,8 @@ impl Future for ForwardFuture {
                 .map(std::time::Duration::from_secs);
             pending.backend.note_rate_limited(retry_after);
         }
-        let hop: Vec<HeaderName> = parts
-            .headers
-            .keys()
-            .filter(|n| is_hop_by_hop(n))
-            .cloned()
-            .collect();
-        for name in hop {
+        // Usually one (`connection`) or none: found and removed one at a time, nothing collected.
+        while let Some(name) = parts.headers.keys().find(|n| is_hop_by_hop(n)).cloned() {
             parts.headers.remove(name);
         }
         if let Some(value) = &pending.backend.name_header {

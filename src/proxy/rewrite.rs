@@ -104,7 +104,7 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     // The client's protocol is not the upstream's: the pool speaks HTTP/1.1, or HTTP/2 where TLS
     // ALPN chose it (hyper-util upgrades the version for an h2 connection by itself).
     parts.version = http::Version::HTTP_11;
-    rewrite_headers(&mut parts.headers, backend);
+    rewrite_headers(&mut parts.headers, backend, body.len());
     if inject {
         parts.extensions.insert(InjectedUsage);
     }
@@ -215,7 +215,7 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     )
 }
 
-fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
+fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig, body_len: usize) {
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -227,18 +227,27 @@ fn rewrite_headers(headers: &mut HeaderMap, backend: &BackendConfig) {
     for name in named {
         headers.remove(name);
     }
-    // Hop-by-hop headers and the gateway's own (`x-tpsgate-*`), in one pass over the names.
-    let ours: Vec<HeaderName> = headers
+    // Hop-by-hop headers and the gateway's own (`x-tpsgate-*`): usually none, found and removed
+    // one at a time, nothing collected.
+    while let Some(name) = headers
         .keys()
-        .filter(|n| is_hop_by_hop(n) || n.as_str().starts_with("x-tpsgate-"))
+        .find(|n| is_hop_by_hop(n) || n.as_str().starts_with("x-tpsgate-"))
         .cloned()
-        .collect();
-    for name in ours {
+    {
         headers.remove(name);
     }
     // The backend's own Host (the client's names the gateway), made once at load.
     headers.insert(header::HOST, backend.host.clone());
-    headers.remove(header::CONTENT_LENGTH);
+    // The client's Content-Length goes on while it states the body's length (a rewrite may
+    // change it); where removed, hyper writes one for the body it sends, allocating it.
+    let mut digits = itoa::Buffer::new();
+    let length = digits.format(body_len).as_bytes();
+    if headers
+        .get(header::CONTENT_LENGTH)
+        .is_none_or(|v| v.as_bytes() != length)
+    {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     if !backend.forward_client_auth {
         headers.remove(header::AUTHORIZATION);
         headers.remove(super::auth::X_API_KEY);

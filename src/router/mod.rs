@@ -579,13 +579,15 @@ impl Router {
                 .max_concurrency
                 .is_none_or(|limit| b.in_flight() < limit)
         };
+        // One clock read for every check of this decision.
+        let now = Instant::now();
         let healthy_exists = self
             .serving(ask)
-            .any(|(_, b)| under_limit(b) && b.is_healthy());
+            .any(|(_, b)| under_limit(b) && b.is_healthy(now));
         let predicts = !choose::is_baseline(policy);
-        let slo = ask.slo_at(Instant::now());
+        let slo = ask.slo_at(now);
         self.serving(ask)
-            .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy()))
+            .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
             .map(|(index, backend)| {
                 let joining = backend.in_flight() + 1;
                 if !predicts {
@@ -601,7 +603,7 @@ impl Router {
                     };
                 }
                 let n = f64::from(joining);
-                let predictor = self.predictor(index, backend, ask, policy);
+                let predictor = self.predictor(index, backend, ask, policy, now);
                 let prediction = predictor.at(n);
                 let batch = policy == Policy::Throughput || ask.slo.is_batch();
                 let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
@@ -644,6 +646,7 @@ impl Router {
         backend: &Backend,
         ask: &Ask<'_>,
         policy: Policy,
+        now: Instant,
     ) -> Predictor<'_> {
         if policy == Policy::Oracle {
             Predictor::Oracle(self.oracle.as_ref(), index)
@@ -651,7 +654,7 @@ impl Router {
             Predictor::Curve {
                 model: backend.model(ask.model),
                 prompt_tokens: ask.prompt_tokens,
-                queue_s: backend.occupancy.waited(Instant::now()),
+                queue_s: backend.occupancy.waited(now),
             }
         }
     }

@@ -278,9 +278,8 @@ impl Backend {
         self.outlier.cool(Instant::now(), period);
     }
 
-    /// Takes requests: neither ejected nor cooling down after a 429.
-    pub fn is_healthy(&self) -> bool {
-        let now = Instant::now();
+    /// Takes requests as of `now`: neither ejected nor cooling down after a 429.
+    pub fn is_healthy(&self, now: Instant) -> bool {
         self.outlier.ejected_until(now).is_none() && self.outlier.cooling_until(now).is_none()
     }
 

@@ -144,3 +144,45 @@ async fn models_lists_the_union_of_every_backend() {
     assert_eq!(ids, ["large", "shared", "small"]);
     assert_eq!(list["object"], "list");
 }
+
+#[tokio::test]
+async fn a_renamed_model_reaches_the_upstream_whatever_its_new_length() {
+    // The sim serves only `m`: each alias below is renamed on the way, shortening the body by 4,
+    // 30 and 0 bytes (the client's Content-Length stays only where it still holds).
+    let (_fleet, sim) = support::start(support::spec(
+        "sim",
+        support::engine(1.0, 0.0, 64),
+        StreamRaw::default(),
+        vec![],
+    ))
+    .await;
+    let models = "    models: {small: m, a-much-longer-name-for-model-m: m, n: m}\n";
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml("sim", sim, "openai", models)
+    ))
+    .await;
+    let client = http_client();
+    for (alias, stream) in [
+        ("small", false),
+        ("a-much-longer-name-for-model-m", true),
+        ("n", false),
+    ] {
+        let body = json!({"model": alias, "messages": [], "max_tokens": 3, "stream": stream});
+        let via = support::send(
+            &client,
+            gw.addr(),
+            Method::POST,
+            "/v1/chat/completions",
+            Some(body.to_string().as_bytes()),
+            &[("content-type", "application/json")],
+        )
+        .await;
+        assert_eq!(
+            via.status,
+            200,
+            "{alias}: {}",
+            String::from_utf8_lossy(&via.body())
+        );
+    }
+}
