@@ -46,6 +46,20 @@ pub struct Classified {
     pub prompt_tokens: u64,
 }
 
+impl Classified {
+    /// Whether the gateway asks the upstream for the usage chunk itself (an OpenAI chat or
+    /// completions stream whose client did not): rewrite adds `include_usage`, and the usage
+    /// chunk is then the gateway's to remove before the client sees it.
+    pub fn usage_injected(&self) -> bool {
+        self.stream
+            && self.endpoint.takes_include_usage()
+            && self
+                .stream_options
+                .as_ref()
+                .is_none_or(|o| o.include_usage != Some(true))
+    }
+}
+
 /// Bytes of request body per prompt token, for the prompt-size estimate that TTFT prediction
 /// needs (English text with JSON around it; tokenizing would cost far more than it buys).
 pub const BYTES_PER_TOKEN: u64 = 4;

@@ -15,7 +15,7 @@ use tower::Service;
 use super::body::{Observed, ProxyBody, RequestLog};
 use super::classify::Classified;
 use super::request_id::Received;
-use super::rewrite::{InjectedUsage, is_hop_by_hop};
+use super::rewrite::is_hop_by_hop;
 use super::route::Routed;
 use crate::error::{Error, ErrorKind};
 use crate::sse::observe::StreamDialect;
@@ -83,10 +83,11 @@ impl Service<Request<UpstreamBody>> for Forward {
             ));
         };
         let classified = req.extensions_mut().remove::<Classified>();
-        let injected = req.extensions().get::<InjectedUsage>().is_some();
         let (model, stream, class, prompt_tokens) = match classified {
             Some(c) => {
-                let stream = c.stream.then(|| (c.endpoint.stream_dialect(), injected));
+                let stream = c
+                    .stream
+                    .then(|| (c.endpoint.stream_dialect(), c.usage_injected()));
                 (c.model, stream, c.class, c.prompt_tokens)
             }
             None => (None, None, None, 0),

@@ -19,11 +19,6 @@ use crate::config::{BackendConfig, BackendDialect};
 use crate::error::{Error, ErrorKind};
 use crate::upstream::UpstreamBody;
 
-/// The gateway injected `include_usage`: the usage chunk is ours to remove. In the request's
-/// extensions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InjectedUsage;
-
 /// Rewrites requests for their backend.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RewriteLayer;
@@ -92,12 +87,7 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
         .ok_or_else(|| missing("route"))?;
     let backend = &routed.backend.config;
 
-    let inject = classified.stream
-        && classified.endpoint.takes_include_usage()
-        && classified
-            .stream_options
-            .as_ref()
-            .is_none_or(|o| o.include_usage != Some(true));
+    let inject = classified.usage_injected();
     let body = rewrite_body(&body, classified, routed.upstream_model.as_deref(), inject);
 
     parts.uri = upstream_uri(backend, &parts.uri)?;
@@ -105,9 +95,6 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     // ALPN chose it (hyper-util upgrades the version for an h2 connection by itself).
     parts.version = http::Version::HTTP_11;
     rewrite_headers(&mut parts.headers, backend, body.len());
-    if inject {
-        parts.extensions.insert(InjectedUsage);
-    }
     Ok(Request::from_parts(parts, UpstreamBody::new(body)))
 }
 
