@@ -20,7 +20,7 @@ use tokio::time::Instant;
 pub use model::{Model, Prediction};
 pub use occupancy::{Occupancy, Reading};
 pub use window::FirstToken;
-use window::{Decay, Sample, StartSummary, Summary, Window};
+use window::{Decay, Levels, Sample, Window};
 
 /// Bucket concurrency levels.
 pub const BUCKETS: [u32; 24] = [
@@ -163,14 +163,11 @@ const EAGER_REFRESH: u64 = 128;
 #[derive(Debug, Clone)]
 pub struct Curve {
     /// Speed samples by experienced concurrency.
-    buckets: Vec<Window>,
+    buckets: Levels<Sample, { BUCKETS.len() }>,
     /// First tokens by occupancy at admission.
-    starts: Vec<Window<FirstToken>>,
+    starts: Levels<FirstToken, { TTFT_LEVELS.len() }>,
     /// How samples' weights decay, from an anchor every window shares.
     decay: Decay,
-    /// Each window's summary as of the last rebuild, `None` where it has changed since.
-    speed_summaries: [Option<Option<Summary>>; BUCKETS.len()],
-    start_summaries: [Option<Option<StartSummary>>; TTFT_LEVELS.len()],
     observations: u64,
     estimated: u64,
     cancelled: u64,
@@ -211,11 +208,9 @@ impl Curve {
     /// An empty curve whose observations' weight halves every `half_life_s`.
     pub fn new(half_life_s: f64) -> Self {
         Self {
-            buckets: vec![Window::default(); BUCKETS.len()],
-            starts: vec![Window::default(); TTFT_LEVELS.len()],
+            buckets: Levels::default(),
+            starts: Levels::default(),
             decay: Decay::new(half_life_s),
-            speed_summaries: [Some(None); BUCKETS.len()],
-            start_summaries: [Some(None); TTFT_LEVELS.len()],
             observations: 0,
             estimated: 0,
             cancelled: 0,
@@ -258,72 +253,36 @@ impl Curve {
     /// Moves the decay's anchor up to `at` once samples come far past it, so that weights stay
     /// well inside `f64`'s range (every 64 half-lives; each window's weights are rescaled).
     fn rebase_if_due(&mut self, at: Instant) {
-        if !self.decay.due_for_rebase(at) {
-            return;
+        if self.decay.due_for_rebase(at) {
+            let scale = self.decay.rebase(at);
+            self.buckets.rescale(scale);
+            self.starts.rescale(scale);
         }
-        let scale = self.decay.rebase(at);
-        for w in &mut self.buckets {
-            w.rescale(scale);
-        }
-        for w in &mut self.starts {
-            w.rescale(scale);
-        }
-        self.speed_summaries = [None; BUCKETS.len()];
-        self.start_summaries = [None; TTFT_LEVELS.len()];
     }
 
     fn push_speed(&mut self, sample: Sample) {
         self.rebase_if_due(sample.at);
-        let i = bucket_of(sample.concurrency);
         let weight = self.decay.weigh(sample.at);
-        self.buckets[i].push(sample, weight);
-        self.speed_summaries[i] = None;
+        self.buckets
+            .push(bucket_of(sample.concurrency), sample, weight);
     }
 
     fn push_start(&mut self, start: FirstToken) {
         self.rebase_if_due(start.at);
-        let i = ttft_bucket_of(start.admitted_with);
         let weight = self.decay.weigh(start.at);
-        self.starts[i].push(start, weight);
-        self.start_summaries[i] = None;
-    }
-
-    /// Every window's summary: the one kept from the last rebuild, or a new one where the
-    /// window changed since.
-    fn summaries(
-        &self,
-    ) -> (
-        [Option<Summary>; BUCKETS.len()],
-        [Option<StartSummary>; TTFT_LEVELS.len()],
-    ) {
-        let mut speed = [None; BUCKETS.len()];
-        for ((out, kept), w) in speed
-            .iter_mut()
-            .zip(&self.speed_summaries)
-            .zip(&self.buckets)
-        {
-            *out = kept.unwrap_or_else(|| w.summary());
-        }
-        let mut starts = [None; TTFT_LEVELS.len()];
-        for ((out, kept), w) in starts
-            .iter_mut()
-            .zip(&self.start_summaries)
-            .zip(&self.starts)
-        {
-            *out = kept.unwrap_or_else(|| w.summary());
-        }
-        (speed, starts)
+        self.starts
+            .push(ttft_bucket_of(start.admitted_with), start, weight);
     }
 
     fn build(&self, now: Instant) -> Option<Model> {
-        let (speed, starts) = self.summaries();
+        let (speed, starts) = (self.buckets.summaries(), self.starts.summaries());
         Model::build(&speed, &starts, self.decay.factor(now))
     }
 
     fn refresh(&mut self, now: Instant) {
-        let (speed, starts) = self.summaries();
-        self.speed_summaries = speed.map(Some);
-        self.start_summaries = starts.map(Some);
+        let (speed, starts) = (self.buckets.summaries(), self.starts.summaries());
+        self.buckets.keep(&speed);
+        self.starts.keep(&starts);
         self.model = Model::build(&speed, &starts, self.decay.factor(now)).map(Arc::new);
         self.refreshed_at = Some(now);
     }
@@ -380,7 +339,12 @@ impl Curve {
 
     /// Counters.
     pub fn counts(&self) -> Counts {
-        let samples: usize = self.buckets.iter().map(|b| b.samples().count()).sum();
+        let samples: usize = self
+            .buckets
+            .windows()
+            .iter()
+            .map(|b| b.samples().count())
+            .sum();
         Counts {
             observations: self.observations,
             estimated_share: if samples == 0 {
@@ -404,7 +368,7 @@ impl Curve {
         // A share of decayed weights: the same whenever it is asked, as every weight decays
         // alike.
         let (mut good, mut all) = (0.0, 0.0);
-        for (w, s) in self.buckets.iter().flat_map(Window::weighted) {
+        for (w, s) in self.buckets.windows().iter().flat_map(Window::weighted) {
             all += w;
             if min_tps.is_none_or(|m| s.tps >= m) && max_ttft_s.is_none_or(|m| s.ttft <= m) {
                 good += w;
@@ -678,8 +642,8 @@ mod tests {
             learn_at(&mut curve, at, i);
         }
         let every_sample = |curve: &Curve, at| {
-            let speed = std::array::from_fn(|i| curve.buckets[i].summary());
-            let starts = std::array::from_fn(|i| curve.starts[i].summary());
+            let speed = std::array::from_fn(|i| curve.buckets.windows()[i].summary());
+            let starts = std::array::from_fn(|i| curve.starts.windows()[i].summary());
             Model::build(&speed, &starts, curve.decay.factor(at)).unwrap()
         };
         curve.refresh(at);

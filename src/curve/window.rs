@@ -278,15 +278,81 @@ impl<S: Dated> Window<S> {
     }
 }
 
-impl Window {
+/// What a window of these samples sums up to: the input of a model rebuild.
+pub trait Summarize: Dated + Sized {
+    /// The summary.
+    type Summary: Copy;
+    /// The window's summary, or `None` when it is empty or weighs nothing.
+    fn summarize(window: &Window<Self>) -> Option<Self::Summary>;
+}
+
+impl<S: Summarize> Window<S> {
     /// The decayed summary, or `None` when empty.
-    pub fn summary(&self) -> Option<Summary> {
-        let (total, [p10, p50]) = self.quantiles([0.1, 0.5])?;
+    pub fn summary(&self) -> Option<S::Summary> {
+        S::summarize(self)
+    }
+}
+
+/// A curve's windows by level, each with its summary kept from the last rebuild until a sample
+/// changes it: a rebuild re-summarises only the windows that changed.
+#[derive(Debug, Clone)]
+pub struct Levels<S: Summarize, const N: usize> {
+    windows: Vec<Window<S>>,
+    /// `None` where the window changed since its summary was kept.
+    kept: [Option<Option<S::Summary>>; N],
+}
+
+impl<S: Summarize, const N: usize> Default for Levels<S, N> {
+    fn default() -> Self {
+        Self {
+            windows: (0..N).map(|_| Window::default()).collect(),
+            kept: [Some(None); N],
+        }
+    }
+}
+
+impl<S: Summarize, const N: usize> Levels<S, N> {
+    /// Adds a sample with its anchor-relative `weight` to level `i`.
+    pub fn push(&mut self, i: usize, sample: S, weight: f64) {
+        self.windows[i].push(sample, weight);
+        self.kept[i] = None;
+    }
+
+    /// Multiplies every weight by `scale` (the anchor moved).
+    pub fn rescale(&mut self, scale: f64) {
+        for w in &mut self.windows {
+            w.rescale(scale);
+        }
+        self.kept = [None; N];
+    }
+
+    /// The windows, by level.
+    pub fn windows(&self) -> &[Window<S>] {
+        &self.windows
+    }
+
+    /// Every window's summary: the kept one, or a new one where the window changed since.
+    pub fn summaries(&self) -> [Option<S::Summary>; N] {
+        std::array::from_fn(|i| self.kept[i].unwrap_or_else(|| self.windows[i].summary()))
+    }
+
+    /// Keeps `summaries` (this levels' own, as [`Levels::summaries`] gave them) for the next
+    /// rebuild.
+    pub fn keep(&mut self, summaries: &[Option<S::Summary>; N]) {
+        self.kept = summaries.map(Some);
+    }
+}
+
+impl Summarize for Sample {
+    type Summary = Summary;
+
+    fn summarize(window: &Window<Self>) -> Option<Summary> {
+        let (total, [p10, p50]) = window.quantiles([0.1, 0.5])?;
         let mean =
-            |f: fn(&Sample) -> f64| self.weighted().map(|(w, s)| w * f(s)).sum::<f64>() / total;
+            |f: fn(&Sample) -> f64| window.weighted().map(|(w, s)| w * f(s)).sum::<f64>() / total;
         Some(Summary {
             weight: total,
-            samples: self.samples.len(),
+            samples: window.samples.len(),
             mean_tpot: mean(|s| 1.0 / s.tps),
             mean_concurrency: mean(|s| s.concurrency),
             mean_duration_s: mean(|s| s.ttft + s.output_tokens as f64 / s.tps),
@@ -296,14 +362,15 @@ impl Window {
     }
 }
 
-impl Window<FirstToken> {
-    /// The decayed summary, or `None` when empty.
-    pub fn summary(&self) -> Option<StartSummary> {
-        let (total, [p50, p90]) = self.quantiles([0.5, 0.9])?;
+impl Summarize for FirstToken {
+    type Summary = StartSummary;
+
+    fn summarize(window: &Window<Self>) -> Option<StartSummary> {
+        let (total, [p50, p90]) = window.quantiles([0.5, 0.9])?;
         let mut xx = [[0.0; 3]; 3];
         let mut xy = [0.0; 3];
         let mut with_prompt = true;
-        for (w, s) in self.weighted() {
+        for (w, s) in window.weighted() {
             with_prompt &= s.prompt_tokens.is_some();
             let x = [1.0, s.admitted_with, s.prompt_tokens.unwrap_or(0) as f64];
             for i in 0..3 {
