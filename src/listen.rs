@@ -1,9 +1,11 @@
-//! The accept loop every server here shares: TCP with `TCP_NODELAY`, HTTP/1.1 and h2c through
+//! The accept loop every server here shares: TCP with `TCP_NODELAY`, HTTP/1.1 and h2c (HTTP/2
+//! with prior knowledge, told apart by the connection's first bytes), HTTPS with both through
 //! hyper-util's auto builder, a header-read timeout against slow clients, and graceful shutdown
 //! that lets open connections finish up to a deadline.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -14,12 +16,38 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tower::Service;
 
 /// How long a client may take to send its request headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, section 3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a plain-TCP client opens with the HTTP/2 preface, from the bytes it sent first
+/// (peeked: they stay for the connection to read).
+///
+/// Why not hyper-util's auto builder, which tells them apart too: its connection future holds
+/// the HTTP/1 and the HTTP/2 state inline, so every HTTP/1 connection's task is the size of
+/// both, and an idle stream kept ~5 KiB more resident (38.9 against 34.1 KiB per idle stream,
+/// BENCHMARKS.md).
+async fn opens_with_h2_preface(stream: &TcpStream) -> io::Result<bool> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    loop {
+        let n = stream.peek(&mut first).await?;
+        if n == 0 || first[..n] != H2_PREFACE[..n] {
+            return Ok(false);
+        }
+        if n == H2_PREFACE.len() {
+            return Ok(true);
+        }
+        // Part of the preface so far: a peek returns at once with the same bytes while they
+        // wait unread, so give the rest a moment to arrive.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
 
 /// How a listener treats its clients.
 #[derive(Debug, Clone, Copy)]
@@ -64,17 +92,30 @@ pub async fn serve<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let header_read_timeout = limits.header_read_timeout;
+    let max_buf_size = limits.max_header_bytes.max(8192);
+    let max_header_list_size = u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX);
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .max_buf_size(max_buf_size)
+        .keep_alive(true);
+    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    http2
+        .timer(TokioTimer::new())
+        .max_header_list_size(max_header_list_size);
+    // HTTPS: ALPN or the preface chooses, inside hyper-util's auto builder.
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_read_timeout)
-        .max_buf_size(limits.max_header_bytes.max(8192))
+        .max_buf_size(max_buf_size)
         .keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+        .max_header_list_size(max_header_list_size);
     let graceful = GracefulShutdown::new();
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     tokio::pin!(shutdown);
@@ -103,12 +144,33 @@ pub async fn serve<S, B>(
         let service = TowerToHyperService::new(service.clone());
         match &tls {
             None => {
-                let conn = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .into_owned();
-                let conn = graceful.watch(conn);
+                let (http1, http2) = (http1.clone(), http2.clone());
+                let watcher = graceful.watcher();
                 tokio::spawn(async move {
-                    if let Err(err) = conn.await {
+                    let h2 = match tokio::time::timeout(
+                        header_read_timeout,
+                        opens_with_h2_preface(&stream),
+                    )
+                    .await
+                    {
+                        Ok(Ok(h2)) => h2,
+                        Ok(Err(err)) => {
+                            tracing::debug!(%peer, %err, "connection failed before a request");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "no request within the header read timeout");
+                            return;
+                        }
+                    };
+                    let io = TokioIo::new(stream);
+                    let ended = if h2 {
+                        // Boxed, so that HTTP/2's state does not size every HTTP/1 task.
+                        Box::pin(watcher.watch(http2.serve_connection(io, service))).await
+                    } else {
+                        watcher.watch(http1.serve_connection(io, service)).await
+                    };
+                    if let Err(err) = ended {
                         tracing::debug!(%peer, %err, "connection ended with an error");
                     }
                     drop(slot);
@@ -181,4 +243,40 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    /// What `opens_with_h2_preface` says of a client that sends `parts`, a pause between each.
+    async fn told(parts: &[&[u8]]) -> bool {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let parts: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
+        tokio::spawn(async move {
+            for part in parts {
+                client.write_all(&part).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        opens_with_h2_preface(&server).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_h2_preface_is_told_from_http1_even_when_it_arrives_in_pieces() {
+        assert!(told(&[H2_PREFACE]).await);
+        assert!(told(&[b"PRI * HT", b"TP/2.0\r\n\r\nSM", b"\r\n\r\n"]).await);
+        assert!(!told(&[b"POST /v1/chat/completions HTTP/1.1\r\n"]).await);
+        assert!(!told(&[b"P", b"OST / HTTP/1.1\r\n"]).await);
+        assert!(
+            !told(&[]).await,
+            "a client that closes at once is left to HTTP/1"
+        );
+    }
 }
