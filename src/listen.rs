@@ -247,9 +247,50 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 #[cfg(test)]
 mod tests {
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+
+    /// Whether the server closes a connection that sends `sent` and then nothing, within `within`.
+    async fn closes_a_silent_client(sent: &[u8], within: Duration) -> bool {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = Limits {
+            header_read_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let service = tower::service_fn(|_req: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(http_body_util::Empty::<Bytes>::new()))
+        });
+        let server = tokio::spawn(serve(
+            listener,
+            None,
+            limits,
+            service,
+            std::future::pending(),
+        ));
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(sent).await.unwrap();
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(within, client.read_to_end(&mut rest))
+            .await
+            .is_ok();
+        server.abort();
+        closed
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_nothing_or_half_a_head_is_dropped_after_the_header_read_timeout() {
+        assert!(closes_a_silent_client(b"", Duration::from_secs(2)).await);
+        assert!(closes_a_silent_client(b"PRI * HTTP/2.0", Duration::from_secs(2)).await);
+        assert!(
+            closes_a_silent_client(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",
+                Duration::from_secs(2)
+            )
+            .await
+        );
+    }
 
     /// What `opens_with_h2_preface` says of a client that sends `parts`, a pause between each.
     async fn told(parts: &[&[u8]]) -> bool {
