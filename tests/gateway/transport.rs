@@ -45,7 +45,7 @@ async fn h2c_clients_are_served() {
 }
 
 #[tokio::test]
-async fn tls_works_on_both_sides_with_h2_negotiated() {
+async fn tls_works_on_both_sides_and_alpn_picks_h2_or_http1() {
     let dir = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
@@ -89,16 +89,29 @@ async fn tls_works_on_both_sides_with_h2_negotiated() {
             .with_root_certificates(roots)
             .with_no_client_auth();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config(tls.clone())
         .https_only()
         .enable_http1()
         .enable_http2()
         .build();
     let client = Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
     let url = format!("https://localhost:{}/v1/chat/completions", gw.addr().port());
-    let resp = client.request(chat_request(url)).await.unwrap();
+    let resp = client.request(chat_request(url.clone())).await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.version(), Version::HTTP_2, "ALPN picks h2");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+
+    // A client that offers only http/1.1 gets it.
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    let client = Client::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
+    let resp = client.request(chat_request(url)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), Version::HTTP_11, "ALPN picks http/1.1");
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
 }
