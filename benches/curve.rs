@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tpsgate::curve::{Curve, FirstToken, Observation, Outcome};
 
 /// A backend seen at every concurrency from 1 to 64 for long enough to fill every window it
-/// touched: 256 samples in each of 12 speed buckets and 21 TTFT levels.
+/// touched: 256 samples in each of 12 speed buckets and 20 TTFT levels.
 fn full_curve(t0: Instant) -> Curve {
     let mut curve = Curve::new(300.0);
     let mut at = t0;

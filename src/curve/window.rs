@@ -56,27 +56,20 @@ pub struct FirstToken {
     pub admitted_with: f64,
 }
 
-/// What a window holds: anything with a time, and the value whose quantiles it keeps.
-pub trait Dated {
-    /// When it was observed.
-    fn at(&self) -> Instant;
+/// What a window holds: anything with a value whose quantiles it keeps. (Its age is in the
+/// weight it is pushed with.)
+pub trait Ranked {
     /// The value ranked for quantiles.
     fn value(&self) -> f64;
 }
 
-impl Dated for Sample {
-    fn at(&self) -> Instant {
-        self.at
-    }
+impl Ranked for Sample {
     fn value(&self) -> f64 {
         self.tps
     }
 }
 
-impl Dated for FirstToken {
-    fn at(&self) -> Instant {
-        self.at
-    }
+impl Ranked for FirstToken {
     fn value(&self) -> f64 {
         self.ttft
     }
@@ -210,15 +203,7 @@ fn ranked_quantile(ranked: &[(f64, f64)], total: f64, q: f64) -> f64 {
     ranked.last().map_or(f64::NAN, |p| p.0)
 }
 
-/// The weighted `q` quantile of (value, weight) pairs: the smallest value whose cumulative weight
-/// reaches `q` of the total.
-pub fn weighted_quantile(pairs: &mut [(f64, f64)], q: f64) -> f64 {
-    pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total: f64 = pairs.iter().map(|p| p.1).sum();
-    ranked_quantile(pairs, total, q)
-}
-
-impl<S: Dated> Window<S> {
+impl<S: Ranked> Window<S> {
     /// Adds a sample with its anchor-relative `weight`, dropping the oldest beyond [`WINDOW`].
     /// Values are finite (the curve admits no others), so plain comparisons rank them.
     pub fn push(&mut self, sample: S, weight: f64) {
@@ -279,7 +264,7 @@ impl<S: Dated> Window<S> {
 }
 
 /// What a window of these samples sums up to: the input of a model rebuild.
-pub trait Summarize: Dated + Sized {
+pub trait Summarize: Ranked + Sized {
     /// The summary.
     type Summary: Copy;
     /// The window's summary, or `None` when it is empty or weighs nothing.
@@ -397,6 +382,14 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// The weighted `q` quantile by sorting: the reference the ranked windows are checked
+    /// against.
+    fn weighted_quantile(pairs: &mut [(f64, f64)], q: f64) -> f64 {
+        pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total: f64 = pairs.iter().map(|p| p.1).sum();
+        ranked_quantile(pairs, total, q)
+    }
 
     fn sample(at: Instant, tps: f64) -> Sample {
         Sample {
