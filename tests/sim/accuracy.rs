@@ -133,8 +133,10 @@ async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
         .map(|s| s.unwrap())
         .collect();
     let ttft: Vec<f64> = samples.iter().map(|s| s.ttft.unwrap()).collect();
+    // Alone, TTFT is one 10 ms step, never less; a queued request would wait 300 ms. The upper
+    // slack is for a debug build on a busy two-core machine (CI saw 17 ms once).
     assert!(
-        (ttft[0] - 0.010).abs() < 0.005,
+        (0.009..0.050).contains(&ttft[0]),
         "alone, TTFT is one step: {ttft:?}"
     );
     for (k, sample) in samples.iter().enumerate() {
@@ -146,8 +148,8 @@ async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
     for k in 1..5 {
         let step = ttft[k] - ttft[k - 1];
         assert!(
-            // 10 ms of slack: timers on a shared machine, not the model, decide the rest.
-            (step - 0.295).abs() < 0.010,
+            // 15 ms of slack: timers on a shared machine, not the model, decide the rest.
+            (step - 0.295).abs() < 0.015,
             "position {k} waits {step:.4} s more: {ttft:?}"
         );
     }
