@@ -71,8 +71,10 @@ fn broken_configs_print_file_line_column_and_field() {
 }
 
 /// Serves one streamed request through `tpsgate serve` (JSON logs, `RUST_LOG` as given, the
-/// backend's key from `TPSGATE_TEST_KEY`), then kills it: the headers the backend received and
-/// what the gateway wrote to stderr.
+/// backend's key from `TPSGATE_TEST_KEY`), then stops it with SIGTERM: the headers the backend
+/// received and what the gateway wrote to stderr. (Not SIGKILL: the request's line is written
+/// when the gateway drops the response body, which can be just after the client has read its
+/// end, and lines gathered for the next write die with a killed process.)
 async fn one_stream_through_serve(rust_log: &str) -> (serde_json::Value, String) {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
     let dir = tempfile::tempdir().unwrap();
@@ -106,7 +108,14 @@ async fn one_stream_through_serve(rust_log: &str) -> (serde_json::Value, String)
     .await;
     assert_eq!(ex.status, 200);
     let received = support::seen(sim).await[0].clone();
-    let _ = gw.child.kill();
+    let pid = gw.child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     (received, gw.child.wait_with_output_ref())
 }
 

@@ -112,7 +112,16 @@ async fn metrics_parse_as_prometheus_text_and_carry_the_curve() {
     let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
     let report = level(gw.addr(), 2, 8).await;
     assert_eq!(report.errors, 0);
-    let ex = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    // A request leaves the in-flight count when the gateway drops its response body, which can
+    // be a moment after the client has read the body's end: scrape until it has.
+    let mut ex = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    for _ in 0..100 {
+        if String::from_utf8_lossy(&ex.body()).contains("tpsgate_in_flight{backend=\"sim\"} 0") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        ex = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    }
     assert_eq!(ex.status, 200);
     assert!(
         ex.headers["content-type"]

@@ -241,6 +241,43 @@ async fn a_stalled_stream_ends_with_an_error_event_in_its_dialect() {
 }
 
 #[tokio::test]
+async fn a_stream_whose_tokens_keep_coming_is_never_cut_however_long_it_lasts() {
+    // 30 tokens 20 ms apart: the stream lasts three times its stall timeout, and every gap is a
+    // fifth of it. Each token moves the stall deadline on; the timer set for an earlier one
+    // must not cut the stream when it fires.
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 8)).await;
+    let gw = support::gateway_for(
+        sim,
+        "openai",
+        "    models: {m: m}\n    stall_timeout_ms: 200\n",
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(br#"{"model":"m","messages":[],"max_tokens":30,"stream":true}"#),
+    )
+    .await;
+    assert!(
+        started.elapsed() > Duration::from_millis(600),
+        "the stream ran its length"
+    );
+    let events = ex.data_events();
+    assert!(
+        !events.iter().any(|e| e.contains("\"error\"")),
+        "{events:?}"
+    );
+    assert_eq!(
+        events.iter().filter(|e| e.contains("\"content\"")).count(),
+        30,
+        "{events:?}"
+    );
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+}
+
+#[tokio::test]
 async fn no_response_within_the_first_token_timeout_is_a_504() {
     let (_fleet, gw) = timing_out(
         timed_fault(FaultKindRaw::SlowFirstByte, 5000, None),
