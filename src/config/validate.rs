@@ -399,6 +399,10 @@ fn positive(at: &str, value: f64) -> Result<()> {
     }
 }
 
+/// The most connections a listener may hold open at once: far beyond what one process's
+/// descriptors allow, and small enough to count in a `u32`.
+const MAX_CONNECTIONS: u64 = 10_000_000;
+
 fn limits(raw: &RawConfig) -> Result<Limits> {
     let l = &raw.limits;
     if l.max_body_bytes == 0 {
@@ -414,10 +418,13 @@ fn limits(raw: &RawConfig) -> Result<Limits> {
             format!("{} is too small: use at least 1024", l.max_header_bytes),
         ));
     }
-    if l.max_connections == 0 {
+    if !(1..=MAX_CONNECTIONS).contains(&l.max_connections) {
         return Err(ConfigError::at(
             "limits.max_connections",
-            "must be at least 1",
+            format!(
+                "{} is out of range: use 1 to {MAX_CONNECTIONS} (each connection holds a file descriptor)",
+                l.max_connections
+            ),
         ));
     }
     positive("limits.drain_timeout_s", l.drain_timeout_s)?;
@@ -821,6 +828,14 @@ mod tests {
             (
                 format!("{BASE}    headers: {{Host: x}}\n"),
                 "backends[0].headers.Host",
+            ),
+            (
+                format!("{BASE}limits: {{max_connections: 100000000000}}\n"),
+                "limits.max_connections",
+            ),
+            (
+                format!("{BASE}limits: {{max_connections: 0}}\n"),
+                "limits.max_connections",
             ),
         ];
         for (text, path) in cases {
