@@ -124,6 +124,12 @@ stream() { # arm port kind args...
   measure "$arm" "$kind" taskset -c 0 "$bin" bench --url "http://127.0.0.1:$port" --model m \
     --prompt-tokens 16 --json "$@"
 }
+beside() { # arm seed: the direct run beside an arm's c≈16 run, kept aside until both end
+  local line
+  line=$(taskset -c 0 "$bin" bench --url http://127.0.0.1:9201 --model m --prompt-tokens 16 --json \
+    --rate 240 --duration 4 --seed "$2" --max-tokens 32 2>/dev/null | tail -1)
+  echo "{\"arm\":\"$1\",\"kind\":\"stream-c16-beside\",\"rep\":$rep,\"cpu_ticks\":0,\"r\":$line}" >"$out/beside.jsonl"
+}
 plain() { # arm port kind connections seconds
   measure "$1" "$3" wrk_json "$2" "$4" "$5"
 }
@@ -139,7 +145,17 @@ for rep in $(seq "$reps"); do
     # About 16 streams in flight: Poisson arrivals at 240/s of ~66 ms streams, the same arrival
     # times for every arm of a repetition. (A closed loop at c=16 sends each request when a
     # stream ends, on one of the simulator's 1 ms ticks, and its TTFT medians step with the tick.)
+    # Beside each proxy's run, a direct run with arrivals of its own: whatever the machine does
+    # in those 4 s moves both, and "added" TTFT is taken against it.
+    if [ "$name" != direct ]; then
+      beside "$name" "$((rep + 1000))" &
+      beside_pid=$!
+    fi
     stream "$name" "$sim_port" stream-c16 --rate 240 --duration 4 --seed "$rep" --max-tokens 32
+    if [ "$name" != direct ]; then
+      wait "$beside_pid"
+      cat "$out/beside.jsonl" >>"$out/results.jsonl"
+    fi
     plain "$name" "$static_port" nonstream-c1 1 5
     plain "$name" "$static_port" nonstream-c32 32 5
     echo "rep $rep: $name done" >&2

@@ -37,8 +37,10 @@ def stat(arm, kind, field):
 
 
 def added(arm, kind, field):
-    """Median over repetitions of (arm - direct) in the same repetition."""
-    direct = {r["rep"]: value(r, field) for r in by[("direct", kind)]}
+    """Median over repetitions of (arm - direct) in the same repetition: against the direct run
+    beside the arm's where there is one (the c≈16 streams), else the direct arm's own run."""
+    baseline = by[(arm, kind + "-beside")] or by[("direct", kind)]
+    direct = {r["rep"]: value(r, field) for r in baseline}
     vals = [value(r, field) - direct[r["rep"]] for r in by[(arm, kind)] if r["rep"] in direct]
     return med(vals) if vals else math.nan
 
@@ -56,11 +58,17 @@ def us(s):
     return "–" if math.isnan(s) else f"{s * 1e6:.0f} µs"
 
 
+def signed_us(s):
+    return "–" if math.isnan(s) else f"{s * 1e6:+.0f} µs".replace("-", "−")
+
+
 def ratio(a, b):
-    return "–" if not b or math.isnan(a) or math.isnan(b) or b <= 0 else f"{a / b:.2f}×"
+    # A ratio of a negative "added" (within the noise below zero) says nothing.
+    return "–" if math.isnan(a) or math.isnan(b) or a <= 0 or b <= 0 else f"{a / b:.2f}×"
 
 
-print("Medians over repetitions; \"added\" = arm − direct in the same repetition. "
+print("Medians over repetitions; \"added\" = arm − direct in the same repetition (c≈16 streams: "
+      "against a direct run at the same time as the arm's, with arrivals of its own). "
       "Streams: `tpsgate sim` upstream, `tpsgate bench` client; non-stream: static upstream, wrk.\n")
 print("| measure | direct | nginx | bare hyper | tpsgate | tpsgate ÷ nginx | goal |")
 print("|---|---|---|---|---|---|---|")
@@ -75,7 +83,7 @@ lines = [
 for label, kind, field, goal in lines:
     cells = [us(stat("direct", kind, field))]
     for arm in PROXIES:
-        cells.append(f"{us(stat(arm, kind, field))} (+{us(added(arm, kind, field))})")
+        cells.append(f"{us(stat(arm, kind, field))} ({signed_us(added(arm, kind, field))})")
     an, at = added("nginx", kind, field), added("tpsgate", kind, field)
     print(f"| {label} | {' | '.join(cells)} | {ratio(at, an)} added | {goal or ''} |")
 rps = {a: stat(a, "nonstream-c32", "requests_per_s") for a in ARMS}

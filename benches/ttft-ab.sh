@@ -10,7 +10,9 @@
 # timer ticks, so its arrivals lock to the tick and a proxy's latency moves TTFT in steps of the
 # tick (its medians jump between runs by ±100 µs); random arrivals see every phase of the tick,
 # and the added latency shows as itself. "Added" is the arm's TTFT p50 (or p99) minus the direct
-# arm's in the same repetition; prints each repetition and the median per arm.
+# arm's in the same repetition; prints each repetition and the median per arm. With PAIRED=1 the
+# direct arm runs at the same time as each proxy's (two clients, independent arrivals), and "added"
+# is against that run: what the machine does during a run then moves both alike.
 #
 # Usage: benches/ttft-ab.sh NAME=BINARY... [bare] [nginx]   (REPS=10 by default; ports
 # 9301-9319 free; installs nginx-light with apt when missing; about 5 s per arm and repetition)
@@ -55,24 +57,41 @@ for a in "${arms[@]}"; do
   done
 done
 
+load() { # port seed: one open-loop run, its JSON summary
+  taskset -c 0 "$bin" bench --url "http://127.0.0.1:$1" --model m --prompt-tokens 16 \
+    --rate 240 --duration 4 --seed "$2" --max-tokens 32 --json 2>/dev/null | tail -1
+}
 for rep in $(seq "${REPS:-10}"); do
   for a in "${arms[@]}"; do
-    result=$(taskset -c 0 "$bin" bench --url "http://127.0.0.1:${a##*:}" --model m --prompt-tokens 16 \
-      --rate 240 --duration 4 --seed "$rep" --max-tokens 32 --json 2>/dev/null | tail -1)
-    echo "{\"rep\":$rep,\"arm\":\"${a%%:*}\",\"r\":$result}" >>"$out/runs.jsonl"
+    if [ -n "${PAIRED:-}" ]; then
+      # The direct arm runs beside each proxy's: whatever the machine does during those 4 s,
+      # both see it. Its own arrivals (another seed): with the same ones, each pair of requests
+      # would reach the simulator together and share its next step.
+      [ "${a%%:*}" = direct ] && continue
+      load 9301 "$((rep + 1000))" >"$out/beside.json" &
+      result=$(load "${a##*:}" "$rep")
+      wait $!
+      echo "{\"rep\":$rep,\"arm\":\"${a%%:*}\",\"r\":$result,\"direct\":$(cat "$out/beside.json")}" >>"$out/runs.jsonl"
+    else
+      echo "{\"rep\":$rep,\"arm\":\"${a%%:*}\",\"r\":$(load "${a##*:}" "$rep")}" >>"$out/runs.jsonl"
+    fi
   done
   echo "rep $rep done" >&2
 done
 python3 - "$out/runs.jsonl" <<'PY'
 import json, statistics, sys
-reps = {}
+reps, beside = {}, {}
 for line in open(sys.argv[1]):
     row = json.loads(line)
     reps.setdefault(row["rep"], {})[row["arm"]] = row["r"]
+    if "direct" in row:  # PAIRED: the direct run beside this arm's
+        beside.setdefault(row["rep"], {})[row["arm"]] = row["direct"]
 arms = list(next(iter(reps.values())))
 print("arm: TTFT p50 | added p50 median (per repetition) | added p99 median, µs")
 for arm in arms:
-    added = lambda q: [(r[arm][q] - r["direct"][q]) * 1e6 for r in reps.values()]
+    def base(rep, q):
+        return (beside[rep][arm] if beside else reps[rep]["direct"])[q]
+    added = lambda q: [(r[arm][q] - base(rep, q)) * 1e6 for rep, r in reps.items()]
     p50 = statistics.median(r[arm]["ttft_p50_s"] * 1e6 for r in reps.values())
     runs = " ".join(f"{x:+.0f}" for x in added("ttft_p50_s"))
     print(f"{arm}: {p50:.0f} | {statistics.median(added('ttft_p50_s')):+.0f} ({runs})"
