@@ -14,6 +14,8 @@
 # direct arm runs at the same time as each proxy's (two clients, independent arrivals), and "added"
 # is against that run: what the machine does during a run then moves both alike.
 #
+# RATE=N sends N requests/s instead of 240 (about N/15 streams in flight).
+#
 # Usage: benches/ttft-ab.sh NAME=BINARY... [bare] [nginx]   (REPS=10 by default; ports
 # 9301-9319 free; installs nginx-light with apt when missing; about 5 s per arm and repetition)
 set -euo pipefail
@@ -59,7 +61,7 @@ done
 
 load() { # port seed: one open-loop run, its JSON summary
   taskset -c 0 "$bin" bench --url "http://127.0.0.1:$1" --model m --prompt-tokens 16 \
-    --rate 240 --duration 4 --seed "$2" --max-tokens 32 --json 2>/dev/null | tail -1
+    --rate "${RATE:-240}" --duration 4 --seed "$2" --max-tokens 32 --json 2>/dev/null | tail -1
 }
 for rep in $(seq "${REPS:-10}"); do
   for a in "${arms[@]}"; do
