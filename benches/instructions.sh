@@ -10,7 +10,8 @@
 #
 # Usage: benches/instructions.sh [TPSGATE_BINARY]   (ports 9221-9225 free; installs valgrind,
 # nginx-light and wrk with apt when missing; about 3 minutes). `ARMS=tpsgate benches/instructions.sh`
-# counts only the arms named and prints their lines without touching BENCHMARKS.md.
+# counts only the arms named and prints their lines without touching BENCHMARKS.md;
+# `WRK_SCRIPT=file.lua` sends another request (with ARMS, for a one-off count).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in valgrind:valgrind nginx:nginx-light wrk:wrk; do
@@ -47,7 +48,7 @@ backends:
   - {name: static, url: http://127.0.0.1:9221, dialect: openai, models: {s: s}}
 YAML
 url() { echo "http://127.0.0.1:$1/v1/chat/completions"; }
-load() { wrk -t1 -c4 -d"$2"s -s benches/wrk-chat.lua "$(url "$1")" | grep '^{'; }
+load() { wrk -t1 -c4 -d"$2"s -s "${WRK_SCRIPT:-benches/wrk-chat.lua}" "$(url "$1")" | grep '^{'; }
 
 count() { # arm port command...
   local arm=$1 port=$2; shift 2
@@ -79,7 +80,7 @@ for arm in $arms; do
     *) echo "unknown arm $arm (nginx, bare, tpsgate)" >&2; exit 2 ;;
   esac
 done
-[ "$arms" = "nginx bare tpsgate" ] || exit 0
+[ "$arms" = "nginx bare tpsgate" ] && [ -z "${WRK_SCRIPT:-}" ] || exit 0
 python3 - "$out/results.jsonl" >"$out/table.md" <<'PY'
 import json, sys
 rows = {r["arm"]: r for r in map(json.loads, open(sys.argv[1]))}
