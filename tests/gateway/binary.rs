@@ -108,14 +108,7 @@ async fn one_stream_through_serve(rust_log: &str) -> (serde_json::Value, String)
     .await;
     assert_eq!(ex.status, 200);
     let received = support::seen(sim).await[0].clone();
-    let pid = gw.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(&gw.child);
     (received, gw.child.wait_with_output_ref())
 }
 
@@ -137,6 +130,13 @@ async fn serve_never_logs_the_api_key() {
 async fn request_lines_can_be_silenced_alone_by_their_log_target() {
     let (_, out) = one_stream_through_serve("info,tpsgate::request=off").await;
     assert!(!out.contains("\"message\":\"request\""), "{out}");
+}
+
+/// Asks a child to stop, as an operator's `kill` would.
+fn sigterm(child: &std::process::Child) {
+    let pid = child.id().to_string();
+    let sent = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(sent.success());
 }
 
 trait WaitOutput {
@@ -196,14 +196,7 @@ async fn sigterm_lets_a_running_stream_finish_then_exits() {
         .into_data()
         .unwrap()
         .to_vec();
-    let pid = gw.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    sigterm(&gw.child);
     while let Some(frame) = body.frame().await {
         received.extend_from_slice(&frame.unwrap().into_data().unwrap_or_default());
     }
