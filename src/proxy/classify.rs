@@ -463,6 +463,12 @@ mod tests {
         assert_eq!(msg(br#"{"messages":[]}"#), "missing required field `model`");
         assert_eq!(msg(br#"{"model":3}"#), "`model` must be a string");
         assert!(msg(br#"{"model":"m","stream":"yes"}"#).contains("invalid type"));
+        // Parsers disagree on which of two keys wins: refused, so that the gateway cannot route
+        // by one model while the backend serves the other.
+        assert!(
+            msg(br#"{"model":"cheap","messages":[],"model":"dear"}"#)
+                .contains("duplicate field `model`")
+        );
     }
 
     #[test]
