@@ -74,7 +74,7 @@ pub struct Gateway {
 pub struct Reloader {
     admin: Arc<AdminState>,
     live: Arc<ArcSwap<Live>>,
-    drained: tokio_util::sync::CancellationToken,
+    drained: crate::signal::Signal,
 }
 
 /// Builds the router and stack for `config`, reusing `old` backends that did not change;
@@ -82,7 +82,7 @@ pub struct Reloader {
 fn build(
     config: &Config,
     old: Option<&Live>,
-    drained: &tokio_util::sync::CancellationToken,
+    drained: &crate::signal::Signal,
 ) -> Result<Live, String> {
     let classes_same = old.is_some_and(|o| o.config.classes == config.classes);
     // Waiters are woken by releases on any backend: reused backends keep waking the line they
@@ -179,7 +179,7 @@ impl Gateway {
     /// Builds every backend's client, binds both listeners (or fails without serving anything)
     /// and starts serving.
     pub async fn start(config: &Config) -> Result<Self, String> {
-        let drained = tokio_util::sync::CancellationToken::new();
+        let drained = crate::signal::Signal::new();
         let live = Arc::new(ArcSwap::from_pointee(build(config, None, &drained)?));
         let tls = match &config.tls {
             Some(files) => Some(listen::tls_acceptor(&files.cert_file, &files.key_file)?),
@@ -315,7 +315,7 @@ impl Gateway {
         let deadline = self.reloader.live.load().config.limits.drain_timeout;
         tokio::spawn(async move {
             tokio::time::sleep(deadline.saturating_sub(std::time::Duration::from_millis(50))).await;
-            drained.cancel();
+            drained.fire();
         });
         for task in self.tasks.drain(..) {
             let _ = task.await;

@@ -29,6 +29,7 @@ pub mod listen;
 pub mod logging;
 pub mod proxy;
 pub mod router;
+pub mod signal;
 pub mod sim;
 pub mod sse;
 pub mod stack;

@@ -24,7 +24,7 @@ pub fn build(
     limits: Limits,
     classes: Classes,
     api_keys: Vec<ApiKey>,
-    drained: tokio_util::sync::CancellationToken,
+    drained: crate::signal::Signal,
 ) -> Stack {
     ServiceBuilder::new()
         // Outermost: every response, errors included, carries the request id.

@@ -24,6 +24,7 @@ use super::meter::StreamMeter;
 use crate::config::Timeouts;
 use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::logging::RequestLine;
+use crate::signal::Signal;
 use crate::sse::observe::StreamDialect;
 use crate::upstream::InFlightGuard;
 
@@ -295,7 +296,7 @@ pin_project! {
         timeouts: Timeouts,
         // When the request was sent upstream: the timeouts run from here.
         sent: Instant,
-        // The drain deadline (streams only): the token says whether it passed, the future wakes
+        // The drain deadline (streams only): the signal says whether it passed, the future wakes
         // the body when it does.
         drained: Option<Drained>,
         // The waker the deadline's timer and the drain future were last polled with. While the
@@ -315,9 +316,9 @@ pin_project! {
     }
 }
 
-/// The drain deadline's token, and the future that wakes the body when it passes.
+/// The drain deadline's signal, and the future that wakes the body when it passes.
 type Drained = (
-    tokio_util::sync::CancellationToken,
+    Signal,
     Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
 );
 
@@ -385,7 +386,7 @@ impl Observed {
         stream: Option<(StreamDialect, bool)>,
         timeouts: Timeouts,
         sent: Instant,
-        drained: Option<tokio_util::sync::CancellationToken>,
+        drained: Option<Signal>,
     ) -> Self {
         log.meter = stream.map(|(dialect, strip)| StreamMeter::new(dialect, strip));
         let first = sent + timeouts.first_token;
@@ -399,9 +400,10 @@ impl Observed {
             },
             timeouts,
             sent,
-            drained: stream
-                .and(drained)
-                .map(|d| (d.clone(), Box::pin(d.cancelled_owned()))),
+            drained: stream.and(drained).map(|d| {
+                let fired = Box::pin(d.fired());
+                (d, fired)
+            }),
             registered: None,
             timed_out: false,
             held: std::collections::VecDeque::new(),
@@ -563,7 +565,7 @@ impl Body for Observed {
                         && this
                             .drained
                             .as_ref()
-                            .is_none_or(|(token, _)| !token.is_cancelled())
+                            .is_none_or(|(signal, _)| !signal.has_fired())
                     {
                         return Poll::Pending;
                     }

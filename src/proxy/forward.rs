@@ -18,6 +18,7 @@ use super::request_id::Received;
 use super::rewrite::is_hop_by_hop;
 use super::route::Routed;
 use crate::error::{Error, ErrorKind};
+use crate::signal::Signal;
 use crate::sse::observe::StreamDialect;
 use crate::upstream::UpstreamBody;
 
@@ -36,12 +37,12 @@ pub const X_TPSGATE_ROUTE_REASON: HeaderName = HeaderName::from_static("x-tpsgat
 pub struct Forward {
     /// Cancelled when the drain deadline passes: streams still open then end with an error
     /// event.
-    drained: tokio_util::sync::CancellationToken,
+    drained: Signal,
 }
 
 impl Forward {
     /// The service; `drained` ends the streams still open at the drain deadline.
-    pub const fn new(drained: tokio_util::sync::CancellationToken) -> Self {
+    pub const fn new(drained: Signal) -> Self {
         Self { drained }
     }
 }
@@ -59,7 +60,7 @@ struct Pending {
     sent: Instant,
     prediction: Option<crate::curve::Prediction>,
     reason: crate::router::Reason,
-    drained: Option<tokio_util::sync::CancellationToken>,
+    drained: Option<Signal>,
 }
 
 impl Service<Request<UpstreamBody>> for Forward {
@@ -113,7 +114,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                 sent,
                 prediction: routed.prediction,
                 reason: routed.reason,
-                // Only a stream waits on the drain (a token clone takes a lock).
+                // Only a stream waits on the drain.
                 drained: stream.is_some().then(|| self.drained.clone()),
             }),
             failed: None,

@@ -1,0 +1,62 @@
+//! A one-time signal that many tasks wait on: graceful shutdown beginning, the drain deadline
+//! passing.
+//!
+//! tokio-util's `CancellationToken` wakes its waiters well, but answers `is_cancelled` under its
+//! node's mutex, one mutex that every clone shares; connections and streams ask on every pending
+//! read, so here the answer is one atomic load, and the token only wakes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// A signal that fires once; cloning shares it.
+#[derive(Debug, Clone, Default)]
+pub struct Signal(Arc<Inner>);
+
+#[derive(Debug, Default)]
+struct Inner {
+    fired: AtomicBool,
+    wake: CancellationToken,
+}
+
+impl Signal {
+    /// An unfired signal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fires it: every waiter wakes, and [`Signal::has_fired`] says so from then on.
+    pub fn fire(&self) {
+        // Set before the wake-up, so that a woken task reads it.
+        self.0.fired.store(true, Ordering::Release);
+        self.0.wake.cancel();
+    }
+
+    /// Whether it has fired.
+    pub fn has_fired(&self) -> bool {
+        self.0.fired.load(Ordering::Acquire)
+    }
+
+    /// A future that completes once it has fired.
+    pub fn fired(&self) -> WaitForCancellationFutureOwned {
+        self.0.wake.clone().cancelled_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_waiter_made_before_the_signal_fires_wakes_and_sees_it() {
+        let signal = Signal::new();
+        let waiter = signal.fired();
+        let clone = signal.clone();
+        assert!(!clone.has_fired());
+        tokio::spawn(async move { signal.fire() });
+        waiter.await;
+        assert!(clone.has_fired());
+        clone.fired().await; // and one made after returns at once
+    }
+}
