@@ -1,5 +1,6 @@
-//! Any request body through the JSON peek and the byte-level rewrite: no panic, and a body that
-//! was valid JSON stays valid JSON with the new model and include_usage in it.
+//! Any request body through the JSON peek and the byte-level rewrite: no panic; of a body that is
+//! valid JSON the peek reads the model a parser reads, and the rewrite keeps it valid JSON with
+//! the new model and include_usage in it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -12,7 +13,8 @@ fuzz_target!(|data: &[u8]| {
         let Ok(classified) = peek(endpoint, data) else { continue };
         let body = bytes::Bytes::copy_from_slice(data);
         let out = rewrite_body(&body, &classified, Some("upstream/\"model\""), true);
-        if let Ok(serde_json::Value::Object(_)) = serde_json::from_slice::<serde_json::Value>(data) {
+        if let Ok(serde_json::Value::Object(parsed)) = serde_json::from_slice::<serde_json::Value>(data) {
+            assert_eq!(classified.model.as_deref(), parsed.get("model").and_then(|m| m.as_str()));
             let value: serde_json::Value = serde_json::from_slice(&out).expect("the rewrite keeps JSON valid");
             if classified.model.is_some() {
                 assert_eq!(value["model"], "upstream/\"model\"");

@@ -13,10 +13,10 @@ use http::{Method, Request, header};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Body;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use tower::{Layer, Service};
 
 use super::endpoint::Endpoint;
+use super::skim;
 use crate::config::{ClassConfig, RouteRule};
 use crate::error::{Error, ErrorKind};
 use crate::router::slo::Slo;
@@ -73,21 +73,16 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-#[derive(Deserialize)]
-struct Peek<'a> {
-    #[serde(borrow)]
-    model: Option<&'a RawValue>,
-    stream: Option<bool>,
-    #[serde(borrow)]
-    stream_options: Option<&'a RawValue>,
+/// The top-level keys classify reads; [`find`] returns their spans in this order.
+const FIELDS: [&str; 6] = [
+    "model",
+    "stream",
+    "stream_options",
     // Read leniently: a value we cannot use is the upstream's to judge, not ours.
-    #[serde(borrow)]
-    max_tokens: Option<&'a RawValue>,
-    #[serde(borrow)]
-    max_completion_tokens: Option<&'a RawValue>,
-    #[serde(borrow)]
-    max_output_tokens: Option<&'a RawValue>,
-}
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+];
 
 #[derive(Deserialize)]
 struct RawStreamOptions {
@@ -369,7 +364,8 @@ fn json_content_type(value: Option<&http::HeaderValue>) -> bool {
             .is_some_and(|s| s.eq_ignore_ascii_case(b"+json"))
 }
 
-/// Parses the JSON once for model, stream and stream_options, keeping their byte spans.
+/// Finds model, stream, stream_options and the token limit in the JSON body, keeping their byte
+/// spans; the rest of the body is skimmed ([`skim`]), not parsed.
 pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
     if endpoint == Endpoint::Models || (body.is_empty() && !endpoint.generates()) {
         return Ok(Classified {
@@ -385,59 +381,102 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
             prompt_tokens: 0,
         });
     }
-    let peek: Peek<'_> = serde_json::from_slice(body)
-        .map_err(|e| Error::new(ErrorKind::InvalidRequest, format!("invalid JSON body: {e}")))?;
-    let span = |raw: &RawValue| {
-        let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
-        start..start + raw.get().len()
-    };
-    let model = match peek.model {
-        Some(raw) => Some(
-            serde_json::from_str::<String>(raw.get())
+    let [
+        model,
+        stream,
+        stream_options,
+        max_tokens,
+        max_completion_tokens,
+        max_output_tokens,
+    ] = find(body)?;
+    let model = match model {
+        Some(span) => Some((
+            serde_json::from_slice::<String>(&body[span.clone()])
                 .map_err(|_| Error::new(ErrorKind::InvalidRequest, "`model` must be a string"))?,
-        ),
+            span,
+        )),
         None => None,
     };
-    if endpoint.generates() && model.as_deref().is_none_or(str::is_empty) {
+    if endpoint.generates() && model.as_ref().is_none_or(|(m, _)| m.is_empty()) {
         return Err(Error::new(
             ErrorKind::InvalidRequest,
             "missing required field `model`",
         ));
     }
-    let stream_options = match peek.stream_options {
-        Some(raw) => {
-            let parsed: RawStreamOptions = serde_json::from_str(raw.get()).map_err(|_| {
-                Error::new(
-                    ErrorKind::InvalidRequest,
-                    "`stream_options` must be an object",
-                )
-            })?;
+    let stream = match stream {
+        Some(span) => serde_json::from_slice::<bool>(&body[span])
+            .map_err(|_| Error::new(ErrorKind::InvalidRequest, "`stream` must be true or false"))?,
+        None => false,
+    };
+    let stream_options = match stream_options {
+        Some(span) => {
+            let parsed: RawStreamOptions =
+                serde_json::from_slice(&body[span.clone()]).map_err(|_| {
+                    Error::new(
+                        ErrorKind::InvalidRequest,
+                        "`stream_options` must be an object",
+                    )
+                })?;
             Some(StreamOptions {
-                span: span(raw),
+                span,
                 include_usage: parsed.include_usage,
             })
         }
         None => None,
     };
+    let (model, model_span) = model.unzip();
     Ok(Classified {
         endpoint,
         model,
-        stream: peek.stream.unwrap_or(false),
-        model_span: peek.model.map(span),
+        stream,
+        model_span,
         class: None,
         class_index: None,
         slo: Slo::default(),
         stream_options,
-        max_tokens: [
-            peek.max_tokens,
-            peek.max_completion_tokens,
-            peek.max_output_tokens,
-        ]
-        .into_iter()
-        .flatten()
-        .find_map(|raw| raw.get().parse::<u32>().ok()),
+        max_tokens: [max_tokens, max_completion_tokens, max_output_tokens]
+            .into_iter()
+            .flatten()
+            .find_map(|span| std::str::from_utf8(&body[span]).ok()?.parse::<u32>().ok()),
         prompt_tokens: body.len() as u64 / BYTES_PER_TOKEN,
     })
+}
+
+/// The spans of the [`FIELDS`] values in the body's top-level object; `null` is absent. A key
+/// given twice is refused: parsers disagree on which one wins, and the gateway must not route
+/// by one model while the backend serves the other.
+fn find(body: &[u8]) -> Result<[Option<Range<usize>>; FIELDS.len()], Error> {
+    let invalid = |why: String| {
+        Error::new(
+            ErrorKind::InvalidRequest,
+            format!("invalid JSON body: {why}"),
+        )
+    };
+    let mut found: [Option<Option<Range<usize>>>; FIELDS.len()] = Default::default();
+    for member in skim::members(body) {
+        let member = member.map_err(|e| invalid(e.describe(body)))?;
+        let Some(i) = field(body, &member.key) else {
+            continue;
+        };
+        if found[i].is_some() {
+            return Err(invalid(format!("duplicate field `{}`", FIELDS[i])));
+        }
+        found[i] = Some((body[member.value.clone()] != *b"null").then_some(member.value));
+    }
+    Ok(found.map(Option::flatten))
+}
+
+/// Which of [`FIELDS`] a key (its bytes inside the quotes) names, escapes decoded.
+fn field(body: &[u8], key: &Range<usize>) -> Option<usize> {
+    let raw = &body[key.clone()];
+    if let Some(i) = FIELDS.iter().position(|f| f.as_bytes() == raw) {
+        return Some(i);
+    }
+    if !raw.contains(&b'\\') {
+        return None;
+    }
+    let decoded: String = serde_json::from_slice(&body[key.start - 1..key.end + 1]).ok()?;
+    FIELDS.iter().position(|f| *f == decoded)
 }
 
 #[cfg(test)]
@@ -462,12 +501,26 @@ mod tests {
         assert!(msg(b"{").starts_with("invalid JSON body"));
         assert_eq!(msg(br#"{"messages":[]}"#), "missing required field `model`");
         assert_eq!(msg(br#"{"model":3}"#), "`model` must be a string");
-        assert!(msg(br#"{"model":"m","stream":"yes"}"#).contains("invalid type"));
+        assert_eq!(
+            msg(br#"{"model":"m","stream":"yes"}"#),
+            "`stream` must be true or false"
+        );
+        assert_eq!(
+            msg(br#"{"model":"m","stream_options":[]}"#),
+            "`stream_options` must be an object"
+        );
+        assert_eq!(
+            msg(b"{\"model\":\"m\",\n \"stream\" true}"),
+            "invalid JSON body: expected `:` after a key at line 2 column 11"
+        );
         // Parsers disagree on which of two keys wins: refused, so that the gateway cannot route
         // by one model while the backend serves the other.
         assert!(
             msg(br#"{"model":"cheap","messages":[],"model":"dear"}"#)
                 .contains("duplicate field `model`")
+        );
+        assert!(
+            msg(br#"{"model":"cheap","mod\u0065l":"dear"}"#).contains("duplicate field `model`")
         );
     }
 

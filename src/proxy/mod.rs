@@ -12,3 +12,4 @@ pub mod request_id;
 pub mod rescue;
 pub mod rewrite;
 pub mod route;
+pub mod skim;
