@@ -147,37 +147,24 @@ async fn client_mistakes_get_openai_errors_and_never_reach_the_upstream() {
 
 /// The gateway reads a body's structure and the fields it routes by; a value it does not read
 /// (here inside `messages`) is the backend's to judge, and the backend's 400 reaches the client
-/// as it was sent, without counting against the backend.
+/// as it was sent.
 #[tokio::test]
 async fn a_body_malformed_where_the_gateway_does_not_read_gets_the_backends_own_400() {
     let (_fleet, sim, gw) = one_backend("", "").await;
-    let json = ("content-type", "application/json");
     let client = http_client();
-    let bad = br#"{"messages":[{"role":"user","content":"hi","name":tru}],"model":"small"}"#;
-    let ex = support::send(
-        &client,
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(bad),
-        &[json],
-    )
-    .await;
+    let post = async |body: &[u8]| {
+        let json = ("content-type", "application/json");
+        let path = "/v1/chat/completions";
+        support::send(&client, gw.addr(), Method::POST, path, Some(body), &[json]).await
+    };
+    let bad = post(br#"{"messages":[{"role":"user","content":"hi","name":tru}],"model":"small"}"#);
+    let ex = bad.await;
     assert_eq!(ex.status, StatusCode::BAD_REQUEST);
     let message = ex.json()["error"]["message"].as_str().unwrap().to_owned();
     assert!(message.starts_with("invalid JSON"), "{message}");
     assert_eq!(support::seen(sim).await.len(), 1, "the backend judged it");
     let good = br#"{"messages":[{"role":"user","content":"hi"}],"model":"small","max_tokens":2}"#;
-    let ex = support::send(
-        &client,
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(good),
-        &[json],
-    )
-    .await;
-    assert_eq!(ex.status, StatusCode::OK);
+    assert_eq!(post(good).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
