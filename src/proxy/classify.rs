@@ -382,22 +382,19 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         });
     }
     let [
-        model,
+        model_span,
         stream,
         stream_options,
         max_tokens,
         max_completion_tokens,
         max_output_tokens,
     ] = find(body)?;
-    let model = match model {
-        Some(span) => Some((
-            serde_json::from_slice::<String>(&body[span.clone()])
-                .map_err(|_| Error::new(ErrorKind::InvalidRequest, "`model` must be a string"))?,
-            span,
-        )),
-        None => None,
-    };
-    if endpoint.generates() && model.as_ref().is_none_or(|(m, _)| m.is_empty()) {
+    let model = model_span
+        .clone()
+        .map(|span| serde_json::from_slice::<String>(&body[span]))
+        .transpose()
+        .map_err(|_| Error::new(ErrorKind::InvalidRequest, "`model` must be a string"))?;
+    if endpoint.generates() && model.as_deref().is_none_or(str::is_empty) {
         return Err(Error::new(
             ErrorKind::InvalidRequest,
             "missing required field `model`",
@@ -410,13 +407,18 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
     };
     let stream_options = match stream_options {
         Some(span) => {
+            let not_an_object = || {
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    "`stream_options` must be an object",
+                )
+            };
+            // serde's derive would also take an array, positionally.
+            if body[span.start] != b'{' {
+                return Err(not_an_object());
+            }
             let parsed: RawStreamOptions =
-                serde_json::from_slice(&body[span.clone()]).map_err(|_| {
-                    Error::new(
-                        ErrorKind::InvalidRequest,
-                        "`stream_options` must be an object",
-                    )
-                })?;
+                serde_json::from_slice(&body[span.clone()]).map_err(|_| not_an_object())?;
             Some(StreamOptions {
                 span,
                 include_usage: parsed.include_usage,
@@ -424,7 +426,6 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         }
         None => None,
     };
-    let (model, model_span) = model.unzip();
     Ok(Classified {
         endpoint,
         model,
@@ -506,7 +507,7 @@ mod tests {
             "`stream` must be true or false"
         );
         assert_eq!(
-            msg(br#"{"model":"m","stream_options":[]}"#),
+            msg(br#"{"model":"m","stream_options":[true]}"#),
             "`stream_options` must be an object"
         );
         assert_eq!(
