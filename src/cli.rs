@@ -220,14 +220,24 @@ async fn serve(file: PathBuf) -> Result<(), String> {
     let loaded = fingerprint(&file);
     let config = crate::config::load(&file).map_err(|e| e.to_string())?;
     let gateway = crate::gateway::Gateway::start(&config).await?;
+    // Both handlers are in place before the line that says the gateway listens.
+    let stop = shutdown_signal();
+    #[cfg(unix)]
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     say(&format!(
         "tpsgate listening on {} (admin http://{}), {} backends",
         gateway.url(),
         gateway.admin_addr(),
         config.backends.len()
     ));
-    let watcher = tokio::spawn(reload_on_change(file, loaded, gateway.reloader()));
-    shutdown_signal().await;
+    let watcher = tokio::spawn(reload_on_change(
+        file,
+        loaded,
+        gateway.reloader(),
+        #[cfg(unix)]
+        hangup,
+    ));
+    stop.await;
     watcher.abort();
     tracing::info!(
         drain_s = config.limits.drain_timeout.as_secs_f64(),
@@ -253,7 +263,12 @@ fn fingerprint(file: &std::path::Path) -> Option<u64> {
 
 /// Reloads the config on SIGHUP, and when the file's content changes (once per change: a file
 /// caught half-written fails validation, and the next write is another change).
-async fn reload_on_change(file: PathBuf, loaded: Option<u64>, reloader: crate::gateway::Reloader) {
+async fn reload_on_change(
+    file: PathBuf,
+    loaded: Option<u64>,
+    reloader: crate::gateway::Reloader,
+    #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
+) {
     let apply = |why: &str| {
         tracing::info!(file = %file.display(), why, "reloading the config");
         match crate::config::load(&file) {
@@ -268,19 +283,10 @@ async fn reload_on_change(file: PathBuf, loaded: Option<u64>, reloader: crate::g
         }
     };
     let mut seen = loaded;
-    #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     let mut every = tokio::time::interval(WATCH_EVERY);
     loop {
         #[cfg(unix)]
-        let hup = async {
-            match hangup.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
+        let hup = received(&mut hangup);
         #[cfg(not(unix))]
         let hup = std::future::pending::<()>();
         tokio::select! {
@@ -477,36 +483,48 @@ async fn sim(args: SimArgs) -> Result<(), String> {
         None => format!("sim flags: {}", e.message),
     })?;
     let running = Fleet::start(&specs).await.map_err(|e| e.to_string())?;
+    let stop = shutdown_signal();
     for ((name, addr), spec) in running.addrs().zip(&specs) {
         say(&format!(
             "sim backend {name} listening on http://{addr} (models: {})",
             spec.models.join(", ")
         ));
     }
-    shutdown_signal().await;
+    stop.await;
     running.stop().await;
     Ok(())
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on Ctrl-C or SIGTERM, listened for from the moment this is called, not from the
+/// first poll: a signal that comes before its handler is registered takes its default action
+/// and kills the process, streams and all. Servers call it before they say they listen.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            tokio::select! {
+                () = received(&mut interrupt) => {}
+                () = received(&mut terminate) => {}
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The next delivery of `signal`; never, when it could not be registered.
+#[cfg(unix)]
+async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

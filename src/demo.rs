@@ -95,6 +95,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     })?;
     let url = gateway.url();
     let admin = format!("http://{}", gateway.admin_addr());
+    let interrupted = crate::cli::shutdown_signal();
     say(&format!(
         "tpsgate demo: {} simulated backends behind the gateway, traffic up to {} requests/s \
          (80% interactive, 20% batch), rising and falling every {PERIOD_S:.0} s.",
@@ -123,7 +124,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
 
     let (stop, stopped) = watch::channel(false);
     let traffic = tokio::spawn(traffic(url, args.rate, stopped));
-    crate::cli::shutdown_signal().await;
+    interrupted.await;
     say("stopping: traffic, then the gateway, then the backends");
     let _ = stop.send(true);
     let _ = traffic.await;

@@ -209,3 +209,36 @@ async fn sigterm_lets_a_running_stream_finish_then_exits() {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// The handlers are registered before the gateway says it listens: a SIGTERM (or SIGHUP) the
+/// moment it does is a drain and a clean exit, not the signal's default action killing the
+/// process, streams and all.
+#[tokio::test]
+async fn a_signal_the_moment_the_gateway_says_it_listens_is_handled() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\nbackends:\n{}",
+            support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+        ),
+    )
+    .unwrap();
+    let mut command = tpsgate();
+    command
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stderr(Stdio::null());
+    let mut gw = support::spawn_listening(command).await;
+    let pid = gw.child.id().to_string();
+    for signal in ["-HUP", "-TERM"] {
+        let sent = Command::new("kill").args([signal, &pid]).status().unwrap();
+        assert!(sent.success());
+    }
+    let status = tokio::task::spawn_blocking(move || gw.child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}
