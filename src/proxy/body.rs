@@ -16,7 +16,7 @@ use std::task::{Context, Poll, Waker, ready};
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 
@@ -26,7 +26,7 @@ use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::logging::RequestLine;
 use crate::signal::Signal;
 use crate::sse::observe::StreamDialect;
-use crate::upstream::InFlightGuard;
+use crate::upstream::{InFlightGuard, PooledBody};
 
 /// Errors a response body can end with.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -290,7 +290,7 @@ pin_project! {
     #[derive(Debug)]
     pub struct Observed {
         #[pin]
-        inner: Incoming,
+        inner: PooledBody,
         log: RequestLog,
         deadline: Deadline,
         timeouts: Timeouts,
@@ -381,7 +381,7 @@ impl Observed {
     /// Forwards `inner`; meters it as an SSE stream of `dialect` when `stream` is set (`true`:
     /// remove the usage chunk the gateway asked for).
     pub fn new(
-        inner: Incoming,
+        inner: PooledBody,
         mut log: RequestLog,
         stream: Option<(StreamDialect, bool)>,
         timeouts: Timeouts,

@@ -1,4 +1,4 @@
-//! Forward: send the rewritten request with the backend's pooled client, and wrap the response
+//! Forward: send the rewritten request on one of the backend's pooled connections, and wrap the response
 //! body so that it is observed on its way out. The innermost service of the stack.
 
 use std::future::Future;
@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::{HeaderName, HeaderValue, Request, Response};
-use hyper_util::client::legacy::ResponseFuture;
 use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::Service;
@@ -20,7 +19,8 @@ use super::route::Routed;
 use crate::error::{Error, ErrorKind};
 use crate::signal::Signal;
 use crate::sse::observe::StreamDialect;
-use crate::upstream::UpstreamBody;
+use crate::upstream::pool::SendError;
+use crate::upstream::{PooledBody, UpstreamBody};
 
 /// `x-tpsgate-backend`: which backend answered.
 pub const X_TPSGATE_BACKEND: HeaderName = HeaderName::from_static("x-tpsgate-backend");
@@ -93,7 +93,7 @@ impl Service<Request<UpstreamBody>> for Forward {
             }
             None => (None, None, None, 0),
         };
-        let inner = routed.backend.client.request(req);
+        let inner = Box::pin(Arc::clone(&routed.backend.pool).send(req));
         // A backend's timeouts run from when the request is sent to it, not from its arrival
         // (time spent waiting in a queue line is not the backend's).
         let sent = Instant::now();
@@ -122,12 +122,14 @@ impl Service<Request<UpstreamBody>> for Forward {
     }
 }
 
+/// A request on its way to the backend, until its response head.
+type Sending = Pin<Box<dyn Future<Output = Result<Response<PooledBody>, SendError>> + Send>>;
+
 pin_project! {
     /// Response future of [`Forward`].
-    #[derive(Debug)]
     pub struct ForwardFuture {
         #[pin]
-        inner: Option<ResponseFuture>,
+        inner: Option<Sending>,
         // The first-token (or total) deadline while the response head is awaited.
         #[pin]
         head_timer: tokio::time::Sleep,
@@ -270,7 +272,7 @@ impl Future for ForwardFuture {
 }
 
 /// 504 when connecting timed out, 502 for any other failure before the response head.
-fn upstream_error(backend: &str, err: &hyper_util::client::legacy::Error) -> Error {
+fn upstream_error(backend: &str, err: &SendError) -> Error {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
     let mut timed_out = false;
     let mut detail = err.to_string();

@@ -91,9 +91,7 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     let body = rewrite_body(&body, classified, routed.upstream_model.as_deref(), inject);
 
     parts.uri = upstream_uri(backend, &parts.uri)?;
-    // The client's protocol is not the upstream's: the pool speaks HTTP/1.1, or HTTP/2 where TLS
-    // ALPN chose it (hyper-util upgrades the version for an h2 connection by itself).
-    parts.version = http::Version::HTTP_11;
+    // The version stays the client's: the pool sets its connection's own.
     rewrite_headers(&mut parts.headers, backend, body.len());
     Ok(Request::from_parts(parts, UpstreamBody::new(body)))
 }

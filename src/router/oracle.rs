@@ -66,10 +66,14 @@ impl Oracle {
         for (slot, b) in self.curves.iter().zip(backends) {
             let base = b.config.url.to_string();
             let url = format!("{}/sim/truth?{}", base.trim_end_matches('/'), self.query);
-            let Ok(req) = Request::get(url).body(Full::new(Bytes::new())) else {
+            let Ok(req) = Request::get(url)
+                .header(http::header::HOST, b.config.host.clone())
+                .body(Full::new(Bytes::new()))
+            else {
                 continue;
             };
-            let Ok(Ok(resp)) = tokio::time::timeout(REFRESH, b.client.request(req)).await else {
+            let Ok(Ok(resp)) = tokio::time::timeout(REFRESH, Arc::clone(&b.pool).send(req)).await
+            else {
                 continue;
             };
             let Ok(body) = resp.into_body().collect().await else {

@@ -1,4 +1,4 @@
-//! A backend at runtime: its config, its client, its in-flight count with the time integral
+//! A backend at runtime: its config, its connection pool, its in-flight count with the time integral
 //! behind experienced concurrency, and its curves (one per client model name).
 
 use std::sync::Arc;
@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::client::{self, UpstreamClient};
+use super::client;
+use super::pool::Pool;
 use crate::config::BackendConfig;
 use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome, Reading};
 use crate::router::queue::Line;
@@ -23,8 +24,8 @@ pub type ByModel<V> = DashMap<Arc<str>, V, foldhash::fast::RandomState>;
 pub struct Backend {
     /// Its validated config.
     pub config: BackendConfig,
-    /// Its pooled client.
-    pub client: UpstreamClient,
+    /// Its connections.
+    pub pool: Arc<Pool>,
     /// In flight and its integral.
     pub occupancy: Occupancy,
     /// Its name as a header value (`x-tpsgate-backend` on every response), made once; `None`
@@ -64,7 +65,7 @@ impl Backend {
         classes: usize,
         line: Arc<Line>,
     ) -> Result<Arc<Self>, String> {
-        let client = client::build(&config)?;
+        let pool = client::build(&config)?;
         let now = Instant::now();
         let prior = config
             .prior
@@ -79,7 +80,7 @@ impl Backend {
         Ok(Arc::new(Self {
             name_header: http::HeaderValue::from_str(&config.name).ok(),
             config,
-            client,
+            pool,
             occupancy: Occupancy::default(),
             curves,
             metrics: ByModel::default(),

@@ -1,34 +1,30 @@
-//! The upstream HTTP client: hyper-util's pooled client over rustls (ring), HTTP/1.1 and, where
-//! TLS ALPN offers it, HTTP/2. Roots: the platform's, else webpki's bundle, plus a backend's
-//! `ca_file`.
+//! The upstream connector: TCP, and rustls (ring) for `https` backends, offering HTTP/2 and
+//! HTTP/1.1 by ALPN. Roots: the platform's, else webpki's bundle, plus a backend's `ca_file`.
+//! The connections it makes are kept by the backend's [`Pool`].
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
+use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
+use super::pool::Pool;
 use crate::config::BackendConfig;
 
 /// Request body sent upstream: the (possibly rewritten) client body, read once.
 pub type UpstreamBody = Full<Bytes>;
-
-/// A pooled client for one backend.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, UpstreamBody>;
 
 /// The process-wide crypto provider: ring, as the project chose.
 pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Builds the client for `backend`.
-pub fn build(backend: &BackendConfig) -> Result<UpstreamClient, String> {
+/// Builds the connection pool for `backend`.
+pub fn build(backend: &BackendConfig) -> Result<Arc<Pool>, String> {
     let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     let (added, _) = roots.add_parsable_certificates(native.certs);
@@ -60,8 +56,5 @@ pub fn build(backend: &BackendConfig) -> Result<UpstreamClient, String> {
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Ok(Client::builder(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .pool_timer(TokioTimer::new())
-        .build(connector))
+    Ok(Pool::new(connector, backend.url.clone()))
 }
