@@ -134,14 +134,16 @@ impl Pool {
     ) -> Result<Response<PooledBody>, SendError> {
         let (conn, reused) = match self.checkout() {
             Some(conn) => (conn, true),
-            None => (self.connect().await?, false),
+            // Boxed: the connect and handshake futures are large, and most requests never
+            // make them; unboxed they would sit in (and be copied with) every request's future.
+            None => (Box::pin(self.connect()).await?, false),
         };
         match self.exchange(conn, req).await {
             Err((err, Some(req))) if reused => {
                 // The backend closed the idle connection as the request went out: it was not
                 // sent, so it may go again, on a connection of its own.
                 tracing::debug!(backend = %self.base, "reused connection closed ({err}); sending again");
-                let conn = self.connect().await?;
+                let conn = Box::pin(self.connect()).await?;
                 self.exchange(conn, req).await.map_err(|(e, _)| e)
             }
             result => result.map_err(|(e, _)| e),
