@@ -38,8 +38,9 @@ pin_project! {
     pub enum ProxyBody {
         /// A body the gateway made (errors, `/v1/models`).
         Local { #[pin] body: Full<Bytes> },
-        /// An upstream body, observed.
-        Upstream { #[pin] body: Observed },
+        /// An upstream body, observed. Boxed: it is several hundred bytes, and the response is
+        /// moved whole through every layer of the stack on its way out.
+        Upstream { body: Box<Observed> },
     }
 }
 
@@ -74,7 +75,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.project() {
             ProxyBodyProj::Local { body } => body.poll_frame(cx).map_err(|never| match never {}),
-            ProxyBodyProj::Upstream { body } => body.poll_frame(cx),
+            ProxyBodyProj::Upstream { body } => Pin::new(&mut **body).poll_frame(cx),
         }
     }
 

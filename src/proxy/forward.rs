@@ -258,14 +258,14 @@ impl Future for ForwardFuture {
             pending.prompt_tokens,
         );
         let body = ProxyBody::Upstream {
-            body: Observed::new(
+            body: Box::new(Observed::new(
                 body,
                 log,
                 stream,
                 pending.backend.config.timeouts,
                 pending.sent,
                 pending.drained,
-            ),
+            )),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }
