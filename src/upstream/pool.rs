@@ -17,6 +17,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
@@ -223,7 +224,7 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(SendError::Exchange)?;
-            tokio::spawn(async move {
+            spawn_boxed(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!("upstream HTTP/2 connection ended: {e}");
                 }
@@ -232,7 +233,7 @@ impl Pool {
             Ok(Conn::Shared(sender))
         } else {
             let (sender, conn) = http1::handshake(io).await.map_err(SendError::Exchange)?;
-            tokio::spawn(async move {
+            spawn_boxed(async move {
                 if let Err(e) = conn.await {
                     tracing::debug!("upstream connection ended: {e}");
                 }
@@ -265,6 +266,14 @@ impl Pool {
             });
         }
     }
+}
+
+/// Runs a connection on a task of its own, the connection boxed apart from the task: Tokio
+/// allocates a task with its future inline and aligned to a cache line, and for a connection's
+/// few kilobytes that cost 3.6 KiB more resident memory per idle stream (35.3 against 31.7 KiB,
+/// 2,000 streams, alternating runs) than a small task and a plain allocation.
+fn spawn_boxed(connection: impl Future<Output = ()> + Send + 'static) {
+    tokio::spawn(Box::pin(connection));
 }
 
 /// An HTTP/1 connection lent to one response.
