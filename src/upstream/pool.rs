@@ -351,7 +351,7 @@ mod tests {
 
     use super::*;
     use crate::sim::Fleet;
-    use crate::sim::config::{BackendRaw, EngineRaw, StreamRaw};
+    use crate::sim::config::FleetRaw;
 
     /// A TCP relay in front of a backend: it counts the connections made through it and cuts
     /// every open one on demand, as a backend closing its idle connections would.
@@ -398,27 +398,29 @@ mod tests {
     }
 
     async fn backend() -> (Fleet, SocketAddr) {
-        backend_with(None).await
+        backend_with("").await
     }
 
-    async fn backend_with(tls: Option<crate::sim::config::SimTls>) -> (Fleet, SocketAddr) {
-        let spec = BackendRaw {
-            name: "sim".into(),
-            listen: "127.0.0.1:0".into(),
-            models: vec!["m".into()],
-            tls,
-            engine: EngineRaw {
-                step_base_ms: 1.0,
-                ..EngineRaw::default()
-            },
-            stream: StreamRaw::default(),
-            faults: vec![],
-        }
-        .validate("test")
-        .unwrap();
-        let fleet = Fleet::start(&[spec]).await.unwrap();
+    /// A simulated backend serving `m` with a 1 ms step; `more` adds fields to its YAML.
+    async fn backend_with(more: &str) -> (Fleet, SocketAddr) {
+        let yaml = format!(
+            "backends:\n  - {{name: sim, listen: 127.0.0.1:0, models: [m], engine: {{step_base_ms: 1}}{more}}}\n"
+        );
+        let specs = crate::yaml::from_str::<FleetRaw>(&yaml)
+            .unwrap()
+            .validate()
+            .unwrap();
+        let fleet = Fleet::start(&specs).await.unwrap();
         let addr = fleet.addr("sim").unwrap();
         (fleet, addr)
+    }
+
+    /// A simulated backend, a relay in front of it, and a pool of connections through the relay.
+    async fn through_relay() -> (Fleet, Relay, Arc<Pool>) {
+        let (fleet, sim) = backend().await;
+        let relay = Relay::to(sim).await;
+        let pool = pool_to(relay.addr);
+        (fleet, relay, pool)
     }
 
     fn pool_to(addr: SocketAddr) -> Arc<Pool> {
@@ -450,9 +452,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_connection_serves_request_after_request() {
-        let (_fleet, sim) = backend().await;
-        let relay = Relay::to(sim).await;
-        let pool = pool_to(relay.addr);
+        let (_fleet, relay, pool) = through_relay().await;
         for _ in 0..5 {
             let body = exchange(&pool, relay.addr).await;
             assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
@@ -463,9 +463,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_at_once_get_connections_of_their_own_and_each_comes_back() {
-        let (_fleet, sim) = backend().await;
-        let relay = Relay::to(sim).await;
-        let pool = pool_to(relay.addr);
+        let (_fleet, relay, pool) = through_relay().await;
         let heads = futures_util::future::join_all(
             (0..3).map(|_| Arc::clone(&pool).send(chat(relay.addr))),
         )
@@ -486,9 +484,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_backend_closed_while_idle_is_replaced_without_an_error() {
-        let (_fleet, sim) = backend().await;
-        let relay = Relay::to(sim).await;
-        let pool = pool_to(relay.addr);
+        let (_fleet, relay, pool) = through_relay().await;
         exchange(&pool, relay.addr).await;
         relay.cut_all();
         // Once the pool's connection has read the close (a request that leaves in the instant
@@ -506,9 +502,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_dropped_before_its_end_closes_its_connection() {
-        let (_fleet, sim) = backend().await;
-        let relay = Relay::to(sim).await;
-        let pool = pool_to(relay.addr);
+        let (_fleet, relay, pool) = through_relay().await;
         let mut body = Arc::clone(&pool)
             .send(chat(relay.addr))
             .await
@@ -525,9 +519,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_idle_past_the_timeout_is_closed_instead_of_reused() {
-        let (_fleet, sim) = backend().await;
-        let relay = Relay::to(sim).await;
-        let pool = pool_to(relay.addr);
+        let (_fleet, relay, pool) = through_relay().await;
         exchange(&pool, relay.addr).await;
         tokio::time::pause();
         tokio::time::advance(IDLE_TIMEOUT).await;
@@ -544,10 +536,11 @@ mod tests {
         let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
         std::fs::write(&cert_file, cert.cert.pem()).unwrap();
         std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-        let (_fleet, sim) = backend_with(Some(crate::sim::config::SimTls {
-            cert_file: cert_file.clone(),
-            key_file,
-        }))
+        let (_fleet, sim) = backend_with(&format!(
+            ", tls: {{cert_file: {}, key_file: {}}}",
+            cert_file.display(),
+            key_file.display()
+        ))
         .await;
         let relay = Relay::to(sim).await;
         let port = relay.addr.port();
