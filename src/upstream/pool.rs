@@ -4,16 +4,19 @@
 //! pooled client, whose general pool cost a tenth of a proxied request's instructions under
 //! callgrind (59,400 against 53,400 here): a pool keyed by scheme and authority (hashed per
 //! request), and a task spawned per HTTP/1 request only to wait until its connection may take
-//! the next one. Here the pool belongs to
-//! one backend, so there is no key, and an HTTP/1 connection goes back to the pool when its
-//! response body ends, with the body: by then it is almost always ready for the next request.
+//! the next one. Here the pool belongs to one backend, so there is no key, and an HTTP/1
+//! connection goes back to the pool when its response body ends, with the body: by then it is
+//! almost always ready for the next request.
 //!
 //! HTTP/1.1 connections serve one request at a time and wait, most recently used first, in a
 //! stack; one idle longer than the idle timeout is closed instead of reused. Where TLS ALPN
 //! chose HTTP/2, one connection carries every request (requests that find none open make their
-//! own; the last one made is kept). A reused HTTP/1 connection the backend
-//! closed just as the request went out hands the request back unsent, and it is sent once more
-//! on a new connection.
+//! own; the last one made is kept).
+//!
+//! A reused connection the backend closed just as the request went out fails it, unsent (hyper
+//! hands it back) or written but unanswered. Either is sent once more, on a new connection: the
+//! first always (as hyper-util did), the second when the connection had been idle long enough
+//! for a backend's keep-alive timer to close it, which hyper-util left to fail.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -39,6 +42,21 @@ use super::client::UpstreamBody;
 /// pool did): backends close theirs after a while, and a request sent on a connection the
 /// other end is closing fails.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A request on a connection idle at least this long keeps a copy, to be sent again on a new
+/// connection if this one turns out closed: backends close idle connections after a keep-alive
+/// timeout of seconds (uvicorn, which serves vLLM and SGLang, after 5 s).
+const RESEND_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// A copy of a request to send again: the body is shared bytes, the headers are copied.
+fn copy(req: &Request<UpstreamBody>) -> Request<UpstreamBody> {
+    let mut copy = Request::new(req.body().clone());
+    *copy.method_mut() = req.method().clone();
+    *copy.uri_mut() = req.uri().clone();
+    *copy.version_mut() = req.version();
+    *copy.headers_mut() = req.headers().clone();
+    copy
+}
 
 /// The connections to one backend.
 pub struct Pool {
@@ -83,6 +101,11 @@ impl SendError {
     /// Whether the request never reached a connection.
     pub const fn is_connect(&self) -> bool {
         matches!(self, Self::Connect(_))
+    }
+
+    /// Whether the connection closed before a whole response head came back.
+    fn closed_without_response(&self) -> bool {
+        matches!(self, Self::Exchange(e) if e.is_incomplete_message())
     }
 }
 
@@ -133,22 +156,29 @@ impl Pool {
         self: Arc<Self>,
         req: Request<UpstreamBody>,
     ) -> Result<Response<PooledBody>, SendError> {
-        let (conn, reused) = match self.checkout() {
-            Some(conn) => (conn, true),
+        let (conn, idle_for) = match self.checkout() {
+            Some((conn, idle_for)) => (conn, Some(idle_for)),
             // Boxed: the connect and handshake futures are large, and most requests never
             // make them; unboxed they would sit in (and be copied with) every request's future.
-            None => (Box::pin(self.connect()).await?, false),
+            None => (Box::pin(self.connect()).await?, None),
         };
-        match self.exchange(conn, req).await {
-            Err((err, Some(req))) if reused => {
-                // The backend closed the idle connection as the request went out: it was not
-                // sent, so it may go again, on a connection of its own.
-                tracing::debug!(backend = %self.base, "reused connection closed ({err}); sending again");
-                let conn = Box::pin(self.connect()).await?;
-                self.exchange(conn, req).await.map_err(|(e, _)| e)
-            }
-            result => result.map_err(|(e, _)| e),
-        }
+        // A connection idle long enough for the backend's keep-alive timer to close it may be
+        // closed as the request goes out, after it was written, with no response begun: the
+        // request is copied to send again. One used a moment ago cannot have met such a timer,
+        // and costs no copy (under load, none does).
+        let spare = idle_for
+            .filter(|&idle| idle >= RESEND_AFTER_IDLE)
+            .map(|_| copy(&req));
+        let (err, req) = match (self.exchange(conn, req).await, spare) {
+            (Ok(resp), _) => return Ok(resp),
+            // Handed back unsent: the connection closed before the request was written.
+            (Err((err, Some(unsent))), _) if idle_for.is_some() => (err, unsent),
+            (Err((err, None)), Some(spare)) if err.closed_without_response() => (err, spare),
+            (Err((err, _)), _) => return Err(err),
+        };
+        tracing::debug!(backend = %self.base, "reused connection closed ({err}); sending again");
+        let conn = Box::pin(self.connect()).await?;
+        self.exchange(conn, req).await.map_err(|(e, _)| e)
     }
 
     async fn exchange(
@@ -186,24 +216,26 @@ impl Pool {
         }
     }
 
-    /// A connection ready for a request, if one is open.
-    fn checkout(&self) -> Option<Conn> {
+    /// A connection ready for a request, if one is open, and how long it has been idle.
+    fn checkout(&self) -> Option<(Conn, Duration)> {
         {
             let shared = lock(&self.shared);
             if let Some(sender) = shared.as_ref().filter(|s| !s.is_closed()) {
-                return Some(Conn::Shared(sender.clone()));
+                // Shared by requests in flight: never idle in the sense that matters here.
+                return Some((Conn::Shared(sender.clone()), Duration::ZERO));
             }
         }
         let mut idle = lock(&self.idle);
         let now = Instant::now();
         while let Some(Idle { sender, since }) = idle.pop_back() {
-            if now.duration_since(since) >= IDLE_TIMEOUT {
+            let idle_for = now.duration_since(since);
+            if idle_for >= IDLE_TIMEOUT {
                 // Every connection below it has waited longer still.
                 idle.clear();
                 return None;
             }
             if sender.is_ready() {
-                return Some(Conn::One(sender));
+                return Some((Conn::One(sender), idle_for));
             }
             // Closed by the backend while it waited: dropped.
         }
@@ -498,6 +530,31 @@ mod tests {
             1,
             "the closed connection was dropped, not kept"
         );
+    }
+
+    #[tokio::test]
+    async fn a_request_written_to_a_connection_the_backend_closed_after_its_keep_alive_goes_again()
+    {
+        let (_fleet, relay, pool) = through_relay().await;
+        for round in 1..=3 {
+            exchange(&pool, relay.addr).await;
+            // Idle as long as a backend's keep-alive timer may allow, then closed by the backend
+            // in the instant the next request goes out: before the pool's connection has read
+            // the close, so the request is written to it and answered by nothing.
+            tokio::time::pause();
+            tokio::time::advance(RESEND_AFTER_IDLE).await;
+            tokio::time::resume();
+            relay.cut_all();
+            let body = exchange(&pool, relay.addr).await;
+            assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+            assert_eq!(
+                relay.accepted(),
+                2 * round,
+                "sent again on a new connection"
+            );
+            relay.cut_all();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]
