@@ -390,6 +390,8 @@ mod tests {
     struct Relay {
         addr: SocketAddr,
         accepted: Arc<AtomicUsize>,
+        // Connections the pool's side closed.
+        closed: Arc<AtomicUsize>,
         cut: tokio::sync::watch::Sender<u32>,
     }
 
@@ -397,17 +399,19 @@ mod tests {
         async fn to(backend: SocketAddr) -> Self {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
-            let accepted = Arc::new(AtomicUsize::new(0));
+            let (accepted, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
             let (cut, _) = tokio::sync::watch::channel(0);
-            let (count, cuts) = (Arc::clone(&accepted), cut.clone());
+            let (count, ends, cuts) = (Arc::clone(&accepted), Arc::clone(&closed), cut.clone());
             tokio::spawn(async move {
                 while let Ok((mut client, _)) = listener.accept().await {
                     count.fetch_add(1, Ordering::SeqCst);
-                    let mut cut = cuts.subscribe();
+                    let (mut cut, ends) = (cuts.subscribe(), Arc::clone(&ends));
                     tokio::spawn(async move {
                         let mut server = TcpStream::connect(backend).await.unwrap();
                         tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {
+                                ends.fetch_add(1, Ordering::SeqCst);
+                            }
                             _ = cut.changed() => {}
                         }
                     });
@@ -416,6 +420,7 @@ mod tests {
             Self {
                 addr,
                 accepted,
+                closed,
                 cut,
             }
         }
@@ -467,12 +472,16 @@ mod tests {
     }
 
     fn chat(addr: SocketAddr) -> Request<UpstreamBody> {
+        chat_of(addr, 3)
+    }
+
+    /// A streamed chat request for `tokens` tokens (a millisecond each).
+    fn chat_of(addr: SocketAddr, tokens: u32) -> Request<UpstreamBody> {
+        let body = format!(r#"{{"model":"m","messages":[],"max_tokens":{tokens},"stream":true}}"#);
         Request::post(format!("http://{addr}/v1/chat/completions"))
             .header(http::header::HOST, addr.to_string())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(UpstreamBody::new(Bytes::from_static(
-                br#"{"model":"m","messages":[],"max_tokens":3,"stream":true}"#,
-            )))
+            .body(UpstreamBody::new(Bytes::from(body)))
             .unwrap()
     }
 
@@ -560,8 +569,9 @@ mod tests {
     #[tokio::test]
     async fn a_response_dropped_before_its_end_closes_its_connection() {
         let (_fleet, relay, pool) = through_relay().await;
+        // Ten seconds of tokens: the response is far from its end when it is dropped.
         let mut body = Arc::clone(&pool)
-            .send(chat(relay.addr))
+            .send(chat_of(relay.addr, 10_000))
             .await
             .unwrap()
             .into_body();
@@ -569,6 +579,17 @@ mod tests {
         // The client went away mid-stream: the backend must see the connection close (so that
         // it stops generating), and no later request may read the rest of this response.
         drop(body);
+        for _ in 0..100 {
+            if relay.closed.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            relay.closed.load(Ordering::SeqCst),
+            1,
+            "the connection was closed"
+        );
         exchange(&pool, relay.addr).await;
         assert_eq!(relay.accepted(), 2);
         assert_eq!(pool.idle(), 1);
