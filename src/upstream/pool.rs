@@ -10,8 +10,9 @@
 //!
 //! HTTP/1.1 connections serve one request at a time and wait, most recently used first, in a
 //! stack; one idle longer than the idle timeout is closed instead of reused. Where TLS ALPN
-//! chose HTTP/2, one connection carries every request (requests that find none open make their
-//! own; the last one made is kept).
+//! chose HTTP/2, one connection carries every request; once a backend is known to speak
+//! HTTP/2, requests that find its connection gone wait for one new connection rather than
+//! each making its own.
 //!
 //! A reused connection the backend closed just as the request went out fails it, unsent (hyper
 //! hands it back) or written but unanswered. Either is sent once more, on a new connection: the
@@ -22,6 +23,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -67,6 +69,11 @@ pub struct Pool {
     idle: Mutex<VecDeque<Idle>>,
     /// The backend's HTTP/2 connection, where ALPN chose HTTP/2.
     shared: Mutex<Option<http2::SendRequest<UpstreamBody>>>,
+    /// Held while an HTTP/2 connection is being made, once the backend is known to speak
+    /// HTTP/2: requests that find none open wait for that one instead of each making its own.
+    connecting: tokio::sync::Mutex<()>,
+    /// Whether ALPN has ever chosen HTTP/2 here.
+    speaks_h2: AtomicBool,
 }
 
 struct Idle {
@@ -141,6 +148,8 @@ impl Pool {
             base,
             idle: Mutex::new(VecDeque::new()),
             shared: Mutex::new(None),
+            connecting: tokio::sync::Mutex::const_new(()),
+            speaks_h2: AtomicBool::new(false),
         })
     }
 
@@ -160,7 +169,7 @@ impl Pool {
             Some((conn, idle_for)) => (conn, Some(idle_for)),
             // Boxed: the connect and handshake futures are large, and most requests never
             // make them; unboxed they would sit in (and be copied with) every request's future.
-            None => (Box::pin(self.connect()).await?, None),
+            None => Box::pin(self.open()).await?,
         };
         // A connection idle long enough for the backend's keep-alive timer to close it may be
         // closed as the request goes out, after it was written, with no response begun: the
@@ -242,6 +251,19 @@ impl Pool {
         None
     }
 
+    /// A connection for a request that found none open: a new one, or, on an HTTP/2 backend,
+    /// the one another request is making meanwhile (then with how long it has been idle).
+    async fn open(&self) -> Result<(Conn, Option<Duration>), SendError> {
+        if !self.speaks_h2.load(Ordering::Relaxed) {
+            return Ok((self.connect().await?, None));
+        }
+        let _making = self.connecting.lock().await;
+        match self.checkout() {
+            Some((conn, idle_for)) => Ok((conn, Some(idle_for))),
+            None => Ok((self.connect().await?, None)),
+        }
+    }
+
     /// Opens a connection, HTTP/2 where ALPN chose it, and runs it on a task of its own.
     async fn connect(&self) -> Result<Conn, SendError> {
         let io = self
@@ -262,6 +284,7 @@ impl Pool {
                 }
             });
             *lock(&self.shared) = Some(sender.clone());
+            self.speaks_h2.store(true, Ordering::Relaxed);
             Ok(Conn::Shared(sender))
         } else {
             let (sender, conn) = http1::handshake(io).await.map_err(SendError::Exchange)?;
@@ -608,7 +631,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn where_alpn_picks_http2_requests_at_once_share_one_connection() {
+    async fn where_alpn_picks_http2_requests_share_one_connection_and_wait_for_one_new_one() {
         let dir = tempfile::tempdir().unwrap();
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
         let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
@@ -636,19 +659,21 @@ mod tests {
         // One request first: the connection is made once, then shared.
         let first = request().await.unwrap();
         assert_eq!(first.version(), Version::HTTP_2);
-        let heads = futures_util::future::join_all((0..3).map(|_| request())).await;
-        for head in heads {
-            let body = head
-                .unwrap()
-                .into_body()
-                .collect()
-                .await
-                .unwrap()
-                .to_bytes();
-            assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
-        }
+        let burst = async || {
+            let heads = futures_util::future::join_all((0..3).map(|_| request())).await;
+            for head in heads {
+                let body = head.unwrap().into_body().collect().await.unwrap();
+                assert!(body.to_bytes().ends_with(b"data: [DONE]\n\n"));
+            }
+        };
+        burst().await;
         first.into_body().collect().await.unwrap();
         assert_eq!(relay.accepted(), 1);
         assert_eq!(pool.idle(), 0, "an HTTP/2 connection is shared, never lent");
+        // The backend closes it; the next requests at once wait for one new connection.
+        relay.cut_all();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        burst().await;
+        assert_eq!(relay.accepted(), 2);
     }
 }
