@@ -1,5 +1,5 @@
-//! Forward: send the rewritten request on one of the backend's pooled connections, and wrap the response
-//! body so that it is observed on its way out. The innermost service of the stack.
+//! Forward: send the rewritten request on one of the backend's pooled connections, and wrap
+//! the response body so that it is observed on its way out. The innermost service of the stack.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -135,6 +135,17 @@ pin_project! {
         head_timer: tokio::time::Sleep,
         pending: Option<Pending>,
         failed: Option<Error>,
+    }
+}
+
+impl std::fmt::Debug for ForwardFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The request on its way is a boxed future: nothing to show of it but whether it is.
+        f.debug_struct("ForwardFuture")
+            .field("sending", &self.inner.is_some())
+            .field("pending", &self.pending)
+            .field("failed", &self.failed)
+            .finish_non_exhaustive()
     }
 }
 

@@ -28,7 +28,7 @@ use super::request_id::Received;
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
 use crate::router::{Ask, Decision, Reason, Router};
-use crate::upstream::{Backend, InFlightGuard};
+use crate::upstream::{Backend, InFlightGuard, copy_request};
 
 /// The routing decision, in the request's extensions.
 #[derive(Debug, Clone)]
@@ -100,17 +100,6 @@ fn may_retry(router: &Router, c: &Classified, received: Instant, decision: &Deci
             .is_some_and(|model| router.serves_elsewhere(&ask(c, model, received), decision.index))
 }
 
-/// A copy of the request for another attempt (the body is shared, not copied).
-fn copy(parts: &http::request::Parts, body: &Bytes) -> Request<Bytes> {
-    let mut req = Request::new(body.clone());
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = parts.uri.clone();
-    *req.version_mut() = parts.version;
-    *req.headers_mut() = parts.headers.clone();
-    *req.extensions_mut() = parts.extensions.clone();
-    req
-}
-
 /// Whether an attempt's result may be retried: the upstream failed before anything went out.
 fn retryable(result: &Result<Response<ProxyBody>, Error>) -> bool {
     match result {
@@ -141,7 +130,7 @@ where
     let mut attempt = 1;
     loop {
         let index = decision.index;
-        let mut result = forward(&mut inner, copy(&parts, &body), decision).await;
+        let mut result = forward(&mut inner, copy_request(&parts, &body), decision).await;
         let failed = match &mut result {
             Ok(resp) if resp.status().is_success() => !resp.body_mut().hold_until_content().await,
             other => retryable(other),

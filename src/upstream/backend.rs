@@ -1,5 +1,5 @@
-//! A backend at runtime: its config, its connection pool, its in-flight count with the time integral
-//! behind experienced concurrency, and its curves (one per client model name).
+//! A backend at runtime: its config, its connection pool, its in-flight count with the time
+//! integral behind experienced concurrency, and its curves (one per client model name).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};

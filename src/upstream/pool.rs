@@ -50,16 +50,6 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// timeout of seconds (uvicorn, which serves vLLM and SGLang, after 5 s).
 const RESEND_AFTER_IDLE: Duration = Duration::from_secs(1);
 
-/// A copy of a request to send again: the body is shared bytes, the headers are copied.
-fn copy(req: &Request<UpstreamBody>) -> Request<UpstreamBody> {
-    let mut copy = Request::new(req.body().clone());
-    *copy.method_mut() = req.method().clone();
-    *copy.uri_mut() = req.uri().clone();
-    *copy.version_mut() = req.version();
-    *copy.headers_mut() = req.headers().clone();
-    copy
-}
-
 /// The connections to one backend.
 pub struct Pool {
     connector: HttpsConnector<HttpConnector>,
@@ -72,7 +62,9 @@ pub struct Pool {
     /// Held while an HTTP/2 connection is being made, once the backend is known to speak
     /// HTTP/2: requests that find none open wait for that one instead of each making its own.
     connecting: tokio::sync::Mutex<()>,
-    /// Whether ALPN has ever chosen HTTP/2 here.
+    /// Whether ALPN has ever chosen HTTP/2 here: only then does a checkout look for the shared
+    /// connection (a lock an HTTP/1 backend's requests need not take), and connects wait for
+    /// each other.
     speaks_h2: AtomicBool,
 }
 
@@ -154,7 +146,8 @@ impl Pool {
     }
 
     /// HTTP/1 connections waiting for a request.
-    pub fn idle(&self) -> usize {
+    #[cfg(test)]
+    fn idle(&self) -> usize {
         lock(&self.idle).len()
     }
 
@@ -175,9 +168,13 @@ impl Pool {
         // closed as the request goes out, after it was written, with no response begun: the
         // request is copied to send again. One used a moment ago cannot have met such a timer,
         // and costs no copy (under load, none does).
-        let spare = idle_for
-            .filter(|&idle| idle >= RESEND_AFTER_IDLE)
-            .map(|_| copy(&req));
+        let (req, spare) = if idle_for.is_some_and(|idle| idle >= RESEND_AFTER_IDLE) {
+            let (parts, body) = req.into_parts();
+            let spare = super::copy_request(&parts, &body);
+            (Request::from_parts(parts, body), Some(spare))
+        } else {
+            (req, None)
+        };
         let (err, req) = match (self.exchange(conn, req).await, spare) {
             (Ok(resp), _) => return Ok(resp),
             // Handed back unsent: the connection closed before the request was written.
@@ -227,7 +224,7 @@ impl Pool {
 
     /// A connection ready for a request, if one is open, and how long it has been idle.
     fn checkout(&self) -> Option<(Conn, Duration)> {
-        {
+        if self.speaks_h2.load(Ordering::Relaxed) {
             let shared = lock(&self.shared);
             if let Some(sender) = shared.as_ref().filter(|s| !s.is_closed()) {
                 // Shared by requests in flight: never idle in the sense that matters here.
@@ -464,7 +461,8 @@ mod tests {
     /// A simulated backend serving `m` with a 1 ms step; `more` adds fields to its YAML.
     async fn backend_with(more: &str) -> (Fleet, SocketAddr) {
         let yaml = format!(
-            "backends:\n  - {{name: sim, listen: 127.0.0.1:0, models: [m], engine: {{step_base_ms: 1}}{more}}}\n"
+            "backends:\n  - {{name: sim, listen: 127.0.0.1:0, models: [m], \
+             engine: {{step_base_ms: 1}}{more}}}\n"
         );
         let specs = crate::yaml::from_str::<FleetRaw>(&yaml)
             .unwrap()
