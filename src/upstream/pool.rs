@@ -10,9 +10,10 @@
 //!
 //! HTTP/1.1 connections serve one request at a time and wait, most recently used first, in a
 //! stack; one idle longer than the idle timeout is closed instead of reused. Where TLS ALPN
-//! chose HTTP/2, one connection carries every request; once a backend is known to speak
-//! HTTP/2, requests that find its connection gone wait for one new connection rather than
-//! each making its own.
+//! chose HTTP/2, one connection carries every request. On a backend that speaks HTTP/2, or may
+//! (TLS, before its first connection has said), requests that find no connection open wait
+//! for the one being made rather than each making its own, and share its outcome: a backend
+//! that cannot be reached fails them together, after one attempt, not one after another.
 //!
 //! A reused connection the backend closed just as the request went out fails it, unsent (hyper
 //! hands it back) or written but unanswered. Either is sent once more, on a new connection: the
@@ -23,7 +24,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -59,13 +60,36 @@ pub struct Pool {
     idle: Mutex<VecDeque<Idle>>,
     /// The backend's HTTP/2 connection, where ALPN chose HTTP/2.
     shared: Mutex<Option<http2::SendRequest<UpstreamBody>>>,
-    /// Held while an HTTP/2 connection is being made, once the backend is known to speak
-    /// HTTP/2: requests that find none open wait for that one instead of each making its own.
+    /// Held while a connection is made to a backend that speaks or may speak HTTP/2: requests
+    /// that find none open wait for that one instead of each making its own.
     connecting: tokio::sync::Mutex<()>,
-    /// Whether ALPN has ever chosen HTTP/2 here: only then does a checkout look for the shared
-    /// connection (a lock an HTTP/1 backend's requests need not take), and connects wait for
-    /// each other.
-    speaks_h2: AtomicBool,
+    /// What the backend's last connection spoke ([`Speaks`]): only on HTTP/2 does a checkout
+    /// look for the shared connection (a lock an HTTP/1 backend's requests need not take),
+    /// and only on HTTP/1 do connects not wait for each other.
+    speaks: AtomicU8,
+    /// Connection attempts that failed, and the last one's error: a request that waited for an
+    /// attempt fails with it.
+    failed: Mutex<(u64, Option<Arc<dyn std::error::Error + Send + Sync>>)>,
+}
+
+/// The protocol a backend's connections speak, as far as they have shown.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Speaks {
+    /// A TLS backend before its first connection: ALPN may choose either.
+    Unknown,
+    Http1,
+    Http2,
+}
+
+impl Speaks {
+    fn from_u8(value: u8) -> Self {
+        match value {
+            1 => Self::Http1,
+            2 => Self::Http2,
+            _ => Self::Unknown,
+        }
+    }
 }
 
 struct Idle {
@@ -126,6 +150,23 @@ impl std::error::Error for SendError {
     }
 }
 
+/// A connect error that every request waiting for the attempt fails with: it reads as the
+/// error itself, so that a timeout still reads as one.
+#[derive(Debug)]
+struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
+
+impl fmt::Display for SharedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for SharedError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
 /// A connection on its way to the pool or to a request.
 enum Conn {
     One(http1::SendRequest<UpstreamBody>),
@@ -137,12 +178,22 @@ impl Pool {
     pub fn new(connector: HttpsConnector<HttpConnector>, base: Uri) -> Arc<Self> {
         Arc::new(Self {
             connector,
-            base,
             idle: Mutex::new(VecDeque::new()),
             shared: Mutex::new(None),
             connecting: tokio::sync::Mutex::const_new(()),
-            speaks_h2: AtomicBool::new(false),
+            // Without TLS there is no ALPN to choose HTTP/2.
+            speaks: AtomicU8::new(if base.scheme() == Some(&http::uri::Scheme::HTTPS) {
+                Speaks::Unknown as u8
+            } else {
+                Speaks::Http1 as u8
+            }),
+            failed: Mutex::new((0, None)),
+            base,
         })
+    }
+
+    fn speaks(&self) -> Speaks {
+        Speaks::from_u8(self.speaks.load(Ordering::Relaxed))
     }
 
     /// HTTP/1 connections waiting for a request.
@@ -224,7 +275,7 @@ impl Pool {
 
     /// A connection ready for a request, if one is open, and how long it has been idle.
     fn checkout(&self) -> Option<(Conn, Duration)> {
-        if self.speaks_h2.load(Ordering::Relaxed) {
+        if self.speaks() == Speaks::Http2 {
             let shared = lock(&self.shared);
             if let Some(sender) = shared.as_ref().filter(|s| !s.is_closed()) {
                 // Shared by requests in flight: never idle in the sense that matters here.
@@ -248,27 +299,51 @@ impl Pool {
         None
     }
 
-    /// A connection for a request that found none open: a new one, or, on an HTTP/2 backend,
-    /// the one another request is making meanwhile (then with how long it has been idle).
+    /// A connection for a request that found none open: a new one, or, on a backend that
+    /// speaks or may speak HTTP/2, the one another request is making meanwhile (then with how
+    /// long it has been idle).
     async fn open(&self) -> Result<(Conn, Option<Duration>), SendError> {
-        if !self.speaks_h2.load(Ordering::Relaxed) {
+        if self.speaks() == Speaks::Http1 {
             return Ok((self.connect().await?, None));
         }
-        let _making = self.connecting.lock().await;
-        match self.checkout() {
-            Some((conn, idle_for)) => Ok((conn, Some(idle_for))),
-            None => Ok((self.connect().await?, None)),
+        let failures_before = lock(&self.failed).0;
+        let making = self.connecting.lock().await;
+        if let Some((conn, idle_for)) = self.checkout() {
+            return Ok((conn, Some(idle_for)));
         }
+        if let Some(err) = self.failed_since(failures_before) {
+            // The attempt this request waited for failed; another now would keep each request
+            // behind it waiting one more connect timeout on a backend that cannot be reached.
+            return Err(SendError::Connect(Box::new(SharedError(err))));
+        }
+        if self.speaks() == Speaks::Http1 {
+            // The connection waited for spoke HTTP/1: it serves one request, and the rest
+            // connect at once, side by side.
+            drop(making);
+        }
+        Ok((self.connect().await?, None))
+    }
+
+    /// The last connect error, if an attempt failed since `failures` were counted.
+    fn failed_since(&self, failures: u64) -> Option<Arc<dyn std::error::Error + Send + Sync>> {
+        let failed = lock(&self.failed);
+        if failed.0 == failures {
+            return None;
+        }
+        failed.1.clone()
     }
 
     /// Opens a connection, HTTP/2 where ALPN chose it, and runs it on a task of its own.
     async fn connect(&self) -> Result<Conn, SendError> {
-        let io = self
-            .connector
-            .clone()
-            .oneshot(self.base.clone())
-            .await
-            .map_err(SendError::Connect)?;
+        let io = match self.connector.clone().oneshot(self.base.clone()).await {
+            Ok(io) => io,
+            Err(err) => {
+                let err: Arc<dyn std::error::Error + Send + Sync> = Arc::from(err);
+                let mut failed = lock(&self.failed);
+                *failed = (failed.0 + 1, Some(Arc::clone(&err)));
+                return Err(SendError::Connect(Box::new(SharedError(err))));
+            }
+        };
         if io.connected().is_negotiated_h2() {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
@@ -281,7 +356,7 @@ impl Pool {
                 }
             });
             *lock(&self.shared) = Some(sender.clone());
-            self.speaks_h2.store(true, Ordering::Relaxed);
+            self.speaks.store(Speaks::Http2 as u8, Ordering::Relaxed);
             Ok(Conn::Shared(sender))
         } else {
             let (sender, conn) = http1::handshake(io).await.map_err(SendError::Exchange)?;
@@ -290,6 +365,12 @@ impl Pool {
                     tracing::debug!("upstream connection ended: {e}");
                 }
             });
+            if self.speaks() != Speaks::Http1 {
+                // The backend no longer offers HTTP/2 (or never did): its old shared
+                // connection, if still open, ends with the requests on it.
+                *lock(&self.shared) = None;
+                self.speaks.store(Speaks::Http1 as u8, Ordering::Relaxed);
+            }
             Ok(Conn::One(sender))
         }
     }
@@ -628,50 +709,145 @@ mod tests {
         assert_eq!(pool.idle(), 1, "the stale connection was dropped, not kept");
     }
 
-    #[tokio::test]
-    async fn where_alpn_picks_http2_requests_share_one_connection_and_wait_for_one_new_one() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A self-signed certificate for `localhost`, and its certificate and key as PEM files in
+    /// `dir`.
+    fn self_signed(dir: &std::path::Path) -> (rcgen::CertifiedKey<rcgen::KeyPair>, String, String) {
         let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-        let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
         std::fs::write(&cert_file, cert.cert.pem()).unwrap();
         std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+        let path = |p: std::path::PathBuf| p.display().to_string();
+        (cert, path(cert_file), path(key_file))
+    }
+
+    /// A pool for `https://localhost:{port}`, trusting `ca_file`.
+    fn tls_pool(port: u16, ca_file: &str) -> Arc<Pool> {
+        pool_for(&format!(
+            "https://localhost:{port}, dialect: openai, ca_file: {ca_file}"
+        ))
+    }
+
+    /// A streamed chat request to `https://localhost:{port}`, sent through `pool`.
+    fn send_tls(
+        pool: &Arc<Pool>,
+        port: u16,
+    ) -> impl Future<Output = Result<Response<PooledBody>, SendError>> + use<> {
+        let mut req = chat(SocketAddr::from(([127, 0, 0, 1], port)));
+        *req.uri_mut() = format!("https://localhost:{port}/v1/chat/completions")
+            .parse()
+            .unwrap();
+        Arc::clone(pool).send(req)
+    }
+
+    /// Sends `n` requests at once to `https://localhost:{port}` and reads each response to its
+    /// end, checking it whole; the protocol each spoke.
+    async fn at_once(n: usize, pool: &Arc<Pool>, port: u16) -> Vec<Version> {
+        let heads = futures_util::future::join_all((0..n).map(|_| send_tls(pool, port))).await;
+        let mut versions = Vec::new();
+        for head in heads {
+            let head = head.unwrap();
+            versions.push(head.version());
+            let body = head.into_body().collect().await.unwrap().to_bytes();
+            assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
+        }
+        versions
+    }
+
+    #[tokio::test]
+    async fn where_alpn_picks_http2_requests_share_one_connection_from_the_first_and_wait_for_one_new_one()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, cert_file, key_file) = self_signed(dir.path());
         let (_fleet, sim) = backend_with(&format!(
-            ", tls: {{cert_file: {}, key_file: {}}}",
-            cert_file.display(),
-            key_file.display()
+            ", tls: {{cert_file: {cert_file}, key_file: {key_file}}}"
         ))
         .await;
         let relay = Relay::to(sim).await;
-        let port = relay.addr.port();
-        let pool = pool_for(&format!(
-            "https://localhost:{port}, dialect: openai, ca_file: {}",
-            cert_file.display()
-        ));
-        let request = || {
-            let mut req = chat(relay.addr);
-            *req.uri_mut() = format!("https://localhost:{port}/v1/chat/completions")
-                .parse()
-                .unwrap();
-            Arc::clone(&pool).send(req)
-        };
-        // One request first: the connection is made once, then shared.
-        let first = request().await.unwrap();
-        assert_eq!(first.version(), Version::HTTP_2);
-        let burst = async || {
-            let heads = futures_util::future::join_all((0..3).map(|_| request())).await;
-            for head in heads {
-                let body = head.unwrap().into_body().collect().await.unwrap();
-                assert!(body.to_bytes().ends_with(b"data: [DONE]\n\n"));
-            }
-        };
-        burst().await;
-        first.into_body().collect().await.unwrap();
+        let (port, pool) = (relay.addr.port(), tls_pool(relay.addr.port(), &cert_file));
+        // The first requests, sent before any connection has said which protocol the backend
+        // speaks, wait for the first connection and share it.
+        assert_eq!(at_once(3, &pool, port).await, [Version::HTTP_2; 3]);
         assert_eq!(relay.accepted(), 1);
         assert_eq!(pool.idle(), 0, "an HTTP/2 connection is shared, never lent");
         // The backend closes it; the next requests at once wait for one new connection.
         relay.cut_all();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        burst().await;
+        at_once(3, &pool, port).await;
         assert_eq!(relay.accepted(), 2);
+    }
+
+    #[tokio::test]
+    async fn where_alpn_picks_http1_over_tls_requests_at_once_get_connections_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, cert_file, _) = self_signed(dir.path());
+        let (_fleet, sim) = backend().await;
+        // TLS offering HTTP/1.1 alone, as uvicorn's (which serves vLLM and SGLang) does.
+        let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der());
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(super::super::client::crypto_provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.cert.der().clone()], key.unwrap())
+                .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tls = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let mut client = acceptor.accept(client).await.unwrap();
+                    let mut server = TcpStream::connect(sim).await.unwrap();
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                });
+            }
+        });
+        let relay = Relay::to(tls).await;
+        let (port, pool) = (relay.addr.port(), tls_pool(relay.addr.port(), &cert_file));
+        // The first wait for the first connection to say HTTP/1.1, then connect side by side.
+        assert_eq!(at_once(3, &pool, port).await, [Version::HTTP_11; 3]);
+        assert_eq!(relay.accepted(), 3);
+        assert_eq!(pool.idle(), 3);
+        at_once(3, &pool, port).await;
+        assert_eq!(relay.accepted(), 3, "each came back and was reused");
+    }
+
+    #[tokio::test]
+    async fn requests_waiting_for_a_connection_that_cannot_be_made_fail_with_it_after_one_attempt()
+    {
+        // A backend that accepts a connection, says nothing for a while, and closes it: the
+        // TLS handshake fails, slowly, as a connect that times out would.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&attempts);
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    drop(conn);
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let (_, cert_file, _) = self_signed(dir.path());
+        let pool = tls_pool(port, &cert_file);
+        let results = futures_util::future::join_all((0..3).map(|_| send_tls(&pool, port))).await;
+        let errors: Vec<String> = results
+            .into_iter()
+            .map(|r| {
+                let err = r.unwrap_err();
+                assert!(err.is_connect(), "{err:?}");
+                std::error::Error::source(&err).unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(attempts.load(Ordering::SeqCst), 1, "one attempt, shared");
+        assert!(
+            errors.iter().all(|e| e == &errors[0]),
+            "each fails with the attempt's own error: {errors:?}"
+        );
     }
 }
