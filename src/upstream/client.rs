@@ -56,5 +56,9 @@ pub fn build(backend: &BackendConfig) -> Result<Arc<Pool>, String> {
         .enable_http1()
         .enable_http2()
         .wrap_connector(http);
-    Ok(Pool::new(connector, backend.url.clone()))
+    Ok(Pool::new(
+        connector,
+        backend.url.clone(),
+        backend.connect_timeout,
+    ))
 }

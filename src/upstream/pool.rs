@@ -33,9 +33,10 @@ use bytes::Bytes;
 use http::{Request, Response, Uri, Version};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::{http1, http2};
-use hyper_rustls::HttpsConnector;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
@@ -56,6 +57,8 @@ pub struct Pool {
     connector: HttpsConnector<HttpConnector>,
     /// Where new connections go: the backend's URL.
     base: Uri,
+    /// How long a new connection may take, TCP and TLS together (`connect_timeout_ms`).
+    connect_timeout: Duration,
     /// HTTP/1 connections ready for a request; the most recently used at the back.
     idle: Mutex<VecDeque<Idle>>,
     /// The backend's HTTP/2 connection, where ALPN chose HTTP/2.
@@ -174,10 +177,16 @@ enum Conn {
 }
 
 impl Pool {
-    /// A pool of connections to `base` (the backend's URL) made by `connector`.
-    pub fn new(connector: HttpsConnector<HttpConnector>, base: Uri) -> Arc<Self> {
+    /// A pool of connections to `base` (the backend's URL) made by `connector`, each within
+    /// `connect_timeout`.
+    pub fn new(
+        connector: HttpsConnector<HttpConnector>,
+        base: Uri,
+        connect_timeout: Duration,
+    ) -> Arc<Self> {
         Arc::new(Self {
             connector,
+            connect_timeout,
             idle: Mutex::new(VecDeque::new()),
             shared: Mutex::new(None),
             connecting: tokio::sync::Mutex::const_new(()),
@@ -333,17 +342,28 @@ impl Pool {
         failed.1.clone()
     }
 
-    /// Opens a connection, HTTP/2 where ALPN chose it, and runs it on a task of its own.
+    /// Opens a connection to the backend.
     async fn connect(&self) -> Result<Conn, SendError> {
-        let io = match self.connector.clone().oneshot(self.base.clone()).await {
-            Ok(io) => io,
-            Err(err) => {
-                let err: Arc<dyn std::error::Error + Send + Sync> = Arc::from(err);
-                let mut failed = lock(&self.failed);
-                *failed = (failed.0 + 1, Some(Arc::clone(&err)));
-                return Err(SendError::Connect(Box::new(SharedError(err))));
-            }
-        };
+        // The connector's own timeout covers the TCP connect only; a backend that accepts and
+        // never finishes the TLS handshake would hold the request until its first-token timeout.
+        let connecting = self.connector.clone().oneshot(self.base.clone());
+        let err: Arc<dyn std::error::Error + Send + Sync> =
+            match tokio::time::timeout(self.connect_timeout, connecting).await {
+                Ok(Ok(io)) => return self.handshake(io).await,
+                Ok(Err(err)) => Arc::from(err),
+                Err(_) => Arc::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "TCP connect and TLS handshake took longer than connect_timeout_ms",
+                )),
+            };
+        let mut failed = lock(&self.failed);
+        *failed = (failed.0 + 1, Some(Arc::clone(&err)));
+        Err(SendError::Connect(Box::new(SharedError(err))))
+    }
+
+    /// Starts HTTP/2 on `io` where ALPN chose it, else HTTP/1.1, and runs the connection on a
+    /// task of its own.
+    async fn handshake(&self, io: MaybeHttpsStream<TokioIo<TcpStream>>) -> Result<Conn, SendError> {
         if io.connected().is_negotiated_h2() {
             let (sender, conn) = http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())

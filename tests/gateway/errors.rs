@@ -317,6 +317,43 @@ async fn a_connect_timeout_is_a_504() {
 }
 
 #[tokio::test]
+async fn a_tls_handshake_that_never_finishes_is_a_504_after_the_connect_timeout() {
+    // An HTTPS backend that accepts the connection and never answers the client hello: the
+    // connect timeout covers the handshake too, not only the TCP connect.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((conn, _)) = listener.accept().await {
+            held.push(conn);
+        }
+    });
+    let gw = support::gateway(&format!(
+        "backends:\n  - {{name: silent, url: https://{addr}, dialect: openai, models: {{m: m}}, \
+         connect_timeout_ms: 200, first_token_timeout_ms: 60000}}\n"
+    ))
+    .await;
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(br#"{"model":"m","messages":[]}"#),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", ex.json());
+    assert_eq!(ex.json()["error"]["code"], "upstream_timeout");
+    assert!(
+        ex.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("connect timed out"),
+        "{:?}",
+        ex.json()
+    );
+    held.abort();
+}
+
+#[tokio::test]
 async fn other_v1_paths_pass_through_by_model_or_to_the_default_backend() {
     let (_fleet, sim, gw) = one_backend("", "default_backend: sim\n").await;
     // The sim has no embeddings endpoint: its own 404 comes back, from the backend serving `small`.
