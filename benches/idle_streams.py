@@ -25,8 +25,8 @@ def rss():
 
 
 async def open_stream(held):
-    # The request is sent and the stream left open. Nothing is read: tpsgate holds a stream's
-    # head until its first content, which this backend takes minutes to produce.
+    # The request is sent and the stream left open. Nothing is read: after its head and the
+    # role-only first chunk, this backend sends nothing for minutes.
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(REQUEST)
     await writer.drain()
