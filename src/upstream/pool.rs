@@ -395,11 +395,13 @@ impl Pool {
         &self,
         io: MaybeHttpsStream<TokioIo<TcpStream>>,
     ) -> Result<Conn, SendError> {
+        // The preface and settings go out here, before any request: a failure is one to connect,
+        // shared with the requests that waited for it.
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(io)
             .await
-            .map_err(SendError::Exchange)?;
+            .map_err(|e| self.failed(Arc::new(e)))?;
         spawn_boxed(conn, "upstream HTTP/2 connection");
         *lock(&self.shared) = Some(sender.clone());
         self.speaks.store(Speaks::Http2 as u8, Ordering::Relaxed);
