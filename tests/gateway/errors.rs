@@ -294,26 +294,28 @@ async fn a_connect_timeout_is_a_504() {
             fillers.push(s);
         }
     }
-    let gw = support::gateway(&format!(
-        "backends:\n{}",
-        support::backend_yaml(
-            "stuck",
-            addr,
-            "openai",
-            "    models: {m: m}\n    connect_timeout_ms: 200\n"
-        ),
+    let ex = chat_through(&support::backend_yaml(
+        "stuck",
+        addr,
+        "openai",
+        "    models: {m: m}\n    connect_timeout_ms: 200\n",
     ))
     .await;
-    let ex = support::exchange(
+    assert_eq!(ex.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", ex.json());
+    assert_eq!(ex.json()["error"]["code"], "upstream_timeout");
+    drop(listener);
+}
+
+/// A chat request for model `m` through a gateway whose `backends:` list is `backends`.
+async fn chat_through(backends: &str) -> support::Exchange {
+    let gw = support::gateway(&format!("backends:\n{backends}")).await;
+    support::exchange(
         gw.addr(),
         Method::POST,
         "/v1/chat/completions",
         Some(br#"{"model":"m","messages":[]}"#),
     )
-    .await;
-    assert_eq!(ex.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", ex.json());
-    assert_eq!(ex.json()["error"]["code"], "upstream_timeout");
-    drop(listener);
+    .await
 }
 
 #[tokio::test]
@@ -328,17 +330,10 @@ async fn a_tls_handshake_that_never_finishes_is_a_504_after_the_connect_timeout(
             held.push(conn);
         }
     });
-    let gw = support::gateway(&format!(
-        "backends:\n  - {{name: silent, url: https://{addr}, dialect: openai, models: {{m: m}}, \
+    let ex = chat_through(&format!(
+        "  - {{name: silent, url: https://{addr}, dialect: openai, models: {{m: m}}, \
          connect_timeout_ms: 200, first_token_timeout_ms: 60000}}\n"
     ))
-    .await;
-    let ex = support::exchange(
-        gw.addr(),
-        Method::POST,
-        "/v1/chat/completions",
-        Some(br#"{"model":"m","messages":[]}"#),
-    )
     .await;
     assert_eq!(ex.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", ex.json());
     assert_eq!(ex.json()["error"]["code"], "upstream_timeout");
