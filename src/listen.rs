@@ -111,6 +111,9 @@ pub async fn serve<S, B>(
     http2
         .timer(TokioTimer::new())
         .max_header_list_size(max_header_list_size);
+    // Shared, not cloned into each connection's task, which holds what it captures for as long
+    // as the connection is open (both builders: 232 bytes a connection).
+    let builders = Arc::new(Builders { http1, http2 });
     let stopping = Signal::new();
     // Each connection's task holds a slot until it ends: when shutdown has them all back,
     // every connection is done.
@@ -140,7 +143,7 @@ pub async fn serve<S, B>(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(service.clone());
-        let (http1, http2) = (http1.clone(), http2.clone());
+        let builders = Arc::clone(&builders);
         let stopping = stopping.clone();
         // One task type per transport: a task is the size of everything it may hold, and a TLS
         // handshake's state would size every plain connection's task.
@@ -151,8 +154,7 @@ pub async fn serve<S, B>(
                         .await
                     {
                         Ok(Ok(h2)) => {
-                            serve_connection(stream, h2, &http1, &http2, stopping, service, peer)
-                                .await;
+                            serve_connection(stream, h2, &builders, stopping, service, peer).await;
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%peer, %err, "connection failed before a request");
@@ -171,8 +173,7 @@ pub async fn serve<S, B>(
                         Ok(Ok(stream)) => {
                             // HTTP/2 over TLS is negotiated (RFC 9113, section 3.2).
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                            serve_connection(stream, h2, &http1, &http2, stopping, service, peer)
-                                .await;
+                            serve_connection(stream, h2, &builders, stopping, service, peer).await;
                         }
                         Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -252,12 +253,17 @@ impl<C> UntilStopping<C> {
     }
 }
 
+/// How every connection of a listener is served, per protocol.
+struct Builders {
+    http1: hyper::server::conn::http1::Builder,
+    http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+}
+
 /// Serves one connection in the protocol chosen, until it closes or graceful shutdown ends it.
 async fn serve_connection<I, S, B>(
     io: I,
     h2: bool,
-    http1: &hyper::server::conn::http1::Builder,
-    http2: &hyper::server::conn::http2::Builder<TokioExecutor>,
+    builders: &Builders,
     stopping: Signal,
     service: TowerToHyperService<S>,
     peer: SocketAddr,
@@ -275,12 +281,12 @@ async fn serve_connection<I, S, B>(
     let ended = if h2 {
         // Boxed, so that HTTP/2's state does not size every HTTP/1 connection's task.
         Box::pin(UntilStopping::new(
-            http2.serve_connection(io, service),
+            builders.http2.serve_connection(io, service),
             stopping,
         ))
         .await
     } else {
-        UntilStopping::new(http1.serve_connection(io, service), stopping).await
+        UntilStopping::new(builders.http1.serve_connection(io, service), stopping).await
     };
     if let Err(err) = ended {
         tracing::debug!(%peer, %err, "connection ended with an error");
