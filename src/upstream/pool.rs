@@ -10,7 +10,10 @@
 //!
 //! HTTP/1.1 connections serve one request at a time and wait, most recently used first, in a
 //! stack; one idle longer than the idle timeout is closed instead of reused. Where TLS ALPN
-//! chose HTTP/2, one connection carries every request. On a backend that speaks HTTP/2, or may
+//! chose HTTP/2, one connection carries every request up to the backend's limit of concurrent
+//! streams, and another is opened when every one is full: an LLM stream lasts minutes, and one
+//! queued behind a full connection would wait as long, its wait counted as the backend's time
+//! to first token (hyper-util's pool queued it). On a backend that speaks HTTP/2, or may
 //! (TLS, before its first connection has said), requests that find no connection open wait
 //! for the one being made rather than each making its own, and share its outcome: a backend
 //! that cannot be reached fails them together, after one attempt, not one after another.
@@ -24,7 +27,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -62,8 +65,9 @@ pub struct Pool {
     connect_timeout: Duration,
     /// HTTP/1 connections ready for a request; the most recently used at the back.
     idle: Mutex<VecDeque<Idle>>,
-    /// The backend's HTTP/2 connection, where ALPN chose HTTP/2.
-    shared: Mutex<Option<http2::SendRequest<UpstreamBody>>>,
+    /// The backend's HTTP/2 connections, where ALPN chose HTTP/2, oldest first: filled in turn,
+    /// so that when the load falls the later ones go idle, for the backend to close.
+    shared: Mutex<Vec<Shared>>,
     /// Held while a connection is made to a backend that speaks or may speak HTTP/2: requests
     /// that find none open wait for that one instead of each making its own.
     connecting: tokio::sync::Mutex<()>,
@@ -93,6 +97,34 @@ impl Speaks {
             2 => Self::Http2,
             _ => Self::Unknown,
         }
+    }
+}
+
+/// An HTTP/2 connection, the streams open on it and the most the backend allows at once.
+struct Shared {
+    sender: http2::SendRequest<UpstreamBody>,
+    streams: Arc<AtomicUsize>,
+    max_streams: Arc<AtomicUsize>,
+}
+
+impl Shared {
+    fn has_room(&self) -> bool {
+        self.streams.load(Ordering::Relaxed) < self.max_streams.load(Ordering::Relaxed)
+    }
+
+    /// A stream on this connection, counted until its response ends or is dropped.
+    fn open_stream(&self) -> (http2::SendRequest<UpstreamBody>, Stream) {
+        self.streams.fetch_add(1, Ordering::Relaxed);
+        (self.sender.clone(), Stream(Arc::clone(&self.streams)))
+    }
+}
+
+/// One stream counted open on an HTTP/2 connection.
+struct Stream(Arc<AtomicUsize>);
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -174,7 +206,7 @@ impl std::error::Error for SharedError {
 /// A connection on its way to the pool or to a request.
 enum Conn {
     One(http1::SendRequest<UpstreamBody>),
-    Shared(http2::SendRequest<UpstreamBody>),
+    Shared(http2::SendRequest<UpstreamBody>, Stream),
 }
 
 impl Pool {
@@ -189,7 +221,7 @@ impl Pool {
             connector,
             connect_timeout,
             idle: Mutex::new(VecDeque::new()),
-            shared: Mutex::new(None),
+            shared: Mutex::new(Vec::new()),
             connecting: tokio::sync::Mutex::const_new(()),
             // Without TLS there is no ALPN to choose HTTP/2.
             speaks: AtomicU8::new(if base.scheme() == Some(&http::uri::Scheme::HTTPS) {
@@ -253,7 +285,7 @@ impl Pool {
         conn: Conn,
         mut req: Request<UpstreamBody>,
     ) -> Result<Response<PooledBody>, (SendError, Option<Request<UpstreamBody>>)> {
-        let (result, lease) = match conn {
+        let (result, lease, stream) = match conn {
             Conn::One(mut sender) => {
                 // HTTP/1 sends the path alone; the Host header carries the authority.
                 if let Some(path) = req.uri().path_and_query() {
@@ -261,11 +293,11 @@ impl Pool {
                 }
                 *req.version_mut() = Version::HTTP_11;
                 let result = sender.try_send_request(req).await;
-                (result, Some(sender))
+                (result, Some(sender), None)
             }
-            Conn::Shared(mut sender) => {
+            Conn::Shared(mut sender, stream) => {
                 *req.version_mut() = Version::HTTP_2;
-                (sender.try_send_request(req).await, None)
+                (sender.try_send_request(req).await, None, Some(stream))
             }
         };
         match result {
@@ -275,6 +307,7 @@ impl Pool {
                     sender,
                     pool: Arc::clone(self),
                 }),
+                stream,
             })),
             Err(mut e) => {
                 let req = e.take_message();
@@ -286,10 +319,12 @@ impl Pool {
     /// A connection ready for a request, if one is open, and how long it has been idle.
     fn checkout(&self) -> Option<(Conn, Duration)> {
         if self.speaks() == Speaks::Http2 {
-            let shared = lock(&self.shared);
-            if let Some(sender) = shared.as_ref().filter(|s| !s.is_closed()) {
+            let mut shared = lock(&self.shared);
+            shared.retain(|c| !c.sender.is_closed());
+            if let Some(c) = shared.iter().find(|c| c.has_room()) {
+                let (sender, stream) = c.open_stream();
                 // Shared by requests in flight: never idle in the sense that matters here.
-                return Some((Conn::Shared(sender.clone()), Duration::ZERO));
+                return Some((Conn::Shared(sender, stream), Duration::ZERO));
             }
         }
         let mut idle = lock(&self.idle);
@@ -375,9 +410,9 @@ impl Pool {
         let (sender, conn) = handshake.await.map_err(SendError::Exchange)?;
         spawn_boxed(conn, "upstream connection");
         if self.speaks() != Speaks::Http1 {
-            // The backend no longer offers HTTP/2 (or never did): its old shared connection,
-            // if still open, ends with the requests on it.
-            *lock(&self.shared) = None;
+            // The backend no longer offers HTTP/2 (or never did): its old shared connections,
+            // if still open, end with the requests on them.
+            lock(&self.shared).clear();
             self.speaks.store(Speaks::Http1 as u8, Ordering::Relaxed);
         }
         Ok(Conn::One(sender))
@@ -390,7 +425,7 @@ impl Pool {
         SendError::Connect(Box::new(SharedError(err)))
     }
 
-    /// Starts HTTP/2 on a connection whose ALPN chose it, shared by every request from then on.
+    /// Starts HTTP/2 on a connection whose ALPN chose it, shared by requests from then on.
     async fn start_http2(
         &self,
         io: MaybeHttpsStream<TokioIo<TcpStream>>,
@@ -402,10 +437,21 @@ impl Pool {
             .handshake(io)
             .await
             .map_err(|e| self.failed(Arc::new(e)))?;
+        let max_streams = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
+        let conn = PublishingLimit {
+            conn,
+            max_streams: Arc::clone(&max_streams),
+        };
         spawn_boxed(conn, "upstream HTTP/2 connection");
-        *lock(&self.shared) = Some(sender.clone());
+        let connection = Shared {
+            sender,
+            streams: Arc::new(AtomicUsize::new(0)),
+            max_streams,
+        };
+        let (sender, stream) = connection.open_stream();
+        lock(&self.shared).push(connection);
         self.speaks.store(Speaks::Http2 as u8, Ordering::Relaxed);
-        Ok(Conn::Shared(sender))
+        Ok(Conn::Shared(sender, stream))
     }
 
     /// Takes back an HTTP/1 connection whose exchange is over.
@@ -452,6 +498,32 @@ where
     })));
 }
 
+type Http2Connection =
+    http2::Connection<MaybeHttpsStream<TokioIo<TcpStream>>, UpstreamBody, TokioExecutor>;
+
+pin_project_lite::pin_project! {
+    /// An HTTP/2 connection that publishes the backend's limit of concurrent streams (its
+    /// SETTINGS, which may change at any time) each time it is polled, for the pool to read:
+    /// hyper tells it only to the connection, not to the requests' side.
+    struct PublishingLimit {
+        #[pin]
+        conn: Http2Connection,
+        max_streams: Arc<AtomicUsize>,
+    }
+}
+
+impl Future for PublishingLimit {
+    type Output = hyper::Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let polled = this.conn.as_mut().poll(cx);
+        this.max_streams
+            .store(this.conn.current_max_send_streams(), Ordering::Relaxed);
+        polled
+    }
+}
+
 /// An HTTP/1 connection lent to one response.
 struct Lease {
     sender: http1::SendRequest<UpstreamBody>,
@@ -459,12 +531,14 @@ struct Lease {
 }
 
 pin_project_lite::pin_project! {
-    /// A response body from the pool: the upstream's body, and the connection it came on, given
-    /// back when the body ends or is dropped.
+    /// A response body from the pool: the upstream's body, and the HTTP/1 connection it came
+    /// on (given back) or the HTTP/2 stream it holds (counted closed) when the body ends or is
+    /// dropped.
     pub struct PooledBody {
         #[pin]
         inner: Incoming,
         lease: Option<Lease>,
+        stream: Option<Stream>,
     }
 
     impl PinnedDrop for PooledBody {
@@ -500,10 +574,11 @@ impl Body for PooledBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.project();
         let frame = std::task::ready!(this.inner.poll_frame(cx));
-        if frame.is_none()
-            && let Some(lease) = this.lease.take()
-        {
-            lease.give_back();
+        if frame.is_none() {
+            if let Some(lease) = this.lease.take() {
+                lease.give_back();
+            }
+            this.stream.take();
         }
         Poll::Ready(frame)
     }
@@ -891,6 +966,69 @@ mod tests {
         assert!(
             errors.iter().all(|e| e == &errors[0]),
             "each fails with the attempt's own error: {errors:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn where_http2_streams_reach_the_backends_limit_a_new_connection_takes_the_next() {
+        // An HTTP/2 backend that allows two streams at once per connection, and whose responses
+        // never end (a long generation).
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, cert_file, _) = self_signed(dir.path());
+        let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der());
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(super::super::client::crypto_provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.cert.der().clone()], key.unwrap())
+                .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let client = acceptor.accept(client).await.unwrap();
+                    let endless = hyper::service::service_fn(|_| async {
+                        let body =
+                            http_body_util::StreamBody::new(futures_util::stream::pending::<
+                                Result<Frame<Bytes>, std::convert::Infallible>,
+                            >());
+                        Ok::<_, std::convert::Infallible>(Response::new(body))
+                    });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .max_concurrent_streams(2)
+                        .serve_connection(TokioIo::new(client), endless)
+                        .await;
+                });
+            }
+        });
+        let relay = Relay::to(backend).await;
+        let (port, pool) = (relay.addr.port(), tls_pool(relay.addr.port(), &cert_file));
+        // One stream first, so that the backend's limit has arrived before the next ones go.
+        let first = send_tls(&pool, port).await.unwrap();
+        let _second = send_tls(&pool, port).await.unwrap();
+        let third = tokio::time::timeout(Duration::from_secs(10), send_tls(&pool, port)).await;
+        assert!(
+            matches!(third, Ok(Ok(_))),
+            "the third stream waited behind a full connection"
+        );
+        assert_eq!(
+            relay.accepted(),
+            2,
+            "a second connection took the third stream"
+        );
+        // A stream that ends makes room on the first connection again.
+        drop(first);
+        let fourth = tokio::time::timeout(Duration::from_secs(10), send_tls(&pool, port)).await;
+        assert!(matches!(fourth, Ok(Ok(_))));
+        assert_eq!(
+            relay.accepted(),
+            2,
+            "the fourth reused a connection with room"
         );
     }
 }
