@@ -838,6 +838,38 @@ mod tests {
         (cert, path(cert_file), path(key_file))
     }
 
+    /// A TLS listener presenting `cert` whose ALPN offers `protocol` alone; each connection goes
+    /// to `serve` once its handshake is done.
+    async fn tls_listener<F, Fut>(
+        cert: &rcgen::CertifiedKey<rcgen::KeyPair>,
+        protocol: &[u8],
+        serve: F,
+    ) -> SocketAddr
+    where
+        F: Fn(tokio_rustls::server::TlsStream<TcpStream>) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der());
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(super::super::client::crypto_provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(vec![cert.cert.der().clone()], key.unwrap())
+                .unwrap();
+        config.alpn_protocols = vec![protocol.to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let client = acceptor.accept(client).await.unwrap();
+                tokio::spawn(serve(client));
+            }
+        });
+        addr
+    }
+
     /// A pool for `https://localhost:{port}`, trusting `ca_file`.
     fn tls_pool(port: u16, ca_file: &str) -> Arc<Pool> {
         pool_for(&format!(
@@ -900,28 +932,11 @@ mod tests {
         let (cert, cert_file, _) = self_signed(dir.path());
         let (_fleet, sim) = backend().await;
         // TLS offering HTTP/1.1 alone, as uvicorn's (which serves vLLM and SGLang) does.
-        let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der());
-        let mut config =
-            rustls::ServerConfig::builder_with_provider(super::super::client::crypto_provider())
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_no_client_auth()
-                .with_single_cert(vec![cert.cert.der().clone()], key.unwrap())
-                .unwrap();
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let tls = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let mut client = acceptor.accept(client).await.unwrap();
-                    let mut server = TcpStream::connect(sim).await.unwrap();
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-                });
-            }
-        });
+        let tls = tls_listener(&cert, b"http/1.1", move |mut client| async move {
+            let mut server = TcpStream::connect(sim).await.unwrap();
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        })
+        .await;
         let relay = Relay::to(tls).await;
         let (port, pool) = (relay.addr.port(), tls_pool(relay.addr.port(), &cert_file));
         // The first wait for the first connection to say HTTP/1.1, then connect side by side.
@@ -975,37 +990,19 @@ mod tests {
         // never end (a long generation).
         let dir = tempfile::tempdir().unwrap();
         let (cert, cert_file, _) = self_signed(dir.path());
-        let key = rustls_pki_types::PrivateKeyDer::try_from(cert.signing_key.serialize_der());
-        let mut config =
-            rustls::ServerConfig::builder_with_provider(super::super::client::crypto_provider())
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_no_client_auth()
-                .with_single_cert(vec![cert.cert.der().clone()], key.unwrap())
-                .unwrap();
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let backend = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let acceptor = acceptor.clone();
-                tokio::spawn(async move {
-                    let client = acceptor.accept(client).await.unwrap();
-                    let endless = hyper::service::service_fn(|_| async {
-                        let body =
-                            http_body_util::StreamBody::new(futures_util::stream::pending::<
-                                Result<Frame<Bytes>, std::convert::Infallible>,
-                            >());
-                        Ok::<_, std::convert::Infallible>(Response::new(body))
-                    });
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .max_concurrent_streams(2)
-                        .serve_connection(TokioIo::new(client), endless)
-                        .await;
-                });
-            }
-        });
+        let backend = tls_listener(&cert, b"h2", |client| async move {
+            let endless = hyper::service::service_fn(|_| async {
+                let body = http_body_util::StreamBody::new(futures_util::stream::pending::<
+                    Result<Frame<Bytes>, std::convert::Infallible>,
+                >());
+                Ok::<_, std::convert::Infallible>(Response::new(body))
+            });
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .max_concurrent_streams(2)
+                .serve_connection(TokioIo::new(client), endless)
+                .await;
+        })
+        .await;
         let relay = Relay::to(backend).await;
         let (port, pool) = (relay.addr.port(), tls_pool(relay.addr.port(), &cert_file));
         // One stream first, so that the backend's limit has arrived before the next ones go.
