@@ -1,12 +1,15 @@
 """Opens N streaming requests through a proxy to a backend that sends nothing for minutes, keeps
 them open, and prints the proxy's resident memory before and after (bytes per idle stream).
 
-Usage: python3 benches/idle_streams.py PORT N PID [PID...]   (PIDs: the proxy's processes)"""
+Usage: python3 benches/idle_streams.py PORT N PID [PID...]   (PIDs: the proxy's processes;
+BATCH=K in the environment opens K streams at a time instead of 500)"""
 import asyncio
 import json
+import os
 import sys
 
 port, n, pids = int(sys.argv[1]), int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
+batch = int(os.environ.get("BATCH", "500"))
 BODY = json.dumps({"model": "m", "max_tokens": 4, "stream": True,
                    "messages": [{"role": "user", "content": "hi"}]}).encode()
 REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -36,8 +39,8 @@ async def open_stream(held):
 async def main():
     before = rss()
     held = []
-    for start in range(0, n, 500):
-        await asyncio.gather(*(open_stream(held) for _ in range(min(500, n - start))))
+    for start in range(0, n, batch):
+        await asyncio.gather(*(open_stream(held) for _ in range(min(batch, n - start))))
     await asyncio.sleep(3)
     after = rss()
     print(json.dumps({"streams": n, "rss_before": before, "rss_after": after,
