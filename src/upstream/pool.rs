@@ -150,8 +150,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// Why a request got no response head.
 #[derive(Debug)]
 pub enum SendError {
-    /// No connection could be made (refused, timed out, TLS).
-    Connect(Box<dyn std::error::Error + Send + Sync>),
+    /// No connection could be made (refused, timed out, TLS). Shared: every request that
+    /// waited for the attempt fails with its error.
+    Connect(Arc<dyn std::error::Error + Send + Sync>),
     /// A connection was made (or reused) and the exchange failed.
     Exchange(hyper::Error),
 }
@@ -183,23 +184,6 @@ impl std::error::Error for SendError {
             Self::Connect(e) => Some(&**e),
             Self::Exchange(e) => e.source(),
         }
-    }
-}
-
-/// A connect error that every request waiting for the attempt fails with: it reads as the
-/// error itself, so that a timeout still reads as one.
-#[derive(Debug)]
-struct SharedError(Arc<dyn std::error::Error + Send + Sync>);
-
-impl fmt::Display for SharedError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::error::Error for SharedError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&*self.0)
     }
 }
 
@@ -245,8 +229,8 @@ impl Pool {
     }
 
     /// Sends `req` (its URI absolute, to this pool's backend, and its `Host` header set) and
-    /// waits for the response head.
-    /// The body returns an HTTP/1 connection to the pool when it ends or is dropped.
+    /// waits for the response head. The body gives its HTTP/1 connection back to the pool, or
+    /// counts its HTTP/2 stream closed, when it ends or is dropped.
     pub async fn send(
         self: Arc<Self>,
         req: Request<UpstreamBody>,
@@ -359,7 +343,7 @@ impl Pool {
         if let Some(err) = self.failed_since(failures_before) {
             // The attempt this request waited for failed; another now would keep each request
             // behind it waiting one more connect timeout on a backend that cannot be reached.
-            return Err(SendError::Connect(Box::new(SharedError(err))));
+            return Err(SendError::Connect(err));
         }
         if self.speaks() == Speaks::Http1 {
             // The connection waited for spoke HTTP/1: it serves one request, and the rest
@@ -422,7 +406,7 @@ impl Pool {
     fn failed(&self, err: Arc<dyn std::error::Error + Send + Sync>) -> SendError {
         let mut failed = lock(&self.failed);
         *failed = (failed.0 + 1, Some(Arc::clone(&err)));
-        SendError::Connect(Box::new(SharedError(err)))
+        SendError::Connect(err)
     }
 
     /// Starts HTTP/2 on a connection whose ALPN chose it, shared by requests from then on.
