@@ -11,7 +11,8 @@
 # Usage: benches/instructions.sh [TPSGATE_BINARY]   (ports 9221-9225 free; installs valgrind,
 # nginx-light and wrk with apt when missing; about 3 minutes). `ARMS=tpsgate benches/instructions.sh`
 # counts only the arms named and prints their lines without touching BENCHMARKS.md;
-# `WRK_SCRIPT=file.lua` sends another request (with ARMS, for a one-off count).
+# `WRK_SCRIPT=file.lua` sends another request (with ARMS, for a one-off count);
+# `VG_EXTRA=--cache-sim=yes` adds callgrind's cache simulation (instruction and data cache misses).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for tool in valgrind:valgrind nginx:nginx-light wrk:wrk; do
@@ -52,7 +53,7 @@ load() { wrk -t1 -c4 -d"$2"s -s "${WRK_SCRIPT:-benches/wrk-chat.lua}" "$(url "$1
 
 count() { # arm port command...
   local arm=$1 port=$2; shift 2
-  valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.$arm" "$@" >/dev/null 2>"$out/$arm.log" &
+  valgrind --tool=callgrind ${VG_EXTRA:-} --callgrind-out-file="$out/callgrind.$arm" "$@" >/dev/null 2>"$out/$arm.log" &
   local vg=$!
   pids+=($vg)
   for _ in $(seq 100); do curl -s -o /dev/null -m 2 -X POST "$(url "$port")" && break; sleep 0.3; done

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What a proxy adds. Arms, interleaved in each repetition: direct, nginx (one worker, upstream
 # keepalive, proxy_buffering off), a bare hyper proxy (examples/bare_proxy.rs: hyper's server and
-# pooled client and nothing else, the floor under tpsgate) and tpsgate (`serve`, one worker
-# thread, the full stack, JSON request log on). The proxy under test runs on core 1; upstreams and
-# clients on core 0 (taskset).
+# pooled client and nothing else) and tpsgate (`serve`, one worker thread, the full stack, JSON
+# request log on) twice: as `cargo build --release` builds it, and as deploy/pgo-build.sh does
+# (profile-guided, the build the container image ships). The proxy under test runs on core 1;
+# upstreams and clients on core 0 (taskset).
 #
 # Two upstreams: `tpsgate sim` (a 2 ms decode step) for the streaming measures, and a static nginx
 # responder (an instant upstream: a canned chat completion) for the non-stream ones, driven by wrk,
@@ -11,8 +12,8 @@
 # Writes the table into BENCHMARKS.md between the overhead markers (medians over repetitions;
 # "added" is the arm minus direct in the same repetition).
 #
-# Usage: benches/overhead.sh [REPS=3]   (ports 9201-9216 and 9293 free; installs nginx-light
-# and wrk with apt when missing; about 10 minutes)
+# Usage: benches/overhead.sh [REPS=3]   (ports 9201-9216, 9261-9264 and 9293-9294 free; installs
+# nginx-light and wrk with apt when missing; about 20 minutes, 7 of them building with PGO)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=${1:-3}
@@ -20,7 +21,9 @@ for tool in nginx:nginx-light wrk:wrk; do
   command -v "${tool%%:*}" >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tool##*:}" >/dev/null
 done
 cargo build --release --quiet --bin tpsgate --example bare_proxy
+deploy/pgo-build.sh >/dev/null
 bin=$PWD/target/release/tpsgate
+pgo=$PWD/target/pgo/tpsgate
 bare=$PWD/target/release/examples/bare_proxy
 out=$PWD/target/overhead
 mkdir -p "$out"
@@ -83,27 +86,31 @@ taskset -c 1 "$bare" 127.0.0.1:9204 127.0.0.1:9201 & pids+=($!)
 bare_sim=$!
 taskset -c 1 "$bare" 127.0.0.1:9214 127.0.0.1:9205 & pids+=($!)
 bare_static=$!
-gateway_config() { # sim-port
+gateway_config() { # sim-port listen-port admin-port
   cat <<YAML
-listen: {address: 127.0.0.1:9203}
-admin: {listen: 127.0.0.1:9293}
+listen: {address: 127.0.0.1:$2}
+admin: {listen: 127.0.0.1:$3}
 limits: {drain_timeout_s: 1}
 backends:
   - {name: sim, url: http://127.0.0.1:$1, dialect: openai, models: {m: m}, first_token_timeout_ms: 3600000}
   - {name: static, url: http://127.0.0.1:9205, dialect: openai, models: {s: s}}
 YAML
 }
-gateway_config 9201 >"$out/gateway.yaml"
-start_gateway() {
+start_gateways() { # sim-port: tpsgate on 9203, its PGO build on 9207
+  gateway_config "$1" 9203 9293 >"$out/gateway.yaml"
+  gateway_config "$1" 9207 9294 >"$out/gateway-pgo.yaml"
   taskset -c 1 "$bin" --threads 1 --log-format json serve --config "$out/gateway.yaml" >/dev/null 2>"$out/gateway.log" &
   pids+=($!)
   gw=$!
+  taskset -c 1 "$pgo" --threads 1 --log-format json serve --config "$out/gateway-pgo.yaml" >/dev/null 2>"$out/gateway-pgo.log" &
+  pids+=($!)
+  gw_pgo=$!
 }
-start_gateway
+start_gateways 9201
 sleep 1
 nginx_pids() { local m; m=$(cat "$out/nginx.pid"); echo "$m $(pgrep -P "$m" | tr '\n' ' ')"; }
 cpu_ticks() { local t=0; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
-arm_pids() { case $1 in nginx) nginx_pids;; bare) echo "$bare_sim $bare_static";; tpsgate) echo "$gw";; esac; }
+arm_pids() { case $1 in nginx) nginx_pids;; bare) echo "$bare_sim $bare_static";; tpsgate) echo "$gw";; pgo) echo "$gw_pgo";; esac; }
 
 record() { # arm kind: reads result lines on stdin, adds the proxy's CPU ticks since $before
   local after=0 procs
@@ -139,7 +146,7 @@ wrk_json() { # port connections seconds: only the JSON line that benches/wrk-cha
 steal() { awk '/^cpu /{print $9}' /proc/stat; }   # ticks the hypervisor gave to other guests
 steal_before=$(steal); started=$(date +%s)
 for rep in $(seq "$reps"); do
-  for arm in direct:9201:9205 nginx:9202:9212 bare:9204:9214 tpsgate:9203:9203; do
+  for arm in direct:9201:9205 nginx:9202:9212 bare:9204:9214 tpsgate:9203:9203 pgo:9207:9207; do
     IFS=: read -r name sim_port static_port <<<"$arm"
     stream "$name" "$sim_port" stream-c1 --concurrency 1 --requests 300 --max-tokens 32
     # About 16 streams in flight: Poisson arrivals at 240/s of ~66 ms streams, the same arrival
@@ -170,14 +177,13 @@ nginx -c "$out/nginx.conf" -s reload
 kill "$bare_sim"
 taskset -c 1 "$bare" 127.0.0.1:9204 127.0.0.1:9211 & pids+=($!)
 bare_sim=$!
-kill "$gw"; wait "$gw" 2>/dev/null || true
-gateway_config 9211 >"$out/gateway.yaml"
-start_gateway
+kill "$gw" "$gw_pgo"; wait "$gw" "$gw_pgo" 2>/dev/null || true
+start_gateways 9211
 sleep 1
 for n in 1000 9000; do   # 9000: a proxy holds two descriptors per stream, and the hard limit here is 20000
-  for arm in nginx:9202 bare:9204 tpsgate:9203; do
+  for arm in nginx:9202 bare:9204 tpsgate:9203 pgo:9207; do
     name=${arm%%:*}; port=${arm##*:}
-    case $name in nginx) procs=$(nginx_pids);; bare) procs=$bare_sim;; tpsgate) procs=$gw;; esac
+    case $name in nginx) procs=$(nginx_pids);; bare) procs=$bare_sim;; tpsgate) procs=$gw;; pgo) procs=$gw_pgo;; esac
     python3 benches/idle_streams.py "$port" "$n" $procs | sed "s/^/{\"arm\":\"$name\",\"kind\":\"idle\",\"r\":/; s/$/}/" >>"$out/results.jsonl"
     sleep 2
   done

@@ -18,7 +18,8 @@ by = collections.defaultdict(list)  # (arm, kind) -> rows
 for row in rows:
     by[(row["arm"], row["kind"])].append(row)
 med = statistics.median
-ARMS = ("direct", "nginx", "bare", "tpsgate")
+# pgo: tpsgate built by deploy/pgo-build.sh (profile-guided), the build the container ships.
+ARMS = ("direct", "nginx", "bare", "tpsgate", "pgo")
 PROXIES = ARMS[1:]
 
 
@@ -70,8 +71,8 @@ def ratio(a, b):
 print("Medians over repetitions; \"added\" = arm − direct in the same repetition (c≈16 streams: "
       "against a direct run at the same time as the arm's, with arrivals of its own). "
       "Streams: `tpsgate sim` upstream, `tpsgate bench` client; non-stream: static upstream, wrk.\n")
-print("| measure | direct | nginx | bare hyper | tpsgate | tpsgate ÷ nginx | goal |")
-print("|---|---|---|---|---|---|---|")
+print("| measure | direct | nginx | bare hyper | tpsgate | tpsgate (PGO) | tpsgate ÷ nginx | PGO ÷ nginx | goal |")
+print("|---|---|---|---|---|---|---|---|---|")
 lines = [
     ("stream c=1: TTFT p50", "stream-c1", "ttft_p50_s", None),
     ("stream c≈16 (open loop): TTFT p50", "stream-c16", "ttft_p50_s", "added ≤ 100 µs"),
@@ -84,28 +85,29 @@ for label, kind, field, goal in lines:
     cells = [us(stat("direct", kind, field))]
     for arm in PROXIES:
         cells.append(f"{us(stat(arm, kind, field))} ({signed_us(added(arm, kind, field))})")
-    an, at = added("nginx", kind, field), added("tpsgate", kind, field)
-    print(f"| {label} | {' | '.join(cells)} | {ratio(at, an)} added | {goal or ''} |")
+    an = added("nginx", kind, field)
+    ratios = " | ".join(f"{ratio(added(a, kind, field), an)} added" for a in ("tpsgate", "pgo"))
+    print(f"| {label} | {' | '.join(cells)} | {ratios} | {goal or ''} |")
 rps = {a: stat(a, "nonstream-c32", "requests_per_s") for a in ARMS}
 flag = lambda a: " ⚑" if rps[a] >= 0.9 * rps["direct"] else ""
 print(f"| non-stream c=32: requests/s | {rps['direct']:.0f} | "
       + " | ".join(f"{rps[a]:.0f}{flag(a)}" for a in PROXIES)
-      + f" | {ratio(rps['tpsgate'], rps['nginx'])} | ≥ 0.8× nginx |")
+      + f" | {ratio(rps['tpsgate'], rps['nginx'])} | {ratio(rps['pgo'], rps['nginx'])} | ≥ 0.8× nginx |")
 print("| CPU per non-stream request (c=32) | – | "
-      + " | ".join(f"{cpu_us(a, 'nonstream-c32', 'req'):.0f} µs" for a in PROXIES) + " | | |")
+      + " | ".join(f"{cpu_us(a, 'nonstream-c32', 'req'):.0f} µs" for a in PROXIES) + " | | | |")
 print("| CPU per streamed chunk (c≈16, incl. its request's share) | – | "
-      + " | ".join(f"{cpu_us(a, 'stream-c16', 'chunk'):.1f} µs" for a in PROXIES) + " | | |")
+      + " | ".join(f"{cpu_us(a, 'stream-c16', 'chunk'):.1f} µs" for a in PROXIES) + " | | | |")
 fr = {a: (sum(r["r"]["frames"] for r in by[(a, "stream-c16")]),
           sum(r["r"]["content_events"] for r in by[(a, "stream-c16")])) for a in ARMS}
 print("| stream c≈16: frames / content events | "
-      + " | ".join(f"{fr[a][0]} / {fr[a][1]}" for a in ARMS) + " | | no coalescing |")
+      + " | ".join(f"{fr[a][0]} / {fr[a][1]}" for a in ARMS) + " | | | no coalescing |")
 for n in (1000, 9000):
     vals = {}
     for a in PROXIES:
         rs = [r["r"] for r in by[(a, "idle")] if r["r"]["streams"] == n]
         vals[a] = f"{rs[0]['bytes_per_stream'] / 1024:.1f} KiB" if rs else "–"
     print(f"| memory per idle stream ({n} open) | – | "
-          + " | ".join(vals[a] for a in PROXIES) + " | | ≤ 16 KiB |")
+          + " | ".join(vals[a] for a in PROXIES) + " | | | ≤ 16 KiB |")
 errors = sum(r["r"].get("errors", 0) + r["r"].get("non_2xx", 0) for r in rows if r["kind"].startswith("nonstream"))
 steal = [r["r"] for r in rows if r["kind"] == "steal"]
 if steal:
