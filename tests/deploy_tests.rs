@@ -146,3 +146,39 @@ fn prometheus_accepts_the_scrape_config_and_the_alert_rules() {
         );
     }
 }
+
+/// The image cannot be built here (no Docker), so at least every file its build copies from the
+/// repository must exist, and the scripts it runs must parse.
+#[test]
+fn the_dockerfile_copies_files_that_exist_and_runs_scripts_that_parse() {
+    let root = deploy().parent().unwrap().to_path_buf();
+    let dockerfile = std::fs::read_to_string(deploy().join("Dockerfile")).unwrap();
+    let mut copied = 0;
+    for line in dockerfile.lines() {
+        let Some(args) = line.strip_prefix("COPY ") else {
+            continue;
+        };
+        if args.starts_with("--from") {
+            continue;
+        }
+        let words: Vec<&str> = args.split_whitespace().collect();
+        for source in &words[..words.len() - 1] {
+            assert!(
+                root.join(source).exists(),
+                "Dockerfile copies {source}, which is missing"
+            );
+            copied += 1;
+        }
+    }
+    assert!(copied > 0, "no COPY line read from the Dockerfile");
+    let out = Command::new("bash")
+        .arg("-n")
+        .arg(deploy().join("pgo-build.sh"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "deploy/pgo-build.sh does not parse:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
