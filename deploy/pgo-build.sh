@@ -4,7 +4,7 @@
 # build is then compiled with what that traffic ran (which branches are taken, which functions
 # are hot) to lay out and inline its code. A proxied request's code does not fit the CPU's
 # instruction cache (callgrind's cache simulation: 2,876 misses per request against bare hyper's
-# 1,639), and packing the hot path together pays: about +20% requests/s (BENCHMARKS.md).
+# 1,639), and packing the hot path together pays: about +21% requests/s (BENCHMARKS.md).
 #
 # Training traffic: the gateway (JSON request log, as in production) in front of `tpsgate sim`
 # with both dialects, driven by `tpsgate bench`: non-stream and streaming requests, closed and
@@ -22,8 +22,12 @@ profdata=$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata
 if [ ! -x "$profdata" ]; then
   if command -v "llvm-profdata-$llvm" >/dev/null; then
     profdata=llvm-profdata-$llvm
-  else
+  elif command -v rustup >/dev/null; then
     rustup component add llvm-tools
+  else
+    echo "pgo-build.sh: no llvm-profdata for LLVM $llvm: install rustup's llvm-tools component" \
+      "or your distribution's llvm-profdata-$llvm (Debian: apt-get install llvm-$llvm)" >&2
+    exit 1
   fi
 fi
 
