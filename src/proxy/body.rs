@@ -614,7 +614,7 @@ impl Body for Observed {
                     this.log.outcome = Outcome::Failed;
                     *this.timed_out = true;
                     let Some(dialect) = *this.dialect else {
-                        return Poll::Ready(Some(Err(err.into())));
+                        return Poll::Ready(Some(Err(err)));
                     };
                     let message = format!("the upstream broke off the stream: {err}");
                     return Poll::Ready(Some(Ok(Frame::data(end_with_error(

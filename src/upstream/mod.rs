@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod client;
+pub mod h1;
 pub mod pool;
 
 pub use backend::{Backend, InFlightGuard};

@@ -1,12 +1,12 @@
 //! One backend's upstream connections, kept open between requests.
 //!
-//! Built on hyper's connection-level client (`hyper::client::conn`) rather than hyper-util's
-//! pooled client, whose general pool cost a tenth of a proxied request's instructions under
-//! callgrind (59,400 against 53,400 here): a pool keyed by scheme and authority (hashed per
-//! request), and a task spawned per HTTP/1 request only to wait until its connection may take
-//! the next one. Here the pool belongs to one backend, so there is no key, and an HTTP/1
-//! connection goes back to the pool when its response body ends, with the body: by then it is
-//! almost always ready for the next request.
+//! Not hyper-util's pooled client, whose general pool cost a tenth of a proxied request's
+//! instructions under callgrind (59,400 against 53,400 here): a pool keyed by scheme and
+//! authority (hashed per request), and a task spawned per HTTP/1 request only to wait until its
+//! connection may take the next one. Here the pool belongs to one backend, so there is no key.
+//! HTTP/1.1 is spoken by [`h1`] on the request's own task, and a connection comes back to the
+//! pool as soon as its response body has been read to the end; HTTP/2 is hyper's
+//! (`hyper::client::conn::http2`), each connection on a task of its own.
 //!
 //! HTTP/1.1 connections serve one request at a time and wait, most recently used first, in a
 //! stack; one idle longer than the idle timeout is closed instead of reused. Where TLS ALPN
@@ -18,8 +18,8 @@
 //! for the one being made rather than each making its own, and share its outcome: a backend
 //! that cannot be reached fails them together, after one attempt, not one after another.
 //!
-//! A reused connection the backend closed just as the request went out fails it, unsent (hyper
-//! hands it back) or written but unanswered. Either is sent once more, on a new connection: the
+//! A reused connection the backend closed just as the request went out fails it, unsent (the
+//! write failed) or written but unanswered. Either is sent once more, on a new connection: the
 //! first always (as hyper-util did), the second when the connection had been idle long enough
 //! for a backend's keep-alive timer to close it, which hyper-util left to fail.
 
@@ -36,7 +36,7 @@ use bytes::Bytes;
 use futures_util::FutureExt as _;
 use http::{Request, Response, Uri, Version};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::{Connection, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -45,6 +45,7 @@ use tokio::time::Instant;
 use tower::ServiceExt as _;
 
 use super::client::UpstreamBody;
+use super::h1;
 
 /// An idle HTTP/1 connection is closed rather than reused after this long (as hyper-util's
 /// pool did): backends close theirs after a while, and a request sent on a connection the
@@ -129,7 +130,7 @@ impl Drop for Stream {
 }
 
 struct Idle {
-    sender: http1::SendRequest<UpstreamBody>,
+    conn: h1::Connection,
     since: Instant,
 }
 
@@ -153,8 +154,10 @@ pub enum SendError {
     /// No connection could be made (refused, timed out, TLS). Shared: every request that
     /// waited for the attempt fails with its error.
     Connect(Arc<dyn std::error::Error + Send + Sync>),
-    /// A connection was made (or reused) and the exchange failed.
-    Exchange(hyper::Error),
+    /// A connection was made (or reused) and the HTTP/1.1 exchange failed.
+    Http1(h1::Error),
+    /// The HTTP/2 stream failed.
+    Http2(hyper::Error),
 }
 
 impl SendError {
@@ -165,7 +168,11 @@ impl SendError {
 
     /// Whether the connection closed before a whole response head came back.
     fn closed_without_response(&self) -> bool {
-        matches!(self, Self::Exchange(e) if e.is_incomplete_message())
+        match self {
+            Self::Http1(e) => matches!(e, h1::Error::ClosedBeforeHead),
+            Self::Http2(e) => e.is_incomplete_message(),
+            Self::Connect(_) => false,
+        }
     }
 }
 
@@ -173,7 +180,8 @@ impl fmt::Display for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Connect(_) => f.write_str("cannot connect"),
-            Self::Exchange(e) => e.fmt(f),
+            Self::Http1(e) => e.fmt(f),
+            Self::Http2(e) => e.fmt(f),
         }
     }
 }
@@ -182,14 +190,15 @@ impl std::error::Error for SendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Connect(e) => Some(&**e),
-            Self::Exchange(e) => e.source(),
+            Self::Http1(e) => e.source(),
+            Self::Http2(e) => e.source(),
         }
     }
 }
 
 /// A connection on its way to the pool or to a request.
 enum Conn {
-    One(http1::SendRequest<UpstreamBody>),
+    One(h1::Connection),
     Shared(http2::SendRequest<UpstreamBody>, Stream),
 }
 
@@ -269,33 +278,25 @@ impl Pool {
         conn: Conn,
         mut req: Request<UpstreamBody>,
     ) -> Result<Response<PooledBody>, (SendError, Option<Request<UpstreamBody>>)> {
-        let (result, lease, stream) = match conn {
-            Conn::One(mut sender) => {
-                // HTTP/1 sends the path alone; the Host header carries the authority.
-                if let Some(path) = req.uri().path_and_query() {
-                    *req.uri_mut() = Uri::from(path.clone());
-                }
-                *req.version_mut() = Version::HTTP_11;
-                let result = sender.try_send_request(req).await;
-                (result, Some(sender), None)
-            }
+        match conn {
+            Conn::One(conn) => match conn.send(req).await {
+                Ok(resp) => Ok(resp.map(|body| PooledBody::http1(body, Arc::clone(self)))),
+                Err((e, unsent)) => Err((SendError::Http1(e), unsent)),
+            },
             Conn::Shared(mut sender, stream) => {
                 *req.version_mut() = Version::HTTP_2;
-                (sender.try_send_request(req).await, None, Some(stream))
-            }
-        };
-        match result {
-            Ok(resp) => Ok(resp.map(|body| PooledBody {
-                inner: body,
-                lease: lease.map(|sender| Lease {
-                    sender,
-                    pool: Arc::clone(self),
-                }),
-                stream,
-            })),
-            Err(mut e) => {
-                let req = e.take_message();
-                Err((SendError::Exchange(e.into_error()), req))
+                match sender.try_send_request(req).await {
+                    Ok(resp) => Ok(resp.map(|body| PooledBody {
+                        inner: Inner::Http2 {
+                            body,
+                            stream: Some(stream),
+                        },
+                    })),
+                    Err(mut e) => {
+                        let req = e.take_message();
+                        Err((SendError::Http2(e.into_error()), req))
+                    }
+                }
             }
         }
     }
@@ -313,15 +314,16 @@ impl Pool {
         }
         let mut idle = lock(&self.idle);
         let now = Instant::now();
-        while let Some(Idle { sender, since }) = idle.pop_back() {
+        while let Some(Idle { mut conn, since }) = idle.pop_back() {
             let idle_for = now.duration_since(since);
             if idle_for >= IDLE_TIMEOUT {
                 // Every connection below it has waited longer still.
                 idle.clear();
                 return None;
             }
-            if sender.is_ready() {
-                return Some((Conn::One(sender), idle_for));
+            // No system call unless the socket turned readable while idle (closed, mostly).
+            if conn.is_open() {
+                return Some((Conn::One(conn), idle_for));
             }
             // Closed by the backend while it waited: dropped.
         }
@@ -362,44 +364,35 @@ impl Pool {
         failed.1.clone()
     }
 
-    /// Opens a connection to the backend, HTTP/2 where ALPN chose it, else HTTP/1.1, and runs
-    /// it on a task of its own.
+    /// Opens a connection to the backend: HTTP/2 where ALPN chose it (run on a task of its
+    /// own, its larger handshake boxed apart), else HTTP/1.1.
     ///
     /// Every request that finds no idle connection holds this future (in a box) until the
-    /// connection is made, so its size is resident memory under a burst of new streams: the
-    /// connection is named only inside the block below, so that it takes no room of its own
-    /// beside the HTTP/1 handshake it moves into, and HTTP/2's larger handshake is boxed apart
-    /// (2,456 bytes instead of 6,616 for the request's whole wait).
+    /// connection is made, so its size is resident memory under a burst of new streams.
     async fn connect(&self) -> Result<Conn, SendError> {
-        let handshake = {
-            // The connector's own timeout covers the TCP connect only; a backend that accepts
-            // and never finishes the TLS handshake would hold the request until its first-token
-            // timeout.
-            let connecting = self.connector.clone().oneshot(self.base.clone());
-            let io = match tokio::time::timeout(self.connect_timeout, connecting).await {
-                Ok(Ok(io)) => io,
-                Ok(Err(err)) => return Err(self.failed(Arc::from(err))),
-                Err(_) => {
-                    return Err(self.failed(Arc::new(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "TCP connect and TLS handshake took longer than connect_timeout_ms",
-                    ))));
-                }
-            };
-            if io.connected().is_negotiated_h2() {
-                return Box::pin(self.start_http2(io)).await;
+        // The connector's own timeout covers the TCP connect only; a backend that accepts and
+        // never finishes the TLS handshake would hold the request until its first-token timeout.
+        let connecting = self.connector.clone().oneshot(self.base.clone());
+        let io = match tokio::time::timeout(self.connect_timeout, connecting).await {
+            Ok(Ok(io)) => io,
+            Ok(Err(err)) => return Err(self.failed(Arc::from(err))),
+            Err(_) => {
+                return Err(self.failed(Arc::new(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "TCP connect and TLS handshake took longer than connect_timeout_ms",
+                ))));
             }
-            http1::handshake(io)
         };
-        let (sender, conn) = handshake.await.map_err(SendError::Exchange)?;
-        spawn_boxed(conn, "upstream connection");
+        if io.connected().is_negotiated_h2() {
+            return Box::pin(self.start_http2(io)).await;
+        }
         if self.speaks() != Speaks::Http1 {
             // The backend no longer offers HTTP/2 (or never did): its old shared connections,
             // if still open, end with the requests on them.
             lock(&self.shared).clear();
             self.speaks.store(Speaks::Http1 as u8, Ordering::Relaxed);
         }
-        Ok(Conn::One(sender))
+        Ok(Conn::One(h1::Connection::new(io)))
     }
 
     /// Counts a failed connect, for the requests that waited for it, and fails this one.
@@ -438,39 +431,26 @@ impl Pool {
         Ok(Conn::Shared(sender, stream))
     }
 
-    /// Takes back an HTTP/1 connection whose exchange is over.
-    fn give_back(self: Arc<Self>, mut sender: http1::SendRequest<UpstreamBody>) {
-        if sender.is_ready() {
-            let mut idle = lock(&self.idle);
-            let now = Instant::now();
-            while idle
-                .front()
-                .is_some_and(|i| now.duration_since(i.since) >= IDLE_TIMEOUT)
-            {
-                idle.pop_front();
-            }
-            idle.push_back(Idle { sender, since: now });
-        } else if !sender.is_closed()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+    /// Takes back an HTTP/1 connection whose response was read to its end.
+    fn give_back(&self, conn: h1::Connection) {
+        let mut idle = lock(&self.idle);
+        let now = Instant::now();
+        while idle
+            .front()
+            .is_some_and(|i| now.duration_since(i.since) >= IDLE_TIMEOUT)
         {
-            // The connection has not yet read the end of the response (the body was dropped
-            // early, or its last frame outran the connection's task): it comes back when it has.
-            runtime.spawn(async move {
-                if sender.ready().await.is_ok() {
-                    self.give_back(sender);
-                }
-            });
+            idle.pop_front();
         }
+        idle.push_back(Idle { conn, since: now });
     }
 }
 
-/// Runs a connection on a task of its own, the connection boxed apart from the task: Tokio
-/// allocates a task with its future inline and aligned to a cache line, and for a connection's
-/// few kilobytes that cost 3.6 KiB more resident memory per idle stream (35.3 against 31.7 KiB,
-/// 2,000 streams, alternating runs) than a small task and a plain allocation. The connection is
-/// polled where it lies (`map`): an `async` block awaiting it would hold it twice, once as what
-/// it captured and once as the future it awaits (3,496 bytes a connection instead of 1,752).
-/// `what` names it in the line logged when it ends with an error.
+/// Runs an HTTP/2 connection on a task of its own, the connection boxed apart from the task:
+/// Tokio allocates a task with its future inline and aligned to a cache line, which for hyper's
+/// HTTP/1 connections (when they had tasks) cost 3.6 KiB more resident memory per idle stream
+/// than a small task and a plain allocation. The connection is polled where it lies (`map`): an
+/// `async` block awaiting it would hold it twice, once as what it captured and once as the
+/// future it awaits. `what` names it in the line logged when it ends with an error.
 fn spawn_boxed<C>(connection: C, what: &'static str)
 where
     C: Future<Output = hyper::Result<()>> + Send + 'static,
@@ -508,71 +488,88 @@ impl Future for PublishingLimit {
     }
 }
 
-/// An HTTP/1 connection lent to one response.
-struct Lease {
-    sender: http1::SendRequest<UpstreamBody>,
-    pool: Arc<Pool>,
+/// A response body from the pool: read from its HTTP/1 connection, which goes back to the pool
+/// when the body has been read to its end (and closes if the body is dropped before), or from an
+/// HTTP/2 stream, counted closed when the body ends or is dropped.
+#[derive(Debug)]
+pub struct PooledBody {
+    inner: Inner,
 }
 
-pin_project_lite::pin_project! {
-    /// A response body from the pool: the upstream's body, and the HTTP/1 connection it came
-    /// on (given back) or the HTTP/2 stream it holds (counted closed) when the body ends or is
-    /// dropped.
-    pub struct PooledBody {
-        #[pin]
-        inner: Incoming,
-        lease: Option<Lease>,
+#[derive(Debug)]
+enum Inner {
+    Http1 {
+        body: h1::Body,
+        pool: Arc<Pool>,
+    },
+    Http2 {
+        body: Incoming,
         stream: Option<Stream>,
-    }
+    },
+}
 
-    impl PinnedDrop for PooledBody {
-        fn drop(this: Pin<&mut Self>) {
-            if let Some(lease) = this.project().lease.take() {
-                lease.give_back();
-            }
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Stream")
+    }
+}
+
+impl PooledBody {
+    fn http1(mut body: h1::Body, pool: Arc<Pool>) -> Self {
+        // A body-less response (HEAD, 204, 304) is over with its head.
+        if let Some(conn) = body.take_reusable() {
+            pool.give_back(conn);
+        }
+        Self {
+            inner: Inner::Http1 { body, pool },
         }
     }
 }
 
-impl Lease {
-    fn give_back(self) {
-        self.pool.give_back(self.sender);
-    }
-}
-
-impl fmt::Debug for PooledBody {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PooledBody")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
+/// An upstream body's error: the HTTP/1 exchange's or hyper's (HTTP/2).
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Body for PooledBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = self.project();
-        let frame = std::task::ready!(this.inner.poll_frame(cx));
-        if frame.is_none() {
-            if let Some(lease) = this.lease.take() {
-                lease.give_back();
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match &mut self.get_mut().inner {
+            Inner::Http1 { body, pool } => {
+                let frame = std::task::ready!(Pin::new(&mut *body).poll_frame(cx));
+                // Given back as soon as the last of the body is read, before it is forwarded.
+                if body.is_end_stream()
+                    && let Some(conn) = body.take_reusable()
+                {
+                    pool.give_back(conn);
+                }
+                Poll::Ready(frame.map(|f| f.map_err(BodyError::from)))
             }
-            this.stream.take();
+            Inner::Http2 { body, stream } => {
+                let frame = std::task::ready!(Pin::new(body).poll_frame(cx));
+                if frame.is_none() {
+                    stream.take();
+                }
+                Poll::Ready(frame.map(|f| f.map_err(BodyError::from)))
+            }
         }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Http1 { body, .. } => body.is_end_stream(),
+            Inner::Http2 { body, .. } => body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Http1 { body, .. } => body.size_hint(),
+            Inner::Http2 { body, .. } => body.size_hint(),
+        }
     }
 }
 

@@ -1,0 +1,519 @@
+//! HTTP/1.1 to a backend, spoken by the request that holds the connection: the request is
+//! written, the response head read and the body read as the client's side of the gateway polls
+//! for it, all on the client connection's own task.
+//!
+//! hyper's client (which the pool used before) runs each connection on a task of its own and
+//! hands requests, heads and body frames across channels to it; an open stream kept its
+//! dispatch channel (an 8,992-byte block), a read and a write buffer of 8 KiB each, and the
+//! boxed connection and its task: about 14 KiB of resident memory per idle stream, half of
+//! what a stream cost, with no setting to make any of it smaller. Here a connection is a socket
+//! and one read buffer that starts at 1 KiB and grows only while reads fill it. The request
+//! head is written from a buffer freed once it is sent, with the body beside it (one `writev`).
+//! The parsing is httparse's, as in hyper; the framing (length, chunks, close) is ours.
+
+mod framing;
+mod head;
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Bytes, BytesMut};
+use http::{Method, Request, Response};
+use http_body_util::Full;
+use hyper::body::{Frame, SizeHint};
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use self::framing::{Decoded, Framing};
+
+/// What the first read of a response reserves: a streamed response's head and first events fit,
+/// and small allocations share pages (an idle stream's resident cost is the pages it touched).
+const FIRST_READ: usize = 1024;
+/// The most a read reserves, reached by doubling while reads fill the buffer (large bodies).
+const MAX_READ: usize = 64 * 1024;
+/// Below this much room left in the buffer, the next read reserves more.
+const MIN_ROOM: usize = 256;
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    /// The connection closed (or was reset) after the request was written, before any of the
+    /// response came: a backend closing an idle connection as the request arrived.
+    #[error("the connection closed before a response head came")]
+    ClosedBeforeHead,
+    #[error("the connection closed before the end of the response body")]
+    ClosedInBody,
+    #[error("malformed response head: {0}")]
+    Head(httparse::Error),
+    #[error("malformed response: {0}")]
+    Malformed(&'static str),
+    #[error("the response's {0} is too large")]
+    TooLarge(&'static str),
+}
+
+/// A request that failed, and the request itself unless all of it was written.
+pub type Failed = (Error, Option<Request<Full<Bytes>>>);
+
+/// An open HTTP/1.1 connection to a backend, ready for a request.
+#[derive(Debug)]
+pub struct Connection {
+    io: Io,
+    /// What was read and not yet handed out. Frames handed out share its allocation.
+    buf: BytesMut,
+    /// What the next read reserves when the buffer is full.
+    read_size: usize,
+}
+
+/// The connection's socket, with or without TLS.
+#[derive(Debug)]
+enum Io {
+    Plain(TcpStream),
+    // Boxed: a TLS session is kilobytes, and most backends are plain TCP.
+    Tls(Box<TlsStream<TokioIo<TokioIo<TcpStream>>>>),
+}
+
+impl Connection {
+    /// A connection over the connector's stream, which ALPN (where there was TLS) did not
+    /// make HTTP/2.
+    pub fn new(stream: MaybeHttpsStream<TokioIo<TcpStream>>) -> Self {
+        let io = match stream {
+            MaybeHttpsStream::Http(tcp) => Io::Plain(tcp.into_inner()),
+            MaybeHttpsStream::Https(tls) => Io::Tls(Box::new(tls.into_inner())),
+        };
+        Self {
+            io,
+            buf: BytesMut::new(),
+            read_size: FIRST_READ,
+        }
+    }
+
+    /// Whether the connection is still open, as far as can be told without waiting: the
+    /// backend has not closed it (nor sent anything unasked). Costs no system call unless the
+    /// socket has become readable since it was last read.
+    pub fn is_open(&mut self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut probe = [0u8; 1];
+        let mut probe = ReadBuf::new(&mut probe);
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut probe)
+            .is_pending()
+    }
+
+    /// Writes `req` (its URI's path and query, its headers and its body) and reads the
+    /// response head. The body reads the rest of the response from this connection.
+    pub async fn send(mut self, req: Request<Full<Bytes>>) -> Result<Response<Body>, Failed> {
+        // Scoped so that the request is not kept while the response is awaited.
+        let method = {
+            let (parts, body) = req.into_parts();
+            let body = body.into_inner().unwrap_or_default();
+            let head = head::encode_request(&parts, body.len());
+            // Requests that became ready together are written together: the task lets the
+            // others run first, so that the backend is woken once for the batch rather than
+            // once per request. Where it shares the host (a sidecar, or the benchmark), each
+            // wake-up is an interrupt to its core charged to the gateway's: nginx upstream woke
+            // 0.20 times per request without this and 0.07 with it (voluntary context switches
+            // at c=32), and the gateway served 5% more requests/s (`benches/rps-ab.sh`). As
+            // hyper's client did, where requests crossed to the connections' own tasks.
+            tokio::task::yield_now().await;
+            if let Err(e) = self.write(&head, &body).await {
+                let unsent = Request::from_parts(parts, Full::new(body));
+                return Err((closed_or(e), Some(unsent)));
+            }
+            parts.method
+        };
+        self.read_size = FIRST_READ;
+        let head = std::future::poll_fn(|cx| self.poll_head(cx, &method))
+            .await
+            .map_err(|e| (e, None))?;
+        // Likewise responses: heads that came together go out to their clients together.
+        tokio::task::yield_now().await;
+        let body = Body {
+            conn: Some(self),
+            framing: head.framing,
+            reusable: head.reusable,
+        };
+        Ok(Response::from_parts(head.parts, body))
+    }
+
+    /// Writes the request head and body, together where the socket takes both at once.
+    async fn write(&mut self, mut head: &[u8], mut body: &[u8]) -> io::Result<()> {
+        while !head.is_empty() || !body.is_empty() {
+            let written = if head.is_empty() {
+                self.io.write(body).await?
+            } else {
+                let parts = [IoSlice::new(head), IoSlice::new(body)];
+                self.io.write_vectored(&parts).await?
+            };
+            if written == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            let of_head = written.min(head.len());
+            head = &head[of_head..];
+            body = &body[written - of_head..];
+        }
+        self.io.flush().await
+    }
+
+    fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+    ) -> Poll<Result<head::Head, Error>> {
+        loop {
+            if let Some(head) = head::parse_response(&mut self.buf, method)? {
+                return Poll::Ready(Ok(head));
+            }
+            let nothing_yet = self.buf.is_empty();
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) if nothing_yet => return Poll::Ready(Err(Error::ClosedBeforeHead)),
+                Ok(0) => {
+                    return Poll::Ready(Err(Error::Malformed("the response head was cut short")));
+                }
+                Ok(_) => {}
+                Err(e) if nothing_yet => return Poll::Ready(Err(closed_or(e))),
+                Err(e) => return Poll::Ready(Err(e.into())),
+            }
+        }
+    }
+
+    /// Reads more of the response into the buffer: how many bytes (0: the backend closed).
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let mut room = self.buf.capacity() - self.buf.len();
+        if room < MIN_ROOM {
+            self.buf.reserve(self.read_size);
+            room = self.buf.capacity() - self.buf.len();
+        }
+        let read = ready!(tokio_util::io::poll_read_buf(
+            Pin::new(&mut self.io),
+            cx,
+            &mut self.buf
+        ))?;
+        if read == room && self.read_size < MAX_READ {
+            self.read_size *= 2;
+        }
+        Poll::Ready(Ok(read))
+    }
+}
+
+/// A reset or broken pipe with no response yet reads as the close it is (the backend closed
+/// the connection as the request arrived); any other error stays itself.
+fn closed_or(e: io::Error) -> Error {
+    match e.kind() {
+        io::ErrorKind::ConnectionReset
+        | io::ErrorKind::ConnectionAborted
+        | io::ErrorKind::BrokenPipe => Error::ClosedBeforeHead,
+        _ => Error::Io(e),
+    }
+}
+
+/// A response body, read from its connection as it is polled. The connection closes when the
+/// body is dropped before its end.
+#[derive(Debug)]
+pub struct Body {
+    /// `None` once the connection was taken back for another request, or dropped on an error.
+    conn: Option<Connection>,
+    framing: Framing,
+    reusable: bool,
+}
+
+impl Body {
+    /// The connection, once the body has been read to its end, when it may carry another
+    /// request: the response said nothing against it and nothing came after the body.
+    pub fn take_reusable(&mut self) -> Option<Connection> {
+        let conn = self.conn.as_ref()?;
+        (self.framing.is_done() && self.reusable && conn.buf.is_empty())
+            .then(|| self.conn.take())
+            .flatten()
+    }
+
+    fn fail(&mut self, err: Error) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        self.conn = None;
+        self.framing = Framing::Done;
+        Poll::Ready(Some(Err(err)))
+    }
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Error>>> {
+        let this = self.get_mut();
+        loop {
+            let Some(conn) = this.conn.as_mut() else {
+                return Poll::Ready(None);
+            };
+            let decoded = match this.framing.decode(&mut conn.buf) {
+                Ok(Decoded::More) => match ready!(conn.poll_fill(cx)) {
+                    Ok(0) => this.framing.at_close().inspect(|_| this.reusable = false),
+                    Ok(_) => continue,
+                    Err(e) => Err(Error::Io(e)),
+                },
+                decoded => decoded,
+            };
+            return match decoded {
+                Ok(Decoded::Data(data)) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                Ok(Decoded::Trailers(map)) => Poll::Ready(Some(Ok(Frame::trailers(map)))),
+                Ok(Decoded::End | Decoded::More) => Poll::Ready(None),
+                Err(e) => this.fail(e),
+            };
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.framing.is_done()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.framing
+            .exact()
+            .map_or_else(SizeHint::default, SizeHint::with_exact)
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(tcp) => tcp.is_write_vectored(),
+            Self::Tls(tls) => tls.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::BodyExt as _;
+    use hyper::body::Body as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A backend that answers the requests it reads, in order across its connections, with
+    /// `replies` (written as they are, then the connection closed where the flag says), and
+    /// records each request's bytes.
+    async fn scripted(
+        replies: Vec<(&'static [u8], bool)>,
+    ) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let requests = Arc::clone(&seen);
+        tokio::spawn(async move {
+            let mut replies = replies.into_iter();
+            while let Ok((mut socket, _)) = listener.accept().await {
+                while let Some(request) = read_request(&mut socket).await {
+                    requests.lock().unwrap().push(request);
+                    let Some((reply, close)) = replies.next() else {
+                        return;
+                    };
+                    socket.write_all(reply).await.unwrap();
+                    if close {
+                        break;
+                    }
+                }
+            }
+        });
+        (addr, seen)
+    }
+
+    /// One request off the socket (head and `Content-Length` body); `None` at its close.
+    async fn read_request(socket: &mut TcpStream) -> Option<Vec<u8>> {
+        let mut buf = Vec::new();
+        loop {
+            let mut fields = [httparse::EMPTY_HEADER; 32];
+            let mut req = httparse::Request::new(&mut fields);
+            if let httparse::Status::Complete(len) = req.parse(&buf).unwrap() {
+                let body: usize = req
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .map_or(0, |h| {
+                        std::str::from_utf8(h.value).unwrap().parse().unwrap()
+                    });
+                if buf.len() >= len + body {
+                    return Some(buf);
+                }
+            }
+            let mut more = [0u8; 4096];
+            match socket.read(&mut more).await {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => buf.extend_from_slice(&more[..n]),
+            }
+        }
+    }
+
+    async fn connect(addr: SocketAddr) -> Connection {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        Connection::new(MaybeHttpsStream::Http(TokioIo::new(tcp)))
+    }
+
+    fn post(body: &'static str) -> Request<Full<Bytes>> {
+        Request::post("http://backend/v1/chat/completions")
+            .header("host", "backend")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_request_goes_out_whole_and_its_length_delimited_response_leaves_the_connection_reusable()
+     {
+        let (addr, seen) = scripted(vec![
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", false),
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nbye", false),
+        ])
+        .await;
+        let resp = connect(addr).await.send(post(r#"{"a":1}"#)).await.unwrap();
+        let mut body = resp.into_body();
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "hello"
+        );
+        assert!(body.is_end_stream());
+        let conn = body
+            .take_reusable()
+            .expect("the connection outlives a delimited body");
+        let resp = conn.send(post("")).await.unwrap();
+        assert_eq!(resp.into_body().collect().await.unwrap().to_bytes(), "bye");
+        let seen = seen.lock().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&seen[0]),
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: backend\r\ncontent-length: 7\r\n\r\n{\"a\":1}"
+        );
+        assert!(seen[1].ends_with(b"content-length: 0\r\n\r\n"));
+    }
+
+    #[tokio::test]
+    async fn chunks_come_through_as_frames_with_their_trailers() {
+        let (addr, _) = scripted(vec![(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+              6;note=x\r\ndata: \r\n3\r\none\r\n0\r\nx-usage: 7\r\n\r\n",
+            false,
+        )])
+        .await;
+        let resp = connect(addr).await.send(post("{}")).await.unwrap();
+        let mut body = resp.into_body();
+        let mut frames = Vec::new();
+        while let Some(frame) = body.frame().await {
+            frames.push(frame.unwrap());
+        }
+        assert_eq!(frames.len(), 3);
+        assert_eq!(frames[0].data_ref().unwrap(), "data: ");
+        assert_eq!(frames[1].data_ref().unwrap(), "one");
+        assert_eq!(frames[2].trailers_ref().unwrap()["x-usage"], "7");
+        assert!(body.take_reusable().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_body_the_backend_cuts_short_ends_in_an_error_never_a_quiet_end() {
+        let (addr, _) = scripted(vec![(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nhello",
+            true,
+        )])
+        .await;
+        let resp = connect(addr).await.send(post("{}")).await.unwrap();
+        let err = resp.into_body().collect().await.unwrap_err();
+        assert!(matches!(err, Error::ClosedInBody), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_body_without_length_is_read_to_the_close_and_the_connection_not_kept() {
+        let (addr, _) = scripted(vec![(b"HTTP/1.1 200 OK\r\n\r\nall of it", true)]).await;
+        let resp = connect(addr).await.send(post("{}")).await.unwrap();
+        let mut body = resp.into_body();
+        let mut read = Vec::new();
+        while let Some(frame) = body.frame().await {
+            read.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(read, b"all of it");
+        assert!(body.take_reusable().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_backend_closed_is_seen_closed_before_a_request_is_written() {
+        let (addr, _) = scripted(vec![(b"HTTP/1.1 204 No Content\r\n\r\n", true)]).await;
+        let mut body = connect(addr)
+            .await
+            .send(post("{}"))
+            .await
+            .unwrap()
+            .into_body();
+        let mut conn = body.take_reusable().expect("a 204 has no body to wait for");
+        for _ in 0..100 {
+            if !conn.is_open() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the backend's close was never seen");
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_closes_without_answering_fails_the_request_as_closed_before_its_head() {
+        let (addr, _) = scripted(vec![(b"", true)]).await;
+        let (err, unsent) = connect(addr).await.send(post("{}")).await.unwrap_err();
+        assert!(matches!(err, Error::ClosedBeforeHead), "{err}");
+        assert!(unsent.is_none(), "it was written");
+    }
+}
