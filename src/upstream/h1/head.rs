@@ -1,6 +1,8 @@
 //! Heads on the wire: the request's written, the response's parsed (by httparse, hyper's own
 //! parser) into `http` types that share the bytes read rather than copy them.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf as _, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request, response};
@@ -61,9 +63,12 @@ pub(super) struct Head {
 /// holds a whole one. Interim responses (1xx) before it are taken off and skipped.
 pub(super) fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Option<Head>, Error> {
     loop {
-        let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Response::new(&mut fields);
-        let len = match parsed.parse(buf) {
+        // Left uninitialised, as hyper does: zeroing a hundred fields per response would cost
+        // more than parsing the few a response has.
+        let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut parsed = httparse::Response::new(&mut []);
+        let config = httparse::ParserConfig::default();
+        let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut fields) {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
                 return Err(Error::TooLarge("response head"));
@@ -89,24 +94,26 @@ pub(super) fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Opti
         // Where each field lies, so that the values can share the head's bytes once it is off
         // the buffer (the fields borrow the buffer until then).
         let base = buf.as_ptr() as usize;
-        let mut spans = [(0usize, 0usize, 0usize, 0usize); MAX_HEADERS];
+        // Offsets into the buffer, which holds less than 4 GiB.
+        let offset = |part: &[u8]| (part.as_ptr() as usize - base) as u32;
+        let mut spans = [[0u32; 4]; MAX_HEADERS];
         let count = parsed.headers.len();
         for (span, field) in spans.iter_mut().zip(parsed.headers.iter()) {
-            let name = field.name.as_ptr() as usize - base;
-            let value = field.value.as_ptr() as usize - base;
-            *span = (
-                name,
-                name + field.name.len(),
-                value,
-                value + field.value.len(),
-            );
+            let (name, value) = (field.name.as_bytes(), field.value);
+            *span = [
+                offset(name),
+                name.len() as u32,
+                offset(value),
+                value.len() as u32,
+            ];
         }
         let head = buf.split_to(len).freeze();
         let mut headers = HeaderMap::with_capacity(count);
-        for &(name_at, name_end, value_at, value_end) in &spans[..count] {
-            let name = HeaderName::from_bytes(&head[name_at..name_end])
+        for span in &spans[..count] {
+            let [name_at, name_len, value_at, value_len] = span.map(|n| n as usize);
+            let name = HeaderName::from_bytes(&head[name_at..name_at + name_len])
                 .map_err(|_| Error::Malformed("an invalid header name"))?;
-            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_end))
+            let value = HeaderValue::from_maybe_shared(head.slice(value_at..value_at + value_len))
                 .map_err(|_| Error::Malformed("an invalid header value"))?;
             headers.append(name, value);
         }
