@@ -10,6 +10,8 @@ use super::Error;
 
 /// The longest chunk-size line (with extensions) or trailer section read before giving up.
 const MAX_LINE: usize = 4096;
+/// Chunks up to this size are handed out whole; larger ones as they arrive.
+pub(super) const WHOLE_CHUNK: usize = 64 * 1024;
 const MAX_TRAILERS: usize = 64 * 1024;
 
 /// How the body of one response is delimited, and how far it has been read.
@@ -56,6 +58,16 @@ impl Framing {
     /// byte was: hyper stops polling a body whose stated length has been sent).
     pub(super) const fn is_done(&self) -> bool {
         matches!(self, Self::Done | Self::Length(0))
+    }
+
+    /// How many more bytes than `buffered` the next frame needs (the rest of a chunk that is
+    /// handed out whole), for the next read to make room for.
+    pub(super) fn wants(&self, buffered: usize) -> usize {
+        match self {
+            Self::Chunked(Chunk::Data(left)) => usize::try_from(*left)
+                .map_or(0, |left| left.saturating_sub(buffered).min(WHOLE_CHUNK)),
+            _ => 0,
+        }
     }
 
     /// The body's exact remaining length, where the framing states one.
@@ -133,7 +145,10 @@ fn decode_chunked(state: &mut Chunk, buf: &mut BytesMut) -> Result<Decoded, Erro
                 };
             }
             Chunk::Data(left) => {
-                if buf.is_empty() {
+                // A chunk up to WHOLE_CHUNK comes out whole, one frame, wherever reads cut it:
+                // the frames the client gets are the events the backend sent.
+                let short = (buf.len() as u64) < *left;
+                if buf.is_empty() || (short && *left <= WHOLE_CHUNK as u64) {
                     return Ok(Decoded::More);
                 }
                 let n = take_up_to(left, buf.len());
@@ -277,6 +292,21 @@ mod tests {
         assert_eq!(frames, [&b"hello"[..], &b", world"[..]]);
         assert!(trailers.is_none());
         assert!(clean);
+    }
+
+    #[test]
+    fn a_chunk_cut_by_a_read_still_comes_out_as_one_frame() {
+        let wire = b"19\r\ndata: {\"delta\":\"hello\"}\n\n\r\n0\r\n\r\n";
+        for step in 1..wire.len() {
+            let (frames, _, clean) =
+                decode_in_steps(&mut Framing::Chunked(Chunk::Size), wire, step).unwrap();
+            assert_eq!(
+                frames,
+                [&b"data: {\"delta\":\"hello\"}\n\n"[..]],
+                "step {step}"
+            );
+            assert!(clean);
+        }
     }
 
     #[test]

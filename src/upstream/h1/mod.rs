@@ -34,9 +34,8 @@ use self::framing::{Decoded, Framing};
 /// and small allocations share pages (an idle stream's resident cost is the pages it touched).
 const FIRST_READ: usize = 1024;
 /// The most a read reserves, reached by doubling while reads fill the buffer (large bodies).
+/// A chunk up to this size waits for its last byte and goes out as one frame.
 const MAX_READ: usize = 64 * 1024;
-/// Below this much room left in the buffer, the next read reserves more.
-const MIN_ROOM: usize = 256;
 
 /// Why an exchange failed.
 #[derive(Debug, thiserror::Error)]
@@ -170,7 +169,7 @@ impl Connection {
                 return Poll::Ready(Ok(head));
             }
             let nothing_yet = self.buf.is_empty();
-            match ready!(self.poll_fill(cx)) {
+            match ready!(self.poll_fill(cx, 0)) {
                 Ok(0) if nothing_yet => return Poll::Ready(Err(Error::ClosedBeforeHead)),
                 Ok(0) => {
                     return Poll::Ready(Err(Error::Malformed("the response head was cut short")));
@@ -182,11 +181,14 @@ impl Connection {
         }
     }
 
-    /// Reads more of the response into the buffer: how many bytes (0: the backend closed).
-    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+    /// Reads more of the response into the buffer, with room for `wants` bytes at least: how
+    /// many bytes came (0: the backend closed). What is left of the buffer is read into while
+    /// it is half a read or more; a smaller rest is replaced (or reclaimed, once the frames that
+    /// share it are gone), so that reads stay large enough to take several events at once.
+    fn poll_fill(&mut self, cx: &mut Context<'_>, wants: usize) -> Poll<io::Result<usize>> {
         let mut room = self.buf.capacity() - self.buf.len();
-        if room < MIN_ROOM {
-            self.buf.reserve(self.read_size);
+        if room < wants.max(self.read_size / 2) {
+            self.buf.reserve(wants.max(self.read_size));
             room = self.buf.capacity() - self.buf.len();
         }
         let read = ready!(tokio_util::io::poll_read_buf(
@@ -253,11 +255,13 @@ impl hyper::body::Body for Body {
                 return Poll::Ready(None);
             };
             let decoded = match this.framing.decode(&mut conn.buf) {
-                Ok(Decoded::More) => match ready!(conn.poll_fill(cx)) {
-                    Ok(0) => this.framing.at_close().inspect(|_| this.reusable = false),
-                    Ok(_) => continue,
-                    Err(e) => Err(Error::Io(e)),
-                },
+                Ok(Decoded::More) => {
+                    match ready!(conn.poll_fill(cx, this.framing.wants(conn.buf.len()))) {
+                        Ok(0) => this.framing.at_close().inspect(|_| this.reusable = false),
+                        Ok(_) => continue,
+                        Err(e) => Err(Error::Io(e)),
+                    }
+                }
                 decoded => decoded,
             };
             return match decoded {
