@@ -9,7 +9,8 @@
 //! (`hyper::client::conn::http2`), each connection on a task of its own.
 //!
 //! HTTP/1.1 connections serve one request at a time and wait, most recently used first, in a
-//! stack; one idle longer than the idle timeout is closed instead of reused. Where TLS ALPN
+//! stack; one idle longer than the idle timeout, or closed by the backend, is closed instead of
+//! reused (and found within seconds even when no request comes). Where TLS ALPN
 //! chose HTTP/2, one connection carries every request up to the backend's limit of concurrent
 //! streams, and another is opened when every one is full: an LLM stream lasts minutes, and one
 //! queued behind a full connection would wait as long, its wait counted as the backend's time
@@ -56,6 +57,12 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// connection if this one turns out closed: backends close idle connections after a keep-alive
 /// timeout of seconds (uvicorn, which serves vLLM and SGLang, after 5 s).
 const RESEND_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// How often the idle HTTP/1 connections are looked over for ones the backend closed (or that
+/// waited past the idle timeout), to close them on our side too: no task watches an idle
+/// connection, and one the backend closed would otherwise stay half-closed, a descriptor held,
+/// until a request or the next return found it.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// The connections to one backend.
 pub struct Pool {
@@ -210,7 +217,7 @@ impl Pool {
         base: Uri,
         connect_timeout: Duration,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        let pool = Arc::new(Self {
             connector,
             connect_timeout,
             idle: Mutex::new(VecDeque::new()),
@@ -224,7 +231,29 @@ impl Pool {
             }),
             failed: Mutex::new((0, None)),
             base,
-        })
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // Ends with the pool (a configuration reload drops it).
+            let pool = Arc::downgrade(&pool);
+            runtime.spawn(async move {
+                let mut every = tokio::time::interval(SWEEP_EVERY);
+                every.tick().await;
+                loop {
+                    every.tick().await;
+                    let Some(pool) = pool.upgrade() else { break };
+                    pool.sweep();
+                }
+            });
+        }
+        pool
+    }
+
+    /// Closes the idle connections the backend has closed or that waited past the idle
+    /// timeout.
+    fn sweep(&self) {
+        let now = Instant::now();
+        lock(&self.idle)
+            .retain_mut(|i| now.duration_since(i.since) < IDLE_TIMEOUT && i.conn.is_open());
     }
 
     fn speaks(&self) -> Speaks {
@@ -794,6 +823,28 @@ mod tests {
         exchange(&pool, relay.addr).await;
         assert_eq!(relay.accepted(), 2);
         assert_eq!(pool.idle(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_backend_closed_while_idle_is_closed_within_seconds_without_a_request()
+    {
+        let (_fleet, relay, pool) = through_relay().await;
+        exchange(&pool, relay.addr).await;
+        assert_eq!(pool.idle(), 1);
+        relay.cut_all();
+        // The backend's close reaches the pool's socket; nothing asks the pool for a connection.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(pool.idle(), 1, "not yet looked at");
+        tokio::time::pause();
+        tokio::time::advance(SWEEP_EVERY).await;
+        tokio::time::resume();
+        for _ in 0..100 {
+            if pool.idle() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(pool.idle(), 0, "the half-closed connection was closed");
     }
 
     #[tokio::test]
