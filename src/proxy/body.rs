@@ -26,10 +26,8 @@ use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::logging::RequestLine;
 use crate::signal::Signal;
 use crate::sse::observe::StreamDialect;
+pub use crate::upstream::BodyError;
 use crate::upstream::{InFlightGuard, PooledBody};
-
-/// Errors a response body can end with.
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
     /// Every response the gateway sends: one it made, or one from upstream.

@@ -10,6 +10,10 @@ pub use backend::{Backend, InFlightGuard};
 pub use client::UpstreamBody;
 pub use pool::{Pool, PooledBody};
 
+/// Errors a response body can end with: an upstream's (our HTTP/1.1 client's, hyper's HTTP/2),
+/// or the gateway's own.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
 use http::Request;
 use http::request::Parts;
 

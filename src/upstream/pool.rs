@@ -45,6 +45,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
+use super::BodyError;
 use super::client::UpstreamBody;
 use super::h1;
 
@@ -128,6 +129,7 @@ impl Shared {
 }
 
 /// One stream counted open on an HTTP/2 connection.
+#[derive(Debug)]
 struct Stream(Arc<AtomicUsize>);
 
 impl Drop for Stream {
@@ -448,7 +450,7 @@ impl Pool {
             conn,
             max_streams: Arc::clone(&max_streams),
         };
-        spawn_boxed(conn, "upstream HTTP/2 connection");
+        spawn_boxed(conn);
         let connection = Shared {
             sender,
             streams: Arc::new(AtomicUsize::new(0)),
@@ -460,17 +462,11 @@ impl Pool {
         Ok(Conn::Shared(sender, stream))
     }
 
-    /// Takes back an HTTP/1 connection whose response was read to its end.
+    /// Takes back an HTTP/1 connection whose response was read to its end. Connections that
+    /// wait too long are closed by the sweep, or by the checkout that finds them.
     fn give_back(&self, conn: h1::Connection) {
-        let mut idle = lock(&self.idle);
-        let now = Instant::now();
-        while idle
-            .front()
-            .is_some_and(|i| now.duration_since(i.since) >= IDLE_TIMEOUT)
-        {
-            idle.pop_front();
-        }
-        idle.push_back(Idle { conn, since: now });
+        let since = Instant::now();
+        lock(&self.idle).push_back(Idle { conn, since });
     }
 }
 
@@ -479,14 +475,11 @@ impl Pool {
 /// HTTP/1 connections (when they had tasks) cost 3.6 KiB more resident memory per idle stream
 /// than a small task and a plain allocation. The connection is polled where it lies (`map`): an
 /// `async` block awaiting it would hold it twice, once as what it captured and once as the
-/// future it awaits. `what` names it in the line logged when it ends with an error.
-fn spawn_boxed<C>(connection: C, what: &'static str)
-where
-    C: Future<Output = hyper::Result<()>> + Send + 'static,
-{
-    tokio::spawn(Box::pin(connection.map(move |ended| {
+/// future it awaits.
+fn spawn_boxed(connection: PublishingLimit) {
+    tokio::spawn(Box::pin(connection.map(|ended| {
         if let Err(e) = ended {
-            tracing::debug!("{what} ended: {e}");
+            tracing::debug!("upstream HTTP/2 connection ended: {e}");
         }
     })));
 }
@@ -537,12 +530,6 @@ enum Inner {
     },
 }
 
-impl fmt::Debug for Stream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Stream")
-    }
-}
-
 impl PooledBody {
     fn http1(mut body: h1::Body, pool: Arc<Pool>) -> Self {
         // A body-less response (HEAD, 204, 304) is over with its head.
@@ -554,9 +541,6 @@ impl PooledBody {
         }
     }
 }
-
-/// An upstream body's error: the HTTP/1 exchange's or hyper's (HTTP/2).
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 impl Body for PooledBody {
     type Data = Bytes;

@@ -247,7 +247,7 @@ fn trailers(buf: &mut BytesMut) -> Result<Decoded, Error> {
             Err(Error::TooLarge("trailer section"))
         }
         Ok(httparse::Status::Partial) => Ok(Decoded::More),
-        Err(e) => Err(Error::Head(e)),
+        Err(_) => Err(Error::Malformed("an invalid trailer section")),
     }
 }
 

@@ -20,7 +20,6 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http::{Method, Request, Response};
-use http_body_util::Full;
 use hyper::body::{Frame, SizeHint};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
@@ -29,6 +28,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use self::framing::{Decoded, Framing};
+use super::UpstreamBody;
 
 /// What the first read of a response reserves: a streamed response's head and first events fit,
 /// and small allocations share pages (an idle stream's resident cost is the pages it touched).
@@ -57,7 +57,7 @@ pub enum Error {
 }
 
 /// A request that failed, and the request itself unless all of it was written.
-pub type Failed = (Error, Option<Request<Full<Bytes>>>);
+pub type Failed = (Error, Option<Request<UpstreamBody>>);
 
 /// An open HTTP/1.1 connection to a backend, ready for a request.
 #[derive(Debug)]
@@ -106,7 +106,7 @@ impl Connection {
 
     /// Writes `req` (its URI's path and query, its headers and its body) and reads the
     /// response head. The body reads the rest of the response from this connection.
-    pub async fn send(mut self, req: Request<Full<Bytes>>) -> Result<Response<Body>, Failed> {
+    pub async fn send(mut self, req: Request<UpstreamBody>) -> Result<Response<Body>, Failed> {
         // Scoped so that the request is not kept while the response is awaited.
         let method = {
             let (parts, body) = req.into_parts();
@@ -122,7 +122,7 @@ impl Connection {
             // requests crossing to the connections' own tasks.
             tokio::task::yield_now().await;
             if let Err(e) = self.write(&head, &body).await {
-                let unsent = Request::from_parts(parts, Full::new(body));
+                let unsent = Request::from_parts(parts, UpstreamBody::new(body));
                 return Err((closed_or(e), Some(unsent)));
             }
             parts.method
@@ -415,10 +415,10 @@ mod tests {
         Connection::new(MaybeHttpsStream::Http(TokioIo::new(tcp)))
     }
 
-    fn post(body: &'static str) -> Request<Full<Bytes>> {
+    fn post(body: &'static str) -> Request<UpstreamBody> {
         Request::post("http://backend/v1/chat/completions")
             .header("host", "backend")
-            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .body(UpstreamBody::new(Bytes::from_static(body.as_bytes())))
             .unwrap()
     }
 
