@@ -148,14 +148,23 @@ impl Connection {
 
     /// Writes the request head and body, together where the socket takes both at once. A
     /// backend may answer before it has read the whole request (a 413 for a body too large) and
-    /// stop reading it: while the socket takes no more, the response is watched for, and once
-    /// some of it has come the rest of the request is not written.
+    /// stop reading it, or close the connection: while the socket takes no more, and when it
+    /// fails, the response is looked for, and once some of it has come the rest of the request
+    /// is not written.
     async fn write(&mut self, mut head: &[u8], mut body: &[u8]) -> io::Result<Written> {
         std::future::poll_fn(|cx| {
             while !head.is_empty() || !body.is_empty() {
                 let parts = [IoSlice::new(head), IoSlice::new(body)];
                 let written = match Pin::new(&mut self.io).poll_write_vectored(cx, &parts) {
-                    Poll::Ready(written) => written?,
+                    Poll::Ready(Ok(written)) => written,
+                    // A backend that answered and closed with the request unread resets the
+                    // connection; what it answered may have come before the reset.
+                    Poll::Ready(Err(e)) => {
+                        return match self.poll_fill(cx, 0) {
+                            Poll::Ready(Ok(1..)) => Poll::Ready(Ok(Written::Answered)),
+                            _ => Poll::Ready(Err(e)),
+                        };
+                    }
                     Poll::Pending => {
                         return match ready!(self.poll_fill(cx, 0))? {
                             // Closed unanswered: as if the write had failed.
@@ -540,11 +549,12 @@ mod tests {
         panic!("the backend's close was never seen");
     }
 
-    #[tokio::test]
-    async fn a_backend_that_answers_before_reading_a_large_body_is_heard_and_the_rest_not_sent() {
+    /// A backend that reads a request's head, answers 413 at once and reads no more of it:
+    /// then keeps the connection open, or closes it (a reset, with the body unread).
+    async fn answering_early(then_close: bool) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let backend = tokio::spawn(async move {
+        tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut read = Vec::new();
             while !read.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -556,11 +566,16 @@ mod tests {
                 .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\n\r\ntoo large")
                 .await
                 .unwrap();
-            // Reads no more of the body, and keeps the connection open.
-            std::future::pending::<()>().await;
-            drop(socket);
+            if !then_close {
+                std::future::pending::<()>().await;
+            }
         });
-        // Far more than loopback's socket buffers take: the write waits on the backend.
+        addr
+    }
+
+    /// Sends a body far larger than loopback's socket buffers take, so that the write waits
+    /// on the backend, and expects its early answer back whole, the connection not kept.
+    async fn early_answer_is_heard(addr: SocketAddr) {
         let body = Bytes::from(vec![b'x'; 64 << 20]);
         let req = Request::post("http://backend/v1/chat/completions")
             .header("host", "backend")
@@ -570,6 +585,7 @@ mod tests {
         let resp = tokio::time::timeout(std::time::Duration::from_secs(20), conn.send(req))
             .await
             .expect("the answer is heard while the body waits")
+            .map_err(|(e, _)| e)
             .unwrap();
         assert_eq!(resp.status(), 413);
         let mut body = resp.into_body();
@@ -582,7 +598,16 @@ mod tests {
             body.take_reusable().is_none(),
             "the backend still expects the rest of the request"
         );
-        backend.abort();
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_answers_before_reading_a_large_body_is_heard_and_the_rest_not_sent() {
+        early_answer_is_heard(answering_early(false).await).await;
+    }
+
+    #[tokio::test]
+    async fn a_backend_that_answers_early_and_resets_the_connection_is_still_heard() {
+        early_answer_is_heard(answering_early(true).await).await;
     }
 
     #[tokio::test]
