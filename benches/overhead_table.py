@@ -102,11 +102,13 @@ fr = {a: (sum(r["r"]["frames"] for r in by[(a, "stream-c16")]),
 print("| stream c≈16: frames / content events | "
       + " | ".join(f"{fr[a][0]} / {fr[a][1]}" for a in ARMS) + " | | | no coalescing |")
 for n in (1000, 9000):
-    vals = {}
+    vals, runs = {}, 0
     for a in PROXIES:
-        rs = [r["r"] for r in by[(a, "idle")] if r["r"]["streams"] == n]
-        vals[a] = f"{rs[0]['bytes_per_stream'] / 1024:.1f} KiB" if rs else "–"
-    print(f"| memory per idle stream ({n} open) | – | "
+        rs = [r["r"]["bytes_per_stream"] for r in by[(a, "idle")] if r["r"]["streams"] == n]
+        vals[a] = f"{statistics.median(rs) / 1024:.1f} KiB" if rs else "–"
+        runs = max(runs, len(rs))
+    of = f", median of {runs}" if runs > 1 else ""
+    print(f"| memory per idle stream ({n} open, fresh process{of}) | – | "
           + " | ".join(vals[a] for a in PROXIES) + " | | | ≤ 16 KiB |")
 errors = sum(r["r"].get("errors", 0) + r["r"].get("non_2xx", 0) for r in rows if r["kind"].startswith("nonstream"))
 steal = [r["r"] for r in rows if r["kind"] == "steal"]
