@@ -605,20 +605,24 @@ mod tests {
         addr
     }
 
-    /// Sends a body far larger than loopback's socket buffers take, so that the write waits
-    /// on the backend, and expects its early answer back whole, the connection not kept.
-    async fn early_answer_is_heard(addr: SocketAddr) {
-        let body = Bytes::from(vec![b'x'; 64 << 20]);
+    /// Sends a body far larger than loopback's socket buffers take, so that the write waits on
+    /// the backend, and returns the response, which must come within seconds.
+    async fn send_large(addr: SocketAddr, len: usize) -> Response<Body> {
         let req = Request::post("http://backend/v1/chat/completions")
             .header("host", "backend")
-            .body(UpstreamBody::new(body))
+            .body(UpstreamBody::new(Bytes::from(vec![b'x'; len])))
             .unwrap();
         let conn = connect(addr).await;
-        let resp = tokio::time::timeout(std::time::Duration::from_secs(20), conn.send(req))
+        tokio::time::timeout(std::time::Duration::from_secs(20), conn.send(req))
             .await
-            .expect("the answer is heard while the body waits")
+            .expect("a response within seconds")
             .map_err(|(e, _)| e)
-            .unwrap();
+            .unwrap()
+    }
+
+    /// The early answer comes back whole, the connection not kept.
+    async fn early_answer_is_heard(addr: SocketAddr) {
+        let resp = send_large(addr, 64 << 20).await;
         assert_eq!(resp.status(), 413);
         let mut body = resp.into_body();
         assert_eq!(
@@ -672,16 +676,7 @@ mod tests {
                 .unwrap();
             std::future::pending::<()>().await;
         });
-        let req = Request::post("http://backend/v1/chat/completions")
-            .header("host", "backend")
-            .body(UpstreamBody::new(Bytes::from(vec![b'x'; body_len])))
-            .unwrap();
-        let conn = connect(addr).await;
-        let resp = tokio::time::timeout(std::time::Duration::from_secs(20), conn.send(req))
-            .await
-            .expect("the whole body went out and the answer came")
-            .map_err(|(e, _)| e)
-            .unwrap();
+        let resp = send_large(addr, body_len).await;
         assert_eq!(resp.status(), 200);
         let mut body = resp.into_body();
         assert_eq!(
