@@ -154,9 +154,10 @@ impl Connection {
     /// backend may answer before it has read the whole request (a 413 for a body too large) and
     /// stop reading it, or close the connection: while the socket takes no more, and when it
     /// fails, what the backend sent is read, and once a final response head has come the rest
-    /// of the request is not written (RFC 9112 §9.6 asks a client to stop sending a body the
-    /// server refuses). An LLM API answers only once it has read and parsed the whole body, so
-    /// an early answer is taken for such a refusal, whatever its status.
+    /// of the request is not written (RFC 9112, "Failures and Timeouts": a client that sees an
+    /// error response while it sends a body stops sending it). An LLM API answers only once it
+    /// has read and parsed the whole body, so an early answer is taken for such a refusal,
+    /// whatever its status.
     async fn write(
         &mut self,
         mut head: &[u8],
