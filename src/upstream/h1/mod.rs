@@ -172,18 +172,18 @@ impl Connection {
                     // A backend that answered and closed with the request unread resets the
                     // connection; its answer may have come before the reset.
                     Poll::Ready(Err(e)) => {
-                        return match self.poll_early_head(cx, method) {
-                            Poll::Ready(Ok(Some(answer))) => {
-                                Poll::Ready(Ok(Sent::Answered(answer)))
-                            }
+                        return match self.poll_head(cx, method) {
+                            Poll::Ready(Ok(head)) => Poll::Ready(Ok(Sent::Answered(Ok(head)))),
                             _ => Poll::Ready(Err(e)),
                         };
                     }
                     Poll::Pending => {
-                        return match ready!(self.poll_early_head(cx, method))? {
-                            Some(answer) => Poll::Ready(Ok(Sent::Answered(answer))),
+                        return match ready!(self.poll_head(cx, method)) {
                             // Closed unanswered: as if the write had failed.
-                            None => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+                            Err(Error::ClosedBeforeHead) => {
+                                Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()))
+                            }
+                            answer => Poll::Ready(Ok(Sent::Answered(answer))),
                         };
                     }
                 };
@@ -201,25 +201,7 @@ impl Connection {
         .await
     }
 
-    /// Reads what the backend sent while the request was still being written: a final response
-    /// head (or what was wrong with it) once one is whole, interim ones (a `100 Continue`)
-    /// skipped; `None` once the backend closed without one; pending while it may still send one.
-    fn poll_early_head(
-        &mut self,
-        cx: &mut Context<'_>,
-        method: &Method,
-    ) -> Poll<io::Result<Option<Result<head::Head, Error>>>> {
-        loop {
-            match head::parse_response(&mut self.buf, method) {
-                Ok(None) => {}
-                answer => return Poll::Ready(Ok(answer.transpose())),
-            }
-            if ready!(self.poll_fill(cx, 0))? == 0 {
-                return Poll::Ready(Ok(None));
-            }
-        }
-    }
-
+    /// Reads until a final response head is whole (interim ones, a `100 Continue`, skipped).
     fn poll_head(
         &mut self,
         cx: &mut Context<'_>,
