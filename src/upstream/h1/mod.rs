@@ -573,12 +573,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut read = Vec::new();
-            while !read.windows(4).any(|w| w == b"\r\n\r\n") {
-                let mut more = [0u8; 4096];
-                let n = socket.read(&mut more).await.unwrap();
-                read.extend_from_slice(&more[..n]);
-            }
+            read_head(&mut socket).await;
             socket
                 .write_all(b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 9\r\n\r\ntoo large")
                 .await
@@ -588,6 +583,20 @@ mod tests {
             }
         });
         addr
+    }
+
+    /// Reads a request's head off the socket and returns what came after it (the body's start).
+    async fn read_head(socket: &mut TcpStream) -> Vec<u8> {
+        let mut read = Vec::new();
+        loop {
+            if let Some(end) = read.windows(4).position(|w| w == b"\r\n\r\n") {
+                return read.split_off(end + 4);
+            }
+            let mut more = [0u8; 4096];
+            let n = socket.read(&mut more).await.unwrap();
+            assert!(n > 0, "closed before the request's head");
+            read.extend_from_slice(&more[..n]);
+        }
     }
 
     /// Sends a body far larger than loopback's socket buffers take, so that the write waits on
@@ -638,22 +647,16 @@ mod tests {
         let body_len = 64 << 20;
         tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut read = 0;
-            let mut head_seen = false;
+            let mut read = read_head(&mut socket).await.len();
+            socket
+                .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                .await
+                .unwrap();
             let mut more = vec![0u8; 64 << 10];
             while read < body_len {
                 let n = socket.read(&mut more).await.unwrap();
                 assert!(n > 0, "the request was cut short");
-                if head_seen {
-                    read += n;
-                } else if let Some(end) = more[..n].windows(4).position(|w| w == b"\r\n\r\n") {
-                    head_seen = true;
-                    read += n - end - 4;
-                    socket
-                        .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
-                        .await
-                        .unwrap();
-                }
+                read += n;
             }
             socket
                 .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
