@@ -11,7 +11,9 @@ use clap::{Args, Parser, Subcommand};
 use http::{HeaderName, HeaderValue};
 
 use crate::bench::{self, BenchDialect, LevelReport, RequestSpec, Slo};
+use crate::console::say;
 use crate::logging::LogFormat;
+use crate::signal::{received, shutdown_signal};
 use crate::sim::config::{BackendRaw, EngineRaw, Mode, StreamRaw, UsageStyle};
 use crate::sim::{Fleet, FleetRaw};
 use crate::yaml;
@@ -183,14 +185,6 @@ pub struct BenchArgs {
     pub json: bool,
 }
 
-/// Prints one line to stdout: the only place the binary writes there. A closed stdout (a pipe
-/// whose reader left) loses the line instead of panicking as `println!` would.
-pub fn say(line: &str) {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
-}
-
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     crate::logging::init(cli.log_format);
@@ -266,7 +260,7 @@ fn fingerprint(file: &std::path::Path) -> Option<u64> {
 async fn reload_on_change(
     file: PathBuf,
     loaded: Option<u64>,
-    reloader: crate::gateway::Reloader,
+    reloader: crate::live::Reloader,
     #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
 ) {
     let apply = |why: &str| {
@@ -493,39 +487,6 @@ async fn sim(args: SimArgs) -> Result<(), String> {
     stop.await;
     running.stop().await;
     Ok(())
-}
-
-/// Resolves on Ctrl-C or SIGTERM, listened for from the moment this is called, not from the
-/// first poll: a signal that comes before its handler is registered takes its default action
-/// and kills the process, streams and all. Servers call it before they say they listen.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut interrupt = signal(SignalKind::interrupt()).ok();
-        let mut terminate = signal(SignalKind::terminate()).ok();
-        async move {
-            tokio::select! {
-                () = received(&mut interrupt) => {}
-                () = received(&mut terminate) => {}
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    async {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-}
-
-/// The next delivery of `signal`; never, when it could not be registered.
-#[cfg(unix)]
-async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
-    match signal {
-        Some(s) => {
-            s.recv().await;
-        }
-        None => std::future::pending().await,
-    }
 }
 
 // === bench ===

@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::bench::{self, BenchDialect, HttpClient, RequestSpec};
-use crate::cli::say;
+use crate::console::say;
 use crate::gateway::Gateway;
 use crate::sim::{Fleet, FleetRaw};
 
@@ -95,7 +95,7 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     })?;
     let url = gateway.url();
     let admin = format!("http://{}", gateway.admin_addr());
-    let interrupted = crate::cli::shutdown_signal();
+    let interrupted = crate::signal::shutdown_signal();
     say(&format!(
         "tpsgate demo: {} simulated backends behind the gateway, traffic up to {} requests/s \
          (80% interactive, 20% batch), rising and falling every {PERIOD_S:.0} s.",

@@ -1,6 +1,6 @@
 //! The gateway's one error type. A [`Error`] carries what callers decide on: the HTTP status, the
-//! OpenAI-style `type` and `code`, and who is at fault. [`crate::proxy::rescue`] is the one place
-//! that turns it into a response, shaped for the request's dialect.
+//! OpenAI-style `type` and `code`, and who is at fault. The request stack's rescue layer is the
+//! one place that turns it into a response, shaped for the request's dialect.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -33,6 +33,9 @@ pub enum ErrorKind {
     UpstreamUnreachable,
     /// 504: connecting to the upstream timed out.
     UpstreamTimeout,
+    /// 500: the gateway broke one of its own rules (a layer found the request without what the
+    /// layer above it promised): a bug of ours, logged as an error, never the client's fault.
+    Internal,
 }
 
 /// Which side caused an error.
@@ -44,6 +47,8 @@ pub enum Fault {
     Upstream,
     /// The gateway has no capacity left.
     Gateway,
+    /// The gateway itself is at fault (a bug).
+    Internal,
 }
 
 impl ErrorKind {
@@ -60,6 +65,7 @@ impl ErrorKind {
             Self::SloUnmet => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -70,7 +76,7 @@ impl ErrorKind {
         }
         match self.fault() {
             Fault::Client => "invalid_request_error",
-            Fault::Upstream | Fault::Gateway => "server_error",
+            Fault::Upstream | Fault::Gateway | Fault::Internal => "server_error",
         }
     }
 
@@ -88,6 +94,7 @@ impl ErrorKind {
             Self::SloUnmet => "slo_unmet",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamTimeout => "upstream_timeout",
+            Self::Internal => "internal_error",
         }
     }
 
@@ -103,6 +110,7 @@ impl ErrorKind {
             | Self::Unauthorized => Fault::Client,
             Self::NoBackendAvailable | Self::SloUnmet => Fault::Gateway,
             Self::UpstreamUnreachable | Self::UpstreamTimeout => Fault::Upstream,
+            Self::Internal => Fault::Internal,
         }
     }
 }
@@ -147,6 +155,12 @@ impl Error {
     /// The message for the client.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// A gateway bug: `what` the layer found missing or broken (logged; the client is told
+    /// it is ours).
+    pub fn internal(what: &'static str) -> Self {
+        Self::new(ErrorKind::Internal, what)
     }
 }
 

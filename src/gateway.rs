@@ -1,62 +1,29 @@
-//! A running gateway: the client-facing listener with the request stack, and the admin listener,
-//! until stopped. `tpsgate serve` and the integration tests both start it through here.
-//!
-//! Reload: a new config is validated whole and its stack built (backends, clients, router)
-//! before anything changes; then the stack is swapped atomically (arc-swap). Each request takes
-//! the stack current when it arrives, so requests in flight finish on the one they started with.
-//! Backends whose config did not change are carried over as they are (in-flight counts, curves,
-//! health); a changed one gets a new client and keeps its curves.
+//! A running gateway: the client-facing listener over the [live](crate::live) request stack, the
+//! admin listener and the background tasks, until stopped. `tpsgate serve` and the integration
+//! tests both start it through here.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::Service;
 
 use crate::admin::{self, AdminState};
-use crate::config::{BackendConfig, Config};
+use crate::config::Config;
 use crate::listen;
+use crate::live::{Live, ReloadStatus, Reloader};
 use crate::proxy::body::ProxyBody;
-use crate::proxy::classify::Classes;
-use crate::router::Router;
-use crate::router::queue::Line;
-use crate::stack::{self, Stack};
-use crate::upstream::Backend;
+use crate::signal::Signal;
+use crate::stack::Stack;
 
 /// How often the metrics recorder's buffers are drained.
 const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// What a reload may change: everything but the listeners.
-#[derive(Debug)]
-pub struct Live {
-    /// The request stack.
-    pub stack: Stack,
-    /// Its router (also read by the admin plane).
-    pub router: Arc<Router>,
-    config: Config,
-}
-
-/// How the last reload went, for `/admin/reload`.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct ReloadStatus {
-    /// Reloads applied since start.
-    pub applied: u64,
-    /// Reloads refused since start.
-    pub refused: u64,
-    /// Seconds since the Unix epoch of the last attempt.
-    pub last_at_unix_s: Option<u64>,
-    /// Whether it was applied.
-    pub last_ok: Option<bool>,
-    /// Why it was refused.
-    pub last_error: Option<String>,
-}
 
 /// The gateway, serving until [`Gateway::stop`] or drop.
 #[derive(Debug)]
@@ -64,95 +31,11 @@ pub struct Gateway {
     addr: SocketAddr,
     admin_addr: SocketAddr,
     tls: bool,
+    admin: Arc<AdminState>,
     reloader: Reloader,
+    drained: Signal,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-}
-
-/// Applies new configs to a running gateway (see [`Reloader::reload`]); cheap to clone.
-#[derive(Debug, Clone)]
-pub struct Reloader {
-    admin: Arc<AdminState>,
-    live: Arc<ArcSwap<Live>>,
-    drained: crate::signal::Signal,
-}
-
-/// Builds the router and stack for `config`, reusing `old` backends that did not change;
-/// `drained` ends streams still open at the drain deadline.
-fn build(
-    config: &Config,
-    old: Option<&Live>,
-    drained: &crate::signal::Signal,
-) -> Result<Live, String> {
-    let classes_same = old.is_some_and(|o| o.config.classes == config.classes);
-    // Waiters are woken by releases on any backend: reused backends keep waking the line they
-    // were built with, so it is carried over with them.
-    let line = match old {
-        Some(o) if classes_same => o.router.line(),
-        _ => Arc::new(Line::new(config.classes.len())),
-    };
-    let mut backends = Vec::with_capacity(config.backends.len());
-    for b in &config.backends {
-        let previous =
-            old.and_then(|o| o.router.backends().iter().find(|p| p.config.name == b.name));
-        match previous {
-            Some(p) if classes_same && same_backend(&p.config, b) => backends.push(Arc::clone(p)),
-            _ => {
-                let fresh = Backend::new(
-                    b.clone(),
-                    config.curve_half_life_s,
-                    config.classes.len(),
-                    Arc::clone(&line),
-                )?;
-                if let Some(p) = previous {
-                    fresh.adopt_curves(p);
-                }
-                backends.push(fresh);
-            }
-        }
-    }
-    let router = Arc::new(Router::new(
-        backends,
-        config.default_backend,
-        config.classes.clone(),
-        config.routing,
-        line,
-    ));
-    let classes = Classes::new(
-        config.classes.clone(),
-        config.default_class,
-        config.routes.clone(),
-    );
-    let stack = stack::build(
-        Arc::clone(&router),
-        config.limits,
-        classes,
-        config.api_keys.clone(),
-        drained.clone(),
-    );
-    Ok(Live {
-        stack,
-        router,
-        config: config.clone(),
-    })
-}
-
-/// Whether a backend's config is the same in every field that matters once running.
-fn same_backend(a: &BackendConfig, b: &BackendConfig) -> bool {
-    a.url == b.url
-        && a.dialect == b.dialect
-        && a.api_key == b.api_key
-        && a.headers == b.headers
-        && a.models == b.models
-        && a.max_concurrency == b.max_concurrency
-        && a.cost == b.cost
-        && a.ca_file == b.ca_file
-        && a.forward_client_auth == b.forward_client_auth
-        && a.connect_timeout == b.connect_timeout
-        && a.timeouts == b.timeouts
-        && a.anthropic_version == b.anthropic_version
-        && a.prior == b.prior
-        && a.ejection == b.ejection
 }
 
 /// The service the listener calls: the stack current when each request arrives.
@@ -179,10 +62,10 @@ impl Gateway {
     /// Builds every backend's client, binds both listeners (or fails without serving anything)
     /// and starts serving.
     pub async fn start(config: &Config) -> Result<Self, String> {
-        let drained = crate::signal::Signal::new();
-        let live = Arc::new(ArcSwap::from_pointee(build(config, None, &drained)?));
+        let drained = Signal::new();
+        let live = Arc::new(ArcSwap::from_pointee(Live::build(config, None, &drained)?));
         let tls = match &config.tls {
-            Some(files) => Some(listen::tls_acceptor(&files.cert_file, &files.key_file)?),
+            Some(files) => Some(crate::tls::acceptor(&files.cert_file, &files.key_file)?),
             None => None,
         };
         let listener = listen::bind(config.listen)
@@ -201,11 +84,12 @@ impl Gateway {
                 let _ = rx.wait_for(|s| *s).await;
             }
         };
+        let reload_status = Arc::new(Mutex::new(ReloadStatus::default()));
         let admin = Arc::new(AdminState {
             live: Arc::clone(&live),
             ready: AtomicBool::new(true),
             token: config.admin_token.clone(),
-            reload: std::sync::Mutex::new(ReloadStatus::default()),
+            reload: Arc::clone(&reload_status),
         });
         let has_tls = tls.is_some();
         let limits = config.limits;
@@ -269,11 +153,9 @@ impl Gateway {
             addr,
             admin_addr,
             tls: has_tls,
-            reloader: Reloader {
-                admin,
-                live,
-                drained,
-            },
+            admin,
+            reloader: Reloader::new(live, reload_status, drained.clone()),
+            drained,
             stop,
             tasks: vec![proxy, admin_task, upkeep, oracle],
         })
@@ -307,12 +189,12 @@ impl Gateway {
     /// Stops accepting, reports not-ready, and lets in-flight requests finish up to the drain
     /// deadline.
     pub async fn stop(mut self) {
-        self.reloader.admin.ready.store(false, Ordering::Relaxed);
+        self.admin.ready.store(false, Ordering::Relaxed);
         let _ = self.stop.send(true);
         // At the drain deadline, streams still open end with an error event (and the listener
         // then closes their connections).
-        let drained = self.reloader.drained.clone();
-        let deadline = self.reloader.live.load().config.limits.drain_timeout;
+        let drained = self.drained.clone();
+        let deadline = self.admin.live.load().config.limits.drain_timeout;
         tokio::spawn(async move {
             tokio::time::sleep(deadline.saturating_sub(std::time::Duration::from_millis(50))).await;
             drained.fire();
@@ -320,66 +202,6 @@ impl Gateway {
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
-    }
-}
-
-impl Reloader {
-    /// Applies `config` if it can be applied whole: listeners cannot change without a restart,
-    /// and every backend's client must build. On error nothing changes. The outcome is what
-    /// `/admin/reload` shows.
-    pub fn reload(&self, config: &Config) -> Result<(), String> {
-        let result = self.try_reload(config);
-        match &result {
-            Ok(()) => tracing::info!(backends = config.backends.len(), "config reloaded"),
-            Err(err) => tracing::error!(%err, "config reload refused; the running config stays"),
-        }
-        self.record(result.as_ref().err().cloned());
-        result
-    }
-
-    /// Records a reload refused before it got here (the file did not validate).
-    pub fn refused(&self, error: String) {
-        self.record(Some(error));
-    }
-
-    fn record(&self, error: Option<String>) {
-        let mut status = self
-            .admin
-            .reload
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        status.last_at_unix_s = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_secs());
-        status.last_ok = Some(error.is_none());
-        if error.is_some() {
-            status.refused += 1;
-        } else {
-            status.applied += 1;
-        }
-        status.last_error = error;
-    }
-
-    fn try_reload(&self, config: &Config) -> Result<(), String> {
-        let current = self.live.load();
-        let old = &current.config;
-        if config.listen != old.listen
-            || config.admin_listen != old.admin_listen
-            || config.tls != old.tls
-            || config.admin_token != old.admin_token
-            || config.limits.header_read_timeout != old.limits.header_read_timeout
-            || config.limits.max_header_bytes != old.limits.max_header_bytes
-            || config.limits.max_connections != old.limits.max_connections
-        {
-            return Err(
-                "listen, admin, TLS and connection limits apply at start only: restart to change them"
-                    .to_owned(),
-            );
-        }
-        let next = build(config, Some(&current), &self.drained)?;
-        self.live.store(Arc::new(next));
-        Ok(())
     }
 }
 

@@ -293,29 +293,6 @@ async fn serve_connection<I, S, B>(
     }
 }
 
-/// A TLS acceptor for PEM certificate chain and key files, offering h2 and http/1.1.
-pub fn tls_acceptor(
-    cert_file: &std::path::Path,
-    key_file: &std::path::Path,
-) -> Result<TlsAcceptor, String> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(cert_file)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("listen.tls.cert_file {}: {e}", cert_file.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key_file)
-        .map_err(|e| format!("listen.tls.key_file {}: {e}", key_file.display()))?;
-    let mut config =
-        rustls::ServerConfig::builder_with_provider(crate::upstream::client::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS setup: {e}"))?
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .map_err(|e| format!("listen.tls: certificate and key do not fit together: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(std::sync::Arc::new(config)))
-}
-
 /// Binds `addr`, naming the address in the error.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)

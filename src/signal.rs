@@ -1,10 +1,11 @@
-//! A one-time signal that many tasks wait on: graceful shutdown beginning, the drain deadline
-//! passing.
+//! Signals: a one-time [`Signal`] that many tasks wait on (graceful shutdown beginning, the
+//! drain deadline passing), and the process's own (Ctrl-C, SIGTERM, SIGHUP).
 //!
 //! tokio-util's `CancellationToken` wakes its waiters well, but answers `is_cancelled` under its
 //! node's mutex, one mutex that every clone shares; connections and streams ask on every pending
 //! read, so here the answer is one atomic load, and the token only wakes.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -41,6 +42,39 @@ impl Signal {
     /// A future that completes once it has fired.
     pub fn fired(&self) -> WaitForCancellationFutureOwned {
         self.0.wake.clone().cancelled_owned()
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM, listened for from the moment this is called, not from the
+/// first poll: a signal that comes before its handler is registered takes its default action
+/// and kills the process, streams and all. Servers call it before they say they listen.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        async move {
+            tokio::select! {
+                () = received(&mut interrupt) => {}
+                () = received(&mut terminate) => {}
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The next delivery of `signal`; never, when it could not be registered.
+#[cfg(unix)]
+pub async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -5,41 +5,54 @@ use std::sync::Arc;
 
 use tower::ServiceBuilder;
 
-use crate::config::{ApiKey, Limits};
+use crate::config::Config;
 use crate::proxy::auth::{Auth, AuthLayer};
 use crate::proxy::classify::{Classes, Classify, ClassifyLayer};
 use crate::proxy::forward::Forward;
+use crate::proxy::models::{Models, ModelsLayer};
 use crate::proxy::request_id::{RequestIdLayer, RequestIdService};
 use crate::proxy::rescue::{Rescue, RescueLayer};
+use crate::proxy::retry::{Retry, RetryBudget, RetryLayer};
 use crate::proxy::rewrite::{Rewrite, RewriteLayer};
 use crate::proxy::route::{Route, RouteLayer};
 use crate::router::Router;
+use crate::signal::Signal;
 
 /// The gateway's request stack, outermost first.
-pub type Stack = RequestIdService<Rescue<Auth<Classify<Route<Rewrite<Forward>>>>>>;
+pub type Stack = RequestIdService<Rescue<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>;
 
-/// The gateway's request stack.
-pub fn build(
-    router: Arc<Router>,
-    limits: Limits,
-    classes: Classes,
-    api_keys: Vec<ApiKey>,
-    drained: crate::signal::Signal,
-) -> Stack {
+/// The gateway's request stack for `config`, routing with `router`; `drained` ends the streams
+/// still open at the drain deadline.
+pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
+    let classes = Classes::new(
+        config.classes.clone(),
+        config.default_class,
+        config.routes.clone(),
+    );
+    let budget = Arc::new(RetryBudget::new(config.routing.retry_budget));
     ServiceBuilder::new()
         // Outermost: every response, errors included, carries the request id.
         .layer(RequestIdLayer::new())
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
         // Gateway API keys, when configured (401 without one); a key may carry a class.
-        .layer(AuthLayer::new(api_keys))
+        .layer(AuthLayer::new(config.api_keys.clone()))
         // The body is read once, bounded; method, content type and JSON checked; model and
         // class found.
-        .layer(ClassifyLayer::new(limits.max_body_bytes, classes))
-        // A backend is chosen and an in-flight slot taken there (or 404/503).
+        .layer(ClassifyLayer::new(config.limits.max_body_bytes, classes))
+        // `GET /v1/models` is the gateway's own answer, from the backends it routes to.
+        .layer(ModelsLayer::new(Arc::clone(&router)))
+        // Above Route: each attempt is routed afresh, avoiding the backends that failed it.
+        .layer(RetryLayer::new(
+            Arc::clone(&router),
+            config.routing.max_attempts,
+            budget,
+        ))
+        // A backend is chosen and an in-flight slot taken there (or 404/429/503, or a wait in
+        // the class's line).
         .layer(RouteLayer::new(router))
         // URL, credentials, model alias and include_usage for that backend.
         .layer(RewriteLayer::new())
-        // The pooled upstream client; the response body is observed on its way out.
+        // The pooled upstream client; the response body is timed and metered on its way out.
         .service(Forward::new(drained))
 }

@@ -8,12 +8,11 @@
 
 use std::sync::OnceLock;
 
-use metrics::{Counter, Histogram, counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::config::Policy;
 use crate::curve::{Observation, Outcome};
-use crate::router::{Reason, Router};
 
 /// `gen_ai.server.time_to_first_token`, seconds.
 pub const TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
@@ -254,12 +253,12 @@ pub fn count_gateway_error(kind: crate::error::ErrorKind) {
     counter!(GATEWAY_ERRORS, "code" => kind.code()).increment(1);
 }
 
-/// The decision counters of one class (`""` for requests without one), one per reason, built
-/// once so that a decision costs an atomic add.
+/// The decision counters of one class (`""` for requests without one), one per reason label,
+/// built once so that a decision costs an atomic add.
 pub fn decision_counters<const N: usize>(
     class: &str,
     policy: Policy,
-    reasons: [Reason; N],
+    reasons: [&'static str; N],
 ) -> [Counter; N] {
     let _ = prometheus();
     let policy = serde_json::to_value(policy)
@@ -267,56 +266,6 @@ pub fn decision_counters<const N: usize>(
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
     reasons.map(|r| {
-        counter!(ROUTE_DECISIONS, "class" => class.to_owned(), "policy" => policy.clone(), "reason" => r.label())
+        counter!(ROUTE_DECISIONS, "class" => class.to_owned(), "policy" => policy.clone(), "reason" => r)
     })
-}
-
-/// Renders `/metrics`: refreshes the in-flight and curve gauges, then the exposition text.
-pub fn render(router: &Router) -> String {
-    let Some(handle) = prometheus() else {
-        return String::new();
-    };
-    let now = tokio::time::Instant::now();
-    for b in router.backends() {
-        let backend = b.config.name.to_string();
-        gauge!(IN_FLIGHT, "backend" => backend.clone()).set(f64::from(b.in_flight()));
-        gauge!(BACKEND_HEALTHY, "backend" => backend.clone()).set(if b.is_healthy(now) {
-            1.0
-        } else {
-            0.0
-        });
-        for entry in &b.curves {
-            let model = entry.key().to_string();
-            for class in router.classes().iter().filter(|c| !c.slo.is_batch()) {
-                if let Some(share) = entry
-                    .value()
-                    .attainment(class.slo.min_tps, class.slo.max_ttft_s)
-                {
-                    gauge!(SLO_ATTAINMENT, "backend" => backend.clone(), "model" => model.clone(), "class" => class.name.to_string()).set(share);
-                }
-            }
-            for p in entry.value().points(now) {
-                let c = p.concurrency.to_string();
-                let set = |name: &'static str, q: &'static str, v: f64| {
-                    gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "quantile" => q).set(v);
-                };
-                for (name, q, value) in [
-                    (CURVE_TPS, "0.5", p.per_user_tps_p50),
-                    (CURVE_TPS, "0.1", p.per_user_tps_p10),
-                    (CURVE_TTFT, "0.5", p.ttft_p50_s),
-                    (CURVE_TTFT, "0.9", p.ttft_p90_s),
-                ] {
-                    if let Some(v) = value {
-                        set(name, q, v);
-                    }
-                }
-            }
-        }
-    }
-    for cap in router.caps() {
-        gauge!(CONCURRENCY_CAP, "backend" => cap.backend.to_string(), "model" => cap.model.to_string(), "class" => cap.class.to_string()).set(f64::from(cap.cap));
-    }
-    gauge!(QUEUE_WAITING).set(router.waiting() as f64);
-    handle.run_upkeep();
-    handle.render()
 }

@@ -1,10 +1,12 @@
 //! The admin plane, on its own listener (loopback by default): `/healthz` (the process is up),
-//! `/readyz` (accepting traffic; 503 while draining), `/metrics` (Prometheus), `/admin/backends`
-//! and `/admin/curves`.
+//! `/readyz` (accepting traffic; 503 while draining), `/metrics` (Prometheus, [`metrics`]),
+//! `/admin/backends`, `/admin/curves`, `/admin/reload` and the dashboard at `/`.
+
+pub mod metrics;
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -12,8 +14,8 @@ use http_body_util::Full;
 use serde_json::json;
 
 use crate::config::BackendDialect;
+use crate::live::{Live, ReloadStatus};
 use crate::router::Router;
-use crate::telemetry;
 
 /// The dashboard: one self-contained page (inline CSS, JS and SVG; no CDN) that plots every
 /// backend's curve from `/admin/curves`.
@@ -23,13 +25,13 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 #[derive(Debug)]
 pub struct AdminState {
     /// The running config's stack and router (swapped by reloads).
-    pub live: Arc<arc_swap::ArcSwap<crate::gateway::Live>>,
+    pub live: Arc<arc_swap::ArcSwap<Live>>,
     /// False once draining has begun.
     pub ready: AtomicBool,
     /// Bearer token for `/metrics` and `/admin/*`, if configured.
     pub token: Option<crate::config::Secret>,
     /// How the last reload went.
-    pub reload: std::sync::Mutex<crate::gateway::ReloadStatus>,
+    pub reload: Arc<Mutex<ReloadStatus>>,
 }
 
 /// Whether `req` may read the admin data: no token configured, or `Authorization: Bearer` with
@@ -73,7 +75,7 @@ pub async fn handle<B>(
         return Ok(resp);
     }
     if req.uri().path() == "/metrics" {
-        let mut resp = Response::new(Full::new(Bytes::from(telemetry::render(
+        let mut resp = Response::new(Full::new(Bytes::from(metrics::render(
             &state.live.load().router,
         ))));
         resp.headers_mut().insert(
@@ -117,14 +119,15 @@ fn backends(router: &Router) -> serde_json::Value {
         .iter()
         .map(|b| {
             let c = &b.config;
+            let (health, health_for_s) = b.health();
             json!({
                 "name": &*c.name,
                 "url": c.url.to_string(),
                 "dialect": match c.dialect { BackendDialect::Openai => "openai", BackendDialect::Anthropic => "anthropic" },
                 "models": c.models.aliases,
                 "passthrough": c.models.passthrough,
-                "health": b.health().0,
-                "health_for_s": b.health().1,
+                "health": health.label(),
+                "health_for_s": health_for_s,
                 "in_flight": b.in_flight(),
                 "max_concurrency": c.max_concurrency,
             })

@@ -3,6 +3,7 @@
 //! with an error naming the file, line, column, field path and the fix.
 
 pub mod raw;
+pub mod slo;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -15,10 +16,10 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Uri};
 
 pub use raw::{BackendDialect, OnMiss, Policy};
+pub use slo::Slo;
 pub use validate::validate;
 
 pub use crate::curve::PriorPoint;
-pub use crate::router::slo::Slo;
 use crate::yaml::{self, ConfigError};
 
 /// A validated gateway config.

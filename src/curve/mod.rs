@@ -8,6 +8,7 @@
 
 pub mod fit;
 pub mod model;
+pub mod observation;
 pub mod occupancy;
 pub mod window;
 
@@ -18,6 +19,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 pub use model::{Model, Prediction};
+pub use observation::{Observation, Outcome, StreamTiming};
 pub use occupancy::{Occupancy, Reading};
 pub use window::FirstToken;
 use window::{Decay, Levels, Sample, Window};
@@ -63,39 +65,6 @@ pub const MIN_BUCKET_WEIGHT: f64 = 5.0;
 /// The bucket nearest to concurrency `c` in log space.
 pub fn bucket_of(c: f64) -> usize {
     nearest_in_log(&BUCKETS, c.max(1.0))
-}
-
-/// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// The stream ended normally.
-    Completed,
-    /// The client went away first.
-    Cancelled,
-    /// The upstream failed mid-stream.
-    Failed,
-}
-
-/// What one request taught us about its backend.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Observation {
-    /// When it ended.
-    pub at: Instant,
-    /// How it ended.
-    pub outcome: Outcome,
-    /// Seconds from the gateway sending the request to this backend to the first content byte.
-    pub ttft: Option<f64>,
-    /// Seconds per output token after the first chunk.
-    pub tpot: Option<f64>,
-    /// Output tokens.
-    pub output_tokens: u64,
-    /// The token count came from counting content events (no usage in the stream).
-    pub estimated: bool,
-    /// Prompt tokens, when the stream reported them.
-    pub prompt_tokens: Option<u64>,
-    /// Time-weighted mean in-flight count of the backend over the decode window.
-    pub concurrency: Option<f64>,
 }
 
 /// The fitted model of a curve.

@@ -42,6 +42,16 @@ pub struct Reading {
 }
 
 impl Reading {
+    /// The same integral as it stood at `earlier` (no admit or release between): what accrued
+    /// since then, `count` requests for the time between, taken back.
+    pub fn rewound_to(&self, earlier: Instant) -> Reading {
+        Reading {
+            area: self.area - f64::from(self.count) * (self.at - earlier).as_secs_f64(),
+            count: self.count,
+            at: earlier,
+        }
+    }
+
     /// Mean in-flight count between `self` and a later reading.
     pub fn mean_until(&self, later: &Reading) -> Option<f64> {
         let secs = (later.at - self.at).as_secs_f64();

@@ -17,9 +17,9 @@ use tower::{Layer, Service};
 
 use super::endpoint::Endpoint;
 use super::skim;
+use crate::config::Slo;
 use crate::config::{ClassConfig, RouteRule};
 use crate::error::{Error, ErrorKind};
-use crate::router::slo::Slo;
 
 /// What classification found, in the request's extensions.
 #[derive(Debug, Clone, PartialEq)]

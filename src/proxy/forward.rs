@@ -1,5 +1,6 @@
-//! Forward: send the rewritten request on one of the backend's pooled connections, and wrap
-//! the response body so that it is observed on its way out. The innermost service of the stack.
+//! Forward: send the rewritten request on one of the backend's pooled connections, wait for the
+//! response head within the first-token deadline, and wrap the body so that it is timed and
+//! metered on its way out. The innermost service of the stack.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -11,16 +12,18 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::body::{Observed, ProxyBody, RequestLog};
+use super::body::{Metered, ProxyBody};
 use super::classify::Classified;
+use super::deadline::{Deadlines, Timed};
+use super::end::{self, RequestEnd};
 use super::request_id::Received;
 use super::rewrite::is_hop_by_hop;
 use super::route::Routed;
 use crate::error::{Error, ErrorKind};
+use crate::fleet::Backend;
 use crate::signal::Signal;
 use crate::sse::observe::StreamDialect;
-use crate::upstream::pool::SendError;
-use crate::upstream::{PooledBody, UpstreamBody};
+use crate::upstream::{PooledBody, SendError, UpstreamBody};
 
 /// `x-tpsgate-backend`: which backend answered.
 pub const X_TPSGATE_BACKEND: HeaderName = HeaderName::from_static("x-tpsgate-backend");
@@ -50,17 +53,13 @@ impl Forward {
 /// What the response needs from the request.
 #[derive(Debug)]
 struct Pending {
-    backend: Arc<crate::upstream::Backend>,
-    class: Option<Arc<str>>,
-    id: HeaderValue,
-    model: Option<String>,
-    prompt_tokens: u64,
+    backend: Arc<Backend>,
+    request: end::Request,
     stream: Option<(StreamDialect, bool)>,
-    start: Instant,
-    sent: Instant,
+    deadlines: Deadlines,
     prediction: Option<crate::curve::Prediction>,
     reason: crate::router::Reason,
-    drained: Option<Signal>,
+    drained: Signal,
 }
 
 impl Service<Request<UpstreamBody>> for Forward {
@@ -78,10 +77,7 @@ impl Service<Request<UpstreamBody>> for Forward {
             |r| (r.at, r.id.clone()),
         );
         let Some(routed) = req.extensions_mut().remove::<Routed>() else {
-            return ForwardFuture::failed(Error::new(
-                ErrorKind::InvalidRequest,
-                "internal: no route",
-            ));
+            return ForwardFuture::failed(Error::internal("forward: the request has no route"));
         };
         let classified = req.extensions_mut().remove::<Classified>();
         let (model, stream, class, prompt_tokens) = match classified {
@@ -96,26 +92,24 @@ impl Service<Request<UpstreamBody>> for Forward {
         let inner = Box::pin(Arc::clone(&routed.backend.pool).send(req));
         // A backend's timeouts run from when the request is sent to it, not from its arrival
         // (time spent waiting in a queue line is not the backend's).
-        let sent = Instant::now();
-        let timeouts = routed.backend.config.timeouts;
-        let first = sent + timeouts.first_token;
-        let deadline = timeouts.total.map_or(first, |t| first.min(sent + t));
+        let deadlines = Deadlines::new(routed.backend.config.timeouts, Instant::now());
         ForwardFuture {
             inner: Some(inner),
-            head_timer: tokio::time::sleep_until(deadline),
+            head_timer: tokio::time::sleep_until(deadlines.first_token()),
             pending: Some(Pending {
                 backend: Arc::clone(&routed.backend),
-                class,
-                id,
-                model,
-                prompt_tokens,
+                request: end::Request {
+                    id,
+                    model,
+                    class,
+                    prompt_estimate: prompt_tokens,
+                    start,
+                },
                 stream,
-                start,
-                sent,
+                deadlines,
                 prediction: routed.prediction,
                 reason: routed.reason,
-                // Only a stream waits on the drain.
-                drained: stream.is_some().then(|| self.drained.clone()),
+                drained: self.drained.clone(),
             }),
             failed: None,
         }
@@ -166,9 +160,10 @@ impl Future for ForwardFuture {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let Some(inner) = this.inner.as_pin_mut() else {
-            let err = this.failed.take().unwrap_or_else(|| {
-                Error::new(ErrorKind::InvalidRequest, "polled after completion")
-            });
+            let err = this
+                .failed
+                .take()
+                .unwrap_or_else(|| Error::internal("forward: polled after completion"));
             return Poll::Ready(Err(err));
         };
         let result = match inner.poll(cx) {
@@ -191,10 +186,7 @@ impl Future for ForwardFuture {
             }
         };
         let Some(pending) = this.pending.take() else {
-            return Poll::Ready(Err(Error::new(
-                ErrorKind::InvalidRequest,
-                "polled after completion",
-            )));
+            return Poll::Ready(Err(Error::internal("forward: polled after completion")));
         };
         let backend = Arc::clone(&pending.backend.config.name);
         let resp = match result {
@@ -223,6 +215,7 @@ impl Future for ForwardFuture {
             parts.headers.insert(X_TPSGATE_BACKEND, value.clone());
         }
         if let Some(value) = pending
+            .request
             .class
             .as_deref()
             .and_then(|c| HeaderValue::from_str(c).ok())
@@ -259,24 +252,17 @@ impl Future for ForwardFuture {
             // The usage chunk will be removed: the upstream's length no longer holds.
             parts.headers.remove(http::header::CONTENT_LENGTH);
         }
-        let log = RequestLog::new(
-            pending.id,
-            pending.model,
-            pending.class,
+        let end = RequestEnd::new(
+            pending.request,
             parts.status.as_u16(),
-            (pending.start, pending.sent),
-            backend,
-            pending.prompt_tokens,
+            pending.deadlines.sent(),
+            Arc::clone(&backend),
         );
+        // Only a stream is cut at the drain deadline (with an error event).
+        let drained = stream.is_some().then_some(pending.drained);
+        let timed = Timed::new(body, pending.deadlines, drained, backend);
         let body = ProxyBody::Upstream {
-            body: Box::new(Observed::new(
-                body,
-                log,
-                stream,
-                pending.backend.config.timeouts,
-                pending.sent,
-                pending.drained,
-            )),
+            body: Box::new(Metered::new(timed, end, stream)),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }

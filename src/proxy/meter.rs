@@ -9,6 +9,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::time::Instant;
 
+use crate::curve::StreamTiming;
 use crate::sse::SseParser;
 use crate::sse::observe::{self, StreamDialect};
 
@@ -19,18 +20,10 @@ pub struct StreamMeter {
     strip: bool,
     parser: SseParser,
     held: BytesMut,
-    /// First content event.
-    pub first_content: Option<Instant>,
-    /// Last content event.
-    pub last_content: Option<Instant>,
-    /// Content events seen.
-    pub content_events: u32,
+    /// Content events and usage, as far as seen.
+    pub timing: StreamTiming,
     /// Longest silence between two content events, seconds.
     pub max_gap_s: f64,
-    /// Output tokens from usage.
-    pub output_tokens: Option<u64>,
-    /// Prompt tokens from usage.
-    pub prompt_tokens: Option<u64>,
 }
 
 impl StreamMeter {
@@ -41,19 +34,15 @@ impl StreamMeter {
             strip,
             parser: SseParser::new(),
             held: BytesMut::new(),
-            first_content: None,
-            last_content: None,
-            content_events: 0,
+            timing: StreamTiming::default(),
             max_gap_s: 0.0,
-            output_tokens: None,
-            prompt_tokens: None,
         }
     }
 
     /// Reads one frame that arrived at `now`; returns the bytes to forward (possibly empty) and
     /// whether the first content event was in it.
     pub fn frame(&mut self, data: Bytes, now: Instant) -> (Bytes, bool) {
-        let had_content = self.first_content.is_some();
+        let had_content = self.timing.first_content.is_some();
         let out = if self.strip {
             self.strip_usage(data, now)
         } else {
@@ -64,7 +53,7 @@ impl StreamMeter {
             self.parser = parser;
             data
         };
-        (out, !had_content && self.first_content.is_some())
+        (out, !had_content && self.timing.first_content.is_some())
     }
 
     /// Whether the usage chunk is being removed (the body's length is then not the upstream's).
@@ -85,23 +74,24 @@ impl StreamMeter {
 
     /// Records one event; returns whether it is a usage-only chunk.
     fn note(&mut self, event: &[u8], data: &[u8], now: Instant) -> bool {
+        let t = &mut self.timing;
         if observe::is_content(self.dialect, event, data) {
-            match self.last_content {
+            match t.last_content {
                 Some(last) => self.max_gap_s = self.max_gap_s.max((now - last).as_secs_f64()),
-                None => self.first_content = Some(now),
+                None => t.first_content = Some(now),
             }
-            self.last_content = Some(now);
-            self.content_events += 1;
+            t.last_content = Some(now);
+            t.content_events += 1;
         }
         let Some(u) = observe::usage(self.dialect, event, data) else {
             return false;
         };
         if u.usage.prompt_tokens.is_some() {
-            self.prompt_tokens = u.usage.prompt_tokens;
+            t.prompt_tokens = u.usage.prompt_tokens;
         }
         // Anthropic's message_start reports input tokens only; output comes in message_delta.
         if u.usage.output_tokens > 0 || event != b"message_start" {
-            self.output_tokens = Some(u.usage.output_tokens);
+            t.output_tokens = Some(u.usage.output_tokens);
         }
         u.usage_only
     }
@@ -169,10 +159,14 @@ mod tests {
         assert!(m.frame(content("Hi"), at(40)).1);
         m.frame(content(" there"), at(60));
         m.frame(Bytes::from_static(USAGE), at(61));
-        assert_eq!(m.first_content, Some(at(40)));
-        assert_eq!(m.last_content, Some(at(60)));
+        assert_eq!(m.timing.first_content, Some(at(40)));
+        assert_eq!(m.timing.last_content, Some(at(60)));
         assert_eq!(
-            (m.content_events, m.output_tokens, m.prompt_tokens),
+            (
+                m.timing.content_events,
+                m.timing.output_tokens,
+                m.timing.prompt_tokens
+            ),
             (2, Some(2), Some(5))
         );
         assert!((m.max_gap_s - 0.020).abs() < 1e-9);
@@ -212,7 +206,7 @@ mod tests {
                 out.extend_from_slice(&rest);
             }
             assert_eq!(out, want, "split every {cut} bytes");
-            assert_eq!(m.output_tokens, Some(2));
+            assert_eq!(m.timing.output_tokens, Some(2));
         }
     }
 

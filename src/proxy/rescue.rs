@@ -94,12 +94,16 @@ where
 pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
     let kind = err.kind();
     crate::telemetry::count_gateway_error(kind);
-    tracing::info!(
-        status = kind.status().as_u16(),
-        code = kind.code(),
-        reason = err.message(),
-        "request refused"
-    );
+    if kind == ErrorKind::Internal {
+        tracing::error!(reason = err.message(), "gateway bug: request failed");
+    } else {
+        tracing::info!(
+            status = kind.status().as_u16(),
+            code = kind.code(),
+            reason = err.message(),
+            "request refused"
+        );
+    }
     let body = if anthropic {
         json!({"type": "error", "error": {"type": anthropic_type(kind), "message": err.message()}})
     } else {
@@ -132,6 +136,8 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
         ErrorKind::NoBackendAvailable => "overloaded_error",
         ErrorKind::SloUnmet => "rate_limit_error",
         ErrorKind::Unauthorized => "authentication_error",
-        ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamTimeout => "api_error",
+        ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamTimeout | ErrorKind::Internal => {
+            "api_error"
+        }
     }
 }

@@ -67,24 +67,17 @@ where
     }
 }
 
-fn missing(what: &str) -> Error {
-    Error::new(
-        ErrorKind::InvalidRequest,
-        format!("internal: {what} missing before rewrite"),
-    )
-}
-
 /// Builds the upstream request.
 pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     let (mut parts, body) = req.into_parts();
     let classified = parts
         .extensions
         .get::<Classified>()
-        .ok_or_else(|| missing("classification"))?;
+        .ok_or_else(|| Error::internal("rewrite: the request was not classified"))?;
     let routed = parts
         .extensions
         .get::<Routed>()
-        .ok_or_else(|| missing("route"))?;
+        .ok_or_else(|| Error::internal("rewrite: the request has no route"))?;
     let backend = &routed.backend.config;
 
     let inject = classified.usage_injected();
@@ -284,7 +277,7 @@ mod tests {
             model_span: None,
             class: None,
             class_index: None,
-            slo: crate::router::slo::Slo::default(),
+            slo: crate::config::Slo::default(),
             stream_options: None,
             max_tokens: None,
             prompt_tokens: 0,

@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::Rng;
 
-use super::slo::Slo;
 use super::{Ask, Candidate};
 use crate::config::Policy;
+use crate::config::Slo;
 
 /// Output tokens assumed when the request sets no `max_tokens` (for prices and throughput).
 pub const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;

@@ -1,7 +1,8 @@
 //! The router: for each request, a backend whose curve says it will still meet the request's SLO
-//! once this request is added (DESIGN.md, "Routing"), or what the class does when none will.
+//! once this request is added (docs/ARCHITECTURE.md, "Routing"), or what the class does when none
+//! will. Pure decisions over the [fleet](crate::fleet): it knows nothing of HTTP or the stack.
 //!
-//! - Candidates ([`Router::candidates`]): backends that speak the dialect, serve the model, are
+//! - Candidates ([`candidates`]): backends that speak the dialect, serve the model, are
 //!   under their hard `max_concurrency`, and are healthy (all of them if none is).
 //! - Each is asked what this request would see there at in-flight + 1: from the curve's cached
 //!   [`Model`](crate::curve::Model), a configured prior, or (policy `oracle`) the simulator's truth.
@@ -13,31 +14,27 @@
 //! - Exploration: a budgeted share of requests goes where the curve knows least, but only where
 //!   no prediction says it would break an SLO (its own or anyone's already there).
 
+pub mod candidates;
+pub mod caps;
 pub mod choose;
 pub mod oracle;
-pub mod queue;
-pub mod slo;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, header};
 use metrics::Counter;
 use serde::Serialize;
-use serde_json::json;
 use tokio::time::Instant;
 
-use crate::config::{BackendDialect, ClassConfig, OnMiss, Policy, Routing};
-use crate::curve::{Model, Prediction};
+use crate::config::{BackendDialect, ClassConfig, OnMiss, Policy, Routing, Slo};
+use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::proxy::body::ProxyBody;
-use crate::upstream::{Backend, InFlightGuard};
+use crate::fleet::{Backend, InFlightGuard, Line};
+pub use candidates::Candidate;
+pub use caps::Cap;
 use oracle::Oracle;
-use queue::Line;
-use slo::Slo;
 
 /// What the router needs to know about a request.
 #[derive(Debug, Clone, Copy)]
@@ -56,8 +53,8 @@ pub struct Ask<'a> {
     pub slo: Slo,
     /// When the gateway received it: queueing counts against the TTFT budget from here.
     pub received: Instant,
-    /// Backends (by index, the first 64) not to use: a retry avoids those that failed it.
-    pub avoid: u64,
+    /// Backends (by index) not to use: a retry avoids those that failed it.
+    pub avoid: &'a [usize],
 }
 
 impl Ask<'_> {
@@ -132,44 +129,6 @@ pub struct Decision {
     pub reason: Reason,
 }
 
-/// One candidate backend as the router sees it for one request.
-#[derive(Debug, Clone, Copy)]
-pub struct Candidate<'r> {
-    /// Index in the router's backend list.
-    pub index: usize,
-    /// The backend.
-    pub backend: &'r Arc<Backend>,
-    /// In flight there once this request joins.
-    pub joining: u32,
-    /// What this request would see there; `None` for a backend never observed.
-    pub prediction: Option<Prediction>,
-    /// The request's own slack there ([`Slo::slack`]); 0 without a prediction.
-    pub slack: f64,
-    /// Every class already decoding there keeps its speed target.
-    pub keeps_others: bool,
-    /// After this request joins, a request of every latency class could still join and meet its
-    /// SLO there (or the backend cannot serve that class at all). Batch placement requires it,
-    /// so that batch work only takes capacity interactive traffic is not about to need.
-    pub leaves_room: bool,
-    /// System tokens per second this request adds there, `S(n) - S(n-1)` where `S(c)` is `c`
-    /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
-    /// only (0 for a latency request, and without a prediction).
-    pub marginal_tps: f64,
-}
-
-impl Candidate<'_> {
-    /// Meets the SLO on a prediction the curve stands behind.
-    fn feasible(&self) -> bool {
-        self.prediction
-            .is_some_and(|p| !p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
-    }
-
-    /// Never observed, and would take its first request alone.
-    fn cold_start(&self) -> bool {
-        self.prediction.is_none() && self.joining == 1
-    }
-}
-
 /// The backends, the classes and the policies' shared state.
 #[derive(Debug)]
 pub struct Router {
@@ -184,49 +143,6 @@ pub struct Router {
     explored: AtomicU64,
     /// Decision counters by class (the last row: requests without a class) and [`Reason`].
     counters: Vec<[Counter; Reason::ALL.len()]>,
-    /// Retries allowed as a share of requests.
-    budget: RetryBudget,
-}
-
-/// Retries as a share of requests, as linkerd and Envoy bound them: every request deposits
-/// `ratio` of a retry, a retry spends one, and the balance starts (and is capped) at
-/// [`RetryBudget::RESERVE`] so that a quiet gateway can still retry a few.
-#[derive(Debug)]
-pub struct RetryBudget {
-    /// Balance in thousandths of a retry.
-    milli: std::sync::atomic::AtomicI64,
-    deposit: i64,
-}
-
-impl RetryBudget {
-    /// Retries available to a gateway that has seen no requests yet.
-    pub const RESERVE: i64 = 10;
-
-    fn new(ratio: f64) -> Self {
-        Self {
-            milli: std::sync::atomic::AtomicI64::new(Self::RESERVE * 1000),
-            deposit: (ratio * 1000.0).round() as i64,
-        }
-    }
-
-    /// One request passed.
-    pub fn deposit(&self) {
-        let cap = Self::RESERVE * 1000 * 10;
-        let _ = self
-            .milli
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
-                Some((m + self.deposit).min(cap))
-            });
-    }
-
-    /// Spends one retry if the balance allows.
-    pub fn withdraw(&self) -> bool {
-        self.milli
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
-                (m >= 1000).then_some(m - 1000)
-            })
-            .is_ok()
-    }
 }
 
 impl Router {
@@ -245,14 +161,15 @@ impl Router {
             let (prompt, output) = routing.oracle_shape;
             Oracle::new(backends.len(), prompt, output)
         });
+        let labels = Reason::ALL.map(Reason::label);
         let mut counters: Vec<_> = classes
             .iter()
-            .map(|c| crate::telemetry::decision_counters(&c.name, c.policy, Reason::ALL))
+            .map(|c| crate::telemetry::decision_counters(&c.name, c.policy, labels))
             .collect();
         counters.push(crate::telemetry::decision_counters(
             "",
             routing.policy,
-            Reason::ALL,
+            labels,
         ));
         Self {
             backends,
@@ -265,7 +182,6 @@ impl Router {
             decided: AtomicU64::new(0),
             explored: AtomicU64::new(0),
             counters,
-            budget: RetryBudget::new(routing.retry_budget),
         }
     }
 
@@ -282,16 +198,6 @@ impl Router {
     /// The oracle, when a class uses it; its curves need [`Oracle::refresh`] now and then.
     pub fn oracle(&self) -> Option<&Oracle> {
         self.oracle.as_ref()
-    }
-
-    /// Attempts a request may make (1: no retries).
-    pub fn max_attempts(&self) -> u32 {
-        self.routing.max_attempts
-    }
-
-    /// The retry budget.
-    pub fn budget(&self) -> &RetryBudget {
-        &self.budget
     }
 
     /// The wait line (shared with the backends, which wake it).
@@ -553,10 +459,10 @@ impl Router {
         .retry_after(retry_after)
     }
 
-    /// Whether a backend other than the one at `index` serves `ask`'s model: only then can a
-    /// failed attempt there be tried again.
-    pub fn serves_elsewhere(&self, ask: &Ask<'_>, index: usize) -> bool {
-        self.serving(ask).any(|(i, _)| i != index)
+    /// Backends that serve `ask`'s model (failed ones it avoids aside): with more than one, a
+    /// failed attempt can be tried again elsewhere.
+    pub fn serving_count(&self, ask: &Ask<'_>) -> usize {
+        self.serving(ask).count()
     }
 
     /// Backends that speak the dialect and serve the model, with their indices.
@@ -567,141 +473,8 @@ impl Router {
         self.backends.iter().enumerate().filter(|(i, b)| {
             b.config.dialect == ask.dialect
                 && b.config.models.upstream(ask.model).is_some()
-                && (*i >= 64 || ask.avoid & (1 << i) == 0)
+                && !ask.avoid.contains(i)
         })
-    }
-
-    /// The candidates for `ask`, each evaluated: serving, under the hard limit, healthy (or all
-    /// of those when none is healthy).
-    pub fn candidates(&self, ask: &Ask<'_>, policy: Policy) -> Vec<Candidate<'_>> {
-        let under_limit = |b: &Arc<Backend>| {
-            b.config
-                .max_concurrency
-                .is_none_or(|limit| b.in_flight() < limit)
-        };
-        // One clock read for every check of this decision.
-        let now = Instant::now();
-        let healthy_exists = self
-            .serving(ask)
-            .any(|(_, b)| under_limit(b) && b.is_healthy(now));
-        let predicts = !choose::is_baseline(policy);
-        let slo = ask.slo_at(now);
-        self.serving(ask)
-            .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
-            .map(|(index, backend)| {
-                let joining = backend.in_flight() + 1;
-                if !predicts {
-                    return Candidate {
-                        index,
-                        backend,
-                        joining,
-                        prediction: None,
-                        slack: 0.0,
-                        keeps_others: true,
-                        leaves_room: true,
-                        marginal_tps: 0.0,
-                    };
-                }
-                let n = f64::from(joining);
-                let predictor = self.predictor(index, backend, ask, policy, now);
-                let prediction = predictor.at(n);
-                let batch = policy == Policy::Throughput || ask.slo.is_batch();
-                let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
-                // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
-                // so a backend that queues (TTFT growing with n) adds nothing by taking more.
-                let tokens = ask
-                    .max_tokens
-                    .map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
-                let system = |c: f64, p: &Prediction| {
-                    c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
-                };
-                let before = if batch && joining > 1 {
-                    predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
-                } else {
-                    0.0
-                };
-                Candidate {
-                    index,
-                    backend,
-                    joining,
-                    prediction,
-                    slack: prediction.map_or(0.0, |p| slo.slack(&p)),
-                    keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
-                    leaves_room,
-                    marginal_tps: if batch {
-                        prediction.map_or(0.0, |p| system(n, &p) - before)
-                    } else {
-                        0.0
-                    },
-                }
-            })
-            .collect()
-    }
-
-    /// Where `backend`'s predictions come from for `ask`: the oracle, or its curve's model
-    /// (looked up once per request, whatever the number of concurrencies asked about).
-    fn predictor(
-        &self,
-        index: usize,
-        backend: &Backend,
-        ask: &Ask<'_>,
-        policy: Policy,
-        now: Instant,
-    ) -> Predictor<'_> {
-        if policy == Policy::Oracle {
-            Predictor::Oracle(self.oracle.as_ref(), index)
-        } else {
-            Predictor::Curve {
-                model: backend.model(ask.model),
-                prompt_tokens: ask.prompt_tokens,
-                queue_s: backend.occupancy.waited(now),
-            }
-        }
-    }
-
-    /// Whether a latency-class request joining as the `next`-th would meet its SLO, for every
-    /// latency class the backend can serve at all (a lone request meets it).
-    fn leaves_room(&self, predictor: &Predictor<'_>, next: f64) -> bool {
-        let (Some(then), Some(alone)) = (predictor.at(next), predictor.at(1.0)) else {
-            return true;
-        };
-        self.classes
-            .iter()
-            .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
-            .all(|c| c.slo.slack(&then) >= 0.0)
-    }
-
-    /// Whether every class with requests decoding on `backend` keeps its speed at `p`.
-    fn keeps_others(&self, backend: &Backend, p: &Prediction) -> bool {
-        self.classes
-            .iter()
-            .enumerate()
-            .all(|(i, c)| backend.class_in_flight(i) == 0 || c.slo.speed_holds(p))
-    }
-
-    /// Per backend, model and class with an SLO: the largest concurrency its curve predicts
-    /// meets the SLO (for `/admin/curves` and the `tpsgate_concurrency_cap` gauge). Admission
-    /// tests the same predictions at in-flight + 1, which for a curve that only falls with load
-    /// is the test `in_flight + 1 <= cap`.
-    pub fn caps(&self) -> Vec<Cap> {
-        let mut caps = Vec::new();
-        for b in &self.backends {
-            let limit = b.config.max_concurrency.unwrap_or(4096).min(4096);
-            for entry in &b.curves {
-                let Some(model) = entry.value().model().cloned() else {
-                    continue;
-                };
-                for class in self.classes.iter().filter(|c| !c.slo.is_batch()) {
-                    caps.push(Cap {
-                        backend: Arc::clone(&b.config.name),
-                        model: Arc::clone(entry.key()),
-                        class: Arc::clone(&class.name),
-                        cap: slo::derived_cap(&class.slo, limit, |n| model.predict(n, 0)),
-                    });
-                }
-            }
-        }
-        caps
     }
 
     /// Client model names served in a dialect, sorted.
@@ -722,350 +495,18 @@ impl Router {
         }
     }
 
-    /// `GET /v1/models`: the union over all backends, in OpenAI's list format.
-    pub fn models_response(&self) -> Response<ProxyBody> {
-        let mut owners: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+    /// `GET /v1/models`: every client model name, with the first backend (in config order)
+    /// that serves it.
+    pub fn models(&self) -> BTreeMap<&str, &str> {
+        let mut owners = BTreeMap::new();
         for b in &self.backends {
             for name in b.config.models.aliases.keys() {
-                owners.entry(name).or_insert(&b.config.name);
+                owners.entry(name.as_str()).or_insert(&*b.config.name);
             }
         }
-        let data: Vec<_> = owners
-            .iter()
-            .map(
-                |(id, owner)| json!({"id": id, "object": "model", "created": 0, "owned_by": owner}),
-            )
-            .collect();
-        let body = json!({"object": "list", "data": data}).to_string();
-        let mut resp = Response::new(ProxyBody::full(Bytes::from(body)));
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        resp
+        owners
     }
-}
-
-/// A backend's source of predictions for one request.
-enum Predictor<'r> {
-    /// The backend's curve.
-    Curve {
-        /// Its fitted model (none before the first observation).
-        model: Option<Arc<Model>>,
-        /// This request's prompt size.
-        prompt_tokens: u64,
-        /// How long the requests there still waiting for a first token have waited
-        /// ([`Occupancy::waited`](crate::curve::Occupancy::waited)): a joining request waits
-        /// behind them, which the curve learns only when their first tokens come.
-        queue_s: f64,
-    },
-    /// The simulator's truth for backend `usize`.
-    Oracle(Option<&'r Oracle>, usize),
-}
-
-impl Predictor<'_> {
-    /// What a request joining at `concurrency` (itself included) would see.
-    fn at(&self, concurrency: f64) -> Option<Prediction> {
-        match self {
-            Self::Curve {
-                model,
-                prompt_tokens,
-                queue_s,
-            } => {
-                let mut p = model.as_ref()?.predict(concurrency, *prompt_tokens);
-                if concurrency > 1.0 {
-                    p.ttft_p50_s = p.ttft_p50_s.max(*queue_s);
-                    p.ttft_p90_s = p.ttft_p90_s.max(*queue_s);
-                }
-                Some(p)
-            }
-            Self::Oracle(oracle, index) => oracle.as_ref()?.predict(*index, concurrency),
-        }
-    }
-}
-
-/// A derived concurrency cap.
-#[derive(Debug, Clone)]
-pub struct Cap {
-    /// Backend name.
-    pub backend: Arc<str>,
-    /// Client model name.
-    pub model: Arc<str>,
-    /// Class name.
-    pub class: Arc<str>,
-    /// Largest concurrency predicted to meet the class's SLO (0: not even one request).
-    pub cap: u32,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::curve::{FirstToken, Observation, Outcome};
-
-    /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
-    /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`
-    /// (waiting for room, the default), never exploring.
-    fn router_over(backends: &[&str]) -> Router {
-        router_exploring(backends, 0.0)
-    }
-
-    fn router_exploring(backends: &[&str], exploration: f64) -> Router {
-        let list: String = backends
-            .iter()
-            .map(|name| {
-                format!("- {{name: {name}, url: 'http://127.0.0.1:1', dialect: openai, models: {{m: m}}}}\n")
-            })
-            .collect();
-        let text = format!(
-            "backends:\n{list}\
-            classes:\n\
-            - {{name: interactive, min_tps: 41, tps_percentile: 50, on_miss: shed}}\n\
-            - {{name: loose, min_tps: 21, tps_percentile: 50, on_miss: shed}}\n\
-            - {{name: batch}}\n\
-            routing: {{exploration: {exploration}}}\n"
-        );
-        let config = crate::config::parse(&text, |_| None).unwrap();
-        let line = Arc::new(Line::new(config.classes.len()));
-        let backends = config
-            .backends
-            .iter()
-            .map(|b| Backend::new(b.clone(), 300.0, config.classes.len(), Arc::clone(&line)))
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        Router::new(backends, None, config.classes, config.routing, line)
-    }
-
-    fn router() -> Router {
-        router_over(&["a"])
-    }
-
-    /// Teaches backend `i` a batching curve: TPOT = 10 ms + `per_seq_ms` per request.
-    fn teach(router: &Router, i: usize, per_seq_ms: f64) {
-        teach_at(
-            router,
-            i,
-            per_seq_ms,
-            &[1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0],
-        );
-    }
-
-    /// [`teach`], seen at the given concurrencies only.
-    fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
-        let now = Instant::now();
-        for &c in seen {
-            for _ in 0..8 {
-                let obs = Observation {
-                    at: now,
-                    outcome: Outcome::Completed,
-                    ttft: Some(0.05),
-                    tpot: Some(0.010 + per_seq_ms * 1e-3 * c),
-                    output_tokens: 100,
-                    estimated: false,
-                    prompt_tokens: Some(10),
-                    concurrency: Some(c),
-                };
-                router.backends[i].first_token(
-                    "m",
-                    &FirstToken {
-                        at: now,
-                        ttft: 0.05,
-                        prompt_tokens: Some(10),
-                        admitted_with: c,
-                    },
-                );
-                router.backends[i].record("m", &obs);
-            }
-        }
-    }
-
-    fn ask(router: &Router, class: usize) -> Ask<'static> {
-        Ask {
-            model: "m",
-            dialect: BackendDialect::Openai,
-            prompt_tokens: 10,
-            max_tokens: None,
-            class: Some(class),
-            slo: router.classes[class].slo,
-            received: Instant::now(),
-            avoid: 0,
-        }
-    }
-
-    /// Holds `n` slots of `class` on backend `i`.
-    fn occupy(router: &Router, i: usize, class: usize, n: usize) -> Vec<InFlightGuard> {
-        (0..n)
-            .map(|_| router.backends[i].try_admit(Some(class)).unwrap())
-            .collect()
-    }
-
-    fn chosen(router: &Router, class: usize) -> Result<&str, ErrorKind> {
-        match router.route(&ask(router, class)) {
-            Ok(Some(d)) => Ok(router
-                .backends
-                .iter()
-                .find(|b| Arc::ptr_eq(b, &d.backend))
-                .map(|b| &*b.config.name)
-                .unwrap()),
-            Ok(None) => Err(ErrorKind::NoBackendAvailable),
-            Err(e) => Err(e.kind()),
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn requests_still_waiting_for_a_first_token_keep_ttft_sensitive_ones_away() {
-        let router = router_over(&["a", "b"]);
-        // Third on `a`: 62.5 tok/s; alone on `b`: 55.6 tok/s.
-        teach(&router, 0, 2.0);
-        teach(&router, 1, 8.0);
-        // Two requests on `a`, neither with a first token yet.
-        let _held = occupy(&router, 0, 0, 2);
-        let pick = |router: &Router| {
-            let within_a_second = Ask {
-                slo: Slo {
-                    max_ttft_s: Some(1.0),
-                    ..router.classes[0].slo
-                },
-                ..ask(router, 0)
-            };
-            let d = router.route(&within_a_second).unwrap().unwrap();
-            d.backend.config.name.to_string()
-        };
-        assert_eq!(pick(&router), "a", "a fresh queue costs nothing yet");
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(
-            pick(&router),
-            "b",
-            "two seconds without a first token: a queue"
-        );
-    }
-
-    #[test]
-    fn headroom_picks_the_most_slack_and_pack_the_least() {
-        let mut router = router_over(&["a", "b"]);
-        teach(&router, 0, 1.0);
-        teach(&router, 1, 0.5);
-        // Alone on either, b (flatter curve) has more slack.
-        assert_eq!(chosen(&router, 0), Ok("b"));
-        router.classes[0].policy = Policy::Pack;
-        assert_eq!(chosen(&router, 0), Ok("a"));
-    }
-
-    #[test]
-    fn cheapest_takes_the_lower_price_among_the_feasible_even_with_less_slack() {
-        let text = "backends:\n\
-            - {name: dear, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, cost: {input_per_1m: 1, output_per_1m: 4}}\n\
-            - {name: cheap, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, cost: {input_per_1m: 0.1, output_per_1m: 0.4}}\n\
-            classes:\n\
-            - {name: interactive, min_tps: 41, tps_percentile: 50, policy: cheapest, on_miss: shed}\n\
-            routing: {exploration: 0}\n";
-        let config = crate::config::parse(text, |_| None).unwrap();
-        let line = Arc::new(Line::new(1));
-        let backends = config
-            .backends
-            .iter()
-            .map(|b| Backend::new(b.clone(), 300.0, 1, Arc::clone(&line)))
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
-        let router = Router::new(backends, None, config.classes, config.routing, line);
-        teach(&router, 0, 0.5);
-        teach(&router, 1, 1.0);
-        assert_eq!(chosen(&router, 0), Ok("cheap"));
-        // Once the cheap one can no longer meet the SLO, the dear one takes it.
-        let _held = occupy(&router, 1, 0, 14);
-        assert_eq!(chosen(&router, 0), Ok("dear"));
-    }
-
-    #[test]
-    fn a_request_is_refused_where_it_would_slow_others_below_their_slo() {
-        let router = router();
-        teach(&router, 0, 1.0);
-        // 41 tok/s at the median holds up to 14 requests: 1 / (10 + 14) ms = 41.7.
-        let _held = occupy(&router, 0, 0, 14);
-        // A loose request would get 40 tok/s at 15 (enough for it), but the 14 interactive
-        // requests there would drop below 41.
-        assert_eq!(chosen(&router, 1), Err(ErrorKind::SloUnmet));
-        let only_loose = router_over(&["a"]);
-        teach(&only_loose, 0, 1.0);
-        let _held = occupy(&only_loose, 0, 1, 14);
-        assert_eq!(chosen(&only_loose, 1), Ok("a"), "only loose requests there");
-    }
-
-    #[test]
-    fn batch_work_leaves_room_for_one_more_latency_request() {
-        let router = router();
-        teach(&router, 0, 1.0);
-        // Interactive fits up to 14 (see above). With 12 batch requests in flight, a 13th
-        // leaves room for one interactive request at 14; with 13, it would not.
-        let mut held = occupy(&router, 0, 2, 12);
-        assert_eq!(chosen(&router, 2), Ok("a"));
-        held.extend(occupy(&router, 0, 2, 1));
-        assert_eq!(
-            chosen(&router, 2),
-            Err(ErrorKind::NoBackendAvailable),
-            "batch waits in line"
-        );
-        assert_eq!(chosen(&router, 0), Ok("a"), "the room is there");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn batch_waits_at_the_gateway_until_a_slot_frees_rather_than_take_the_room() {
-        let router = router();
-        teach(&router, 0, 1.0);
-        let mut held = occupy(&router, 0, 2, 13);
-        let batch = ask(&router, 2);
-        assert!(router.route(&batch).unwrap().is_none(), "it waits in line");
-        let (decision, ()) = tokio::join!(router.wait_in_line(&batch), async {
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            held.pop();
-        });
-        let decision = decision.unwrap();
-        assert_eq!(&*decision.backend.config.name, "a");
-        assert_eq!(decision.reason, Reason::Queued);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn batch_that_never_finds_room_is_shed_after_its_wait_with_a_retry_time() {
-        let router = router();
-        teach(&router, 0, 1.0);
-        let _held = occupy(&router, 0, 2, 13);
-        let batch = ask(&router, 2);
-        let waited = Instant::now();
-        let err = router.wait_in_line(&batch).await.unwrap_err();
-        assert_eq!(
-            waited.elapsed(),
-            Duration::from_secs(60),
-            "the batch default"
-        );
-        assert_eq!(err.kind(), ErrorKind::SloUnmet);
-        assert!(err.retry_after_s().is_some_and(|s| s >= 1));
-        let message = err.to_string();
-        assert!(message.contains("room for batch work"), "{message}");
-        assert!(!message.contains("send it as a batch class"), "{message}");
-    }
-
-    #[test]
-    fn exploring_never_takes_the_room_a_latency_request_needs() {
-        // The first request may explore; `a` was only seen up to 4 at once, so 14 is unexplored.
-        let router = router_exploring(&["a"], 0.5);
-        teach_at(&router, 0, 1.0, &[1.0, 2.0, 4.0]);
-        let _held = occupy(&router, 0, 2, 13);
-        // A 14th batch request would leave an interactive one 40 tok/s at 15 (< 41).
-        assert_eq!(
-            chosen(&router, 2),
-            Err(ErrorKind::NoBackendAvailable),
-            "no exploring here"
-        );
-    }
-
-    #[test]
-    fn derived_caps_follow_the_curve_and_the_class() {
-        let router = router();
-        teach(&router, 0, 1.0);
-        let caps = router.caps();
-        let cap = |class: &str| caps.iter().find(|c| &*c.class == class).unwrap().cap;
-        assert_eq!(cap("interactive"), 14);
-        // 21 tok/s: 1 / (10 + 37.6) ms; beyond the learned 32 the fit extrapolates.
-        assert_eq!(cap("loose"), 37);
-        assert!(caps.iter().all(|c| &*c.class != "batch"));
-    }
-}
+mod tests;

@@ -13,7 +13,7 @@ use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 
 use crate::curve::Prediction;
-use crate::upstream::Backend;
+use crate::fleet::Backend;
 
 /// How often the true curves are re-read.
 pub const REFRESH: Duration = Duration::from_secs(1);

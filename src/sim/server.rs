@@ -629,7 +629,7 @@ impl Fleet {
         for spec in specs {
             let tls = match &spec.tls {
                 Some((cert, key)) => {
-                    Some(listen::tls_acceptor(cert, key).map_err(io::Error::other)?)
+                    Some(crate::tls::acceptor(cert, key).map_err(io::Error::other)?)
                 }
                 None => None,
             };

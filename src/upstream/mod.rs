@@ -1,14 +1,18 @@
-//! Upstream providers at runtime: the connector ([`client`]) and connection pool ([`pool`]) of
-//! each backend, and each backend's live state ([`backend`]).
+//! The transport to upstream providers: per backend, a [`Pool`] of connections made by the
+//! [`connector`] (TCP, and rustls for `https`), speaking HTTP/1.1 through our own client ([`h1`])
+//! or HTTP/2 through hyper's.
+//!
+//! Transport only: it imports `config` (a backend's URL, TLS files and timeouts) and `tls`, and
+//! nothing of routing, curves or the request stack.
 
-pub mod backend;
-pub mod client;
+pub mod connector;
 pub mod h1;
 pub mod pool;
 
-pub use backend::{Backend, InFlightGuard};
-pub use client::UpstreamBody;
-pub use pool::{Pool, PooledBody};
+pub use pool::{Pool, PooledBody, SendError};
+
+/// Request body sent upstream: the (possibly rewritten) client body, read once.
+pub type UpstreamBody = http_body_util::Full<bytes::Bytes>;
 
 /// Errors a response body can end with: an upstream's (our HTTP/1.1 client's, hyper's HTTP/2),
 /// or the gateway's own.

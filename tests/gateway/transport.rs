@@ -82,12 +82,11 @@ async fn tls_works_on_both_sides_and_alpn_picks_h2_or_http1() {
 
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert.cert.der().clone()).unwrap();
-    let tls =
-        rustls::ClientConfig::builder_with_provider(tpsgate::upstream::client::crypto_provider())
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+    let tls = rustls::ClientConfig::builder_with_provider(tpsgate::tls::crypto_provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls.clone())
         .https_only()

@@ -4,7 +4,7 @@
 //! sent are the frames the client gets.
 
 use bytes::{Buf as _, Bytes, BytesMut};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::Error;
 
@@ -236,10 +236,10 @@ fn trailers(buf: &mut BytesMut) -> Result<Decoded, Error> {
         }
         Some(_) => {}
     }
-    let mut fields = [httparse::EMPTY_HEADER; super::head::MAX_HEADERS];
+    let mut fields = [httparse::EMPTY_HEADER; super::MAX_HEADERS];
     match httparse::parse_headers(buf, &mut fields) {
         Ok(httparse::Status::Complete((len, fields))) => {
-            let map = super::head::header_map(fields)?;
+            let map = header_map(fields)?;
             buf.advance(len);
             Ok(Decoded::Trailers(map))
         }
@@ -249,6 +249,19 @@ fn trailers(buf: &mut BytesMut) -> Result<Decoded, Error> {
         Ok(httparse::Status::Partial) => Ok(Decoded::More),
         Err(_) => Err(Error::Malformed("an invalid trailer section")),
     }
+}
+
+/// A trailer section's fields as a header map (copied: trailers are rare).
+fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, Error> {
+    let mut map = HeaderMap::with_capacity(fields.len());
+    for field in fields {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| Error::Malformed("an invalid trailer name"))?;
+        let value = HeaderValue::from_bytes(field.value)
+            .map_err(|_| Error::Malformed("an invalid trailer value"))?;
+        map.append(name, value);
+    }
+    Ok(map)
 }
 
 #[cfg(test)]

@@ -7,11 +7,9 @@ use bytes::{Buf as _, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request, response};
 
-use super::Error;
 use super::framing::{Chunk, Framing};
+use super::{Error, MAX_HEADERS};
 
-/// The most header fields a response head (or trailer section) may have, as hyper allows.
-pub(super) const MAX_HEADERS: usize = 100;
 /// The longest response head read before giving up.
 const MAX_HEAD: usize = 64 * 1024;
 
@@ -128,19 +126,6 @@ pub(super) fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Opti
             reusable,
         }));
     }
-}
-
-/// A trailer section's fields as a header map (copied: trailers are rare).
-pub(super) fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, Error> {
-    let mut map = HeaderMap::with_capacity(fields.len());
-    for field in fields {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| Error::Malformed("an invalid trailer name"))?;
-        let value = HeaderValue::from_bytes(field.value)
-            .map_err(|_| Error::Malformed("an invalid trailer value"))?;
-        map.append(name, value);
-    }
-    Ok(map)
 }
 
 /// How the body is delimited (RFC 9112 section 6.3) and whether the connection outlives it.

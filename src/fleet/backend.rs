@@ -1,5 +1,6 @@
 //! A backend at runtime: its config, its connection pool, its in-flight count with the time
-//! integral behind experienced concurrency, and its curves (one per client model name).
+//! integral behind experienced concurrency, its health, its curves (one per client model name)
+//! and its metric handles.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -7,12 +8,13 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use dashmap::DashMap;
 use tokio::time::Instant;
 
-use super::client;
-use super::pool::Pool;
+use super::health::{Health, State};
+use super::in_flight::InFlightGuard;
+use super::waiters::Line;
 use crate::config::BackendConfig;
-use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome, Reading};
-use crate::router::queue::Line;
+use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome};
 use crate::telemetry::ModelMetrics;
+use crate::upstream::Pool;
 
 /// A map keyed by client model name, read several times per request: hashed with foldhash, not
 /// SipHash (its keys are the configured model names, so flooding it is not a concern, and the
@@ -36,10 +38,8 @@ pub struct Backend {
     /// Metric handles by client model name, then by class (a handful: found by a scan, with no
     /// key to allocate per request), built once each.
     metrics: ByModel<Vec<ModelMetrics>>,
-    /// Upstream failures in a row (connect errors, 5xx, broken streams); a success resets it.
-    failures_in_a_row: AtomicU32,
-    /// Outlier ejection and 429 cooldown.
-    outlier: Outlier,
+    /// Outlier ejection and 429 cool-down.
+    health: Health,
     /// Half-life of curve observations, seconds.
     pub half_life_s: f64,
     /// The prior as a curve, for models not observed yet.
@@ -65,7 +65,7 @@ impl Backend {
         classes: usize,
         line: Arc<Line>,
     ) -> Result<Arc<Self>, String> {
-        let pool = client::build(&config)?;
+        let pool = Pool::for_backend(&config)?;
         let now = Instant::now();
         let prior = config
             .prior
@@ -84,8 +84,7 @@ impl Backend {
             occupancy: Occupancy::default(),
             curves,
             metrics: ByModel::default(),
-            failures_in_a_row: AtomicU32::new(0),
-            outlier: Outlier::new(now),
+            health: Health::new(now),
             half_life_s,
             prior,
             class_in_flight: (0..classes).map(|_| AtomicU32::new(0)).collect(),
@@ -163,13 +162,22 @@ impl Backend {
         if let Some(c) = class {
             self.class_in_flight[c].fetch_add(1, Ordering::Relaxed);
         }
-        Some(InFlightGuard {
-            backend: Arc::clone(self),
+        Some(InFlightGuard::new(
+            Arc::clone(self),
             admitted_with,
-            admitted: now,
-            waiting: true,
+            now,
             class,
-        })
+        ))
+    }
+
+    /// Releases the slot of a request admitted with `class`; `waiting_since` is its admission
+    /// time if it never had a first token.
+    pub(super) fn release(&self, waiting_since: Option<Instant>, class: Option<usize>) {
+        self.occupancy.release(Instant::now(), waiting_since);
+        if let Some(c) = class {
+            self.class_in_flight[c].fetch_sub(1, Ordering::Relaxed);
+        }
+        self.line.released();
     }
 
     /// Adds what one finished request taught us to the curve of `model` (its metrics:
@@ -234,33 +242,13 @@ impl Backend {
         counted(m);
     }
 
-    /// Notes how an upstream exchange went. `ejection.after_failures` failures in a row eject
-    /// the backend for `ejection.base`, doubling with each ejection that follows a failed probe
-    /// (up to `ejection.max`); once the period ends, requests are let through again (half-open) and
-    /// the first result decides: a success clears everything, a failure ejects at once for
-    /// longer.
+    /// Notes how an upstream exchange went (see [`Health::note_upstream`]); logs and counts an
+    /// ejection.
     pub fn note_upstream(&self, ok: bool) {
-        let now = Instant::now();
-        if ok {
-            // A success (a probe, or the only backend tried anyway) ends any ejection.
-            self.failures_in_a_row.store(0, Ordering::Relaxed);
-            self.outlier.ejections.store(0, Ordering::Relaxed);
-            self.outlier.ejected_until_ms.store(0, Ordering::Relaxed);
-            return;
-        }
-        let failures = self.failures_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-        let probing = self.outlier.ejections.load(Ordering::Relaxed) > 0
-            && self.outlier.ejected_until(now).is_none();
-        let rule = self.config.ejection;
-        if failures >= rule.after_failures || probing {
-            let k = self
-                .outlier
-                .ejections
-                .fetch_add(1, Ordering::Relaxed)
-                .min(16);
-            let period = rule.base.saturating_mul(1 << k).min(rule.max);
-            self.outlier.eject(now, period);
-            self.failures_in_a_row.store(0, Ordering::Relaxed);
+        let ejected = self
+            .health
+            .note_upstream(ok, self.config.ejection, Instant::now());
+        if let Some(period) = ejected {
             crate::telemetry::count_ejection(&self.config.name);
             tracing::warn!(
                 backend = &*self.config.name,
@@ -270,132 +258,18 @@ impl Backend {
         }
     }
 
-    /// Notes a 429 from the backend: no requests go there for `retry_after` (its `Retry-After`,
-    /// else a second; at most a minute).
+    /// Notes a 429 from the backend (see [`Health::note_rate_limited`]).
     pub fn note_rate_limited(&self, retry_after: Option<std::time::Duration>) {
-        let period = retry_after
-            .unwrap_or(std::time::Duration::from_secs(1))
-            .min(std::time::Duration::from_secs(60));
-        self.outlier.cool(Instant::now(), period);
+        self.health.note_rate_limited(retry_after, Instant::now());
     }
 
     /// Takes requests as of `now`: neither ejected nor cooling down after a 429.
     pub fn is_healthy(&self, now: Instant) -> bool {
-        self.outlier.ejected_until(now).is_none() && self.outlier.cooling_until(now).is_none()
+        self.health.is_healthy(now)
     }
 
-    /// `healthy`, `ejected` (after upstream failures) or `cooling` (after a 429), with the
-    /// seconds left.
-    pub fn health(&self) -> (&'static str, f64) {
-        let now = Instant::now();
-        let left = |until: Instant| until.saturating_duration_since(now).as_secs_f64();
-        if let Some(until) = self.outlier.ejected_until(now) {
-            ("ejected", left(until))
-        } else if let Some(until) = self.outlier.cooling_until(now) {
-            ("cooling", left(until))
-        } else {
-            ("healthy", 0.0)
-        }
-    }
-}
-
-/// Ejection and cooldown deadlines, as milliseconds since the backend was built (atomics: read
-/// on every routing decision).
-#[derive(Debug)]
-struct Outlier {
-    born: Instant,
-    ejected_until_ms: AtomicU64,
-    cooling_until_ms: AtomicU64,
-    /// Ejections since the last success.
-    ejections: AtomicU32,
-}
-
-impl Outlier {
-    fn new(born: Instant) -> Self {
-        Self {
-            born,
-            ejected_until_ms: AtomicU64::new(0),
-            cooling_until_ms: AtomicU64::new(0),
-            ejections: AtomicU32::new(0),
-        }
-    }
-
-    fn ms(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.born).as_millis()).unwrap_or(u64::MAX)
-    }
-
-    fn until(&self, slot: &AtomicU64, now: Instant) -> Option<Instant> {
-        let until = slot.load(Ordering::Relaxed);
-        (until > self.ms(now)).then(|| self.born + std::time::Duration::from_millis(until))
-    }
-
-    fn ejected_until(&self, now: Instant) -> Option<Instant> {
-        self.until(&self.ejected_until_ms, now)
-    }
-
-    fn cooling_until(&self, now: Instant) -> Option<Instant> {
-        self.until(&self.cooling_until_ms, now)
-    }
-
-    fn eject(&self, now: Instant, period: std::time::Duration) {
-        self.ejected_until_ms
-            .store(self.ms(now + period), Ordering::Relaxed);
-    }
-
-    fn cool(&self, now: Instant, period: std::time::Duration) {
-        self.cooling_until_ms
-            .fetch_max(self.ms(now + period), Ordering::Relaxed);
-    }
-}
-
-/// One admitted request; releases its slot on drop.
-#[derive(Debug)]
-pub struct InFlightGuard {
-    backend: Arc<Backend>,
-    admitted_with: u32,
-    admitted: Instant,
-    /// Still counted among the backend's requests waiting for a first token.
-    waiting: bool,
-    class: Option<usize>,
-}
-
-impl InFlightGuard {
-    /// The backend this request was admitted to.
-    pub fn backend(&self) -> &Arc<Backend> {
-        &self.backend
-    }
-
-    /// In flight at admission, this request included.
-    pub fn admitted_with(&self) -> u32 {
-        self.admitted_with
-    }
-
-    /// It will have no first token (not a stream): no longer waiting for one.
-    pub fn stop_waiting(&mut self) {
-        if std::mem::take(&mut self.waiting) {
-            self.backend.occupancy.stop_waiting(self.admitted);
-        }
-    }
-
-    /// Its first token came at `now`: no longer waiting; the occupancy integral as of then.
-    pub fn first_token(&mut self, now: Instant) -> Reading {
-        if std::mem::take(&mut self.waiting) {
-            self.backend.occupancy.first_token(self.admitted, now)
-        } else {
-            self.backend.occupancy.read(now)
-        }
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        let waiting_since = std::mem::take(&mut self.waiting).then_some(self.admitted);
-        self.backend
-            .occupancy
-            .release(Instant::now(), waiting_since);
-        if let Some(c) = self.class {
-            self.backend.class_in_flight[c].fetch_sub(1, Ordering::Relaxed);
-        }
-        self.backend.line.released();
+    /// Its health now, with the seconds that state has left.
+    pub fn health(&self) -> (State, f64) {
+        self.health.state(Instant::now())
     }
 }

@@ -1,0 +1,60 @@
+//! The Prometheus page: the in-flight, health, curve, attainment and cap gauges refreshed from
+//! the live router, then the exposition text of every metric.
+
+use metrics::gauge;
+
+use crate::router::Router;
+use crate::telemetry::{
+    BACKEND_HEALTHY, CONCURRENCY_CAP, CURVE_TPS, CURVE_TTFT, IN_FLIGHT, QUEUE_WAITING,
+    SLO_ATTAINMENT, prometheus,
+};
+
+/// Renders `/metrics`: refreshes the in-flight and curve gauges, then the exposition text.
+pub fn render(router: &Router) -> String {
+    let Some(handle) = prometheus() else {
+        return String::new();
+    };
+    let now = tokio::time::Instant::now();
+    for b in router.backends() {
+        let backend = b.config.name.to_string();
+        gauge!(IN_FLIGHT, "backend" => backend.clone()).set(f64::from(b.in_flight()));
+        gauge!(BACKEND_HEALTHY, "backend" => backend.clone()).set(if b.is_healthy(now) {
+            1.0
+        } else {
+            0.0
+        });
+        for entry in &b.curves {
+            let model = entry.key().to_string();
+            for class in router.classes().iter().filter(|c| !c.slo.is_batch()) {
+                if let Some(share) = entry
+                    .value()
+                    .attainment(class.slo.min_tps, class.slo.max_ttft_s)
+                {
+                    gauge!(SLO_ATTAINMENT, "backend" => backend.clone(), "model" => model.clone(), "class" => class.name.to_string()).set(share);
+                }
+            }
+            for p in entry.value().points(now) {
+                let c = p.concurrency.to_string();
+                let set = |name: &'static str, q: &'static str, v: f64| {
+                    gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "quantile" => q).set(v);
+                };
+                for (name, q, value) in [
+                    (CURVE_TPS, "0.5", p.per_user_tps_p50),
+                    (CURVE_TPS, "0.1", p.per_user_tps_p10),
+                    (CURVE_TTFT, "0.5", p.ttft_p50_s),
+                    (CURVE_TTFT, "0.9", p.ttft_p90_s),
+                ] {
+                    if let Some(v) = value {
+                        set(name, q, v);
+                    }
+                }
+            }
+        }
+    }
+    for cap in router.caps() {
+        gauge!(CONCURRENCY_CAP, "backend" => cap.backend.to_string(), "model" => cap.model.to_string(), "class" => cap.class.to_string()).set(f64::from(cap.cap));
+    }
+    gauge!(QUEUE_WAITING).set(router.waiting() as f64);
+    handle.run_upkeep();
+    handle.render()
+}

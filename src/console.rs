@@ -1,0 +1,9 @@
+//! The one place the binary writes to stdout (its logs go to stderr through tracing).
+
+/// Prints one line to stdout: the only place the binary writes there. A closed stdout (a pipe
+/// whose reader left) loses the line instead of panicking as `println!` would.
+pub fn say(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+}

@@ -1,0 +1,176 @@
+//! What one request teaches its backend's curve: an [`Observation`], built from a stream's
+//! timing and the backend's occupancy integral. The arithmetic of TPOT and experienced
+//! concurrency lives here, beside the curve that learns from it, and runs on exact numbers.
+//!
+//! - TPOT: the tokens of the first content event were made before it arrived (prefill and the
+//!   first decode steps), so the decode window from the first content event to the last covers
+//!   the other `tokens - tokens / events` tokens (`tokens - 1` when every event is a token).
+//! - Experienced concurrency: the occupancy integral read at the first content event and at the
+//!   end, the latter taken back to the last content event (nothing accrued after it is this
+//!   request's decode), divided by the time between.
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::occupancy::Reading;
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The stream ended normally.
+    Completed,
+    /// The client went away first.
+    Cancelled,
+    /// The upstream failed mid-stream.
+    Failed,
+}
+
+/// What one request taught us about its backend.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observation {
+    /// When it ended.
+    pub at: Instant,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Seconds from the gateway sending the request to this backend to the first content byte.
+    pub ttft: Option<f64>,
+    /// Seconds per output token after the first chunk.
+    pub tpot: Option<f64>,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// The token count came from counting content events (no usage in the stream).
+    pub estimated: bool,
+    /// Prompt tokens, when the stream reported them.
+    pub prompt_tokens: Option<u64>,
+    /// Time-weighted mean in-flight count of the backend over the decode window.
+    pub concurrency: Option<f64>,
+}
+
+/// What a stream's meter saw, in the terms an observation needs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct StreamTiming {
+    /// First content event.
+    pub first_content: Option<Instant>,
+    /// Last content event.
+    pub last_content: Option<Instant>,
+    /// Content events seen.
+    pub content_events: u32,
+    /// Output tokens from usage.
+    pub output_tokens: Option<u64>,
+    /// Prompt tokens from usage.
+    pub prompt_tokens: Option<u64>,
+}
+
+impl Observation {
+    /// A stream's observation as of its end `now`: `sent` is when it went to the backend (TTFT
+    /// runs from there), `first` the occupancy reading at its first content event and `end` the
+    /// reading at `now`.
+    pub fn of_stream(
+        timing: &StreamTiming,
+        outcome: Outcome,
+        sent: Instant,
+        first: Option<&Reading>,
+        end: &Reading,
+        now: Instant,
+    ) -> Self {
+        let estimated = timing.output_tokens.is_none();
+        let tokens = timing
+            .output_tokens
+            .unwrap_or(u64::from(timing.content_events));
+        let (tpot, concurrency) = match (timing.first_content, timing.last_content, first) {
+            (Some(first_at), Some(last_at), Some(first))
+                if timing.content_events >= 2 && last_at > first_at =>
+            {
+                let tokens = tokens as f64;
+                let after_first = tokens - tokens / f64::from(timing.content_events);
+                let tpot =
+                    (after_first > 0.0).then(|| (last_at - first_at).as_secs_f64() / after_first);
+                (tpot, first.mean_until(&end.rewound_to(last_at)))
+            }
+            _ => (None, None),
+        };
+        Self {
+            at: now,
+            outcome,
+            ttft: timing.first_content.map(|t| (t - sent).as_secs_f64()),
+            tpot,
+            output_tokens: tokens,
+            estimated,
+            prompt_tokens: timing.prompt_tokens,
+            concurrency,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn reading(area: f64, count: u32, at: Instant) -> Reading {
+        Reading { area, count, at }
+    }
+
+    #[test]
+    fn tpot_spreads_the_decode_window_over_the_tokens_after_the_first_event() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // 10 content events carrying 20 tokens from 100 ms to 280 ms: the first event's 2
+        // tokens came before it, so 18 tokens in 180 ms.
+        let timing = StreamTiming {
+            first_content: Some(ms(100)),
+            last_content: Some(ms(280)),
+            content_events: 10,
+            output_tokens: Some(20),
+            prompt_tokens: Some(7),
+        };
+        let first = reading(1.0, 2, ms(100));
+        let end = reading(1.0 + 2.0 * 0.2, 2, ms(300));
+        let obs =
+            Observation::of_stream(&timing, Outcome::Completed, t0, Some(&first), &end, ms(300));
+        assert!((obs.tpot.unwrap() - 0.010).abs() < 1e-12);
+        assert!((obs.ttft.unwrap() - 0.100).abs() < 1e-12);
+        assert_eq!((obs.output_tokens, obs.estimated), (20, false));
+        assert_eq!(obs.prompt_tokens, Some(7));
+        // Two in flight the whole time: the 20 ms after the last event are taken back.
+        assert!((obs.concurrency.unwrap() - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn without_usage_content_events_are_counted_as_tokens_and_marked_estimated() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let timing = StreamTiming {
+            first_content: Some(ms(50)),
+            last_content: Some(ms(150)),
+            content_events: 11,
+            output_tokens: None,
+            prompt_tokens: None,
+        };
+        let first = reading(0.0, 1, ms(50));
+        let end = reading(0.1, 1, ms(150));
+        let obs =
+            Observation::of_stream(&timing, Outcome::Completed, t0, Some(&first), &end, ms(150));
+        assert_eq!((obs.output_tokens, obs.estimated), (11, true));
+        assert!((obs.tpot.unwrap() - 0.010).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_stream_with_one_content_event_has_a_ttft_but_no_speed() {
+        let t0 = Instant::now();
+        let at = t0 + Duration::from_millis(40);
+        let timing = StreamTiming {
+            first_content: Some(at),
+            last_content: Some(at),
+            content_events: 1,
+            output_tokens: Some(1),
+            prompt_tokens: None,
+        };
+        let r = reading(0.0, 1, at);
+        let obs = Observation::of_stream(&timing, Outcome::Completed, t0, Some(&r), &r, at);
+        assert_eq!((obs.tpot, obs.concurrency), (None, None));
+        assert!((obs.ttft.unwrap() - 0.040).abs() < 1e-12);
+    }
+}

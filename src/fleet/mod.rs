@@ -1,0 +1,17 @@
+//! The fleet: what the gateway knows of each backend at runtime, shared by every request and
+//! read by the router. A [`Backend`] holds its config, its connection pool, its occupancy (in
+//! flight, and the integral behind experienced concurrency), its [`health`], its curves and its
+//! metric handles; an [`InFlightGuard`] is one request's slot there; the [`waiters`] line holds
+//! requests waiting for a slot to free.
+//!
+//! Below the router, above the curves and the transport: it imports `curve`, `upstream`,
+//! `telemetry` and `config`, never `router` or `proxy`.
+
+pub mod backend;
+pub mod health;
+pub mod in_flight;
+pub mod waiters;
+
+pub use backend::{Backend, ByModel};
+pub use in_flight::InFlightGuard;
+pub use waiters::Line;

@@ -1,0 +1,189 @@
+//! The live state of a running gateway: the request stack and its router, built from one config
+//! and swapped whole by a reload. The listener, the admin plane and the reloader read it.
+//!
+//! Reload: a new config is validated whole and its stack built (backends, clients, router)
+//! before anything changes; then the stack is swapped atomically (arc-swap). Each request takes
+//! the stack current when it arrives, so requests in flight finish on the one they started with.
+//! Backends whose config did not change are carried over as they are (in-flight counts, curves,
+//! health); a changed one gets a new client and keeps its curves.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+
+use crate::config::{BackendConfig, Config};
+use crate::fleet::{Backend, Line};
+use crate::router::Router;
+use crate::signal::Signal;
+use crate::stack::{self, Stack};
+
+/// What a reload may change: everything but the listeners.
+#[derive(Debug)]
+pub struct Live {
+    /// The request stack.
+    pub stack: Stack,
+    /// Its router (also read by the admin plane).
+    pub router: Arc<Router>,
+    /// The config both were built from.
+    pub config: Config,
+}
+
+impl Live {
+    /// Builds the router and stack for `config`, reusing `old` backends that did not change;
+    /// `drained` ends streams still open at the drain deadline.
+    pub fn build(config: &Config, old: Option<&Live>, drained: &Signal) -> Result<Self, String> {
+        let classes_same = old.is_some_and(|o| o.config.classes == config.classes);
+        // Waiters are woken by releases on any backend: reused backends keep waking the line
+        // they were built with, so it is carried over with them.
+        let line = match old {
+            Some(o) if classes_same => o.router.line(),
+            _ => Arc::new(Line::new(config.classes.len())),
+        };
+        let mut backends = Vec::with_capacity(config.backends.len());
+        for b in &config.backends {
+            let previous =
+                old.and_then(|o| o.router.backends().iter().find(|p| p.config.name == b.name));
+            match previous {
+                Some(p) if classes_same && same_backend(&p.config, b) => {
+                    backends.push(Arc::clone(p));
+                }
+                _ => {
+                    let fresh = Backend::new(
+                        b.clone(),
+                        config.curve_half_life_s,
+                        config.classes.len(),
+                        Arc::clone(&line),
+                    )?;
+                    if let Some(p) = previous {
+                        fresh.adopt_curves(p);
+                    }
+                    backends.push(fresh);
+                }
+            }
+        }
+        let router = Arc::new(Router::new(
+            backends,
+            config.default_backend,
+            config.classes.clone(),
+            config.routing,
+            line,
+        ));
+        let stack = stack::build(config, Arc::clone(&router), drained.clone());
+        Ok(Self {
+            stack,
+            router,
+            config: config.clone(),
+        })
+    }
+}
+
+/// Whether a backend's config is the same in every field that matters once running.
+fn same_backend(a: &BackendConfig, b: &BackendConfig) -> bool {
+    a.url == b.url
+        && a.dialect == b.dialect
+        && a.api_key == b.api_key
+        && a.headers == b.headers
+        && a.models == b.models
+        && a.max_concurrency == b.max_concurrency
+        && a.cost == b.cost
+        && a.ca_file == b.ca_file
+        && a.forward_client_auth == b.forward_client_auth
+        && a.connect_timeout == b.connect_timeout
+        && a.timeouts == b.timeouts
+        && a.anthropic_version == b.anthropic_version
+        && a.prior == b.prior
+        && a.ejection == b.ejection
+}
+
+/// How the last reload went, for `/admin/reload`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ReloadStatus {
+    /// Reloads applied since start.
+    pub applied: u64,
+    /// Reloads refused since start.
+    pub refused: u64,
+    /// Seconds since the Unix epoch of the last attempt.
+    pub last_at_unix_s: Option<u64>,
+    /// Whether it was applied.
+    pub last_ok: Option<bool>,
+    /// Why it was refused.
+    pub last_error: Option<String>,
+}
+
+/// Applies new configs to a running gateway (see [`Reloader::reload`]); cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Reloader {
+    live: Arc<ArcSwap<Live>>,
+    status: Arc<Mutex<ReloadStatus>>,
+    drained: Signal,
+}
+
+impl Reloader {
+    /// A reloader of `live`, recording outcomes in `status`; `drained` as for [`Live::build`].
+    pub fn new(
+        live: Arc<ArcSwap<Live>>,
+        status: Arc<Mutex<ReloadStatus>>,
+        drained: Signal,
+    ) -> Self {
+        Self {
+            live,
+            status,
+            drained,
+        }
+    }
+
+    /// Applies `config` if it can be applied whole: listeners cannot change without a restart,
+    /// and every backend's client must build. On error nothing changes. The outcome is what
+    /// `/admin/reload` shows.
+    pub fn reload(&self, config: &Config) -> Result<(), String> {
+        let result = self.try_reload(config);
+        match &result {
+            Ok(()) => tracing::info!(backends = config.backends.len(), "config reloaded"),
+            Err(err) => tracing::error!(%err, "config reload refused; the running config stays"),
+        }
+        self.record(result.as_ref().err().cloned());
+        result
+    }
+
+    /// Records a reload refused before it got here (the file did not validate).
+    pub fn refused(&self, error: String) {
+        self.record(Some(error));
+    }
+
+    fn record(&self, error: Option<String>) {
+        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        status.last_at_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs());
+        status.last_ok = Some(error.is_none());
+        if error.is_some() {
+            status.refused += 1;
+        } else {
+            status.applied += 1;
+        }
+        status.last_error = error;
+    }
+
+    fn try_reload(&self, config: &Config) -> Result<(), String> {
+        let current = self.live.load();
+        let old = &current.config;
+        if config.listen != old.listen
+            || config.admin_listen != old.admin_listen
+            || config.tls != old.tls
+            || config.admin_token != old.admin_token
+            || config.limits.header_read_timeout != old.limits.header_read_timeout
+            || config.limits.max_header_bytes != old.limits.max_header_bytes
+            || config.limits.max_connections != old.limits.max_connections
+        {
+            return Err(
+                "listen, admin, TLS and connection limits apply at start only: restart to change them"
+                    .to_owned(),
+            );
+        }
+        let next = Live::build(config, Some(&current), &self.drained)?;
+        self.live.store(Arc::new(next));
+        Ok(())
+    }
+}

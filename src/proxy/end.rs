@@ -1,0 +1,203 @@
+//! The end of a request that reached a backend, written exactly once when its response body
+//! ends, fails or is dropped (as linkerd's `BodyWithEosFn` takes its callback once): the
+//! backend's health, the curve's sample, the metrics and the log line; and, through the slot it
+//! holds, the release of the request's place in flight.
+//!
+//! The first token is learned as soon as it comes ([`RequestEnd::first_token`]): the curve's TTFT
+//! needs no end, and the occupancy integral starts there for the request's experienced
+//! concurrency.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::meter::StreamMeter;
+use crate::curve::{FirstToken, Observation, Outcome, Reading};
+use crate::fleet::InFlightGuard;
+use crate::logging::RequestLine;
+
+/// One request's response on its way out: what its end will say and teach.
+#[derive(Debug)]
+pub struct RequestEnd {
+    /// The request id.
+    id: http::HeaderValue,
+    /// The model the client asked for.
+    model: Option<String>,
+    /// The request's traffic class.
+    class: Option<Arc<str>>,
+    /// The upstream status.
+    status: u16,
+    /// When the gateway received the request (the client's TTFT and total run from here).
+    start: Instant,
+    /// When it was sent to the backend that answered: the backend's own TTFT, which its curve
+    /// learns, runs from here (time spent in the gateway's line, or on a failed attempt, is
+    /// not the backend's).
+    sent: Instant,
+    /// The backend that answered.
+    backend: Arc<str>,
+    /// Prompt tokens as routing estimated them (for the TTFT sample when the stream has not
+    /// reported its own count by the first token).
+    prompt_estimate: u64,
+    /// The backend slot; released when this is dropped, after the end is written.
+    slot: Option<InFlightGuard>,
+    /// Occupancy integral at the first content event.
+    first_reading: Option<Reading>,
+    /// Bytes forwarded to the client.
+    bytes: u64,
+    /// How the response ended, as far as known; `Cancelled` until it ends otherwise.
+    outcome: Outcome,
+    /// The end was written.
+    written: bool,
+}
+
+/// Who a request was, for its [`RequestEnd`].
+#[derive(Debug)]
+pub struct Request {
+    /// The request id.
+    pub id: http::HeaderValue,
+    /// The model the client asked for.
+    pub model: Option<String>,
+    /// The request's traffic class.
+    pub class: Option<Arc<str>>,
+    /// Prompt tokens as routing estimated them.
+    pub prompt_estimate: u64,
+    /// When the gateway received it.
+    pub start: Instant,
+}
+
+impl RequestEnd {
+    /// The end of `request`, whose response head (`status`) came from `backend`, to which it
+    /// was sent at `sent`.
+    pub fn new(request: Request, status: u16, sent: Instant, backend: Arc<str>) -> Self {
+        Self {
+            id: request.id,
+            model: request.model,
+            class: request.class,
+            status,
+            start: request.start,
+            sent,
+            backend,
+            prompt_estimate: request.prompt_estimate,
+            slot: None,
+            first_reading: None,
+            bytes: 0,
+            outcome: Outcome::Cancelled,
+            written: false,
+        }
+    }
+
+    /// Keeps the request's in-flight slot until the end; `streamed`: a first token may come
+    /// (otherwise the slot stops waiting for one at once).
+    pub fn keep_slot(&mut self, mut slot: InFlightGuard, streamed: bool) {
+        if !streamed {
+            slot.stop_waiting();
+        }
+        self.slot = Some(slot);
+    }
+
+    /// `n` more bytes went to the client.
+    pub fn forwarded(&mut self, n: usize) {
+        self.bytes += n as u64;
+    }
+
+    /// The response ended this way (the last word counts).
+    pub fn ended(&mut self, outcome: Outcome) {
+        self.outcome = outcome;
+    }
+
+    /// The first content event arrived at `now`: the curve learns this request's TTFT at once,
+    /// and the occupancy integral starts for its experienced concurrency. `prompt_tokens`: the
+    /// count the stream reported, if it did by now.
+    pub fn first_token(&mut self, now: Instant, prompt_tokens: Option<u64>) {
+        let Some(slot) = &mut self.slot else {
+            return;
+        };
+        self.first_reading = Some(slot.first_token(now));
+        let backend = slot.backend();
+        if let Some(model) = &self.model
+            && (200..300).contains(&self.status)
+        {
+            backend.first_token(
+                model,
+                &FirstToken {
+                    at: now,
+                    ttft: (now - self.sent).as_secs_f64(),
+                    prompt_tokens: Some(prompt_tokens.unwrap_or(self.prompt_estimate)),
+                    admitted_with: f64::from(slot.admitted_with().max(1)),
+                },
+            );
+        }
+    }
+
+    /// Writes the end, once: health, curve sample (from `meter`, for a stream), metrics and the
+    /// log line. Later calls do nothing.
+    pub fn write(&mut self, meter: Option<&StreamMeter>) {
+        if std::mem::replace(&mut self.written, true) {
+            return;
+        }
+        let now = Instant::now();
+        let success = (200..300).contains(&self.status);
+        let class = self.class.as_deref().unwrap_or("none");
+        if let Some(slot) = &self.slot {
+            if self.status >= 500 || self.outcome == Outcome::Failed {
+                slot.backend().note_upstream(false);
+            } else if success && self.outcome == Outcome::Completed {
+                slot.backend().note_upstream(true);
+            }
+        }
+        match (&self.slot, &self.model) {
+            (Some(slot), Some(model)) => {
+                let backend = slot.backend();
+                let timed = match meter {
+                    Some(meter) if success => {
+                        let end = backend.occupancy.read(now);
+                        let obs = Observation::of_stream(
+                            &meter.timing,
+                            self.outcome,
+                            self.sent,
+                            self.first_reading.as_ref(),
+                            &end,
+                            now,
+                        );
+                        backend.record(model, &obs);
+                        Some((obs, meter.max_gap_s))
+                    }
+                    _ => None,
+                };
+                backend.count(model, class, self.status, self.outcome, timed.as_ref());
+            }
+            _ => crate::telemetry::count_response(
+                &self.backend,
+                self.model.as_deref(),
+                class,
+                self.status,
+                self.outcome,
+            ),
+        }
+        let outcome = match self.outcome {
+            Outcome::Completed => "ok",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Failed => "upstream_error",
+        };
+        let timing = meter.map(|m| &m.timing);
+        crate::logging::request_line(&RequestLine {
+            request_id: self.id.to_str().unwrap_or("-"),
+            backend: &self.backend,
+            model: self.model.as_deref().unwrap_or("-"),
+            class,
+            status: self.status,
+            outcome,
+            ttft: timing.and_then(|t| t.first_content).map(|t| t - self.start),
+            output_tokens: timing.and_then(|t| t.output_tokens),
+            bytes: self.bytes,
+            total: now - self.start,
+        });
+    }
+}
+
+impl Drop for RequestEnd {
+    /// A request whose body never wrote its end (it was never polled) still has one.
+    fn drop(&mut self) {
+        self.write(None);
+    }
+}

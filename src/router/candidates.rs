@@ -1,0 +1,201 @@
+//! The candidates of one request: each backend that serves its model, under its hard limit and
+//! healthy (or all of those when none is), evaluated at in-flight + 1 (the new request slows
+//! everyone there): its prediction, the request's slack, whether the classes already decoding
+//! there keep their speed, and for batch work what it would add and whether it leaves room for a
+//! latency request.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use super::oracle::Oracle;
+use super::{Ask, Router, choose};
+use crate::config::Policy;
+use crate::curve::{Model, Prediction};
+use crate::fleet::Backend;
+
+/// One candidate backend as the router sees it for one request.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate<'r> {
+    /// Index in the router's backend list.
+    pub index: usize,
+    /// The backend.
+    pub backend: &'r Arc<Backend>,
+    /// In flight there once this request joins.
+    pub joining: u32,
+    /// What this request would see there; `None` for a backend never observed.
+    pub prediction: Option<Prediction>,
+    /// The request's own slack there ([`Slo::slack`]); 0 without a prediction.
+    pub slack: f64,
+    /// Every class already decoding there keeps its speed target.
+    pub keeps_others: bool,
+    /// After this request joins, a request of every latency class could still join and meet its
+    /// SLO there (or the backend cannot serve that class at all). Batch placement requires it,
+    /// so that batch work only takes capacity interactive traffic is not about to need.
+    pub leaves_room: bool,
+    /// System tokens per second this request adds there, `S(n) - S(n-1)` where `S(c)` is `c`
+    /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
+    /// only (0 for a latency request, and without a prediction).
+    pub marginal_tps: f64,
+}
+
+impl Candidate<'_> {
+    /// Meets the SLO on a prediction the curve stands behind.
+    pub(super) fn feasible(&self) -> bool {
+        self.prediction
+            .is_some_and(|p| !p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
+    }
+
+    /// Never observed, and would take its first request alone.
+    pub(super) fn cold_start(&self) -> bool {
+        self.prediction.is_none() && self.joining == 1
+    }
+}
+
+impl Router {
+    /// The candidates for `ask`, each evaluated: serving, under the hard limit, healthy (or all
+    /// of those when none is healthy).
+    pub fn candidates(&self, ask: &Ask<'_>, policy: Policy) -> Vec<Candidate<'_>> {
+        let under_limit = |b: &Arc<Backend>| {
+            b.config
+                .max_concurrency
+                .is_none_or(|limit| b.in_flight() < limit)
+        };
+        // One clock read for every check of this decision.
+        let now = Instant::now();
+        let healthy_exists = self
+            .serving(ask)
+            .any(|(_, b)| under_limit(b) && b.is_healthy(now));
+        let predicts = !choose::is_baseline(policy);
+        let slo = ask.slo_at(now);
+        self.serving(ask)
+            .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
+            .map(|(index, backend)| {
+                let joining = backend.in_flight() + 1;
+                if !predicts {
+                    return Candidate {
+                        index,
+                        backend,
+                        joining,
+                        prediction: None,
+                        slack: 0.0,
+                        keeps_others: true,
+                        leaves_room: true,
+                        marginal_tps: 0.0,
+                    };
+                }
+                let n = f64::from(joining);
+                let predictor = self.predictor(index, backend, ask, policy, now);
+                let prediction = predictor.at(n);
+                let batch = policy == Policy::Throughput || ask.slo.is_batch();
+                let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
+                // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
+                // so a backend that queues (TTFT growing with n) adds nothing by taking more.
+                let tokens = ask
+                    .max_tokens
+                    .map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
+                let system = |c: f64, p: &Prediction| {
+                    c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
+                };
+                let before = if batch && joining > 1 {
+                    predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
+                } else {
+                    0.0
+                };
+                Candidate {
+                    index,
+                    backend,
+                    joining,
+                    prediction,
+                    slack: prediction.map_or(0.0, |p| slo.slack(&p)),
+                    keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
+                    leaves_room,
+                    marginal_tps: if batch {
+                        prediction.map_or(0.0, |p| system(n, &p) - before)
+                    } else {
+                        0.0
+                    },
+                }
+            })
+            .collect()
+    }
+
+    /// Where `backend`'s predictions come from for `ask`: the oracle, or its curve's model
+    /// (looked up once per request, whatever the number of concurrencies asked about).
+    fn predictor(
+        &self,
+        index: usize,
+        backend: &Backend,
+        ask: &Ask<'_>,
+        policy: Policy,
+        now: Instant,
+    ) -> Predictor<'_> {
+        if policy == Policy::Oracle {
+            Predictor::Oracle(self.oracle.as_ref(), index)
+        } else {
+            Predictor::Curve {
+                model: backend.model(ask.model),
+                prompt_tokens: ask.prompt_tokens,
+                queue_s: backend.occupancy.waited(now),
+            }
+        }
+    }
+
+    /// Whether a latency-class request joining as the `next`-th would meet its SLO, for every
+    /// latency class the backend can serve at all (a lone request meets it).
+    fn leaves_room(&self, predictor: &Predictor<'_>, next: f64) -> bool {
+        let (Some(then), Some(alone)) = (predictor.at(next), predictor.at(1.0)) else {
+            return true;
+        };
+        self.classes
+            .iter()
+            .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
+            .all(|c| c.slo.slack(&then) >= 0.0)
+    }
+
+    /// Whether every class with requests decoding on `backend` keeps its speed at `p`.
+    fn keeps_others(&self, backend: &Backend, p: &Prediction) -> bool {
+        self.classes
+            .iter()
+            .enumerate()
+            .all(|(i, c)| backend.class_in_flight(i) == 0 || c.slo.speed_holds(p))
+    }
+}
+
+/// A backend's source of predictions for one request.
+enum Predictor<'r> {
+    /// The backend's curve.
+    Curve {
+        /// Its fitted model (none before the first observation).
+        model: Option<Arc<Model>>,
+        /// This request's prompt size.
+        prompt_tokens: u64,
+        /// How long the requests there still waiting for a first token have waited
+        /// ([`Occupancy::waited`](crate::curve::Occupancy::waited)): a joining request waits
+        /// behind them, which the curve learns only when their first tokens come.
+        queue_s: f64,
+    },
+    /// The simulator's truth for backend `usize`.
+    Oracle(Option<&'r Oracle>, usize),
+}
+
+impl Predictor<'_> {
+    /// What a request joining at `concurrency` (itself included) would see.
+    fn at(&self, concurrency: f64) -> Option<Prediction> {
+        match self {
+            Self::Curve {
+                model,
+                prompt_tokens,
+                queue_s,
+            } => {
+                let mut p = model.as_ref()?.predict(concurrency, *prompt_tokens);
+                if concurrency > 1.0 {
+                    p.ttft_p50_s = p.ttft_p50_s.max(*queue_s);
+                    p.ttft_p90_s = p.ttft_p90_s.max(*queue_s);
+                }
+                Some(p)
+            }
+            Self::Oracle(oracle, index) => oracle.as_ref()?.predict(*index, concurrency),
+        }
+    }
+}

@@ -1,0 +1,274 @@
+//! Routing decisions on taught curves: feasibility, policies, batch placement, queueing and
+//! exploration, with exact numbers.
+
+use super::*;
+use crate::curve::{FirstToken, Observation, Outcome};
+
+/// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
+/// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`
+/// (waiting for room, the default), never exploring.
+fn router_over(backends: &[&str]) -> Router {
+    router_exploring(backends, 0.0)
+}
+
+fn router_exploring(backends: &[&str], exploration: f64) -> Router {
+    let list: String = backends
+        .iter()
+        .map(|name| {
+            format!(
+                "- {{name: {name}, url: 'http://127.0.0.1:1', dialect: openai, models: {{m: m}}}}\n"
+            )
+        })
+        .collect();
+    let text = format!(
+        "backends:\n{list}\
+        classes:\n\
+        - {{name: interactive, min_tps: 41, tps_percentile: 50, on_miss: shed}}\n\
+        - {{name: loose, min_tps: 21, tps_percentile: 50, on_miss: shed}}\n\
+        - {{name: batch}}\n\
+        routing: {{exploration: {exploration}}}\n"
+    );
+    let config = crate::config::parse(&text, |_| None).unwrap();
+    let line = Arc::new(Line::new(config.classes.len()));
+    let backends = config
+        .backends
+        .iter()
+        .map(|b| Backend::new(b.clone(), 300.0, config.classes.len(), Arc::clone(&line)))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    Router::new(backends, None, config.classes, config.routing, line)
+}
+
+fn router() -> Router {
+    router_over(&["a"])
+}
+
+/// Teaches backend `i` a batching curve: TPOT = 10 ms + `per_seq_ms` per request.
+fn teach(router: &Router, i: usize, per_seq_ms: f64) {
+    teach_at(
+        router,
+        i,
+        per_seq_ms,
+        &[1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0],
+    );
+}
+
+/// [`teach`], seen at the given concurrencies only.
+fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
+    let now = Instant::now();
+    for &c in seen {
+        for _ in 0..8 {
+            let obs = Observation {
+                at: now,
+                outcome: Outcome::Completed,
+                ttft: Some(0.05),
+                tpot: Some(0.010 + per_seq_ms * 1e-3 * c),
+                output_tokens: 100,
+                estimated: false,
+                prompt_tokens: Some(10),
+                concurrency: Some(c),
+            };
+            router.backends[i].first_token(
+                "m",
+                &FirstToken {
+                    at: now,
+                    ttft: 0.05,
+                    prompt_tokens: Some(10),
+                    admitted_with: c,
+                },
+            );
+            router.backends[i].record("m", &obs);
+        }
+    }
+}
+
+fn ask(router: &Router, class: usize) -> Ask<'static> {
+    Ask {
+        model: "m",
+        dialect: BackendDialect::Openai,
+        prompt_tokens: 10,
+        max_tokens: None,
+        class: Some(class),
+        slo: router.classes[class].slo,
+        received: Instant::now(),
+        avoid: &[],
+    }
+}
+
+/// Holds `n` slots of `class` on backend `i`.
+fn occupy(router: &Router, i: usize, class: usize, n: usize) -> Vec<InFlightGuard> {
+    (0..n)
+        .map(|_| router.backends[i].try_admit(Some(class)).unwrap())
+        .collect()
+}
+
+fn chosen(router: &Router, class: usize) -> Result<&str, ErrorKind> {
+    match router.route(&ask(router, class)) {
+        Ok(Some(d)) => Ok(router
+            .backends
+            .iter()
+            .find(|b| Arc::ptr_eq(b, &d.backend))
+            .map(|b| &*b.config.name)
+            .unwrap()),
+        Ok(None) => Err(ErrorKind::NoBackendAvailable),
+        Err(e) => Err(e.kind()),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_still_waiting_for_a_first_token_keep_ttft_sensitive_ones_away() {
+    let router = router_over(&["a", "b"]);
+    // Third on `a`: 62.5 tok/s; alone on `b`: 55.6 tok/s.
+    teach(&router, 0, 2.0);
+    teach(&router, 1, 8.0);
+    // Two requests on `a`, neither with a first token yet.
+    let _held = occupy(&router, 0, 0, 2);
+    let pick = |router: &Router| {
+        let within_a_second = Ask {
+            slo: Slo {
+                max_ttft_s: Some(1.0),
+                ..router.classes[0].slo
+            },
+            ..ask(router, 0)
+        };
+        let d = router.route(&within_a_second).unwrap().unwrap();
+        d.backend.config.name.to_string()
+    };
+    assert_eq!(pick(&router), "a", "a fresh queue costs nothing yet");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(
+        pick(&router),
+        "b",
+        "two seconds without a first token: a queue"
+    );
+}
+
+#[test]
+fn headroom_picks_the_most_slack_and_pack_the_least() {
+    let mut router = router_over(&["a", "b"]);
+    teach(&router, 0, 1.0);
+    teach(&router, 1, 0.5);
+    // Alone on either, b (flatter curve) has more slack.
+    assert_eq!(chosen(&router, 0), Ok("b"));
+    router.classes[0].policy = Policy::Pack;
+    assert_eq!(chosen(&router, 0), Ok("a"));
+}
+
+#[test]
+fn cheapest_takes_the_lower_price_among_the_feasible_even_with_less_slack() {
+    let text = "backends:\n\
+        - {name: dear, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, cost: {input_per_1m: 1, output_per_1m: 4}}\n\
+        - {name: cheap, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, cost: {input_per_1m: 0.1, output_per_1m: 0.4}}\n\
+        classes:\n\
+        - {name: interactive, min_tps: 41, tps_percentile: 50, policy: cheapest, on_miss: shed}\n\
+        routing: {exploration: 0}\n";
+    let config = crate::config::parse(text, |_| None).unwrap();
+    let line = Arc::new(Line::new(1));
+    let backends = config
+        .backends
+        .iter()
+        .map(|b| Backend::new(b.clone(), 300.0, 1, Arc::clone(&line)))
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let router = Router::new(backends, None, config.classes, config.routing, line);
+    teach(&router, 0, 0.5);
+    teach(&router, 1, 1.0);
+    assert_eq!(chosen(&router, 0), Ok("cheap"));
+    // Once the cheap one can no longer meet the SLO, the dear one takes it.
+    let _held = occupy(&router, 1, 0, 14);
+    assert_eq!(chosen(&router, 0), Ok("dear"));
+}
+
+#[test]
+fn a_request_is_refused_where_it_would_slow_others_below_their_slo() {
+    let router = router();
+    teach(&router, 0, 1.0);
+    // 41 tok/s at the median holds up to 14 requests: 1 / (10 + 14) ms = 41.7.
+    let _held = occupy(&router, 0, 0, 14);
+    // A loose request would get 40 tok/s at 15 (enough for it), but the 14 interactive
+    // requests there would drop below 41.
+    assert_eq!(chosen(&router, 1), Err(ErrorKind::SloUnmet));
+    let only_loose = router_over(&["a"]);
+    teach(&only_loose, 0, 1.0);
+    let _held = occupy(&only_loose, 0, 1, 14);
+    assert_eq!(chosen(&only_loose, 1), Ok("a"), "only loose requests there");
+}
+
+#[test]
+fn batch_work_leaves_room_for_one_more_latency_request() {
+    let router = router();
+    teach(&router, 0, 1.0);
+    // Interactive fits up to 14 (see above). With 12 batch requests in flight, a 13th
+    // leaves room for one interactive request at 14; with 13, it would not.
+    let mut held = occupy(&router, 0, 2, 12);
+    assert_eq!(chosen(&router, 2), Ok("a"));
+    held.extend(occupy(&router, 0, 2, 1));
+    assert_eq!(
+        chosen(&router, 2),
+        Err(ErrorKind::NoBackendAvailable),
+        "batch waits in line"
+    );
+    assert_eq!(chosen(&router, 0), Ok("a"), "the room is there");
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_waits_at_the_gateway_until_a_slot_frees_rather_than_take_the_room() {
+    let router = router();
+    teach(&router, 0, 1.0);
+    let mut held = occupy(&router, 0, 2, 13);
+    let batch = ask(&router, 2);
+    assert!(router.route(&batch).unwrap().is_none(), "it waits in line");
+    let (decision, ()) = tokio::join!(router.wait_in_line(&batch), async {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        held.pop();
+    });
+    let decision = decision.unwrap();
+    assert_eq!(&*decision.backend.config.name, "a");
+    assert_eq!(decision.reason, Reason::Queued);
+}
+
+#[tokio::test(start_paused = true)]
+async fn batch_that_never_finds_room_is_shed_after_its_wait_with_a_retry_time() {
+    let router = router();
+    teach(&router, 0, 1.0);
+    let _held = occupy(&router, 0, 2, 13);
+    let batch = ask(&router, 2);
+    let waited = Instant::now();
+    let err = router.wait_in_line(&batch).await.unwrap_err();
+    assert_eq!(
+        waited.elapsed(),
+        Duration::from_secs(60),
+        "the batch default"
+    );
+    assert_eq!(err.kind(), ErrorKind::SloUnmet);
+    assert!(err.retry_after_s().is_some_and(|s| s >= 1));
+    let message = err.to_string();
+    assert!(message.contains("room for batch work"), "{message}");
+    assert!(!message.contains("send it as a batch class"), "{message}");
+}
+
+#[test]
+fn exploring_never_takes_the_room_a_latency_request_needs() {
+    // The first request may explore; `a` was only seen up to 4 at once, so 14 is unexplored.
+    let router = router_exploring(&["a"], 0.5);
+    teach_at(&router, 0, 1.0, &[1.0, 2.0, 4.0]);
+    let _held = occupy(&router, 0, 2, 13);
+    // A 14th batch request would leave an interactive one 40 tok/s at 15 (< 41).
+    assert_eq!(
+        chosen(&router, 2),
+        Err(ErrorKind::NoBackendAvailable),
+        "no exploring here"
+    );
+}
+
+#[test]
+fn derived_caps_follow_the_curve_and_the_class() {
+    let router = router();
+    teach(&router, 0, 1.0);
+    let caps = router.caps();
+    let cap = |class: &str| caps.iter().find(|c| &*c.class == class).unwrap().cap;
+    assert_eq!(cap("interactive"), 14);
+    // 21 tok/s: 1 / (10 + 37.6) ms; beyond the learned 32 the fit extrapolates.
+    assert_eq!(cap("loose"), 37);
+    assert!(caps.iter().all(|c| &*c.class != "batch"));
+}

@@ -1,0 +1,62 @@
+//! TLS both ways, with rustls over ring (the project's one crypto provider): the server side of
+//! a listener, and the client side of upstream connections.
+//!
+//! Client roots: the platform's, else webpki's bundle, plus a backend's own `ca_file`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::TlsAcceptor;
+
+/// The process-wide crypto provider: ring, as the project chose.
+pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A client config trusting the platform's roots (else webpki's bundle) and, if given, the
+/// certificates in `ca_file`; errors name `what` (the config field it came from).
+pub fn client_config(ca_file: Option<&Path>, what: &str) -> Result<rustls::ClientConfig, String> {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    let (added, _) = roots.add_parsable_certificates(native.certs);
+    if added == 0 {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    }
+    if let Some(ca) = ca_file {
+        let certs = CertificateDer::pem_file_iter(ca)
+            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("{what}: ca_file {}: {e}", ca.display()))?;
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| format!("{what}: ca_file {}: {e}", ca.display()))?;
+        }
+    }
+    Ok(
+        rustls::ClientConfig::builder_with_provider(crypto_provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup: {e}"))?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+/// A TLS acceptor for PEM certificate chain and key files, offering h2 and http/1.1.
+pub fn acceptor(cert_file: &Path, key_file: &Path) -> Result<TlsAcceptor, String> {
+    let certs = CertificateDer::pem_file_iter(cert_file)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("listen.tls.cert_file {}: {e}", cert_file.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key_file)
+        .map_err(|e| format!("listen.tls.key_file {}: {e}", key_file.display()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(crypto_provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS setup: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("listen.tls: certificate and key do not fit together: {e}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
