@@ -9,7 +9,6 @@ use dashmap::DashMap;
 use tokio::time::Instant;
 
 use super::health::{Health, State};
-use super::in_flight::InFlightGuard;
 use super::waiters::Line;
 use crate::config::BackendConfig;
 use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome};
@@ -152,22 +151,17 @@ impl Backend {
         self.occupancy.count()
     }
 
-    /// Admits a request if the backend is under its `max_concurrency`. The guard releases the
-    /// slot when dropped, which the response body does when it ends, fails or is dropped.
-    pub fn try_admit(self: &Arc<Self>, class: Option<usize>) -> Option<InFlightGuard> {
+    /// Takes a slot for a request of `class` at `now` if the backend is under its
+    /// `max_concurrency` (see [`InFlightGuard::try_admit`](super::InFlightGuard::try_admit)):
+    /// the count in flight with it, and the class counted (an index in range).
+    pub(super) fn admit(&self, class: Option<usize>, now: Instant) -> Option<(u32, Option<usize>)> {
         let limit = self.config.max_concurrency.unwrap_or(u32::MAX);
-        let now = Instant::now();
         let admitted_with = self.occupancy.try_admit(now, limit)?;
         let class = class.filter(|c| *c < self.class_in_flight.len());
         if let Some(c) = class {
             self.class_in_flight[c].fetch_add(1, Ordering::Relaxed);
         }
-        Some(InFlightGuard::new(
-            Arc::clone(self),
-            admitted_with,
-            now,
-            class,
-        ))
+        Some((admitted_with, class))
     }
 
     /// Releases the slot of a request admitted with `class`; `waiting_since` is its admission

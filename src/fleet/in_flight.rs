@@ -21,21 +21,19 @@ pub struct InFlightGuard {
 }
 
 impl InFlightGuard {
-    /// The slot of a request admitted to `backend` at `admitted`, `admitted_with` in flight
-    /// there then (itself included).
-    pub(super) fn new(
-        backend: Arc<Backend>,
-        admitted_with: u32,
-        admitted: Instant,
-        class: Option<usize>,
-    ) -> Self {
-        Self {
-            backend,
+    /// Admits a request of `class` to `backend` if it is under its `max_concurrency`. The guard
+    /// releases the slot when dropped, which the response body does when it ends, fails or is
+    /// dropped.
+    pub fn try_admit(backend: &Arc<Backend>, class: Option<usize>) -> Option<Self> {
+        let admitted = Instant::now();
+        let (admitted_with, class) = backend.admit(class, admitted)?;
+        Some(Self {
+            backend: Arc::clone(backend),
             admitted_with,
             admitted,
             waiting: true,
             class,
-        }
+        })
     }
 
     /// The backend this request was admitted to.
@@ -69,5 +67,68 @@ impl Drop for InFlightGuard {
     fn drop(&mut self) {
         let waiting_since = std::mem::take(&mut self.waiting).then_some(self.admitted);
         self.backend.release(waiting_since, self.class);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::Line;
+
+    /// A backend with `max_concurrency: 2`, two classes, and the wait line it wakes.
+    fn backend() -> (Arc<Backend>, Arc<Line>) {
+        let text = "backends:\n\
+            - {name: b, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, max_concurrency: 2}\n";
+        let config = crate::config::parse(text, |_| None).unwrap();
+        let line = Arc::new(Line::new(2));
+        let backend =
+            Backend::new(config.backends[0].clone(), 300.0, 2, Arc::clone(&line)).unwrap();
+        (backend, line)
+    }
+
+    #[test]
+    fn slots_are_taken_up_to_max_concurrency_and_given_back_on_drop() {
+        let (backend, _) = backend();
+        let first = InFlightGuard::try_admit(&backend, Some(0)).unwrap();
+        let second = InFlightGuard::try_admit(&backend, Some(1)).unwrap();
+        assert_eq!((first.admitted_with(), second.admitted_with()), (1, 2));
+        assert!(
+            InFlightGuard::try_admit(&backend, Some(0)).is_none(),
+            "the limit holds"
+        );
+        assert_eq!(
+            (backend.class_in_flight(0), backend.class_in_flight(1)),
+            (1, 1)
+        );
+        drop(first);
+        assert_eq!((backend.in_flight(), backend.class_in_flight(0)), (1, 0));
+        assert!(InFlightGuard::try_admit(&backend, None).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slot_waits_for_its_first_token_until_it_comes_or_will_not() {
+        let (backend, _) = backend();
+        let mut streamed = InFlightGuard::try_admit(&backend, None).unwrap();
+        let mut plain = InFlightGuard::try_admit(&backend, None).unwrap();
+        tokio::time::advance(std::time::Duration::from_secs(1)).await;
+        assert!((backend.occupancy.waited(Instant::now()) - 1.0).abs() < 1e-9);
+        plain.stop_waiting();
+        let reading = streamed.first_token(Instant::now());
+        assert_eq!(reading.count, 2);
+        assert_eq!(backend.occupancy.waited(Instant::now()), 0.0);
+    }
+
+    #[tokio::test]
+    async fn a_released_slot_wakes_requests_waiting_in_line() {
+        let (backend, line) = backend();
+        let slot = InFlightGuard::try_admit(&backend, None).unwrap();
+        let place = line.join(0);
+        let woken = place.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        drop(slot);
+        tokio::time::timeout(std::time::Duration::from_secs(1), woken)
+            .await
+            .expect("the release woke the line");
     }
 }

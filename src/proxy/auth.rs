@@ -105,3 +105,70 @@ where
         Either::Right(self.inner.call(req))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tower::{ServiceExt as _, service_fn};
+
+    use super::*;
+    use crate::config::Secret;
+
+    /// Auth over a stand-in that answers with the class index the key gave (or none).
+    async fn check(keys: Vec<ApiKey>, headers: &[(&str, &str)]) -> Result<Option<usize>, Error> {
+        let inner = service_fn(|req: Request<()>| async move {
+            Ok::<_, Error>(req.extensions().get::<KeyClass>().map(|k| k.0))
+        });
+        let mut req = Request::new(());
+        for (name, value) in headers {
+            req.headers_mut().insert(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        AuthLayer::new(keys).layer(inner).oneshot(req).await
+    }
+
+    fn keys() -> Vec<ApiKey> {
+        vec![
+            ApiKey {
+                key: Secret::new("sk-batch".to_owned()),
+                class: Some(1),
+            },
+            ApiKey {
+                key: Secret::new("sk-plain".to_owned()),
+                class: None,
+            },
+        ]
+    }
+
+    #[tokio::test]
+    async fn without_configured_keys_every_request_passes() {
+        assert_eq!(check(Vec::new(), &[]).await, Ok(None));
+    }
+
+    #[tokio::test]
+    async fn a_request_without_a_valid_key_is_refused_with_401() {
+        for headers in [&[][..], &[("authorization", "Bearer sk-nope")][..]] {
+            let err = check(keys(), headers).await.unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unauthorized);
+            assert_eq!(err.kind().status(), 401);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_is_taken_from_either_sdks_header_and_gives_its_class() {
+        assert_eq!(
+            check(keys(), &[("authorization", "bearer  sk-batch ")]).await,
+            Ok(Some(1))
+        );
+        assert_eq!(
+            check(keys(), &[("x-api-key", "sk-batch")]).await,
+            Ok(Some(1))
+        );
+        assert_eq!(
+            check(keys(), &[("authorization", "Bearer sk-plain")]).await,
+            Ok(None),
+            "a key without a class leaves it to the other rules"
+        );
+    }
+}

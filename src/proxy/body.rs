@@ -58,27 +58,16 @@ impl ProxyBody {
     /// wait for, so the slot goes at once).
     pub fn keep_slot(&mut self, slot: InFlightGuard) {
         if let Self::Upstream { body } = self {
-            let streamed = body.meter.is_some();
-            body.end.keep_slot(slot, streamed);
+            body.keep_slot(slot);
         }
     }
 
-    /// Reads ahead, keeping what it reads to send later, until the first content event, the end
-    /// of the body or a failure. `true` when content came: the response may go to the client.
-    /// `false` when the upstream failed (or ended) before producing any: the request may still
-    /// be retried elsewhere, since nothing reached the client. Only streams are read ahead; any
-    /// other body answers `true` at once.
+    /// See [`Metered::read_ahead_to_content`]; a local body answers `true` at once.
     pub async fn read_ahead_to_content(&mut self) -> bool {
-        let Self::Upstream { body } = self else {
-            return true;
-        };
-        if body.meter.is_none() {
-            return true;
+        match self {
+            Self::Upstream { body } => body.read_ahead_to_content().await,
+            Self::Local { .. } => true,
         }
-        body.reading_ahead = true;
-        let content = body.read_ahead().await;
-        body.reading_ahead = false;
-        content
     }
 }
 
@@ -164,6 +153,27 @@ impl<B> Metered<B> {
 }
 
 impl<B: Body<Data = Bytes, Error = BodyError> + Unpin> Metered<B> {
+    /// Keeps a backend's in-flight slot until this body is done.
+    pub fn keep_slot(&mut self, slot: InFlightGuard) {
+        let streamed = self.meter.is_some();
+        self.end.keep_slot(slot, streamed);
+    }
+
+    /// Reads ahead, keeping what it reads to send later, until the first content event, the end
+    /// of the body or a failure. `true` when content came: the response may go to the client.
+    /// `false` when the upstream failed (or ended) before producing any: the request may still
+    /// be retried elsewhere, since nothing reached the client. Only streams are read ahead; any
+    /// other body answers `true` at once.
+    pub async fn read_ahead_to_content(&mut self) -> bool {
+        if self.meter.is_none() {
+            return true;
+        }
+        self.reading_ahead = true;
+        let content = self.read_ahead().await;
+        self.reading_ahead = false;
+        content
+    }
+
     async fn read_ahead(&mut self) -> bool {
         use http_body_util::BodyExt as _;
         loop {

@@ -18,3 +18,5 @@ pub mod retry;
 pub mod rewrite;
 pub mod route;
 pub mod skim;
+#[cfg(test)]
+mod testing;

@@ -88,3 +88,32 @@ fn list(router: &Router) -> Response<ProxyBody> {
     );
     resp
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+    use tower::{ServiceExt as _, service_fn};
+
+    use super::*;
+    use crate::proxy::testing::{answer, chat, router};
+
+    #[tokio::test]
+    async fn the_model_list_is_the_gateways_own_answer_and_other_requests_pass() {
+        let router = router(&["a", "b"], &[]);
+        let inner = service_fn(|_: Request<Bytes>| async { Ok::<_, Error>(answer(204)) });
+        let svc = ModelsLayer::new(Arc::clone(&router)).layer(inner);
+        let mut list = chat(&router, None);
+        if let Some(c) = list.extensions_mut().get_mut::<Classified>() {
+            c.endpoint = Endpoint::Models;
+        }
+        let resp = svc.clone().oneshot(list).await.unwrap();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body,
+            json!({"object": "list", "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "a"}]})
+        );
+        let passed = svc.oneshot(chat(&router, None)).await.unwrap();
+        assert_eq!(passed.status(), 204);
+    }
+}

@@ -141,3 +141,89 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+    use tower::{ServiceExt as _, service_fn};
+
+    use super::*;
+
+    /// The response Rescue makes of `err` for a request to `path`.
+    async fn rescued(path: &str, err: Error) -> (StatusCode, http::HeaderMap, serde_json::Value) {
+        let inner = service_fn(move |_: Request<()>| {
+            let err = err.clone();
+            async move { Err::<Response<ProxyBody>, _>(err) }
+        });
+        let req = Request::builder().uri(path).body(()).unwrap();
+        let resp = RescueLayer::new().layer(inner).oneshot(req).await.unwrap();
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        (
+            parts.status,
+            parts.headers,
+            serde_json::from_slice(&bytes).unwrap(),
+        )
+    }
+
+    use http::StatusCode;
+
+    #[tokio::test]
+    async fn an_error_becomes_an_openai_shaped_body_with_its_status() {
+        let (status, headers, body) = rescued(
+            "/v1/chat/completions",
+            Error::new(ErrorKind::ModelNotFound, "model `x` is not served"),
+        )
+        .await;
+        assert_eq!(status, 404);
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(
+            body,
+            json!({"error": {"message": "model `x` is not served", "type": "invalid_request_error", "code": "model_not_found"}})
+        );
+    }
+
+    #[tokio::test]
+    async fn an_anthropic_client_gets_anthropics_shape() {
+        let (status, _, body) = rescued(
+            "/v1/messages",
+            Error::new(ErrorKind::NoBackendAvailable, "every backend is full"),
+        )
+        .await;
+        assert_eq!(status, 503);
+        assert_eq!(
+            body,
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "every backend is full"}})
+        );
+    }
+
+    #[tokio::test]
+    async fn shedding_and_a_full_fleet_say_when_to_retry() {
+        let (status, headers, body) = rescued(
+            "/v1/chat/completions",
+            Error::new(ErrorKind::SloUnmet, "no backend meets the SLO").retry_after(7),
+        )
+        .await;
+        assert_eq!(status, 429);
+        assert_eq!(headers["retry-after"], "7");
+        assert_eq!(body["error"]["type"], "rate_limit_error");
+        let (_, headers, _) = rescued(
+            "/v1/chat/completions",
+            Error::new(ErrorKind::NoBackendAvailable, "full"),
+        )
+        .await;
+        assert_eq!(headers["retry-after"], "1");
+    }
+
+    #[tokio::test]
+    async fn a_gateway_bug_is_a_500_server_error_not_the_clients_fault() {
+        let (status, _, body) = rescued(
+            "/v1/chat/completions",
+            Error::internal("route: lost its model"),
+        )
+        .await;
+        assert_eq!(status, 500);
+        assert_eq!(body["error"]["type"], "server_error");
+        assert_eq!(body["error"]["code"], "internal_error");
+    }
+}

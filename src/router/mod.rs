@@ -245,7 +245,7 @@ impl Router {
                     "the body names no `model` and no default_backend is configured",
                 )
             })?;
-        let guard = backend.try_admit(None).ok_or_else(|| {
+        let guard = InFlightGuard::try_admit(backend, None).ok_or_else(|| {
             Error::new(
                 ErrorKind::NoBackendAvailable,
                 "the default backend is at its concurrency limit",
@@ -391,7 +391,7 @@ impl Router {
 
     /// Takes a slot on candidate `c`, counting and logging the decision.
     fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
-        let guard = c.backend.try_admit(ask.class)?;
+        let guard = InFlightGuard::try_admit(c.backend, ask.class)?;
         self.count(ask, reason);
         tracing::debug!(
             backend = &*c.backend.config.name,

@@ -98,7 +98,7 @@ fn ask(router: &Router, class: usize) -> Ask<'static> {
 /// Holds `n` slots of `class` on backend `i`.
 fn occupy(router: &Router, i: usize, class: usize, n: usize) -> Vec<InFlightGuard> {
     (0..n)
-        .map(|_| router.backends[i].try_admit(Some(class)).unwrap())
+        .map(|_| InFlightGuard::try_admit(&router.backends[i], Some(class)).unwrap())
         .collect()
 }
 

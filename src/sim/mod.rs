@@ -9,9 +9,11 @@
 pub mod config;
 pub mod engine;
 pub mod faults;
+pub mod fleet;
 pub mod server;
 pub mod truth;
 pub mod wire;
 
 pub use config::{BackendSpec, FleetRaw};
-pub use server::{Fleet, SimBackend};
+pub use fleet::Fleet;
+pub use server::SimBackend;

@@ -1,9 +1,7 @@
-//! The HTTP face of one simulated backend: OpenAI and Anthropic endpoints over the engine, the
-//! `/sim/*` control endpoints, and the fleet runner that serves several backends from one process.
+//! The HTTP face of one simulated backend: OpenAI and Anthropic endpoints over the engine, and
+//! the `/sim/*` control endpoints.
 
-use std::convert::Infallible;
 use std::io;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -15,14 +13,12 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::json;
-use tokio::sync::watch;
 
 use super::config::{BackendRaw, BackendSpec, FaultAction, Params, merge_json};
 use super::engine::{Engine, StatsSnapshot, TokenRx};
 use super::faults::FaultPlan;
 use super::truth;
 use super::wire::{Dialect, Finish, Framer, GenRequest, complete_body};
-use crate::listen;
 
 /// Response body of the simulator.
 pub type SimBody = UnsyncBoxBody<Bytes, io::Error>;
@@ -610,92 +606,4 @@ fn fault_status(dialect: Dialect, status: u16, retry_after: Option<u32>) -> Resp
             .insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
-}
-
-// === fleet ===
-
-/// Several simulated backends served from this process until stopped or dropped.
-#[derive(Debug)]
-pub struct Fleet {
-    backends: Vec<(Arc<SimBackend>, SocketAddr)>,
-    stop: watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Fleet {
-    /// Binds every backend's address (all or none) and starts serving.
-    pub async fn start(specs: &[BackendSpec]) -> io::Result<Self> {
-        let mut listeners = Vec::with_capacity(specs.len());
-        for spec in specs {
-            let tls = match &spec.tls {
-                Some((cert, key)) => {
-                    Some(crate::tls::acceptor(cert, key).map_err(io::Error::other)?)
-                }
-                None => None,
-            };
-            listeners.push((listen::bind(spec.listen).await?, tls));
-        }
-        let (stop, _) = watch::channel(false);
-        let mut backends = Vec::with_capacity(specs.len());
-        let mut tasks = Vec::with_capacity(specs.len());
-        for (spec, (listener, tls)) in specs.iter().zip(listeners) {
-            let addr = listener.local_addr()?;
-            let backend = SimBackend::new(spec);
-            let for_service = Arc::clone(&backend);
-            let service = tower::service_fn(move |req| {
-                let backend = Arc::clone(&for_service);
-                async move { Ok::<_, Infallible>(backend.handle(req).await) }
-            });
-            let mut stopped = stop.subscribe();
-            let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            let limits = listen::Limits {
-                // A simulator serves many thousands of streams in benchmarks.
-                max_connections: 100_000,
-                ..listen::Limits::default()
-            };
-            tasks.push(tokio::spawn(listen::serve(
-                listener, tls, limits, service, shutdown,
-            )));
-            backends.push((backend, addr));
-        }
-        Ok(Self {
-            backends,
-            stop,
-            tasks,
-        })
-    }
-
-    /// Each backend's name and bound address, in config order.
-    pub fn addrs(&self) -> impl Iterator<Item = (&str, SocketAddr)> {
-        self.backends.iter().map(|(b, a)| (b.name(), *a))
-    }
-
-    /// The address of the backend called `name`.
-    pub fn addr(&self, name: &str) -> Option<SocketAddr> {
-        self.addrs().find(|(n, _)| *n == name).map(|(_, a)| a)
-    }
-
-    /// The backend called `name`.
-    pub fn backend(&self, name: &str) -> Option<&Arc<SimBackend>> {
-        self.backends
-            .iter()
-            .map(|(b, _)| b)
-            .find(|b| b.name() == name)
-    }
-
-    /// Stops accepting and waits (up to a second) for open connections to finish.
-    pub async fn stop(mut self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks.drain(..) {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-    }
 }

@@ -1,0 +1,392 @@
+//! One backend entry: URL, dialect, credentials, headers, models, timeouts, ejection, cost and
+//! prior curve.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{self, HeaderName};
+use http::{HeaderMap, HeaderValue, Uri};
+
+use super::super::raw::{RawBackend, RawPrior};
+use super::super::{BackendConfig, BackendDialect, Cost, Ejection, ModelMap, PriorPoint, Timeouts};
+use super::{Result, positive, readable};
+use crate::yaml::ConfigError;
+
+/// Headers a backend's `headers` may not set: the gateway owns them.
+fn reserved(name: &HeaderName) -> bool {
+    [
+        header::HOST,
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::UPGRADE,
+        header::TE,
+        header::TRAILER,
+    ]
+    .contains(name)
+}
+
+pub(super) fn backend(
+    at: &str,
+    b: &RawBackend,
+    env: &dyn Fn(&str) -> Option<String>,
+    dir: &Path,
+) -> Result<BackendConfig> {
+    let valid_name = !b.name.is_empty()
+        && b.name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'));
+    if !valid_name {
+        return Err(ConfigError::at(
+            format!("{at}.name"),
+            format!(
+                "`{}` is not a valid name: use letters, digits, '-', '_' and '.'",
+                b.name
+            ),
+        ));
+    }
+    let url = upstream_url(&format!("{at}.url"), &b.url)?;
+    let api_key = match &b.api_key_env {
+        None => None,
+        Some(var) => match env(var) {
+            Some(key) if !key.is_empty() => Some(credential(
+                &format!("{at}.api_key_env"),
+                var,
+                &key,
+                b.dialect,
+            )?),
+            _ => {
+                return Err(ConfigError::at(
+                    format!("{at}.api_key_env"),
+                    format!(
+                        "environment variable {var} is not set (or empty); export it before starting, or remove api_key_env"
+                    ),
+                ));
+            }
+        },
+    };
+    if api_key.is_some() && b.forward_client_auth {
+        return Err(ConfigError::at(
+            format!("{at}.forward_client_auth"),
+            "conflicts with api_key_env: either the gateway's key or the client's goes upstream, not both",
+        ));
+    }
+    let mut headers = HeaderMap::with_capacity(b.headers.len());
+    for (name, value) in &b.headers {
+        let field = format!("{at}.headers.{name}");
+        let header_name = HeaderName::try_from(name.as_str())
+            .map_err(|_| ConfigError::at(&field, format!("`{name}` is not a valid header name")))?;
+        if reserved(&header_name) {
+            return Err(ConfigError::at(
+                &field,
+                format!("`{name}` is managed by the gateway; remove it"),
+            ));
+        }
+        let mut value = HeaderValue::try_from(value.as_str()).map_err(|_| {
+            ConfigError::at(&field, "the value has characters not allowed in a header")
+        })?;
+        value.set_sensitive(true);
+        headers.insert(header_name, value);
+    }
+    let models = models(&format!("{at}.models"), &b.models)?;
+    if b.max_concurrency == Some(0) {
+        return Err(ConfigError::at(
+            format!("{at}.max_concurrency"),
+            "must be at least 1",
+        ));
+    }
+    let cost = match b.cost {
+        None => None,
+        Some(c) => {
+            for (field, v) in [
+                ("input_per_1m", c.input_per_1m),
+                ("output_per_1m", c.output_per_1m),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(ConfigError::at(
+                        format!("{at}.cost.{field}"),
+                        format!("{v} is out of range: use 0 or more"),
+                    ));
+                }
+            }
+            Some(Cost {
+                input_per_1m: c.input_per_1m,
+                output_per_1m: c.output_per_1m,
+            })
+        }
+    };
+    if let Some(ca) = &b.ca_file {
+        readable(&format!("{at}.ca_file"), ca)?;
+        if url.scheme_str() != Some("https") {
+            return Err(ConfigError::at(
+                format!("{at}.ca_file"),
+                "only applies to https:// backends",
+            ));
+        }
+    }
+    if b.connect_timeout_ms == 0 {
+        return Err(ConfigError::at(
+            format!("{at}.connect_timeout_ms"),
+            "must be at least 1",
+        ));
+    }
+    for (field, ms) in [
+        ("first_token_timeout_ms", Some(b.first_token_timeout_ms)),
+        ("stall_timeout_ms", Some(b.stall_timeout_ms)),
+        ("total_timeout_ms", b.total_timeout_ms),
+    ] {
+        if ms == Some(0) {
+            return Err(ConfigError::at(
+                format!("{at}.{field}"),
+                "must be at least 1",
+            ));
+        }
+    }
+    let version = b.anthropic_version.as_deref().unwrap_or("2023-06-01");
+    let anthropic_version = HeaderValue::try_from(version).map_err(|_| {
+        ConfigError::at(
+            format!("{at}.anthropic_version"),
+            "not a valid header value",
+        )
+    })?;
+    let prior = match &b.prior {
+        Some(p) => Some(prior(&format!("{at}.prior"), p, b.max_concurrency, dir)?),
+        None => None,
+    };
+    let e = b.ejection;
+    if e.after_failures == 0 || e.base_ms == 0 || e.max_ms < e.base_ms {
+        return Err(ConfigError::at(
+            format!("{at}.ejection"),
+            "after_failures and base_ms must be at least 1, and max_ms at least base_ms",
+        ));
+    }
+    let host = host_header(&url).ok_or_else(|| {
+        ConfigError::at(
+            format!("{at}.url"),
+            "its host cannot be sent as a Host header; write a plain host name or IP address",
+        )
+    })?;
+    Ok(BackendConfig {
+        prior,
+        host,
+        ejection: Ejection {
+            after_failures: e.after_failures,
+            base: Duration::from_millis(e.base_ms),
+            max: Duration::from_millis(e.max_ms),
+        },
+        name: Arc::from(b.name.as_str()),
+        url,
+        dialect: b.dialect,
+        api_key,
+        headers,
+        models,
+        max_concurrency: b.max_concurrency,
+        cost,
+        ca_file: b.ca_file.clone(),
+        forward_client_auth: b.forward_client_auth,
+        connect_timeout: Duration::from_millis(b.connect_timeout_ms),
+        timeouts: Timeouts {
+            first_token: Duration::from_millis(b.first_token_timeout_ms),
+            stall: Duration::from_millis(b.stall_timeout_ms),
+            total: b.total_timeout_ms.map(Duration::from_millis),
+        },
+        anthropic_version,
+    })
+}
+
+/// The header that carries a backend's API key: `Authorization: Bearer KEY` for OpenAI,
+/// `x-api-key: KEY` for Anthropic; marked sensitive, so that it never shows in logs or debug
+/// output. Made once here, not per request.
+fn credential(
+    at: &str,
+    var: &str,
+    key: &str,
+    dialect: BackendDialect,
+) -> Result<(HeaderName, HeaderValue)> {
+    let (name, value) = match dialect {
+        BackendDialect::Openai => (header::AUTHORIZATION, format!("Bearer {key}")),
+        BackendDialect::Anthropic => (HeaderName::from_static("x-api-key"), key.to_owned()),
+    };
+    let mut value = HeaderValue::try_from(value).map_err(|_| {
+        ConfigError::at(
+            at,
+            format!(
+                "the value of {var} holds characters an HTTP header cannot carry (a newline or a control character?); set it to the bare key"
+            ),
+        )
+    })?;
+    value.set_sensitive(true);
+    Ok((name, value))
+}
+
+/// `host[:port]` as an HTTP/1.1 client sends it: the port only when not the scheme's default.
+fn host_header(url: &Uri) -> Option<HeaderValue> {
+    let host = url.host()?;
+    let default_port = match url.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    match url.port_u16() {
+        Some(port) if port != default_port => HeaderValue::try_from(format!("{host}:{port}")).ok(),
+        _ => HeaderValue::from_str(host).ok(),
+    }
+}
+
+fn upstream_url(at: &str, value: &str) -> Result<Uri> {
+    let uri: Uri = value.parse().map_err(|e| {
+        ConfigError::at(
+            at,
+            format!("`{value}` is not a URL ({e}); write e.g. http://127.0.0.1:8000"),
+        )
+    })?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => {
+            return Err(ConfigError::at(
+                at,
+                format!("`{value}` must start with http:// or https://"),
+            ));
+        }
+    }
+    if uri.authority().is_none() {
+        return Err(ConfigError::at(at, format!("`{value}` has no host")));
+    }
+    if uri.query().is_some() {
+        return Err(ConfigError::at(
+            at,
+            "a backend URL cannot carry a query string",
+        ));
+    }
+    // Client paths carry /v1 already: a base URL copied from an SDK setting ends in it.
+    let path = uri.path().trim_end_matches('/');
+    let path = path.strip_suffix("/v1").unwrap_or(path);
+    let scheme = uri.scheme_str().unwrap_or("http");
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    format!("{scheme}://{authority}{path}")
+        .parse()
+        .map_err(|e| ConfigError::at(at, format!("`{value}`: {e}")))
+}
+
+fn models(at: &str, raw: &BTreeMap<String, String>) -> Result<ModelMap> {
+    if raw.is_empty() {
+        return Err(ConfigError::at(
+            at,
+            "list the models this backend serves (client name: upstream name), or \"*\": \"*\" for any",
+        ));
+    }
+    let mut map = ModelMap::default();
+    for (client, upstream) in raw {
+        if client == "*" {
+            if upstream != "*" {
+                return Err(ConfigError::at(
+                    format!("{at}.*"),
+                    "the wildcard passes names through unchanged: write \"*\": \"*\"",
+                ));
+            }
+            map.passthrough = true;
+        } else if client.is_empty() || upstream.is_empty() || upstream == "*" {
+            return Err(ConfigError::at(
+                format!("{at}.{client}"),
+                "model names must not be empty (and only the key \"*\" may map to \"*\")",
+            ));
+        } else {
+            map.aliases.insert(client.clone(), upstream.clone());
+        }
+    }
+    Ok(map)
+}
+
+/// A prior as curve points: given ones, a fit sampled at the bucket levels, or the closed-loop
+/// levels of a `tpsgate bench --json` file.
+fn prior(at: &str, p: &RawPrior, limit: Option<u32>, dir: &Path) -> Result<Vec<PriorPoint>> {
+    let given = [p.points.is_some(), p.fit.is_some(), p.bench_file.is_some()];
+    if given.iter().filter(|g| **g).count() != 1 {
+        return Err(ConfigError::at(
+            at,
+            "give exactly one of points, fit or bench_file",
+        ));
+    }
+    let mut points = Vec::new();
+    if let Some(raw) = &p.points {
+        for (i, r) in raw.iter().enumerate() {
+            let at = format!("{at}.points[{i}]");
+            positive(&format!("{at}.concurrency"), r.concurrency)?;
+            positive(&format!("{at}.per_user_tps"), r.per_user_tps)?;
+            positive(&format!("{at}.ttft_ms"), r.ttft_ms)?;
+            points.push(PriorPoint {
+                concurrency: r.concurrency,
+                per_user_tps: r.per_user_tps,
+                ttft_s: r.ttft_ms / 1e3,
+            });
+        }
+    }
+    if let Some(f) = &p.fit {
+        positive(&format!("{at}.fit.tpot_base_ms"), f.tpot_base_ms)?;
+        positive(&format!("{at}.fit.ttft_base_ms"), f.ttft_base_ms)?;
+        for (field, v) in [
+            ("tpot_per_seq_ms", f.tpot_per_seq_ms),
+            ("ttft_per_seq_ms", f.ttft_per_seq_ms),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ConfigError::at(
+                    format!("{at}.fit.{field}"),
+                    format!("{v} is out of range: use 0 or more"),
+                ));
+            }
+        }
+        let top = f64::from(limit.unwrap_or(64));
+        for c in crate::curve::BUCKETS.map(f64::from) {
+            if c > top {
+                break;
+            }
+            points.push(PriorPoint {
+                concurrency: c,
+                per_user_tps: 1e3 / (f.tpot_base_ms + f.tpot_per_seq_ms * c),
+                ttft_s: (f.ttft_base_ms + f.ttft_per_seq_ms * c) / 1e3,
+            });
+        }
+    }
+    if let Some(file) = &p.bench_file {
+        let at = format!("{at}.bench_file");
+        let path = dir.join(file);
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| ConfigError::at(&at, format!("cannot read `{}`: {e}", path.display())))?;
+        for (n, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let level: BenchLevel = serde_json::from_str(line).map_err(|e| {
+                ConfigError::at(
+                    &at,
+                    format!(
+                        "`{}` line {}: not a closed-loop level of `tpsgate bench --json` ({e})",
+                        path.display(),
+                        n + 1
+                    ),
+                )
+            })?;
+            if let (Some(tps), Some(ttft)) = (level.per_user_tps_p50, level.ttft_p50_s) {
+                points.push(PriorPoint {
+                    concurrency: level.concurrency as f64,
+                    per_user_tps: tps,
+                    ttft_s: ttft,
+                });
+            }
+        }
+    }
+    if points.is_empty() {
+        return Err(ConfigError::at(at, "the prior has no points"));
+    }
+    Ok(points)
+}
+
+/// The fields of a `tpsgate bench --json` closed-loop line that a prior needs.
+#[derive(serde::Deserialize)]
+struct BenchLevel {
+    concurrency: usize,
+    per_user_tps_p50: Option<f64>,
+    ttft_p50_s: Option<f64>,
+}

@@ -1,0 +1,348 @@
+//! Raw config -> typed [`Config`]: every rule, with errors that name the field and the fix.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::raw::{OnMiss, RawClass, RawConfig};
+use super::{
+    ApiKey, BackendConfig, ClassConfig, Config, Limits, Policy, RouteRule, Routing, Secret, Slo,
+    TlsFiles,
+};
+use crate::yaml::ConfigError;
+
+mod backend;
+
+use backend::backend;
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// Validates the whole config; `env` looks up environment variables (API keys); relative paths
+/// are relative to `dir`.
+pub fn validate(
+    raw: &RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    dir: &Path,
+) -> Result<Config> {
+    let listen = socket_addr("listen.address", &raw.listen.address)?;
+    let tls = match &raw.listen.tls {
+        Some(tls) => {
+            readable("listen.tls.cert_file", &tls.cert_file)?;
+            readable("listen.tls.key_file", &tls.key_file)?;
+            Some(TlsFiles {
+                cert_file: tls.cert_file.clone(),
+                key_file: tls.key_file.clone(),
+            })
+        }
+        None => None,
+    };
+    let admin_listen = socket_addr("admin.listen", &raw.admin.listen)?;
+    if admin_listen == listen && listen.port() != 0 {
+        return Err(ConfigError::at(
+            "admin.listen",
+            format!("{admin_listen} is also listen.address; give the admin plane its own port"),
+        ));
+    }
+    let limits = limits(raw)?;
+    let admin_token = match &raw.admin.token_env {
+        None => None,
+        Some(var) => match env(var) {
+            Some(token) if !token.is_empty() => Some(Secret::new(token)),
+            _ => {
+                return Err(ConfigError::at(
+                    "admin.token_env",
+                    format!(
+                        "environment variable {var} is not set (or empty); export it, or remove token_env"
+                    ),
+                ));
+            }
+        },
+    };
+
+    if raw.backends.is_empty() {
+        return Err(ConfigError::at(
+            "backends",
+            "no backends: list at least one upstream (name, url, dialect, models)",
+        ));
+    }
+    let mut backends: Vec<BackendConfig> = Vec::with_capacity(raw.backends.len());
+    for (i, b) in raw.backends.iter().enumerate() {
+        let at = format!("backends[{i}]");
+        let backend = backend(&at, b, env, dir)?;
+        if backends.iter().any(|other| other.name == backend.name) {
+            return Err(ConfigError::at(
+                format!("{at}.name"),
+                format!(
+                    "duplicate backend name `{}`: names must be unique",
+                    backend.name
+                ),
+            ));
+        }
+        backends.push(backend);
+    }
+    let default_backend =
+        match &raw.default_backend {
+            None => None,
+            Some(name) => Some(backends.iter().position(|b| &*b.name == name).ok_or_else(
+                || {
+                    ConfigError::at(
+                        "default_backend",
+                        format!(
+                            "no backend is called `{name}`; use one of: {}",
+                            names(&backends)
+                        ),
+                    )
+                },
+            )?),
+        };
+
+    let routing = routing(raw)?;
+    let mut classes: Vec<ClassConfig> = Vec::with_capacity(raw.classes.len());
+    for (i, c) in raw.classes.iter().enumerate() {
+        let at = format!("classes[{i}]");
+        if classes.iter().any(|other| *other.name == *c.name) {
+            return Err(ConfigError::at(
+                format!("{at}.name"),
+                format!("duplicate class `{}`", c.name),
+            ));
+        }
+        classes.push(class(&at, c, routing.policy)?);
+    }
+    let class_index = |at: &str, name: &str| {
+        classes
+            .iter()
+            .position(|c| &*c.name == name)
+            .ok_or_else(|| {
+                ConfigError::at(
+                    at,
+                    format!("no class is called `{name}`; define it under classes"),
+                )
+            })
+    };
+    let default_class = match &raw.default_class {
+        None => (!classes.is_empty()).then_some(0),
+        Some(name) => Some(class_index("default_class", name)?),
+    };
+    let mut routes = Vec::with_capacity(raw.routes.len());
+    for (i, r) in raw.routes.iter().enumerate() {
+        let at = format!("routes[{i}]");
+        if r.path.is_none() && r.model.is_none() {
+            return Err(ConfigError::at(
+                &at,
+                "a rule matches on path, model or both: give at least one",
+            ));
+        }
+        routes.push(RouteRule {
+            path: r.path.clone(),
+            model: r.model.clone(),
+            class: class_index(&format!("{at}.class"), &r.class)?,
+        });
+    }
+    let mut api_keys = Vec::with_capacity(raw.api_keys.len());
+    for (i, k) in raw.api_keys.iter().enumerate() {
+        let at = format!("api_keys[{i}]");
+        let key = match env(&k.key_env) {
+            Some(key) if !key.is_empty() => Secret::new(key),
+            _ => {
+                return Err(ConfigError::at(
+                    format!("{at}.key_env"),
+                    format!(
+                        "environment variable {} is not set (or empty); export it before starting, or remove this key",
+                        k.key_env
+                    ),
+                ));
+            }
+        };
+        let class = match &k.class {
+            Some(name) => Some(class_index(&format!("{at}.class"), name)?),
+            None => None,
+        };
+        api_keys.push(ApiKey { key, class });
+    }
+    positive("curves.half_life_s", raw.curves.half_life_s)?;
+    Ok(Config {
+        curve_half_life_s: raw.curves.half_life_s,
+        listen,
+        tls,
+        admin_listen,
+        admin_token,
+        limits,
+        backends,
+        default_backend,
+        classes,
+        default_class,
+        routes,
+        api_keys,
+        routing,
+    })
+}
+
+fn routing(raw: &RawConfig) -> Result<Routing> {
+    let r = &raw.routing;
+    if !(0.0..=0.5).contains(&r.exploration) {
+        return Err(ConfigError::at(
+            "routing.exploration",
+            format!(
+                "{} is out of range: use a share from 0 (never) to 0.5",
+                r.exploration
+            ),
+        ));
+    }
+    if r.oracle.output_tokens == 0 {
+        return Err(ConfigError::at(
+            "routing.oracle.output_tokens",
+            "must be at least 1",
+        ));
+    }
+    if !(1..=5).contains(&r.max_attempts) {
+        return Err(ConfigError::at(
+            "routing.max_attempts",
+            format!(
+                "{} is out of range: use 1 (no retries) to 5",
+                r.max_attempts
+            ),
+        ));
+    }
+    if !(0.0..=1.0).contains(&r.retry_budget) {
+        return Err(ConfigError::at(
+            "routing.retry_budget",
+            format!(
+                "{} is out of range: use a share from 0 to 1",
+                r.retry_budget
+            ),
+        ));
+    }
+    Ok(Routing {
+        max_attempts: r.max_attempts,
+        retry_budget: r.retry_budget,
+        policy: r.policy,
+        exploration: r.exploration,
+        oracle_shape: (r.oracle.prompt_tokens, r.oracle.output_tokens),
+    })
+}
+
+fn class(at: &str, c: &RawClass, default_policy: Policy) -> Result<ClassConfig> {
+    if c.name.trim().is_empty() {
+        return Err(ConfigError::at(format!("{at}.name"), "must not be empty"));
+    }
+    if let Some(tps) = c.min_tps {
+        positive(&format!("{at}.min_tps"), tps)?;
+    }
+    if let Some(ms) = c.max_ttft_ms {
+        positive(&format!("{at}.max_ttft_ms"), ms)?;
+    }
+    for (field, value) in [
+        ("tps_percentile", c.tps_percentile),
+        ("ttft_percentile", c.ttft_percentile),
+    ] {
+        if !matches!(value, 50 | 90) {
+            return Err(ConfigError::at(
+                format!("{at}.{field}"),
+                format!("{value} is not available: use 50 or 90 (the quantiles curves keep)"),
+            ));
+        }
+    }
+    let slo = Slo {
+        min_tps: c.min_tps,
+        tps_percentile: c.tps_percentile,
+        max_ttft_s: c.max_ttft_ms.map(|ms| ms / 1e3),
+        ttft_percentile: c.ttft_percentile,
+    };
+    let wait_ms = match (c.queue_max_wait_ms, c.max_ttft_ms) {
+        (Some(ms), _) => {
+            positive(&format!("{at}.queue_max_wait_ms"), ms)?;
+            ms
+        }
+        (None, Some(ttft)) => ttft,
+        (None, None) => 60_000.0,
+    };
+    Ok(ClassConfig {
+        name: Arc::from(c.name.as_str()),
+        slo,
+        policy: c.policy.unwrap_or(default_policy),
+        // Batch has no SLO to miss: "no backend" means none where it adds throughput without
+        // costing latency classes theirs, and the right thing then is to wait for one.
+        on_miss: c.on_miss.unwrap_or(if slo.is_batch() {
+            OnMiss::Queue
+        } else {
+            OnMiss::BestEffort
+        }),
+        queue_max_wait: Duration::from_secs_f64(wait_ms / 1e3),
+    })
+}
+
+fn names(backends: &[BackendConfig]) -> String {
+    backends
+        .iter()
+        .map(|b| &*b.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn socket_addr(at: &str, value: &str) -> Result<SocketAddr> {
+    value.parse().map_err(|_| {
+        ConfigError::at(
+            at,
+            format!("`{value}` is not an IP:port address; write e.g. 127.0.0.1:8080"),
+        )
+    })
+}
+
+fn readable(at: &str, path: &Path) -> Result<()> {
+    std::fs::metadata(path)
+        .map(|_| ())
+        .map_err(|e| ConfigError::at(at, format!("cannot read `{}`: {e}", path.display())))
+}
+
+fn positive(at: &str, value: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(ConfigError::at(
+            at,
+            format!("{value} is out of range: use a positive number"),
+        ))
+    }
+}
+
+/// The most connections a listener may hold open at once: far beyond what one process's
+/// descriptors allow, and small enough to count in a `u32`.
+const MAX_CONNECTIONS: u64 = 10_000_000;
+
+fn limits(raw: &RawConfig) -> Result<Limits> {
+    let l = &raw.limits;
+    if l.max_body_bytes == 0 {
+        return Err(ConfigError::at(
+            "limits.max_body_bytes",
+            "must be at least 1",
+        ));
+    }
+    positive("limits.header_read_timeout_s", l.header_read_timeout_s)?;
+    if l.max_header_bytes < 1024 {
+        return Err(ConfigError::at(
+            "limits.max_header_bytes",
+            format!("{} is too small: use at least 1024", l.max_header_bytes),
+        ));
+    }
+    if !(1..=MAX_CONNECTIONS).contains(&l.max_connections) {
+        return Err(ConfigError::at(
+            "limits.max_connections",
+            format!(
+                "{} is out of range: use 1 to {MAX_CONNECTIONS} (each connection holds a file descriptor)",
+                l.max_connections
+            ),
+        ));
+    }
+    positive("limits.drain_timeout_s", l.drain_timeout_s)?;
+    Ok(Limits {
+        max_body_bytes: usize::try_from(l.max_body_bytes).unwrap_or(usize::MAX),
+        header_read_timeout: Duration::from_secs_f64(l.header_read_timeout_s),
+        drain_timeout: Duration::from_secs_f64(l.drain_timeout_s),
+        max_header_bytes: usize::try_from(l.max_header_bytes).unwrap_or(usize::MAX),
+        max_connections: usize::try_from(l.max_connections).unwrap_or(usize::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,133 @@
+//! Config validation: defaults, every rule and the message that names the field and the fix.
+
+use super::super::parse;
+use super::*;
+
+const BASE: &str = "backends:\n  - name: a\n    url: http://127.0.0.1:9101/\n    dialect: openai\n    models: {small: upstream-small, \"*\": \"*\"}\n";
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+#[test]
+fn a_minimal_config_gets_documented_defaults() {
+    let c = parse(&BASE.replace("9101/", "9101/v1"), no_env).unwrap();
+    assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+    assert_eq!(c.admin_listen, "127.0.0.1:9090".parse().unwrap());
+    assert_eq!(c.limits.max_body_bytes, 4 << 20);
+    let b = &c.backends[0];
+    assert_eq!(b.url, "http://127.0.0.1:9101");
+    assert_eq!(b.host, "127.0.0.1:9101");
+    assert_eq!(b.models.upstream("small"), Some("upstream-small"));
+    assert_eq!(b.models.upstream("other"), Some("other"));
+    assert_eq!(b.anthropic_version, "2023-06-01");
+}
+
+#[test]
+fn a_class_without_an_slo_waits_for_room_unless_told_otherwise() {
+    let text = format!(
+        "{BASE}classes:\n  - {{name: chat, min_tps: 20}}\n  - {{name: batch}}\n  - {{name: bulk, on_miss: shed}}\n"
+    );
+    let c = parse(&text, no_env).unwrap();
+    let on_miss: Vec<OnMiss> = c.classes.iter().map(|k| k.on_miss).collect();
+    assert_eq!(on_miss, [OnMiss::BestEffort, OnMiss::Queue, OnMiss::Shed]);
+    assert_eq!(c.classes[1].queue_max_wait, Duration::from_secs(60));
+}
+
+#[test]
+fn the_upstream_host_header_carries_the_port_only_when_it_is_not_the_default() {
+    let host = |url: &str| {
+        let c = parse(&BASE.replace("http://127.0.0.1:9101/", url), no_env).unwrap();
+        c.backends[0].host.to_str().unwrap().to_owned()
+    };
+    assert_eq!(host("http://127.0.0.1:9101/"), "127.0.0.1:9101");
+    assert_eq!(host("https://api.example.com/v1"), "api.example.com");
+    assert_eq!(host("https://api.example.com:443"), "api.example.com");
+    assert_eq!(host("http://upstream:80"), "upstream");
+    assert_eq!(host("https://upstream:8443"), "upstream:8443");
+}
+
+#[test]
+fn a_missing_key_variable_is_named_with_the_fix() {
+    let text = format!("{BASE}    api_key_env: TPSGATE_TEST_KEY\n");
+    let err = parse(&text, no_env).unwrap_err();
+    assert_eq!(err.path, "backends[0].api_key_env");
+    assert!(
+        err.message.contains("TPSGATE_TEST_KEY is not set"),
+        "{}",
+        err.message
+    );
+    let c = parse(&text, |_| Some("sk-secret".into())).unwrap();
+    let (name, value) = c.backends[0].api_key.as_ref().unwrap();
+    assert_eq!(
+        (name.as_str(), value.as_bytes()),
+        ("authorization", &b"Bearer sk-secret"[..])
+    );
+    let err = parse(&text, |_| Some("sk-\nsecret".into())).unwrap_err();
+    assert_eq!(err.path, "backends[0].api_key_env");
+    assert!(err.message.contains("cannot carry"), "{}", err.message);
+    assert!(
+        !err.message.contains("secret"),
+        "the key stays out of messages"
+    );
+    assert!(
+        !format!("{c:?}").contains("sk-secret"),
+        "keys never show in debug output"
+    );
+}
+
+#[test]
+fn bad_values_name_their_field() {
+    let cases = [
+        (
+            BASE.replace("http://127.0.0.1:9101/", "ftp://x"),
+            "backends[0].url",
+        ),
+        (
+            BASE.replace("dialect: openai", "dialect: cohere"),
+            "backends[0].dialect",
+        ),
+        (
+            format!("{BASE}    max_concurrency: 0\n"),
+            "backends[0].max_concurrency",
+        ),
+        (format!("{BASE}default_backend: nope\n"), "default_backend"),
+        (
+            format!("{BASE}routing: {{policy: slo}}\n"),
+            "routing.policy",
+        ),
+        (
+            format!(
+                "{BASE}  - name: a\n    url: http://x\n    dialect: openai\n    models: {{m: m}}\n"
+            ),
+            "backends[1].name",
+        ),
+        (
+            format!("{BASE}    headers: {{Host: x}}\n"),
+            "backends[0].headers.Host",
+        ),
+        (
+            format!("{BASE}limits: {{max_connections: 100000000000}}\n"),
+            "limits.max_connections",
+        ),
+        (
+            format!("{BASE}limits: {{max_connections: 0}}\n"),
+            "limits.max_connections",
+        ),
+    ];
+    for (text, path) in cases {
+        let err = parse(&text, no_env).unwrap_err();
+        assert_eq!(err.path, path, "{text}\n{err}");
+    }
+}
+
+#[test]
+fn errors_after_parsing_are_placed_at_their_line_and_column() {
+    let text = format!("{BASE}    max_concurrency: 0\n");
+    let err = parse(&text, no_env).unwrap_err();
+    let placed = crate::yaml::place(err, Path::new("gw.yaml"), &text);
+    assert_eq!(
+        placed.to_string(),
+        "gw.yaml:6:22: backends[0].max_concurrency: must be at least 1"
+    );
+}

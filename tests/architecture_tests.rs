@@ -1,0 +1,403 @@
+//! The shape of the code, checked: modules stand on floors with no import circle between them,
+//! and the floors docs/ARCHITECTURE.md names keep their rules (what each module may never
+//! import). Read from the source's `use` lines and paths, as a reader would; test code
+//! (`tests.rs`, `testing.rs` and the `#[cfg(test)] mod tests` at the end of a file) is left out,
+//! since a test may reach anywhere to set its scene.
+
+#![expect(
+    clippy::unwrap_used,
+    reason = "helpers outside #[test] functions fail the test loudly too"
+)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Modules by path (`["proxy", "route"]`), each with the modules it imports.
+type Graph = BTreeMap<Vec<String>, BTreeSet<Vec<String>>>;
+
+/// What a top-level module must never import, and why (docs/ARCHITECTURE.md, "Floors").
+const NEVER: &[(&str, &[&str], &str)] = &[
+    (
+        "upstream",
+        &[
+            "proxy",
+            "router",
+            "fleet",
+            "curve",
+            "telemetry",
+            "sse",
+            "live",
+            "gateway",
+            "admin",
+        ],
+        "the transport imports nothing but config, tls and errors",
+    ),
+    (
+        "fleet",
+        &["proxy", "router", "live", "gateway", "admin", "stack"],
+        "backend state sits below the router and the stack",
+    ),
+    (
+        "router",
+        &["proxy", "live", "gateway", "admin", "stack", "upstream"],
+        "the router decides over the fleet and knows nothing of HTTP or the stack",
+    ),
+    (
+        "curve",
+        &[
+            "config",
+            "proxy",
+            "router",
+            "fleet",
+            "upstream",
+            "telemetry",
+            "sse",
+            "live",
+        ],
+        "curves are pure: time comes in as an argument",
+    ),
+    (
+        "sse",
+        &[
+            "config",
+            "proxy",
+            "router",
+            "fleet",
+            "upstream",
+            "curve",
+            "telemetry",
+        ],
+        "the SSE parser is pure",
+    ),
+    (
+        "telemetry",
+        &["proxy", "router", "fleet", "upstream", "live", "admin"],
+        "metric names and handles sit below everything that records them",
+    ),
+    (
+        "config",
+        &[
+            "proxy",
+            "router",
+            "fleet",
+            "upstream",
+            "live",
+            "gateway",
+            "telemetry",
+        ],
+        "config is read by everyone and reads no one above it",
+    ),
+    (
+        "proxy",
+        &["live", "gateway", "admin", "cli", "demo"],
+        "the request path never reaches up to what runs it",
+    ),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every module file under `src/` but test code, with its module path.
+fn modules() -> BTreeMap<Vec<String>, PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&src(), &mut files);
+    let mut modules = BTreeMap::new();
+    for file in files {
+        let rel = file.strip_prefix(src()).unwrap();
+        let mut parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        let last = parts.pop().unwrap();
+        let stem = last.trim_end_matches(".rs");
+        if matches!(stem, "tests" | "testing") || (parts.is_empty() && stem == "main") {
+            continue;
+        }
+        if !matches!(stem, "mod" | "lib") {
+            parts.push(stem.to_owned());
+        }
+        modules.insert(parts, file);
+    }
+    modules
+}
+
+/// The source without comments and without a trailing `#[cfg(test)] mod tests { ... }`.
+fn code(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]\nmod tests {") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    text.lines()
+        .map(|line| match line.find("//") {
+            // A `//` inside a string literal ("http://...") is not a comment.
+            Some(at) if line[..at].matches('"').count() % 2 == 0 => &line[..at],
+            _ => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every path a `use` tree names, expanded (`a::{b, c::d}` -> `a::b`, `a::c::d`).
+fn use_paths(tree: &str) -> Vec<String> {
+    let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
+    fn expand(prefix: &str, tree: &str, out: &mut Vec<String>) {
+        let Some(open) = tree.find('{') else {
+            out.push(format!("{prefix}{tree}"));
+            return;
+        };
+        let head = &tree[..open];
+        let inner = &tree[open + 1..tree.len() - 1];
+        let (mut depth, mut start) = (0, 0);
+        for (i, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    expand(&format!("{prefix}{head}"), &inner[start..i], out);
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        if start < inner.len() {
+            expand(&format!("{prefix}{head}"), &inner[start..], out);
+        }
+    }
+    let mut out = Vec::new();
+    expand("", &tree, &mut out);
+    out
+}
+
+/// The module a path names from inside `at`: the longest prefix that is a module file.
+fn resolve(
+    at: &[String],
+    path: &str,
+    known: &BTreeMap<Vec<String>, PathBuf>,
+) -> Option<Vec<String>> {
+    let mut segments = path.split("::").map(str::to_owned).peekable();
+    let mut base: Vec<String> = match segments.peek().map(String::as_str) {
+        Some("crate") => {
+            segments.next();
+            Vec::new()
+        }
+        // A module's path is its own (`proxy::route` for `proxy/route.rs`, `proxy` for
+        // `proxy/mod.rs`): `self` is it, each `super` one step up.
+        Some("self") => {
+            segments.next();
+            at.to_vec()
+        }
+        Some("super") => {
+            let mut base = at.to_vec();
+            while segments.peek().map(String::as_str) == Some("super") {
+                segments.next();
+                base.pop();
+            }
+            base
+        }
+        _ => return None,
+    };
+    let mut found = known.contains_key(&base).then(|| base.clone());
+    for segment in segments {
+        base.push(segment);
+        if known.contains_key(&base) {
+            found = Some(base.clone());
+        }
+    }
+    found
+}
+
+/// The import graph between module files. An edge from a module to one of its own descendants
+/// (its `mod` declarations and re-exports) is the module tree itself, not an import.
+fn graph() -> Graph {
+    let known = modules();
+    let mut graph = Graph::new();
+    for (module, file) in &known {
+        let text = code(&std::fs::read_to_string(file).unwrap());
+        let mut paths = Vec::new();
+        for statement in text.split(';') {
+            let statement = statement.trim_start();
+            let tree = statement
+                .strip_prefix("pub use ")
+                .or_else(|| statement.strip_prefix("pub(crate) use "))
+                .or_else(|| statement.strip_prefix("use "));
+            if let Some(tree) = tree {
+                paths.extend(use_paths(tree));
+            }
+        }
+        // Paths written out in the code (`crate::telemetry::count_retry(...)`).
+        for start in ["crate::", "super::"] {
+            for (at, _) in text.match_indices(start) {
+                let before = text[..at].chars().next_back();
+                if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+                    continue;
+                }
+                let path: String = text[at..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                paths.push(path.trim_end_matches(':').to_owned());
+            }
+        }
+        let targets = graph.entry(module.clone()).or_default();
+        for path in paths {
+            if let Some(target) = resolve(module, &path, &known)
+                && target != *module
+                && !target.starts_with(module)
+            {
+                targets.insert(target);
+            }
+        }
+    }
+    graph
+}
+
+/// The circles of `graph` (strongly connected components of more than one module), by
+/// Tarjan's algorithm.
+fn circles(graph: &Graph) -> Vec<Vec<Vec<String>>> {
+    struct Walk<'g> {
+        graph: &'g Graph,
+        index: BTreeMap<&'g Vec<String>, usize>,
+        low: BTreeMap<&'g Vec<String>, usize>,
+        stack: Vec<&'g Vec<String>>,
+        on_stack: BTreeSet<&'g Vec<String>>,
+        found: Vec<Vec<Vec<String>>>,
+    }
+    impl<'g> Walk<'g> {
+        fn visit(&mut self, v: &'g Vec<String>) {
+            let i = self.index.len();
+            self.index.insert(v, i);
+            self.low.insert(v, i);
+            self.stack.push(v);
+            self.on_stack.insert(v);
+            for w in self.graph.get(v).into_iter().flatten() {
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.on_stack.contains(w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut component = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on_stack.remove(w);
+                    component.push(w.clone());
+                    if w == v {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut walk = Walk {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on_stack: BTreeSet::new(),
+        found: Vec::new(),
+    };
+    for v in graph.keys() {
+        if !walk.index.contains_key(v) {
+            walk.visit(v);
+        }
+    }
+    walk.found
+}
+
+fn name(module: &[String]) -> String {
+    if module.is_empty() {
+        "lib".to_owned()
+    } else {
+        module.join("::")
+    }
+}
+
+#[test]
+fn no_module_imports_one_that_imports_it_back() {
+    let graph = graph();
+    assert!(
+        graph.len() > 40,
+        "the source was read: {} modules",
+        graph.len()
+    );
+    let found = circles(&graph);
+    let described: Vec<String> = found
+        .iter()
+        .map(|c| c.iter().map(|m| name(m)).collect::<Vec<_>>().join(" <-> "))
+        .collect();
+    assert!(
+        described.is_empty(),
+        "import circles (break each by moving what both need below both):\n{}",
+        described.join("\n")
+    );
+}
+
+#[test]
+fn each_floor_keeps_its_rule_of_what_it_never_imports() {
+    let graph = graph();
+    let mut broken = Vec::new();
+    for (module, targets) in &graph {
+        let Some(top) = module.first() else { continue };
+        for (floor, never, why) in NEVER {
+            if top != floor {
+                continue;
+            }
+            for target in targets {
+                if target.first().is_some_and(|t| never.contains(&t.as_str())) {
+                    broken.push(format!("{} imports {}: {why}", name(module), name(target)));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+#[test]
+fn the_check_sees_a_circle_and_a_forbidden_import_when_there_is_one() {
+    // The reader itself, on lines shaped as the source writes them.
+    assert_eq!(
+        use_paths("super::{body::ProxyBody, route::{Tried, ask}}"),
+        [
+            "super::body::ProxyBody",
+            "super::route::Tried",
+            "super::route::ask"
+        ]
+    );
+    let mut graph = Graph::new();
+    let m = |s: &str| s.split("::").map(str::to_owned).collect::<Vec<_>>();
+    graph.entry(m("a")).or_default().insert(m("b::c"));
+    graph.entry(m("b::c")).or_default().insert(m("d"));
+    graph.entry(m("d")).or_default().insert(m("a"));
+    graph.entry(m("e")).or_default().insert(m("a"));
+    assert_eq!(circles(&graph).len(), 1);
+    assert_eq!(circles(&graph)[0].len(), 3);
+    let known: BTreeMap<_, _> = [m("proxy"), m("proxy::route"), m("fleet")]
+        .into_iter()
+        .map(|k| (k, PathBuf::new()))
+        .collect();
+    assert_eq!(
+        resolve(&m("proxy::retry"), "super::route::Tried", &known),
+        Some(m("proxy::route"))
+    );
+    assert_eq!(
+        resolve(&m("proxy::retry"), "crate::fleet::Backend", &known),
+        Some(m("fleet"))
+    );
+}
