@@ -10,7 +10,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tokio::time::Instant;
 use tpsgate::proxy::meter::StreamMeter;
 use tpsgate::sse::SseParser;
-use tpsgate::sse::observe::StreamDialect;
+use tpsgate::sse::events::StreamDialect;
 
 const CHUNK: &str = "data: {\"id\":\"chatcmpl-6a1d3a2c\",\"object\":\"chat.completion.chunk\",\"created\":1795371613,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" quick\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n";
 

@@ -38,8 +38,8 @@ const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 ///
 /// Why not hyper-util's auto builder, which tells them apart too: its connection future holds
 /// the HTTP/1 and the HTTP/2 state inline, so every HTTP/1 connection's task is the size of
-/// both, and an idle stream kept ~5 KiB more resident (39.2 against 34.0 KiB per idle stream,
-/// BENCHMARKS.md).
+/// both, and an idle stream kept more resident memory (BENCHMARKS.md, "Earlier that afternoon
+/// (501c5de)").
 async fn opens_with_h2_preface(stream: &TcpStream) -> io::Result<bool> {
     let mut first = [0u8; H2_PREFACE.len()];
     loop {
@@ -202,8 +202,8 @@ pin_project! {
     /// hyper-util's `GracefulShutdown` does the same, but its connection future polls the
     /// shutdown signal again every time the connection is polled (once or more per forwarded
     /// chunk); here the signal is polled only when the task polling the connection changes, and
-    /// between times asked with one atomic load. That was ~2% of the instructions of a streamed
-    /// request.
+    /// between times asked with one atomic load (what that saved: BENCHMARKS.md, "2026-11-23,
+    /// evening (e7456fe)").
     struct UntilStopping<C> {
         #[pin]
         conn: C,

@@ -101,7 +101,7 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
 
 /// Metric handles of one backend × model × class: the histograms, built with it, and the
 /// response counter of each status × outcome, built the first time that one is seen (a registry
-/// lookup hashes and copies every label: about 5% of a proxied request's instructions).
+/// lookup hashes and copies every label: BENCHMARKS.md, "Instructions per request").
 #[derive(Debug)]
 pub struct ModelMetrics {
     labels: [(&'static str, String); 3],
@@ -168,7 +168,7 @@ impl ModelMetrics {
     }
 
     /// Records one request.
-    pub fn observe(&self, obs: &Observation, max_gap_s: f64) {
+    pub fn record(&self, obs: &Observation, max_gap_s: f64) {
         if obs.outcome != Outcome::Completed {
             return;
         }

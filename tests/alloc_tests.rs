@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use tokio::time::Instant;
 use tpsgate::proxy::meter::StreamMeter;
-use tpsgate::sse::observe::StreamDialect;
+use tpsgate::sse::events::StreamDialect;
 
 const CONTENT: &[u8] = b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" quick\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n";
 const ANTHROPIC: &[u8] = b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" quick\"}}\n\n";

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use tokio::time::Instant;
 use tpsgate::proxy::meter::StreamMeter;
-use tpsgate::sse::observe::StreamDialect;
+use tpsgate::sse::events::StreamDialect;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cut, rest)) = data.split_first() else { return };

@@ -3,7 +3,7 @@
 //! TPOT(c) = a + b·c follows from how batching engines work: a decode step costs a fixed part
 //! plus a part per sequence in the batch (see the simulator's engine, and vLLM's scheduler). TTFT
 //! is fitted as t0 + t1·c + P/r, the queueing part growing with concurrency plus prefill at rate
-//! r tokens per second (DESIGN.md, "Curves").
+//! r tokens per second (docs/ARCHITECTURE.md, "Curves").
 
 /// Solves the weighted least-squares problem `min Σ w (y - x·β)²` for up to three parameters by
 /// Gaussian elimination on the normal equations. `None` when they are singular (the data cannot

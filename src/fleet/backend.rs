@@ -211,7 +211,7 @@ impl Backend {
     ) {
         let counted = |m: &ModelMetrics| {
             if let Some((obs, max_gap_s)) = timed {
-                m.observe(obs, *max_gap_s);
+                m.record(obs, *max_gap_s);
             }
         };
         // The common case under a read lock: handles exist for this model, class and status.

@@ -29,7 +29,7 @@ use super::end::RequestEnd;
 use super::meter::StreamMeter;
 use crate::curve::Outcome;
 use crate::fleet::InFlightGuard;
-use crate::sse::observe::StreamDialect;
+use crate::sse::events::StreamDialect;
 pub use crate::upstream::BodyError;
 use crate::upstream::PooledBody;
 
@@ -275,7 +275,7 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                 // Output flows: the next deadline is a stall.
                 this.inner.as_mut().flowing(now);
             }
-            if this.inner.is_end_stream() && !meter.holds_bytes() {
+            if this.inner.is_end_stream() && !meter.has_partial_event() {
                 this.end.ended(Outcome::Completed);
             }
             if first_content {
@@ -289,10 +289,10 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        // Not while the meter still holds the start of an unfinished event.
+        // Not while the meter keeps back the start of an unfinished event.
         self.read.is_empty()
             && self.inner.is_end_stream()
-            && self.meter.as_ref().is_none_or(|m| !m.holds_bytes())
+            && self.meter.as_ref().is_none_or(|m| !m.has_partial_event())
     }
 
     fn size_hint(&self) -> SizeHint {

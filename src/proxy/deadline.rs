@@ -242,7 +242,7 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Timed<B> {
 }
 
 /// The next deadline, and its timer with the instant it is armed for. Boxed so that the body is
-/// `Unpin` (it is read ahead while held).
+/// `Unpin` (a stream is read ahead to its first content before it goes out).
 #[derive(Debug)]
 struct Timer {
     at: Instant,

@@ -1,7 +1,7 @@
 //! The end of a request that reached a backend, written exactly once when its response body
 //! ends, fails or is dropped (as linkerd's `BodyWithEosFn` takes its callback once): the
 //! backend's health, the curve's sample, the metrics and the log line; and, through the slot it
-//! holds, the release of the request's place in flight.
+//! keeps, the release of the request's place in flight.
 //!
 //! The first token is learned as soon as it comes ([`RequestEnd::first_token`]): the curve's TTFT
 //! needs no end, and the occupancy integral starts there for the request's experienced

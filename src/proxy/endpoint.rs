@@ -1,7 +1,7 @@
 //! Which API a request path belongs to.
 
 use crate::config::BackendDialect;
-use crate::sse::observe::StreamDialect;
+use crate::sse::events::StreamDialect;
 
 /// The client-facing endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

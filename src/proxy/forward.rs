@@ -22,7 +22,7 @@ use super::route::Routed;
 use crate::error::{Error, ErrorKind};
 use crate::fleet::Backend;
 use crate::signal::Signal;
-use crate::sse::observe::StreamDialect;
+use crate::sse::events::StreamDialect;
 use crate::upstream::{PooledBody, SendError, UpstreamBody};
 
 /// `x-tpsgate-backend`: which backend answered.

@@ -3,15 +3,15 @@
 //!
 //! It reads SSE events as frames go by: the first and last content event, their count, the
 //! longest gap between content events, and the usage. When asked to, it removes the usage-only
-//! chunk that the gateway itself requested: then an event split across frames is held until its
-//! blank line arrives (a client cannot use half an event), and nothing else is ever held.
+//! chunk that the gateway itself requested: then an event split across frames is kept back until its
+//! blank line arrives (a client cannot use half an event), and nothing else is ever kept back.
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::time::Instant;
 
 use crate::curve::StreamTiming;
 use crate::sse::SseParser;
-use crate::sse::observe::{self, StreamDialect};
+use crate::sse::events::{self, StreamDialect};
 
 /// Timing of one stream.
 #[derive(Debug)]
@@ -19,7 +19,7 @@ pub struct StreamMeter {
     dialect: StreamDialect,
     strip: bool,
     parser: SseParser,
-    held: BytesMut,
+    partial: BytesMut,
     /// Content events and usage, as far as seen.
     pub timing: StreamTiming,
     /// Longest silence between two content events, seconds.
@@ -33,7 +33,7 @@ impl StreamMeter {
             dialect,
             strip,
             parser: SseParser::new(),
-            held: BytesMut::new(),
+            partial: BytesMut::new(),
             timing: StreamTiming::default(),
             max_gap_s: 0.0,
         }
@@ -61,21 +61,21 @@ impl StreamMeter {
         self.strip
     }
 
-    /// Whether the start of an unfinished event is held back.
-    pub fn holds_bytes(&self) -> bool {
-        !self.held.is_empty()
+    /// Whether the start of an unfinished event is kept back until its end arrives.
+    pub fn has_partial_event(&self) -> bool {
+        !self.partial.is_empty()
     }
 
-    /// Bytes still held when the stream ends: an unfinished last event, which belongs to the
+    /// Bytes still kept back when the stream ends: an unfinished last event, which belongs to the
     /// client all the same.
     pub fn finish(&mut self) -> Option<Bytes> {
-        (!self.held.is_empty()).then(|| self.held.split().freeze())
+        (!self.partial.is_empty()).then(|| self.partial.split().freeze())
     }
 
     /// Records one event; returns whether it is a usage-only chunk.
     fn note(&mut self, event: &[u8], data: &[u8], now: Instant) -> bool {
         let t = &mut self.timing;
-        if observe::is_content(self.dialect, event, data) {
+        if events::is_content(self.dialect, event, data) {
             match t.last_content {
                 Some(last) => self.max_gap_s = self.max_gap_s.max((now - last).as_secs_f64()),
                 None => t.first_content = Some(now),
@@ -83,7 +83,7 @@ impl StreamMeter {
             t.last_content = Some(now);
             t.content_events += 1;
         }
-        let Some(u) = observe::usage(self.dialect, event, data) else {
+        let Some(u) = events::usage(self.dialect, event, data) else {
             return false;
         };
         if u.usage.prompt_tokens.is_some() {
@@ -96,19 +96,19 @@ impl StreamMeter {
         u.usage_only
     }
 
-    /// Forwards every complete event of `held + data` except a usage-only chunk; keeps an
+    /// Forwards every complete event of `partial + data` except a usage-only chunk; keeps an
     /// incomplete tail for the next frame. Zero-copy unless an event was split or removed.
     fn strip_usage(&mut self, data: Bytes, now: Instant) -> Bytes {
-        let buf = if self.held.is_empty() {
+        let buf = if self.partial.is_empty() {
             data
         } else {
-            self.held.put(data);
-            self.held.split().freeze()
+            self.partial.put(data);
+            self.partial.split().freeze()
         };
         let mut at = 0;
         let mut cut: Option<std::ops::Range<usize>> = None;
         let mut parser = std::mem::take(&mut self.parser);
-        while let Some(len) = observe::event_end(&buf[at..]) {
+        while let Some(len) = events::event_end(&buf[at..]) {
             let mut usage_only = false;
             parser.feed(&buf[at..at + len], &mut |ev| {
                 usage_only |= self.note(ev.event, ev.data, now);
@@ -120,7 +120,7 @@ impl StreamMeter {
         }
         self.parser = parser;
         if at < buf.len() {
-            self.held.put(&buf[at..]);
+            self.partial.put(&buf[at..]);
         }
         match cut {
             None => buf.slice(..at),

@@ -4,7 +4,7 @@
 //! streams: lines end in CR, LF or CRLF (split across reads too), `:` starts a comment, `data:`
 //! takes one optional space, several data lines join with `\n`, and a blank line dispatches.
 
-pub mod observe;
+pub mod events;
 mod parser;
 
 pub use parser::{SseEvent, SseParser};

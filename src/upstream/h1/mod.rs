@@ -4,9 +4,9 @@
 //!
 //! hyper's client (which the pool used before) runs each connection on a task of its own and
 //! hands requests, heads and body frames across channels to it; an open stream kept its
-//! dispatch channel (an 8,992-byte block), a read and a write buffer of 8 KiB each, and the
-//! boxed connection and its task: about 14 KiB of resident memory per idle stream, half of
-//! what a stream cost, with no setting to make any of it smaller. Here a connection is a socket
+//! dispatch channel, a read and a write buffer, and the boxed connection and its task: about
+//! half of what an idle stream cost in resident memory, with no setting to make any of it
+//! smaller (BENCHMARKS.md, "Memory per idle stream, by owner"). Here a connection is a socket
 //! and one read buffer that starts at 1 KiB and grows only while reads fill it. The request
 //! head is written from a buffer freed once it is sent, with the body beside it (one `writev`).
 //! The parsing is httparse's, as in hyper; the framing (length, chunks, close) is ours.
@@ -119,11 +119,10 @@ impl Connection {
             // Requests that became ready together are written together: the task lets the
             // others run first, so that the backend is woken once for the batch rather than
             // once per request. Where it shares the host (a sidecar, or the benchmark), each
-            // wake-up is an interrupt to its core charged to the gateway's: nginx upstream woke
-            // 0.49 times per request without this and 0.07 with it (voluntary context switches
-            // at c=32), and the gateway served 7% more requests/s (37,608 → 40,103, `REPS=3
-            // benches/rps-ab.sh`). hyper's client batched so by accident (0.19 wake-ups), its
-            // requests crossing to the connections' own tasks.
+            // wake-up is an interrupt to its core charged to the gateway's (the wake-ups and the
+            // requests/s this bought: BENCHMARKS.md, "An HTTP/1.1 client of our own"). hyper's
+            // client batched so by accident, its requests crossing to the connections' own
+            // tasks.
             tokio::task::yield_now().await;
             match self.write(&head, &body, &parts.method).await {
                 Ok(sent) => (parts.method, sent),
@@ -142,8 +141,8 @@ impl Connection {
             }),
         }
         .map_err(|e| (e, None))?;
-        // Likewise responses: heads that came together go out to their clients together
-        // (+1.5% requests/s more, 40,126 → 40,717).
+        // Likewise responses: heads that came together go out to their clients together (same
+        // section).
         tokio::task::yield_now().await;
         let body = Body {
             conn: Some(self),
