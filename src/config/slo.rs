@@ -1,6 +1,6 @@
-//! Service-level objectives: what a class promises its requests, and how far a prediction is
-//! inside or outside that promise (slack). Pure functions of predictions; the router's derived
-//! caps build on them.
+//! Service-level objectives: what a class promises its requests, how far a prediction is inside
+//! or outside that promise (slack), and the largest concurrency a curve predicts keeps it.
+//! Pure functions of predictions.
 
 use serde::Serialize;
 
@@ -67,6 +67,22 @@ impl Slo {
     pub fn speed_holds(&self, p: &Prediction) -> bool {
         self.min_tps.is_none_or(|min| self.tps(p) >= min)
     }
+
+    /// The largest concurrency in `1..=limit` at which `predict` meets this SLO, scanning up
+    /// from 1 and stopping at the first miss (a curve past its knee does not come back) or
+    /// where the prediction goes beyond the curve's evidence (admission does not trust it there
+    /// either); 0 when even a lone request misses.
+    pub fn derived_cap(&self, limit: u32, predict: impl Fn(f64) -> Prediction) -> u32 {
+        let mut cap = 0;
+        for n in 1..=limit {
+            let p = predict(f64::from(n));
+            if p.beyond_evidence || self.slack(&p) < 0.0 {
+                break;
+            }
+            cap = n;
+        }
+        cap
+    }
 }
 
 #[cfg(test)]
@@ -107,5 +123,19 @@ mod tests {
         assert!((INTERACTIVE.slack(&prediction(25.0, 0.1)) - (-0.2)).abs() < 1e-12);
         assert_eq!(Slo::default().slack(&p), f64::INFINITY);
         assert!(Slo::default().is_batch() && !INTERACTIVE.is_batch());
+    }
+
+    #[test]
+    fn the_derived_cap_is_the_last_concurrency_before_the_first_miss() {
+        // A batching backend: TPOT = 10 ms + 1 ms per request; p10 = 0.8 x median.
+        let batching = |c: f64| prediction(1.0 / (0.010 + 0.001 * c), 0.05);
+        // 0.8 / (0.010 + 0.001 c) >= 25  <=>  c <= 22.
+        assert_eq!(INTERACTIVE.derived_cap(64, batching), 22);
+        assert_eq!(INTERACTIVE.derived_cap(8, batching), 8);
+        // A serial backend: speed flat, TTFT grows by 2 s per queued request.
+        let serial = |c: f64| prediction(40.0, 0.05 + 2.0 * (c - 1.0));
+        assert_eq!(INTERACTIVE.derived_cap(64, serial), 1);
+        let hopeless = |_| prediction(10.0, 0.05);
+        assert_eq!(INTERACTIVE.derived_cap(64, hopeless), 0);
     }
 }

@@ -140,15 +140,7 @@ mod tests {
 
     use super::*;
 
-    const ROLE: &[u8] = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
-    const USAGE: &[u8] =
-        b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n";
-
-    fn content(text: &str) -> Bytes {
-        Bytes::from(format!(
-            "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
-        ))
-    }
+    use crate::proxy::testing::{ROLE, USAGE, content};
 
     #[test]
     fn role_only_first_chunk_is_not_ttft() {

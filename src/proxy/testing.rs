@@ -125,3 +125,16 @@ pub(crate) fn routed_to<B>(req: &http::Request<B>) -> String {
 
 /// Where each request a stand-in served was routed, in order.
 pub(crate) type Seen = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// An OpenAI role-only first chunk: no content.
+pub(crate) const ROLE: &[u8] = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+/// An OpenAI usage-only chunk (5 prompt tokens, 2 completion tokens).
+pub(crate) const USAGE: &[u8] =
+    b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n";
+
+/// An OpenAI content chunk carrying `text`.
+pub(crate) fn content(text: &str) -> Bytes {
+    Bytes::from(format!(
+        "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+    ))
+}

@@ -11,17 +11,7 @@ use crate::config::Timeouts;
 use crate::fleet::InFlightGuard;
 use crate::proxy::deadline::Deadlines;
 use crate::proxy::end;
-use crate::proxy::testing::{Fed, Feed, backend, fed};
-
-const ROLE: &[u8] = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
-const USAGE: &[u8] =
-    b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2}}\n\n";
-
-fn content(text: &str) -> Bytes {
-    Bytes::from(format!(
-        "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
-    ))
-}
+use crate::proxy::testing::{Fed, Feed, ROLE, USAGE, backend, content, fed};
 
 fn request() -> end::Request {
     end::Request {
