@@ -29,7 +29,7 @@ pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
         config.default_class,
         config.routes.clone(),
     );
-    let budget = Arc::new(RetryBudget::new(config.routing.retry_budget));
+    let budget = RetryBudget::new(config.routing.retry_budget);
     ServiceBuilder::new()
         // Outermost: every response, errors included, carries the request id.
         .layer(RequestIdLayer::new())

@@ -22,7 +22,7 @@ use tower::{Layer, Service, ServiceExt as _};
 
 use super::body::ProxyBody;
 use super::classify::Classified;
-use super::route::{Tried, ask, received};
+use super::route::Tried;
 use crate::error::{Error, ErrorKind};
 use crate::router::Router;
 use crate::upstream::copy_request;
@@ -73,19 +73,28 @@ impl RetryBudget {
 /// Retries requests that failed before any content.
 #[derive(Debug, Clone)]
 pub struct RetryLayer {
+    // One shared part: the stack is cloned per request, and each `Arc` in it is an atomic
+    // increment and decrement there.
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     router: Arc<Router>,
     max_attempts: u32,
-    budget: Arc<RetryBudget>,
+    budget: RetryBudget,
 }
 
 impl RetryLayer {
     /// At most `max_attempts` attempts per request, retries spent from `budget`; `router` tells
     /// whether another backend serves the model.
-    pub const fn new(router: Arc<Router>, max_attempts: u32, budget: Arc<RetryBudget>) -> Self {
+    pub fn new(router: Arc<Router>, max_attempts: u32, budget: RetryBudget) -> Self {
         Self {
-            router,
-            max_attempts,
-            budget,
+            shared: Arc::new(Shared {
+                router,
+                max_attempts,
+                budget,
+            }),
         }
     }
 }
@@ -96,7 +105,7 @@ impl<S> Layer<S> for RetryLayer {
     fn layer(&self, inner: S) -> Retry<S> {
         Retry {
             inner,
-            layer: self.clone(),
+            shared: Arc::clone(&self.shared),
         }
     }
 }
@@ -105,7 +114,7 @@ impl<S> Layer<S> for RetryLayer {
 #[derive(Debug, Clone)]
 pub struct Retry<S> {
     inner: S,
-    layer: RetryLayer,
+    shared: Arc<Shared>,
 }
 
 type Attempts = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, Error>> + Send>>;
@@ -115,16 +124,16 @@ impl<S> Retry<S> {
     /// one backend serves its model. Only then is the request copied for a retry and its stream
     /// read ahead to the first content.
     fn may_retry<B>(&self, req: &Request<B>) -> bool {
-        if self.layer.max_attempts <= 1 {
+        if self.shared.max_attempts <= 1 {
             return false;
         }
         let Some(c) = req.extensions().get::<Classified>() else {
             return false;
         };
         c.model.as_deref().is_some_and(|model| {
-            self.layer
+            self.shared
                 .router
-                .serving_count(&ask(c, model, received(req), &[]))
+                .serving_count(model, c.endpoint.dialect())
                 > 1
         })
     }
@@ -159,7 +168,7 @@ async fn failed(result: &mut Result<Response<ProxyBody>, Error>) -> bool {
 
 /// Sends `req` down, then again (to another backend) while it fails before content.
 async fn attempts<S>(
-    layer: RetryLayer,
+    layer: Arc<Shared>,
     mut inner: S,
     req: Request<Bytes>,
 ) -> Result<Response<ProxyBody>, Error>
@@ -226,7 +235,7 @@ where
         // The clone that was driven to readiness serves this call (tower's clone-and-swap).
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        Either::Right(Box::pin(attempts(self.layer.clone(), inner, req)))
+        Either::Right(Box::pin(attempts(Arc::clone(&self.shared), inner, req)))
     }
 }
 

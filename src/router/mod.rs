@@ -459,10 +459,13 @@ impl Router {
         .retry_after(retry_after)
     }
 
-    /// Backends that serve `ask`'s model (failed ones it avoids aside): with more than one, a
-    /// failed attempt can be tried again elsewhere.
-    pub fn serving_count(&self, ask: &Ask<'_>) -> usize {
-        self.serving(ask).count()
+    /// Backends that serve `model` in `dialect`: with more than one, a failed attempt can be
+    /// tried again elsewhere.
+    pub fn serving_count(&self, model: &str, dialect: BackendDialect) -> usize {
+        self.backends
+            .iter()
+            .filter(|b| b.config.dialect == dialect && b.config.models.upstream(model).is_some())
+            .count()
     }
 
     /// Backends that speak the dialect and serve the model, with their indices.

@@ -10,7 +10,7 @@ use crate::proxy::testing::{Seen, answer, chat, routed_to, router};
 fn retry(
     router: &Arc<Router>,
     max_attempts: u32,
-    budget: Arc<RetryBudget>,
+    budget: RetryBudget,
     status_of: fn(&str) -> u16,
 ) -> (
     impl Service<Request<Bytes>, Response = Response<ProxyBody>, Error = Error>,
@@ -37,8 +37,8 @@ fn retry(
     (stack, seen)
 }
 
-fn budget() -> Arc<RetryBudget> {
-    Arc::new(RetryBudget::new(0.2))
+fn budget() -> RetryBudget {
+    RetryBudget::new(0.2)
 }
 
 /// `a` cannot be reached, `b` answers 200.
@@ -99,7 +99,7 @@ async fn one_backend_serving_the_model_means_one_attempt() {
 #[tokio::test(start_paused = true)]
 async fn an_empty_budget_allows_no_retry() {
     let router = router(&["a", "b"], &[]);
-    let empty = Arc::new(RetryBudget::new(0.0));
+    let empty = RetryBudget::new(0.0);
     while empty.withdraw() {}
     let (svc, seen) = retry(&router, 2, empty, |_| 502);
     let resp = svc.oneshot(chat(&router, None)).await.unwrap();
