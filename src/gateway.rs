@@ -36,6 +36,9 @@ pub struct Gateway {
     drained: Signal,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The cluster link's sync task, when the gateway runs in a cluster, and its stop.
+    cluster: Option<JoinHandle<()>>,
+    cluster_stop: watch::Sender<bool>,
 }
 
 /// The service the listener calls: the stack current when each request arrives.
@@ -63,7 +66,16 @@ impl Gateway {
     /// and starts serving.
     pub async fn start(config: &Config) -> Result<Self, String> {
         let drained = Signal::new();
-        let live = Arc::new(ArcSwap::from_pointee(Live::build(config, None, &drained)?));
+        let (outbox, inbox) = match &config.cluster {
+            Some(_) => {
+                let (outbox, inbox) = crate::fleet::outbox::outbox();
+                (Some(outbox), Some(inbox))
+            }
+            None => (None, None),
+        };
+        let live = Arc::new(ArcSwap::from_pointee(Live::build(
+            config, None, &drained, outbox,
+        )?));
         let tls = match &config.tls {
             Some(files) => Some(crate::tls::acceptor(&files.cert_file, &files.key_file)?),
             None => None,
@@ -84,12 +96,25 @@ impl Gateway {
                 let _ = rx.wait_for(|s| *s).await;
             }
         };
+        // The cluster link outlives the listener: it stops once the streams have drained, so
+        // that the peers count this replica's load until it is gone.
+        let (cluster_stop, _) = watch::channel(false);
+        let cluster = match (&config.cluster, inbox) {
+            (Some(c), Some(inbox)) => Some(crate::cluster::start(
+                c,
+                Arc::clone(&live),
+                inbox,
+                cluster_stop.subscribe(),
+            )?),
+            _ => None,
+        };
         let reload_status = Arc::new(Mutex::new(ReloadStatus::default()));
         let admin = Arc::new(AdminState {
             live: Arc::clone(&live),
             ready: AtomicBool::new(true),
             token: config.admin_token.clone(),
             reload: Arc::clone(&reload_status),
+            cluster: cluster.as_ref().map(|c| Arc::clone(&c.status)),
         });
         let has_tls = tls.is_some();
         let limits = config.limits;
@@ -158,6 +183,8 @@ impl Gateway {
             drained,
             stop,
             tasks: vec![proxy, admin_task, upkeep, oracle],
+            cluster: cluster.map(|c| c.task),
+            cluster_stop,
         })
     }
 
@@ -202,11 +229,21 @@ impl Gateway {
         for task in self.tasks.drain(..) {
             let _ = task.await;
         }
+        let _ = self.cluster_stop.send(true);
+        if let Some(task) = self.cluster.take() {
+            let _ = task.await;
+        }
+    }
+
+    /// The cluster link's state, when the gateway runs in a cluster.
+    pub fn cluster(&self) -> Option<&crate::cluster::Status> {
+        self.admin.cluster.as_deref()
     }
 }
 
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        let _ = self.cluster_stop.send(true);
     }
 }

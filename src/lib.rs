@@ -20,6 +20,7 @@
 pub mod admin;
 pub mod bench;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod console;
 pub mod curve;

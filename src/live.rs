@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::config::{BackendConfig, Config};
-use crate::fleet::{Backend, Line};
+use crate::fleet::{Backend, Line, Outbox};
 use crate::router::Router;
 use crate::signal::Signal;
 use crate::stack::{self, Stack};
@@ -27,12 +27,21 @@ pub struct Live {
     pub router: Arc<Router>,
     /// The config both were built from.
     pub config: Config,
+    /// Where the backends' samples and health events go for the other replicas (in a
+    /// cluster).
+    outbox: Option<Outbox>,
 }
 
 impl Live {
     /// Builds the router and stack for `config`, reusing `old` backends that did not change;
-    /// `drained` ends streams still open at the drain deadline.
-    pub fn build(config: &Config, old: Option<&Live>, drained: &Signal) -> Result<Self, String> {
+    /// `drained` ends streams still open at the drain deadline; `outbox` (a cluster's) is
+    /// where every backend's samples and health events go.
+    pub fn build(
+        config: &Config,
+        old: Option<&Live>,
+        drained: &Signal,
+        outbox: Option<Outbox>,
+    ) -> Result<Self, String> {
         let classes_same = old.is_some_and(|o| o.config.classes == config.classes);
         // Waiters are woken by releases on any backend: reused backends keep waking the line
         // they were built with, so it is carried over with them.
@@ -54,6 +63,7 @@ impl Live {
                         config.curve_half_life_s,
                         config.classes.len(),
                         Arc::clone(&line),
+                        outbox.clone(),
                     )?;
                     if let Some(p) = previous {
                         fresh.adopt_curves(p);
@@ -74,6 +84,7 @@ impl Live {
             stack,
             router,
             config: config.clone(),
+            outbox,
         })
     }
 }
@@ -182,7 +193,15 @@ impl Reloader {
                     .to_owned(),
             );
         }
-        let next = Live::build(config, Some(&current), &self.drained)?;
+        if config.cluster != old.cluster {
+            return Err("cluster applies at start only: restart to change it".to_owned());
+        }
+        let next = Live::build(
+            config,
+            Some(&current),
+            &self.drained,
+            current.outbox.clone(),
+        )?;
         self.live.store(Arc::new(next));
         Ok(())
     }

@@ -29,7 +29,7 @@ pub const REQUESTS: &str = "tpsgate_requests_total";
 /// Requests the gateway answered itself with an error, by code (`model_not_found`,
 /// `upstream_unreachable`, …); the upstream failures among them are the `upstream_*` codes.
 pub const GATEWAY_ERRORS: &str = "tpsgate_gateway_errors_total";
-/// Requests in flight per backend.
+/// Requests in flight per backend through this replica (summed over replicas, the fleet's).
 pub const IN_FLIGHT: &str = "tpsgate_in_flight";
 /// The curve's per-user TPS by concurrency bucket and quantile.
 pub const CURVE_TPS: &str = "tpsgate_curve_per_user_tps";
@@ -53,6 +53,14 @@ pub const RETRIES: &str = "tpsgate_retries_total";
 pub const EJECTIONS: &str = "tpsgate_ejections_total";
 /// Requests waiting in the `queue` line.
 pub const QUEUE_WAITING: &str = "tpsgate_queue_waiting";
+/// 1 while this replica's last round trip to the cluster's Redis got through, else 0 (absent
+/// without `cluster:`).
+pub const CLUSTER_CONNECTED: &str = "tpsgate_cluster_connected";
+/// Other replicas this one sees publishing.
+pub const CLUSTER_PEERS: &str = "tpsgate_cluster_peers";
+/// Curve samples shared with the other replicas, by direction (`sent`, `received`, `dropped`:
+/// queued while Redis was away for longer than the queue holds).
+pub const CLUSTER_SAMPLES: &str = "tpsgate_cluster_samples_total";
 
 /// Buckets for LLM latencies. TTFT: from a cached prompt on a fast GPU (25 ms) to a long queue
 /// (60 s). TPOT: from 200 tok/s (5 ms) down to 1 tok/s. Per-user TPS: the same range, upside
@@ -268,4 +276,17 @@ pub fn decision_counters<const N: usize>(
     reasons.map(|r| {
         counter!(ROUTE_DECISIONS, "class" => class.to_owned(), "policy" => policy.clone(), "reason" => r)
     })
+}
+
+/// Counts `n` curve samples shared with the other replicas in `direction`.
+pub fn count_cluster_samples(direction: &'static str, n: u64) {
+    let _ = prometheus();
+    counter!(CLUSTER_SAMPLES, "direction" => direction).increment(n);
+}
+
+/// The cluster link's state: connected or not, and how many peers publish.
+pub fn set_cluster(connected: bool, peers: usize) {
+    let _ = prometheus();
+    metrics::gauge!(CLUSTER_CONNECTED).set(if connected { 1.0 } else { 0.0 });
+    metrics::gauge!(CLUSTER_PEERS).set(peers as f64);
 }

@@ -34,12 +34,12 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ),
     (
         "fleet",
-        &["proxy", "router", "live", "gateway", "admin", "stack"],
-        "backend state sits below the router and the stack",
+        &["proxy", "router", "live", "gateway", "admin", "stack", "cluster"],
+        "backend state sits below the router, the stack and the cluster link",
     ),
     (
         "router",
-        &["proxy", "live", "gateway", "admin", "stack", "upstream"],
+        &["proxy", "live", "gateway", "admin", "stack", "upstream", "cluster"],
         "the router decides over the fleet and knows nothing of HTTP or the stack",
     ),
     (
@@ -89,8 +89,13 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ),
     (
         "proxy",
-        &["live", "gateway", "admin", "cli", "demo"],
-        "the request path never reaches up to what runs it",
+        &["live", "gateway", "admin", "cli", "demo", "cluster"],
+        "the request path never reaches up to what runs it, nor waits on Redis",
+    ),
+    (
+        "cluster",
+        &["proxy", "gateway", "admin", "cli", "demo", "stack"],
+        "the cluster link syncs the fleet's state beside the request path, never in it",
     ),
 ];
 

@@ -12,6 +12,8 @@ mod support;
 mod binary;
 #[path = "gateway/classes.rs"]
 mod classes;
+#[path = "gateway/cluster.rs"]
+mod cluster;
 #[path = "gateway/credentials.rs"]
 mod credentials;
 #[path = "gateway/curves.rs"]

@@ -17,7 +17,7 @@ pub fn render(router: &Router) -> String {
     let now = tokio::time::Instant::now();
     for b in router.backends() {
         let backend = b.config.name.to_string();
-        gauge!(IN_FLIGHT, "backend" => backend.clone()).set(f64::from(b.in_flight()));
+        gauge!(IN_FLIGHT, "backend" => backend.clone()).set(f64::from(b.local_in_flight()));
         gauge!(BACKEND_HEALTHY, "backend" => backend.clone()).set(if b.is_healthy(now) {
             1.0
         } else {

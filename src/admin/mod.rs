@@ -1,6 +1,7 @@
 //! The admin plane, on its own listener (loopback by default): `/healthz` (the process is up),
 //! `/readyz` (accepting traffic; 503 while draining), `/metrics` (Prometheus, [`metrics`]),
-//! `/admin/backends`, `/admin/curves`, `/admin/reload` and the dashboard at `/`.
+//! `/admin/backends`, `/admin/curves`, `/admin/cluster`, `/admin/reload` and the dashboard at
+//! `/`.
 
 pub mod metrics;
 
@@ -32,6 +33,8 @@ pub struct AdminState {
     pub token: Option<crate::config::Secret>,
     /// How the last reload went.
     pub reload: Arc<Mutex<ReloadStatus>>,
+    /// The cluster link, when the gateway runs in a cluster.
+    pub cluster: Option<Arc<crate::cluster::Status>>,
 }
 
 /// Whether `req` may read the admin data: no token configured, or `Authorization: Bearer` with
@@ -95,13 +98,14 @@ pub async fn handle<B>(
         ),
         "/admin/backends" => (StatusCode::OK, backends(&state.live.load().router)),
         "/admin/curves" => (StatusCode::OK, curves(&state.live.load().router)),
+        "/admin/cluster" => (StatusCode::OK, cluster(state.cluster.as_deref())),
         "/admin/reload" => {
             let status = state.reload.lock().map(|s| s.clone()).unwrap_or_default();
             (StatusCode::OK, json!(status))
         }
         _ => (
             StatusCode::NOT_FOUND,
-            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
+            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves, /admin/cluster, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
@@ -129,6 +133,7 @@ fn backends(router: &Router) -> serde_json::Value {
                 "health": health.label(),
                 "health_for_s": health_for_s,
                 "in_flight": b.in_flight(),
+                "in_flight_here": b.local_in_flight(),
                 "max_concurrency": c.max_concurrency,
             })
         })
@@ -180,4 +185,13 @@ fn curves(router: &Router) -> serde_json::Value {
         .map(|c| json!({"name": &*c.name, "min_tps": c.slo.min_tps, "max_ttft_s": c.slo.max_ttft_s, "tps_percentile": c.slo.tps_percentile, "ttft_percentile": c.slo.ttft_percentile, "policy": c.policy, "on_miss": c.on_miss}))
         .collect();
     json!({"curves": list, "classes": classes})
+}
+
+/// `/admin/cluster`: this replica, its link to the cluster's Redis and its peers; or that it
+/// runs alone.
+fn cluster(status: Option<&crate::cluster::Status>) -> serde_json::Value {
+    match status {
+        Some(status) => json!({"enabled": true, "cluster": status.report()}),
+        None => json!({"enabled": false}),
+    }
 }

@@ -17,7 +17,7 @@ use http::{HeaderMap, HeaderValue, Uri};
 
 pub use raw::{BackendDialect, OnMiss, Policy};
 pub use slo::Slo;
-pub use validate::validate;
+pub use validate::{validate, without_password};
 
 pub use crate::curve::PriorPoint;
 use crate::yaml::{self, ConfigError};
@@ -51,6 +51,25 @@ pub struct Config {
     pub routing: Routing,
     /// Half-life of curve observations, seconds.
     pub curve_half_life_s: f64,
+    /// Shared state with other replicas, if configured.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// `cluster:` validated: where the replicas of a fleet meet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterConfig {
+    /// The Redis URL (it may carry a password: shown only with it removed).
+    pub redis_url: Secret,
+    /// The password from `password_env`, if given.
+    pub password: Option<Secret>,
+    /// Prefix of every key.
+    pub key_prefix: String,
+    /// Publish and read every this often.
+    pub sync_interval: Duration,
+    /// This replica's name, if configured (else one is made at start).
+    pub replica_id: Option<String>,
+    /// Extra PEM roots for `rediss://`.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// PEM files of a TLS listener.

@@ -42,6 +42,42 @@ pub struct RawConfig {
     /// How curves weigh old observations.
     #[serde(default)]
     pub curves: RawCurves,
+    /// Several replicas sharing backend state through Redis; absent: this gateway alone.
+    #[serde(default)]
+    pub cluster: Option<RawCluster>,
+}
+
+/// `cluster:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    /// `redis://HOST:PORT/DB` or `rediss://...` (TLS).
+    pub redis_url: String,
+    /// Environment variable holding the Redis password (instead of one in the URL).
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// Prefix of every key, so that several gateway fleets can share one Redis; default
+    /// `tpsgate`.
+    #[serde(default = "default_key_prefix")]
+    pub key_prefix: String,
+    /// How often a replica publishes its state and reads its peers'; default 50 ms.
+    #[serde(default = "default_sync_interval_ms")]
+    pub sync_interval_ms: u64,
+    /// This replica's name among its peers; default: host name, process id and a random
+    /// suffix.
+    #[serde(default)]
+    pub replica_id: Option<String>,
+    /// PEM roots to trust for `rediss://`, beside the platform's.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+fn default_key_prefix() -> String {
+    "tpsgate".to_owned()
+}
+
+fn default_sync_interval_ms() -> u64 {
+    50
 }
 
 /// `curves:`.

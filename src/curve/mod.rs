@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 pub use model::{Model, Prediction};
 pub use observation::{Observation, Outcome, StreamTiming};
-pub use occupancy::{Occupancy, Reading};
+pub use occupancy::{LocalLoad, Occupancy, PeerLoad, Reading};
 pub use window::FirstToken;
 use window::{Decay, Levels, Sample, Window};
 
@@ -254,6 +254,17 @@ impl Curve {
         self.starts.keep(&starts);
         self.model = Model::build(&speed, &starts, self.decay.factor(now)).map(Arc::new);
         self.refreshed_at = Some(now);
+    }
+
+    /// Refreshes the model as of `now` if it is [`REFRESH`] old (samples that arrive late, from
+    /// other replicas, refresh it as of their own time, which may be earlier).
+    pub fn refresh_due(&mut self, now: Instant) {
+        if self
+            .refreshed_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= REFRESH)
+        {
+            self.refresh(now);
+        }
     }
 
     /// Refreshes the model if it is young (every sample changes it a lot, and costs little to

@@ -9,13 +9,13 @@
 //!   end, the latter taken back to the last content event (nothing accrued after it is this
 //!   request's decode), divided by the time between.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::occupancy::Reading;
 
 /// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     /// The stream ended normally.

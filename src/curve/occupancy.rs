@@ -5,6 +5,13 @@
 //! arrives and when its stream ends; the difference over the elapsed time is the mean number of
 //! requests that shared the backend with it while it decoded. Only those two reads and the
 //! admit/release take the (uncontended, never held across an await) lock — nothing per chunk.
+//!
+//! With several gateway replicas in front of the same backends, the backend's load is the
+//! fleet's: the peers' latest counts ([`PeerLoad`], set by the cluster's sync) are added to this
+//! replica's own. The integral then counts the peers too: at each sync, the sum of their own
+//! published integrals; between syncs, their count carried forward from it. Admission, the count
+//! a request is admitted with, readings and the wait floor are all fleet-wide;
+//! [`Occupancy::local`] is what this replica publishes.
 
 use std::sync::Mutex;
 
@@ -20,14 +27,46 @@ pub struct Occupancy {
 
 #[derive(Debug, Clone, Copy)]
 struct State {
+    /// In flight through this replica.
     count: u32,
-    /// Request-seconds accumulated up to `last`.
+    /// This replica's request-seconds accumulated up to `last`.
     area: f64,
     last: Instant,
     /// Admitted requests whose first token has not come yet.
     waiting: u32,
     /// Sum of their admission times, seconds after `epoch`: their mean age in O(1).
     waiting_since: f64,
+    /// The peers' load as of the last sync.
+    peers: PeerLoad,
+    /// When it was set, seconds after `epoch`.
+    peers_at: f64,
+}
+
+/// The load the other replicas put on a backend, as their last publications say.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct PeerLoad {
+    /// Their requests in flight.
+    pub count: u32,
+    /// Their integrals summed, request-seconds, as of the sync (only its growth matters: any
+    /// origin will do, as long as it stays the same).
+    pub area: f64,
+    /// Their requests still waiting for a first token.
+    pub waiting: u32,
+    /// The sum of those requests' ages, seconds, as of the sync.
+    pub waiting_age_s: f64,
+}
+
+/// What this replica alone puts on a backend, for its peers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalLoad {
+    /// Requests in flight through this replica.
+    pub count: u32,
+    /// Its running integral of them, request-seconds.
+    pub area: f64,
+    /// Those still waiting for a first token.
+    pub waiting: u32,
+    /// The sum of their ages, seconds.
+    pub waiting_age_s: f64,
 }
 
 /// A reading of the integral.
@@ -72,10 +111,17 @@ impl State {
         }
     }
 
-    fn reading(&self, now: Instant) -> Reading {
+    /// In flight fleet-wide.
+    fn fleet_count(&self) -> u32 {
+        self.count.saturating_add(self.peers.count)
+    }
+
+    /// `at` seconds after the epoch (not before the last update).
+    fn reading(&self, now: Instant, at: f64) -> Reading {
+        let peers = self.peers.area + f64::from(self.peers.count) * (at - self.peers_at).max(0.0);
         Reading {
-            area: self.area,
-            count: self.count,
+            area: self.area + peers,
+            count: self.fleet_count(),
             at: now,
         }
     }
@@ -97,6 +143,8 @@ impl Occupancy {
                 last: now,
                 waiting: 0,
                 waiting_since: 0.0,
+                peers: PeerLoad::default(),
+                peers_at: 0.0,
             }),
             epoch: now,
         }
@@ -118,16 +166,16 @@ impl Occupancy {
         f(&mut state)
     }
 
-    /// One more in flight (and waiting for its first token) if fewer than `limit` are; returns
-    /// the count including it.
+    /// One more in flight (and waiting for its first token) if fewer than `limit` are,
+    /// fleet-wide; returns the fleet-wide count including it.
     pub fn try_admit(&self, now: Instant, limit: u32) -> Option<u32> {
         let at = self.since_epoch(now);
         self.update(now, |s| {
-            (s.count < limit).then(|| {
+            (s.fleet_count() < limit).then(|| {
                 s.count += 1;
                 s.waiting += 1;
                 s.waiting_since += at;
-                s.count
+                s.fleet_count()
             })
         })
     }
@@ -142,10 +190,11 @@ impl Occupancy {
     /// The first token of the request admitted at `admitted` came at `now`: it stops waiting,
     /// and the integral is read for its experienced concurrency (one lock for both).
     pub fn first_token(&self, admitted: Instant, now: Instant) -> Reading {
-        let at = self.since_epoch(admitted);
+        let admitted = self.since_epoch(admitted);
+        let at = self.since_epoch(now);
         self.update(now, |s| {
-            s.unwait(at);
-            s.reading(now)
+            s.unwait(admitted);
+            s.reading(now, at)
         })
     }
 
@@ -163,29 +212,60 @@ impl Occupancy {
     /// How long the requests still waiting for their first token have waited, on average, as of
     /// `now`; 0 when none is. A request arriving now queues behind them: in a steady queue it
     /// waits about as long as they have, so this is a floor under its predicted TTFT that needs
-    /// no first token to have come back yet.
+    /// no first token to have come back yet. The peers' waiting requests count too.
     pub fn waited(&self, now: Instant) -> f64 {
         let at = self.since_epoch(now);
         self.update(now, |s| {
-            if s.waiting == 0 {
-                0.0
-            } else {
-                (at - s.waiting_since / f64::from(s.waiting)).max(0.0)
+            let waiting = s.waiting + s.peers.waiting;
+            if waiting == 0 {
+                return 0.0;
             }
+            let local = f64::from(s.waiting) * at - s.waiting_since;
+            let peers = s.peers.waiting_age_s + f64::from(s.peers.waiting) * (at - s.peers_at);
+            ((local + peers) / f64::from(waiting)).max(0.0)
         })
     }
 
     /// The integral up to `now`.
     pub fn read(&self, now: Instant) -> Reading {
-        self.update(now, |s| s.reading(now))
+        let at = self.since_epoch(now);
+        self.update(now, |s| s.reading(now, at))
     }
 
-    /// In flight now. (Reading the count leaves the integral alone: no clock read.)
+    /// In flight now, fleet-wide. (Reading the count leaves the integral alone: no clock read.)
     pub fn count(&self) -> u32 {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .fleet_count()
+    }
+
+    /// In flight through this replica alone.
+    pub fn local_count(&self) -> u32 {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .count
+    }
+
+    /// This replica's own load as of `now`, for its peers.
+    pub fn local(&self, now: Instant) -> LocalLoad {
+        let at = self.since_epoch(now);
+        self.update(now, |s| LocalLoad {
+            count: s.count,
+            area: s.area,
+            waiting: s.waiting,
+            waiting_age_s: (f64::from(s.waiting) * at - s.waiting_since).max(0.0),
+        })
+    }
+
+    /// The peers' load as of `now`; their count is carried forward from here until the next.
+    pub fn set_peers(&self, now: Instant, load: PeerLoad) {
+        let at = self.since_epoch(now);
+        self.update(now, |s| {
+            s.peers = load;
+            s.peers_at = at;
+        });
     }
 }
 
@@ -228,5 +308,55 @@ mod tests {
         occ.stop_waiting(at(200));
         occ.release(at(1000), Some(at(400)));
         assert_eq!(occ.waited(at(1000)), 0.0);
+    }
+
+    #[test]
+    fn the_peers_load_counts_in_admission_readings_and_the_wait_floor() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let occ = Occupancy::new(t0);
+        occ.try_admit(at(0), u32::MAX);
+        // Peers: 3 in flight, their integrals summing to 10 request-seconds, one of them
+        // waiting for its first token for 0.5 s.
+        occ.set_peers(
+            at(0),
+            PeerLoad {
+                count: 3,
+                area: 10.0,
+                waiting: 1,
+                waiting_age_s: 0.5,
+            },
+        );
+        let start = occ.read(at(0));
+        assert_eq!((occ.count(), occ.local_count()), (4, 1));
+        assert_eq!(occ.try_admit(at(0), 5), Some(5), "fleet-wide: 4 + 1");
+        assert_eq!(
+            occ.try_admit(at(0), 5),
+            None,
+            "the limit counts the peers' requests"
+        );
+        // 200 ms on, the peers published 10.9 request-seconds (they had 4.5 in flight on
+        // average, not the 3 carried forward) and have 2 in flight now.
+        let carried = occ.read(at(200));
+        assert!((carried.area - start.area - (0.6 + 2.0 * 0.2)).abs() < 1e-9);
+        occ.set_peers(
+            at(200),
+            PeerLoad {
+                count: 2,
+                area: 10.9,
+                waiting: 0,
+                waiting_age_s: 0.0,
+            },
+        );
+        let end = occ.read(at(400));
+        // Over 400 ms: this replica 2 in flight (0.8), the peers 0.9 then 2 x 0.2 (1.3).
+        assert!((end.area - start.area - (0.8 + 1.3)).abs() < 1e-9);
+        assert_eq!(end.count, 4);
+        // The wait floor: this replica's two requests waiting since 0 (0.4 s each).
+        assert!((occ.waited(at(400)) - 0.4).abs() < 1e-9);
+        let local = occ.local(at(400));
+        assert_eq!((local.count, local.waiting), (2, 2));
+        assert!((local.area - 0.8).abs() < 1e-9);
+        assert!((local.waiting_age_s - 0.8).abs() < 1e-9);
     }
 }

@@ -9,6 +9,7 @@ use dashmap::DashMap;
 use tokio::time::Instant;
 
 use super::health::{Health, State};
+use super::outbox::{Event, Learned, Outbox};
 use super::waiters::Line;
 use crate::config::BackendConfig;
 use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome};
@@ -43,8 +44,12 @@ pub struct Backend {
     pub half_life_s: f64,
     /// The prior as a curve, for models not observed yet.
     prior: Option<Curve>,
-    /// In flight per class index.
+    /// In flight per class index, through this replica.
     class_in_flight: Box<[AtomicU32]>,
+    /// In flight per class index through the other replicas, as of the last sync.
+    peer_class_in_flight: Box<[AtomicU32]>,
+    /// Where what this backend learns goes for the other replicas (in a cluster).
+    outbox: Option<Outbox>,
     /// TTFT EWMAs (f64 bits), for the baselines.
     ttft_ewma: AtomicU64,
     ttft_peak_ewma: AtomicU64,
@@ -57,12 +62,14 @@ const EWMA_ALPHA: f64 = 0.1;
 
 impl Backend {
     /// Builds the client for `config`; `classes` is the number of traffic classes, `line` the
-    /// router's wait line.
+    /// router's wait line, `outbox` where its samples and health events go for the other
+    /// replicas (in a cluster).
     pub fn new(
         config: BackendConfig,
         half_life_s: f64,
         classes: usize,
         line: Arc<Line>,
+        outbox: Option<Outbox>,
     ) -> Result<Arc<Self>, String> {
         let pool = Pool::for_backend(&config)?;
         let now = Instant::now();
@@ -87,6 +94,8 @@ impl Backend {
             half_life_s,
             prior,
             class_in_flight: (0..classes).map(|_| AtomicU32::new(0)).collect(),
+            peer_class_in_flight: (0..classes).map(|_| AtomicU32::new(0)).collect(),
+            outbox,
             ttft_ewma: AtomicU64::new(0),
             ttft_peak_ewma: AtomicU64::new(0),
             line,
@@ -109,11 +118,25 @@ impl Backend {
         }
     }
 
-    /// Requests of class `class` in flight.
+    /// Requests of class `class` in flight, fleet-wide.
     pub fn class_in_flight(&self, class: usize) -> u32 {
+        let count =
+            |counts: &[AtomicU32]| counts.get(class).map_or(0, |n| n.load(Ordering::Relaxed));
+        count(&self.class_in_flight) + count(&self.peer_class_in_flight)
+    }
+
+    /// Requests of class `class` in flight through this replica.
+    pub fn local_class_in_flight(&self, class: usize) -> u32 {
         self.class_in_flight
             .get(class)
             .map_or(0, |n| n.load(Ordering::Relaxed))
+    }
+
+    /// The other replicas' requests in flight per class index, as of a sync.
+    pub fn set_peer_classes(&self, counts: impl Iterator<Item = u32>) {
+        for (slot, n) in self.peer_class_in_flight.iter().zip(counts) {
+            slot.store(n, Ordering::Relaxed);
+        }
     }
 
     /// Recent TTFT, exponentially weighted; 0 before the first.
@@ -146,9 +169,15 @@ impl Backend {
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, update(true));
     }
 
-    /// Requests admitted and not yet finished.
+    /// Requests admitted and not yet finished, fleet-wide (the other replicas' as of the last
+    /// sync).
     pub fn in_flight(&self) -> u32 {
         self.occupancy.count()
+    }
+
+    /// Requests admitted through this replica and not yet finished.
+    pub fn local_in_flight(&self) -> u32 {
+        self.occupancy.local_count()
     }
 
     /// Takes a slot for a request of `class` at `now` if the backend is under its
@@ -175,27 +204,66 @@ impl Backend {
     }
 
     /// Adds what one finished request taught us to the curve of `model` (its metrics:
-    /// [`Self::count`]).
+    /// [`Self::count`]), and hands it to the other replicas.
     pub fn record(&self, model: &str, obs: &Observation) {
-        self.with_curve(model, obs.at, |curve| curve.record(obs));
+        let model = self.with_curve(model, obs.at, |curve| curve.record(obs));
+        self.share(model, Learned::Ended(*obs));
     }
 
-    /// A request's first token for `model`: its TTFT, learned as soon as it is known.
+    /// A request's first token for `model`: its TTFT, learned as soon as it is known, and
+    /// handed to the other replicas.
     pub fn first_token(&self, model: &str, start: &FirstToken) {
-        self.with_curve(model, start.at, |curve| curve.first_token(start));
+        let model = self.with_curve(model, start.at, |curve| curve.first_token(start));
         self.note_ttft(start.ttft);
+        self.share(model, Learned::FirstToken(*start));
     }
 
-    fn with_curve(&self, model: &str, now: Instant, f: impl FnOnce(&mut Curve)) {
+    /// What another replica learned of this backend for `model`: the curve takes it as its
+    /// own (the metrics and the baselines' EWMAs stay this replica's).
+    pub fn learn(&self, model: &str, learned: &Learned) {
+        // A peer's sample is older than now: the model is refreshed as of now, not of it.
+        let now = Instant::now();
+        match learned {
+            Learned::FirstToken(start) => self.with_curve(model, start.at, |curve| {
+                curve.first_token(start);
+                curve.refresh_due(now);
+            }),
+            Learned::Ended(obs) => self.with_curve(model, obs.at, |curve| {
+                curve.record(obs);
+                curve.refresh_due(now);
+            }),
+        };
+    }
+
+    fn share(&self, model: Arc<str>, learned: Learned) {
+        if let Some(outbox) = &self.outbox {
+            outbox.send(Event::Learned {
+                backend: Arc::clone(&self.config.name),
+                model,
+                learned,
+            });
+        }
+    }
+
+    /// Runs `f` on the curve of `model`, made if it is the first sample; returns the curve's key.
+    fn with_curve(&self, model: &str, now: Instant, f: impl FnOnce(&mut Curve)) -> Arc<str> {
         // Map guards live only for these statements: never across an await.
         match self.curves.get_mut(model) {
-            Some(mut curve) => f(&mut curve),
-            None => f(&mut self.curves.entry(Arc::from(model)).or_insert_with(|| {
-                match &self.config.prior {
-                    Some(points) => Curve::seeded(self.half_life_s, points, now),
-                    None => Curve::new(self.half_life_s),
-                }
-            })),
+            Some(mut curve) => {
+                f(&mut curve);
+                Arc::clone(curve.key())
+            }
+            None => {
+                let mut curve = self
+                    .curves
+                    .entry(Arc::from(model))
+                    .or_insert_with(|| match &self.config.prior {
+                        Some(points) => Curve::seeded(self.half_life_s, points, now),
+                        None => Curve::new(self.half_life_s),
+                    });
+                f(&mut curve);
+                Arc::clone(curve.key())
+            }
         }
     }
 
@@ -243,6 +311,12 @@ impl Backend {
             .health
             .note_upstream(ok, self.config.ejection, Instant::now());
         if let Some(period) = ejected {
+            if let Some(outbox) = &self.outbox {
+                outbox.send(Event::Ejected {
+                    backend: Arc::clone(&self.config.name),
+                    until: Instant::now() + period,
+                });
+            }
             crate::telemetry::count_ejection(&self.config.name);
             tracing::warn!(
                 backend = &*self.config.name,
@@ -254,7 +328,23 @@ impl Backend {
 
     /// Notes a 429 from the backend (see [`Health::note_rate_limited`]).
     pub fn note_rate_limited(&self, retry_after: Option<std::time::Duration>) {
-        self.health.note_rate_limited(retry_after, Instant::now());
+        let until = self.health.note_rate_limited(retry_after, Instant::now());
+        if let Some(outbox) = &self.outbox {
+            outbox.send(Event::Cooling {
+                backend: Arc::clone(&self.config.name),
+                until,
+            });
+        }
+    }
+
+    /// Another replica ejected this backend until `until`.
+    pub fn ejected_elsewhere(&self, until: Instant) {
+        self.health.eject_until(Instant::now(), until);
+    }
+
+    /// Another replica saw a 429 from this backend: it cools down until `until`.
+    pub fn cooling_elsewhere(&self, until: Instant) {
+        self.health.cool_until(until);
     }
 
     /// Takes requests as of `now`: neither ejected nor cooling down after a 429.

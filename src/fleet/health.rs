@@ -106,13 +106,29 @@ impl Health {
     }
 
     /// Notes a 429 at `now`: no requests go there for `retry_after` (its `Retry-After`, else a
-    /// second; at most a minute).
-    pub fn note_rate_limited(&self, retry_after: Option<Duration>, now: Instant) {
+    /// second; at most a minute). Returns the end of this cool-down.
+    pub fn note_rate_limited(&self, retry_after: Option<Duration>, now: Instant) -> Instant {
         let period = retry_after
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(60));
+        self.cool_until(now + period);
+        now + period
+    }
+
+    /// Cools down until `until` (or later, if it already does).
+    pub fn cool_until(&self, until: Instant) {
         self.cooling_until_ms
-            .fetch_max(self.ms(now + period), Ordering::Relaxed);
+            .fetch_max(self.ms(until), Ordering::Relaxed);
+    }
+
+    /// Ejected until `until` (or later, if it already is), as another replica decided at
+    /// `now`: its failures count as this one's, so a failed probe afterwards ejects for longer.
+    pub fn eject_until(&self, now: Instant, until: Instant) {
+        if until > now {
+            self.ejected_until_ms
+                .fetch_max(self.ms(until), Ordering::Relaxed);
+            self.ejections.fetch_max(1, Ordering::Relaxed);
+        }
     }
 
     /// Takes requests as of `now`: neither ejected nor cooling down after a 429.

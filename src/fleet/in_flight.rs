@@ -81,8 +81,14 @@ mod tests {
             - {name: b, url: 'http://127.0.0.1:1', dialect: openai, models: {m: m}, max_concurrency: 2}\n";
         let config = crate::config::parse(text, |_| None).unwrap();
         let line = Arc::new(Line::new(2));
-        let backend =
-            Backend::new(config.backends[0].clone(), 300.0, 2, Arc::clone(&line)).unwrap();
+        let backend = Backend::new(
+            config.backends[0].clone(),
+            300.0,
+            2,
+            Arc::clone(&line),
+            None,
+        )
+        .unwrap();
         (backend, line)
     }
 

@@ -2,7 +2,8 @@
 //! read by the router. A [`Backend`] holds its config, its connection pool, its occupancy (in
 //! flight, and the integral behind experienced concurrency), its [`health`], its curves and its
 //! metric handles; an [`InFlightGuard`] is one request's slot there; the [`waiters`] line holds
-//! requests waiting for a slot to free.
+//! requests waiting for a slot to free; the [`outbox`] carries what a backend learns to the
+//! other replicas of a cluster.
 //!
 //! Below the router, above the curves and the transport: it imports `curve`, `upstream`,
 //! `telemetry` and `config`, never `router` or `proxy`.
@@ -10,8 +11,10 @@
 pub mod backend;
 pub mod health;
 pub mod in_flight;
+pub mod outbox;
 pub mod waiters;
 
 pub use backend::{Backend, ByModel};
 pub use in_flight::InFlightGuard;
+pub use outbox::{Event, Inbox, Learned, Outbox};
 pub use waiters::Line;

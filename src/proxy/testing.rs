@@ -45,7 +45,7 @@ pub(crate) fn backend() -> std::sync::Arc<crate::fleet::Backend> {
         - {name: batch}\n";
     let config = crate::config::parse(text, |_| None).unwrap();
     let line = std::sync::Arc::new(crate::fleet::Line::new(config.classes.len()));
-    crate::fleet::Backend::new(config.backends[0].clone(), 300.0, 2, line).unwrap()
+    crate::fleet::Backend::new(config.backends[0].clone(), 300.0, 2, line, None).unwrap()
 }
 
 /// A router over backends `names` (each serving `m` on a port nothing listens on), with
@@ -77,6 +77,7 @@ pub(crate) fn router(names: &[&str], classes: &[&str]) -> std::sync::Arc<crate::
                 300.0,
                 config.classes.len(),
                 std::sync::Arc::clone(&line),
+                None,
             )
         })
         .collect::<Result<Vec<_>, _>>()

@@ -33,7 +33,15 @@ fn router_exploring(backends: &[&str], exploration: f64) -> Router {
     let backends = config
         .backends
         .iter()
-        .map(|b| Backend::new(b.clone(), 300.0, config.classes.len(), Arc::clone(&line)))
+        .map(|b| {
+            Backend::new(
+                b.clone(),
+                300.0,
+                config.classes.len(),
+                Arc::clone(&line),
+                None,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
     Router::new(backends, None, config.classes, config.routing, line)
@@ -167,7 +175,7 @@ fn cheapest_takes_the_lower_price_among_the_feasible_even_with_less_slack() {
     let backends = config
         .backends
         .iter()
-        .map(|b| Backend::new(b.clone(), 300.0, 1, Arc::clone(&line)))
+        .map(|b| Backend::new(b.clone(), 300.0, 1, Arc::clone(&line), None))
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
     let router = Router::new(backends, None, config.classes, config.routing, line);

@@ -398,3 +398,88 @@ pub mod curves {
             .unwrap()
     }
 }
+
+/// A real Redis (Debian's `redis-server`, which `.ci/run` installs) on a free loopback port,
+/// with no persistence, stopped when dropped.
+pub struct Redis {
+    child: Option<std::process::Child>,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    /// Starts one on a free port and waits until it answers.
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        Self::on(port).await
+    }
+
+    /// Starts one on `port` (again, after [`Redis::kill`]) and waits until it answers.
+    pub async fn on(port: u16) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server starts: install it with `apt-get install redis-server` (.ci/run does)");
+        let redis = Self {
+            child: Some(child),
+            port,
+            _dir: dir,
+        };
+        for _ in 0..200 {
+            if redis.ping().await {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            redis.ping().await,
+            "redis-server on port {port} did not answer PING within 2 s"
+        );
+        redis
+    }
+
+    /// Whether it answers PING.
+    pub async fn ping(&self) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let Ok(mut conn) = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await else {
+            return false;
+        };
+        let mut reply = [0u8; 7];
+        conn.write_all(b"PING\r\n").await.is_ok()
+            && conn.read_exact(&mut reply).await.is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Stops it at once (as a crash would: nothing is said to the clients).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

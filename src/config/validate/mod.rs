@@ -5,10 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::raw::{OnMiss, RawClass, RawConfig};
+use super::raw::{OnMiss, RawClass, RawCluster, RawConfig};
 use super::{
-    ApiKey, BackendConfig, ClassConfig, Config, Limits, Policy, RouteRule, Routing, Secret, Slo,
-    TlsFiles,
+    ApiKey, BackendConfig, ClassConfig, ClusterConfig, Config, Limits, Policy, RouteRule, Routing,
+    Secret, Slo, TlsFiles,
 };
 use crate::yaml::ConfigError;
 
@@ -161,6 +161,10 @@ pub fn validate(
         api_keys.push(ApiKey { key, class });
     }
     positive("curves.half_life_s", raw.curves.half_life_s)?;
+    let cluster = match &raw.cluster {
+        Some(c) => Some(cluster(c, env)?),
+        None => None,
+    };
     Ok(Config {
         curve_half_life_s: raw.curves.half_life_s,
         listen,
@@ -175,7 +179,109 @@ pub fn validate(
         routes,
         api_keys,
         routing,
+        cluster,
     })
+}
+
+/// `cluster:`.
+fn cluster(raw: &RawCluster, env: &dyn Fn(&str) -> Option<String>) -> Result<ClusterConfig> {
+    use redis::IntoConnectionInfo as _;
+    let url = raw.redis_url.trim();
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(ConfigError::at(
+            "cluster.redis_url",
+            format!(
+                "`{}` is not a Redis URL: write redis://HOST:PORT/DB (or rediss:// for TLS)",
+                without_password(url)
+            ),
+        ));
+    }
+    if let Err(e) = url.into_connection_info() {
+        return Err(ConfigError::at(
+            "cluster.redis_url",
+            format!(
+                "`{}`: {e}; write redis://HOST:PORT/DB (or rediss:// for TLS)",
+                without_password(url)
+            ),
+        ));
+    }
+    let password = match &raw.password_env {
+        None => None,
+        Some(var) => match env(var) {
+            Some(p) if !p.is_empty() => Some(Secret::new(p)),
+            _ => {
+                return Err(ConfigError::at(
+                    "cluster.password_env",
+                    format!(
+                        "environment variable {var} is not set (or empty); export it, or remove password_env"
+                    ),
+                ));
+            }
+        },
+    };
+    let prefix = &raw.key_prefix;
+    if prefix.is_empty()
+        || prefix.len() > 64
+        || !prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b))
+    {
+        return Err(ConfigError::at(
+            "cluster.key_prefix",
+            format!(
+                "`{prefix}`: use 1 to 64 letters, digits, `.`, `_`, `:` or `-` (one prefix per gateway fleet sharing the Redis)"
+            ),
+        ));
+    }
+    if !(10..=10_000).contains(&raw.sync_interval_ms) {
+        return Err(ConfigError::at(
+            "cluster.sync_interval_ms",
+            format!(
+                "{} ms is out of range: give 10 to 10000 (50 by default: the peers' counts are that stale at most)",
+                raw.sync_interval_ms
+            ),
+        ));
+    }
+    if let Some(id) = &raw.replica_id
+        && (id.is_empty()
+            || id.len() > 128
+            || !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b)))
+    {
+        return Err(ConfigError::at(
+            "cluster.replica_id",
+            format!(
+                "`{id}`: use 1 to 128 letters, digits, `.`, `_`, `:` or `-`, unique in the fleet (or leave it out to have one made)"
+            ),
+        ));
+    }
+    if let Some(ca) = &raw.ca_file {
+        readable("cluster.ca_file", ca)?;
+    }
+    Ok(ClusterConfig {
+        redis_url: Secret::new(url.to_owned()),
+        password,
+        key_prefix: prefix.clone(),
+        sync_interval: Duration::from_millis(raw.sync_interval_ms),
+        replica_id: raw.replica_id.clone(),
+        ca_file: raw.ca_file.clone(),
+    })
+}
+
+/// `url` with any password in it replaced by `***`, for messages and the admin plane.
+pub fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
 }
 
 fn routing(raw: &RawConfig) -> Result<Routing> {

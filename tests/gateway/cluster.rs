@@ -1,0 +1,311 @@
+//! Several replicas, one picture: gateways sharing backend state through a real Redis
+//! (`redis-server` on a free loopback port, one per test).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::Method;
+use http_body_util::BodyExt as _;
+use serde_json::{Value, json};
+use tpsgate::bench::http_client;
+use tpsgate::sim::config::{FaultKindRaw, FaultRaw, StreamRaw};
+
+use crate::support::{self, Redis};
+
+/// Gateway config: one backend, the sim at `sim` (with `extra` YAML lines), in the cluster of
+/// `redis`, syncing every 20 ms.
+fn config(sim: SocketAddr, extra: &str, redis: &Redis) -> String {
+    format!(
+        "backends:\n{}cluster: {{redis_url: '{}', key_prefix: test, sync_interval_ms: 20}}\n",
+        support::backend_yaml(
+            "sim",
+            sim,
+            "openai",
+            &format!("    models: {{m: m}}\n{extra}")
+        ),
+        redis.url()
+    )
+}
+
+/// Waits up to `limit` for `check` to hold on `admin`'s answer at `path`; the last answer.
+async fn until(
+    admin: SocketAddr,
+    path: &str,
+    limit: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let got = support::get_json(admin, path).await;
+        if check(&got) || tokio::time::Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn backend(all: &Value) -> &Value {
+    &all["backends"][0]
+}
+
+/// Opens a stream through `gw` that lasts (a thousand tokens at 20 ms each) and waits for its
+/// first frame; dropping the returned body ends it.
+async fn open_stream(gw: SocketAddr) -> hyper::body::Incoming {
+    let request = http::Request::post(format!("http://{gw}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            json!({"model": "m", "messages": [], "max_tokens": 1000, "stream": true}).to_string(),
+        )))
+        .unwrap();
+    let resp = http_client().request(request).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    body.frame().await.unwrap().unwrap();
+    body
+}
+
+/// A short completed stream through `gw`.
+async fn short_stream(gw: SocketAddr) {
+    let ex = support::post(
+        gw,
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [], "max_tokens": 8, "stream": true}),
+    )
+    .await;
+    assert_eq!(ex.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_through_one_replica_count_in_the_others_view_of_the_backend() {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let a = support::gateway(&config(sim, "", &redis)).await;
+    let b = support::gateway(&config(sim, "", &redis)).await;
+    let streams = [
+        open_stream(a.addr()).await,
+        open_stream(a.addr()).await,
+        open_stream(a.addr()).await,
+    ];
+    let seen = until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(2),
+        |v| backend(v)["in_flight"] == 3,
+    )
+    .await;
+    assert_eq!(backend(&seen)["in_flight"], 3, "{seen}");
+    assert_eq!(backend(&seen)["in_flight_here"], 0, "{seen}");
+    drop(streams);
+    let seen = until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(2),
+        |v| backend(v)["in_flight"] == 0,
+    )
+    .await;
+    assert_eq!(backend(&seen)["in_flight"], 0, "{seen}");
+    let cluster = support::get_json(b.admin_addr(), "/admin/cluster").await;
+    assert_eq!(cluster["cluster"]["connected"], true, "{cluster}");
+    assert_eq!(
+        cluster["cluster"]["peers"].as_array().map(Vec::len),
+        Some(1),
+        "{cluster}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_concurrency_holds_across_replicas() {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let a = support::gateway(&config(sim, "    max_concurrency: 2\n", &redis)).await;
+    let b = support::gateway(&config(sim, "    max_concurrency: 2\n", &redis)).await;
+    let _streams = [open_stream(a.addr()).await, open_stream(a.addr()).await];
+    until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(2),
+        |v| backend(v)["in_flight"] == 2,
+    )
+    .await;
+    let refused = support::post(
+        b.addr(),
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [], "max_tokens": 8, "stream": true}),
+    )
+    .await;
+    assert_eq!(refused.status, 503, "{:?}", refused.json());
+    assert_eq!(refused.json()["error"]["code"], "no_backend_available");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_learned_through_one_replica_reaches_the_others_and_a_new_replica_starts_warm() {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(2.0, 0.0, 64)).await;
+    let a = support::gateway(&config(sim, "", &redis)).await;
+    let b = support::gateway(&config(sim, "", &redis)).await;
+    for _ in 0..5 {
+        short_stream(a.addr()).await;
+    }
+    let observed = |v: &Value| v["curves"][0]["observations"].as_u64().unwrap_or(0);
+    let curves = until(
+        b.admin_addr(),
+        "/admin/curves",
+        Duration::from_secs(2),
+        |v| observed(v) == 5,
+    )
+    .await;
+    assert_eq!(observed(&curves), 5, "{curves}");
+    let points = curves["curves"][0]["points"].as_array().unwrap();
+    assert!(
+        points.iter().any(|p| p["ttft_p50_s"].is_number()),
+        "B learned A's TTFTs: {curves}"
+    );
+    // A replica that starts now (a rollout, a scale-up) reads the recent samples back.
+    let c = support::gateway(&config(sim, "", &redis)).await;
+    let curves = until(
+        c.admin_addr(),
+        "/admin/curves",
+        Duration::from_secs(1),
+        |v| observed(v) == 5,
+    )
+    .await;
+    assert_eq!(observed(&curves), 5, "{curves}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ejection_seen_by_one_replica_keeps_the_others_away() {
+    let redis = Redis::start().await;
+    let failing = FaultRaw {
+        kind: FaultKindRaw::Http500,
+        probability: None,
+        every: Some(1),
+        retry_after_s: None,
+        delay_ms: None,
+        after_tokens: None,
+    };
+    let (bad_fleet, bad) = support::start(support::spec(
+        "bad",
+        support::engine(2.0, 0.0, 8),
+        StreamRaw::default(),
+        vec![failing],
+    ))
+    .await;
+    let (good_fleet, good) = support::start_engine("good", support::engine(2.0, 0.0, 8)).await;
+    let _fleets = support::FleetGuard(vec![bad_fleet, good_fleet]);
+    // Round robin, no retries: without the shared ejection, B would send every other request
+    // to the failing backend.
+    let text = format!(
+        "backends:\n{}{}classes:\n  - {{name: turns, policy: round_robin}}\nrouting: {{max_attempts: 1}}\n\
+         cluster: {{redis_url: '{}', key_prefix: test, sync_interval_ms: 20}}\n",
+        support::backend_yaml(
+            "bad",
+            bad,
+            "openai",
+            "    models: {m: m}\n    ejection: {after_failures: 1, base_ms: 30000, max_ms: 30000}\n"
+        ),
+        support::backend_yaml("good", good, "openai", "    models: {m: m}\n"),
+        redis.url()
+    );
+    let a = support::gateway(&text).await;
+    let b = support::gateway(&text).await;
+    let chat = json!({"model": "m", "messages": [], "max_tokens": 8});
+    // A tries both in turn: the failing one is ejected at its first failure.
+    for _ in 0..2 {
+        support::post(a.addr(), "/v1/chat/completions", &chat).await;
+    }
+    let seen = until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(2),
+        |v| backend(v)["health"] == "ejected",
+    )
+    .await;
+    assert_eq!(backend(&seen)["health"], "ejected", "{seen}");
+    assert!(
+        backend(&seen)["health_for_s"].as_f64().unwrap() > 25.0,
+        "{seen}"
+    );
+    for _ in 0..4 {
+        let ex = support::post(b.addr(), "/v1/chat/completions", &chat).await;
+        assert_eq!(ex.status, 200);
+        assert_eq!(ex.headers["x-tpsgate-backend"], "good");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it_returns() {
+    let mut redis = Redis::start().await;
+    let port = redis.port();
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        format!(
+            "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{}",
+            config(sim, "", &redis)
+        ),
+    )
+    .unwrap();
+    let spawn = || {
+        let mut command = support::tpsgate();
+        command
+            .args(["--log-format", "json", "serve", "--config"])
+            .arg(file.path())
+            .stderr(std::process::Stdio::null());
+        support::spawn_listening(command)
+    };
+    let a = spawn().await;
+    let b = spawn().await;
+    let (a_admin, b_admin) = (support::admin_of(&a), support::admin_of(&b));
+    let connected = |v: &Value| v["cluster"]["connected"] == true;
+    until(a_admin, "/admin/cluster", Duration::from_secs(2), connected).await;
+    until(b_admin, "/admin/cluster", Duration::from_secs(2), connected).await;
+    let metric = |admin: SocketAddr| async move {
+        let text = support::exchange(admin, Method::GET, "/metrics", None).await;
+        String::from_utf8(text.body()).unwrap()
+    };
+    assert!(
+        metric(a_admin)
+            .await
+            .contains("tpsgate_cluster_connected 1")
+    );
+
+    redis.kill();
+    let away = until(a_admin, "/admin/cluster", Duration::from_secs(3), |v| {
+        v["cluster"]["connected"] == false && v["cluster"]["peers"] == json!([])
+    })
+    .await;
+    assert_eq!(away["cluster"]["connected"], false, "{away}");
+    assert_eq!(
+        away["cluster"]["peers"],
+        json!([]),
+        "the peer expired: {away}"
+    );
+    // Requests still succeed, on this replica's own view.
+    short_stream(a.addr).await;
+    short_stream(b.addr).await;
+    let metrics = metric(a_admin).await;
+    assert!(metrics.contains("tpsgate_cluster_connected 0"), "{metrics}");
+    assert!(metrics.contains("tpsgate_cluster_peers 0"), "{metrics}");
+
+    let _redis = Redis::on(port).await;
+    let back = until(a_admin, "/admin/cluster", Duration::from_secs(10), |v| {
+        v["cluster"]["connected"] == true
+            && v["cluster"]["peers"].as_array().map(Vec::len) == Some(1)
+    })
+    .await;
+    assert_eq!(back["cluster"]["connected"], true, "{back}");
+    assert_eq!(
+        back["cluster"]["peers"].as_array().map(Vec::len),
+        Some(1),
+        "{back}"
+    );
+    // And B's view of A's streams is fleet-wide again.
+    let _stream = open_stream(a.addr).await;
+    let seen = until(b_admin, "/admin/backends", Duration::from_secs(2), |v| {
+        backend(v)["in_flight"] == 1
+    })
+    .await;
+    assert_eq!(backend(&seen)["in_flight"], 1, "{seen}");
+    assert!(metric(a_admin).await.contains("tpsgate_cluster_peers 1"));
+}
