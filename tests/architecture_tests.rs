@@ -34,12 +34,16 @@ const NEVER: &[(&str, &[&str], &str)] = &[
     ),
     (
         "fleet",
-        &["proxy", "router", "live", "gateway", "admin", "stack", "cluster"],
+        &[
+            "proxy", "router", "live", "gateway", "admin", "stack", "cluster",
+        ],
         "backend state sits below the router, the stack and the cluster link",
     ),
     (
         "router",
-        &["proxy", "live", "gateway", "admin", "stack", "upstream", "cluster"],
+        &[
+            "proxy", "live", "gateway", "admin", "stack", "upstream", "cluster",
+        ],
         "the router decides over the fleet and knows nothing of HTTP or the stack",
     ),
     (

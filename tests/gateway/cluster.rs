@@ -309,3 +309,47 @@ async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it
     assert_eq!(backend(&seen)["in_flight"], 1, "{seen}");
     assert!(metric(a_admin).await.contains("tpsgate_cluster_peers 1"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_behind_tls_is_reached_with_rediss_and_the_configured_roots() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let redis = Redis::start_tls(&cert_file, &key_file).await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(2.0, 0.0, 8)).await;
+    let text = format!(
+        "backends:\n{}cluster: {{redis_url: 'rediss://localhost:{}/0', ca_file: '{}', sync_interval_ms: 20}}\n",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n"),
+        redis.port(),
+        cert_file.display()
+    );
+    let a = support::gateway(&text).await;
+    let b = support::gateway(&text).await;
+    let connected = |v: &Value| {
+        v["cluster"]["connected"] == true
+            && v["cluster"]["peers"].as_array().map(Vec::len) == Some(1)
+    };
+    let seen = until(
+        a.admin_addr(),
+        "/admin/cluster",
+        Duration::from_secs(3),
+        connected,
+    )
+    .await;
+    assert!(connected(&seen), "{seen}");
+    assert_eq!(
+        seen["cluster"]["redis"],
+        format!("rediss://localhost:{}/0", redis.port())
+    );
+    short_stream(b.addr()).await;
+    let curves = until(
+        a.admin_addr(),
+        "/admin/curves",
+        Duration::from_secs(2),
+        |v| v["curves"][0]["observations"] == 1,
+    )
+    .await;
+    assert_eq!(curves["curves"][0]["observations"], 1, "{curves}");
+}

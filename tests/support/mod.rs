@@ -419,9 +419,37 @@ impl Redis {
 
     /// Starts one on `port` (again, after [`Redis::kill`]) and waits until it answers.
     pub async fn on(port: u16) -> Self {
+        Self::spawn(port, &["--port", &port.to_string()]).await
+    }
+
+    /// Starts one that speaks only TLS, with the PEM certificate and key given, on a free port,
+    /// and waits until it accepts connections (clients are not asked for certificates).
+    pub async fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        let args = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+            "--tls-auth-clients",
+            "no",
+        ];
+        Self::spawn(port, &args).await
+    }
+
+    async fn spawn(port: u16, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let child = std::process::Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(args)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(dir.path())
@@ -434,15 +462,25 @@ impl Redis {
             port,
             _dir: dir,
         };
+        let tls = args.contains(&"--tls-port");
+        let ready = || async {
+            if tls {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+            } else {
+                redis.ping().await
+            }
+        };
         for _ in 0..200 {
-            if redis.ping().await {
+            if ready().await {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(
-            redis.ping().await,
-            "redis-server on port {port} did not answer PING within 2 s"
+            ready().await,
+            "redis-server on port {port} did not answer within 2 s"
         );
         redis
     }

@@ -131,3 +131,52 @@ fn errors_after_parsing_are_placed_at_their_line_and_column() {
         "gw.yaml:6:22: backends[0].max_concurrency: must be at least 1"
     );
 }
+
+#[test]
+fn a_cluster_gets_its_defaults_and_keeps_its_password_out_of_sight() {
+    let text = format!(
+        "{BASE}cluster: {{redis_url: 'redis://:hunter2@redis.internal:6379/2', password_env: REDIS_PW}}\n"
+    );
+    let c = parse(&text, |_| Some("from-env".into())).unwrap();
+    let cluster = c.cluster.unwrap();
+    assert_eq!(cluster.key_prefix, "tpsgate");
+    assert_eq!(cluster.sync_interval, Duration::from_millis(50));
+    assert_eq!(cluster.replica_id, None);
+    assert_eq!(
+        cluster.password.as_ref().map(Secret::expose),
+        Some("from-env")
+    );
+    assert!(!format!("{cluster:?}").contains("hunter2"));
+    assert_eq!(
+        without_password(cluster.redis_url.expose()),
+        "redis://:***@redis.internal:6379/2"
+    );
+    assert!(parse(BASE, no_env).unwrap().cluster.is_none());
+}
+
+#[test]
+fn a_bad_cluster_field_is_named_with_the_fix() {
+    let bad = |cluster: &str| {
+        let err = parse(&format!("{BASE}cluster: {{{cluster}}}\n"), no_env).unwrap_err();
+        (err.path, err.message)
+    };
+    let (path, message) = bad("redis_url: 'http://redis:6379'");
+    assert_eq!(path, "cluster.redis_url");
+    assert!(message.contains("write redis://HOST:PORT/DB"), "{message}");
+    let (path, message) = bad("redis_url: 'redis://r', sync_interval_ms: 5");
+    assert_eq!(path, "cluster.sync_interval_ms");
+    assert!(message.contains("10 to 10000"), "{message}");
+    let (path, message) = bad("redis_url: 'redis://r', key_prefix: 'a b'");
+    assert_eq!(path, "cluster.key_prefix");
+    assert!(message.contains("letters, digits"), "{message}");
+    let (path, _) = bad("redis_url: 'redis://r', replica_id: ''");
+    assert_eq!(path, "cluster.replica_id");
+    let (path, message) = bad("redis_url: 'redis://r', password_env: NOPE");
+    assert_eq!(path, "cluster.password_env");
+    assert!(message.contains("NOPE is not set"), "{message}");
+    let (path, _) = bad("redis_url: 'redis://r', ca_file: /nonexistent/ca.pem");
+    assert_eq!(path, "cluster.ca_file");
+    let (path, message) = bad("redis_url: 'redis://r', sync_ms: 50");
+    assert!(path.starts_with("cluster"), "{path}");
+    assert!(message.contains("unknown field"), "{message}");
+}
