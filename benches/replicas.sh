@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# SLO attainment with several gateway replicas in front of one fleet (config/sim-fleet.yaml
+# behind benches/goodput-gateway.yaml), with and without `cluster:` (a local redis-server), as
+# sidecars see traffic: one open-loop Poisson arrival stream, split unevenly over the replicas
+# (each replica gets its own Poisson stream at its share of the rate, which sums to one Poisson
+# stream at the total rate). All interactive: 64-token prompts and replies; a request is good
+# when its TTFT <= 1 s and its per-user TPS >= 25. Each setup gets a fresh simulator, fresh
+# gateways and a fresh key prefix, a warm-up (4 req/s for 15 s), then the same rising ladder of
+# rates, each level DURATION_S long, all replicas stepping together. Prints attainment over all
+# requests and the worst replica's per level; writes the table into BENCHMARKS.md between the
+# replicas markers (median over runs).
+#
+# Usage: benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
+#   setups: one, four, four-cluster, eight, eight-cluster (default: all five)
+# Needs ports 8181-8188, 9191-9198, 9101-9104 and 6399 free; installs redis-server with apt
+# when missing. About 3 minutes per setup per run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-1}
+rates=${2:-8,12,16,20}
+duration=${3:-30}
+shift $(( $# < 3 ? $# : 3 ))
+setups=${*:-one four four-cluster eight eight-cluster}
+command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+cargo build --release --quiet
+bin=$PWD/target/release/tpsgate
+out=$PWD/target/replicas
+mkdir -p "$out"
+if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
+  for setup in $setups; do sed -i "/\"setup\":\"$setup\"/d" "$out/results.jsonl"; done
+else
+  rm -f "$out/results.jsonl"
+fi
+pids=()
+stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
+trap 'stop; kill "${redis_pid:-}" 2>/dev/null || true' EXIT
+
+split() { # setup: the replicas' shares, in percent
+  case $1 in
+    one) echo 100 ;;
+    four*) echo 40 30 20 10 ;;
+    eight*) echo 30 20 15 10 10 5 5 5 ;;
+  esac
+}
+
+# One level: every replica's bench at its share of `rate`, started together, waited for.
+level() { # setup run rate seconds seed shares...
+  local setup=$1 run=$2 rate=$3 seconds=$4 seed=$5 i=0 bench_pids=()
+  shift 5
+  for share in "$@"; do
+    i=$((i + 1))
+    local r
+    r=$(python3 -c "print(round($rate * $share / 100, 4))")
+    "$bin" bench --url "http://127.0.0.1:$((8180 + i))" --model llama-3.1-8b --prompt-tokens 64 \
+      --max-tokens 64 --slo-tps 25 --slo-ttft-ms 1000 --timeout 30 --rate "$r" \
+      --duration "$seconds" --seed "$((seed * 100 + i))" --json 2>/dev/null |
+      sed "s/^/{\"setup\":\"$setup\",\"run\":$run,\"total_rate\":$rate,\"replica\":$i,\"share\":$share,\"r\":/; s/$/}/" \
+        >"$out/level-$i.jsonl" &
+    bench_pids+=($!)
+  done
+  wait "${bench_pids[@]}"
+  cat "$out"/level-*.jsonl
+  rm -f "$out"/level-*.jsonl
+}
+
+redis-server --port 6399 --bind 127.0.0.1 --save '' --appendonly no >"$out/redis.log" 2>&1 &
+redis_pid=$!
+for run in $(seq "$runs"); do
+  for setup in $setups; do
+    "$bin" sim --config config/sim-fleet.yaml >/dev/null 2>&1 & pids+=($!)
+    read -r -a shares <<<"$(split "$setup")"
+    for i in $(seq ${#shares[@]}); do
+      {
+        sed "s/127.0.0.1:8180/127.0.0.1:$((8180 + i))/; s/127.0.0.1:9190/127.0.0.1:$((9190 + i))/" \
+          benches/goodput-gateway.yaml
+        case $setup in
+          *-cluster) printf 'cluster:\n  redis_url: redis://127.0.0.1:6399/0\n  key_prefix: bench-%s-%s\n' "$setup" "$run" ;;
+        esac
+      } >"$out/gateway-$i.yaml"
+      "$bin" --log-format json serve --config "$out/gateway-$i.yaml" >/dev/null 2>"$out/gateway-$i.log" &
+      pids+=($!)
+    done
+    sleep 1
+    level "$setup" "$run" 4 15 "$((1000 + run))" "${shares[@]}" >/dev/null   # warm-up: curves form
+    for rate in ${rates//,/ }; do
+      level "$setup" "$run" "$rate" "$duration" "$run" "${shares[@]}" >>"$out/results.jsonl"
+    done
+    echo "run $run: $setup done" >&2
+    stop
+  done
+done
+kill "$redis_pid" 2>/dev/null || true
+python3 benches/replicas_table.py "$out/results.jsonl" >"$out/table.md"
+cat "$out/table.md"
+python3 benches/splice.py replicas "$out/table.md"
