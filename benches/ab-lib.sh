@@ -15,3 +15,14 @@ nginx_proxy() { # port upstream: a server block proxying to upstream, keepalive,
   printf 'upstream u%s { server %s; keepalive 64; } server { listen 127.0.0.1:%s; location / { proxy_pass http://u%s; proxy_http_version 1.1; proxy_set_header Connection ""; proxy_buffering off; } }' \
     "$1" "$2" "$1" "$1"
 }
+
+arm_binary() { # NAME=BINARY[+EXTRA.yaml]: the binary
+  local spec=${1#*=}
+  echo "${spec%%+*}"
+}
+
+arm_extra() { # NAME=BINARY[+EXTRA.yaml]: the YAML file appended to the arm's gateway config, if any
+  local spec=${1#*=}
+  [ "$spec" != "${spec%%+*}" ] && cat "${spec#*+}"
+  return 0
+}

@@ -10,8 +10,11 @@
 # requests and the worst replica's per level; writes the table into BENCHMARKS.md between the
 # replicas markers (median over runs).
 #
+# A `-cold` setup (one-cold, eight-cold, eight-cold-cluster) is the same right after start: a
+# warm-up of only 10 s at 2 req/s, then one level at COLD_RATE (default 16) req/s.
+#
 # Usage: benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
-#   setups: one, four, four-cluster, eight, eight-cluster (default: all five)
+#   setups: one, four, four-cluster, eight, eight-cluster (default: these five), and the -cold ones
 # Needs ports 8181-8188, 9191-9198, 9101-9104 and 6399 free; installs redis-server with apt
 # when missing. About 3 minutes per setup per run.
 set -euo pipefail
@@ -37,7 +40,7 @@ trap 'stop; kill "${redis_pid:-}" 2>/dev/null || true' EXIT
 
 split() { # setup: the replicas' shares, in percent
   case $1 in
-    one) echo 100 ;;
+    one*) echo 100 ;;
     four*) echo 40 30 20 10 ;;
     eight*) echo 30 20 15 10 10 5 5 5 ;;
   esac
@@ -81,8 +84,13 @@ for run in $(seq "$runs"); do
       pids+=($!)
     done
     sleep 1
-    level "$setup" "$run" 4 15 "$((1000 + run))" "${shares[@]}" >/dev/null   # warm-up: curves form
-    for rate in ${rates//,/ }; do
+    case $setup in
+      *-cold*) level "$setup" "$run" 2 10 "$((1000 + run))" "${shares[@]}" >/dev/null
+               ladder=${COLD_RATE:-16} ;;
+      *) level "$setup" "$run" 4 15 "$((1000 + run))" "${shares[@]}" >/dev/null   # warm-up: curves form
+         ladder=$rates ;;
+    esac
+    for rate in ${ladder//,/ }; do
       level "$setup" "$run" "$rate" "$duration" "$run" "${shares[@]}" >>"$out/results.jsonl"
     done
     echo "run $run: $setup done" >&2

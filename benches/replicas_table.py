@@ -29,6 +29,9 @@ names = {
     "four-cluster": "four, 40/30/20/10%, `cluster`",
     "eight": "eight, 30/20/15/10/10/5/5/5%",
     "eight-cluster": "eight, 30/20/15/10/10/5/5/5%, `cluster`",
+    "one-cold": "one gateway, right after start",
+    "eight-cold": "eight, right after start",
+    "eight-cold-cluster": "eight, right after start, `cluster`",
 }
 
 
@@ -51,8 +54,12 @@ head = " | ".join(f"{r:g}/s" for r in rates)
 print(f"| gateways in front of the fleet | {head} | worst replica {head} | rate at 95% |")
 print("|---|" + "---|" * (2 * len(rates) + 1))
 for setup in setups:
-    cells = " | ".join(f"{100 * med(overall[(setup, r)]):.1f}%" for r in rates)
-    worst_cells = " | ".join(
-        "—" if setup == "one" else f"{100 * med(worst[(setup, r)]):.1f}%" for r in rates
-    )
-    print(f"| {names.get(setup, setup)} | {cells} | {worst_cells} | {at95(setup):.1f}/s |")
+    def cell(table, r):
+        xs = table[(setup, r)]
+        if not xs or (table is worst and setup.startswith("one")):
+            return "—"
+        return f"{100 * med(xs):.1f}%"
+    cells = " | ".join(cell(overall, r) for r in rates)
+    worst_cells = " | ".join(cell(worst, r) for r in rates)
+    rate95 = "—" if "cold" in setup else f"{at95(setup):.1f}/s"
+    print(f"| {names.get(setup, setup)} | {cells} | {worst_cells} | {rate95} |")

@@ -6,6 +6,9 @@
 # median per arm. For "did this change pay" between commits: build each into its own file first
 # (e.g. `cp target/release/tpsgate /tmp/tpsgate.before`).
 #
+# An arm NAME=BINARY+EXTRA.yaml appends EXTRA.yaml to its gateway config (e.g. a `cluster:`
+# section, to measure what it costs).
+#
 # Usage: benches/rps-ab.sh NAME=BINARY... [bare] [nginx]   (REPS=5 by default; ports 9231-9234
 # free; installs nginx-light and wrk with apt when missing; about 8 s per arm and repetition)
 set -euo pipefail
@@ -48,7 +51,9 @@ for _ in $(seq "${REPS:-5}"); do
       nginx) run nginx 9233 nginx -c "$out/proxy.conf" ;;
       bare) cargo build --release --quiet --example bare_proxy
             run bare 9232 target/release/examples/bare_proxy 127.0.0.1:9232 127.0.0.1:9231 ;;
-      *=*) run "${arm%%=*}" 9232 "${arm#*=}" --threads 1 --log-format json serve --config "$out/gateway.yaml" ;;
+      *=*) { cat "$out/gateway.yaml"; arm_extra "$arm"; } >"$out/gateway-${arm%%=*}.yaml"
+           run "${arm%%=*}" 9232 "$(arm_binary "$arm")" --threads 1 --log-format json serve \
+             --config "$out/gateway-${arm%%=*}.yaml" ;;
       *) echo "arm $arm: NAME=BINARY, bare or nginx" >&2; exit 2 ;;
     esac
   done

@@ -14,7 +14,8 @@
 # direct arm runs at the same time as each proxy's (two clients, independent arrivals), and "added"
 # is against that run: what the machine does during a run then moves both alike.
 #
-# RATE=N sends N requests/s instead of 240 (about N/15 streams in flight).
+# RATE=N sends N requests/s instead of 240 (about N/15 streams in flight). An arm
+# NAME=BINARY+EXTRA.yaml appends EXTRA.yaml to its gateway config.
 #
 # Usage: benches/ttft-ab.sh NAME=BINARY... [bare] [nginx]   (REPS=10 by default; ports
 # 9301-9319 free; installs nginx-light with apt when missing; about 5 s per arm and repetition)
@@ -42,9 +43,12 @@ for arm in "$@"; do
       nginx_conf nginx "$(nginx_proxy "$port" 127.0.0.1:9301)" >"$out/nginx.conf"
       taskset -c 1 nginx -c "$out/nginx.conf" & ;;
     *=*)
-      printf 'listen: {address: 127.0.0.1:%s}\nadmin: {listen: 127.0.0.1:%s}\nbackends:\n  - {name: sim, url: http://127.0.0.1:9301, dialect: openai, models: {m: m}, first_token_timeout_ms: 3600000}\n' \
-        "$port" "$((port + 100))" >"$out/gateway-$port.yaml"
-      taskset -c 1 "${arm#*=}" --threads 1 --log-format json serve --config "$out/gateway-$port.yaml" \
+      {
+        printf 'listen: {address: 127.0.0.1:%s}\nadmin: {listen: 127.0.0.1:%s}\nbackends:\n  - {name: sim, url: http://127.0.0.1:9301, dialect: openai, models: {m: m}, first_token_timeout_ms: 3600000}\n' \
+          "$port" "$((port + 100))"
+        arm_extra "$arm"
+      } >"$out/gateway-$port.yaml"
+      taskset -c 1 "$(arm_binary "$arm")" --threads 1 --log-format json serve --config "$out/gateway-$port.yaml" \
         >/dev/null 2>"$out/gateway-$port.log" & ;;
     *) echo "arm $arm: NAME=BINARY, bare or nginx" >&2; exit 2 ;;
   esac
