@@ -395,6 +395,14 @@ fn check(file: &std::path::Path) -> ExitCode {
         };
         say(&format!("class {}{default}", c.name));
     }
+    if let Some(c) = &config.cluster {
+        say(&format!(
+            "cluster {} (key prefix {}, sync every {} ms)",
+            crate::config::without_password(c.redis_url.expose()),
+            c.key_prefix,
+            c.sync_interval.as_millis()
+        ));
+    }
     ExitCode::SUCCESS
 }
 
