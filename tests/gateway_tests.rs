@@ -22,6 +22,8 @@ mod curves;
 mod demo;
 #[path = "gateway/errors.rs"]
 mod errors;
+#[path = "gateway/hardening.rs"]
+mod hardening;
 #[path = "gateway/passthrough.rs"]
 mod passthrough;
 #[path = "gateway/reload.rs"]

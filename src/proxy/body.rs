@@ -296,8 +296,8 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
     }
 
     fn size_hint(&self) -> SizeHint {
-        // Removing the usage chunk changes the length: then it is unknown.
-        if self.meter.as_ref().is_some_and(StreamMeter::strips) {
+        // A stream's length is unknown: the usage chunk may be removed, an error event added.
+        if self.meter.is_some() {
             SizeHint::default()
         } else {
             self.inner.size_hint()

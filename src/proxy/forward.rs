@@ -207,10 +207,7 @@ impl Future for ForwardFuture {
                 .map(std::time::Duration::from_secs);
             pending.backend.note_rate_limited(retry_after);
         }
-        // Usually one (`connection`) or none: found and removed one at a time, nothing collected.
-        while let Some(name) = parts.headers.keys().find(|n| is_hop_by_hop(n)).cloned() {
-            parts.headers.remove(name);
-        }
+        clean_head(&mut parts);
         if let Some(value) = &pending.backend.name_header {
             parts.headers.insert(X_TPSGATE_BACKEND, value.clone());
         }
@@ -248,10 +245,6 @@ impl Future for ForwardFuture {
         let stream = pending
             .stream
             .filter(|_| parts.status.is_success() && is_sse);
-        if stream.is_some_and(|(_, strip)| strip) {
-            // The usage chunk will be removed: the upstream's length no longer holds.
-            parts.headers.remove(http::header::CONTENT_LENGTH);
-        }
         let end = RequestEnd::new(
             pending.request,
             parts.status.as_u16(),
@@ -265,6 +258,54 @@ impl Future for ForwardFuture {
             body: Box::new(Metered::new(timed, end, stream)),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
+    }
+}
+
+/// Takes out of an upstream response head what must not reach the client:
+/// - its framing (`Content-Length`, `Transfer-Encoding`): hyper frames the response from the
+///   body, an exact length as a `Content-Length` and anything else chunked, so that what the
+///   client is told always matches what it gets (RFC 9112 section 6.3), also when the gateway
+///   removes the usage chunk or ends a stream with an error event;
+/// - hop-by-hop headers, and those the upstream's `Connection` header names;
+/// - any `x-tpsgate-*` header: only the gateway says those;
+/// - its HTTP version: the client's connection has its own.
+fn clean_head(parts: &mut http::response::Parts) {
+    parts.version = http::Version::HTTP_11;
+    // Connection tokens other than the usual ones name headers to drop (rare: collected only
+    // then).
+    let named: Option<Vec<HeaderName>> = parts
+        .headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .any(|t| !t.eq_ignore_ascii_case("keep-alive") && !t.eq_ignore_ascii_case("close"))
+        .then(|| {
+            parts
+                .headers
+                .get_all(http::header::CONNECTION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .filter_map(|t| HeaderName::try_from(t.trim()).ok())
+                .collect()
+        });
+    for name in named.into_iter().flatten() {
+        parts.headers.remove(name);
+    }
+    // Usually one or two (`connection`, `content-length`): found and removed one at a time.
+    while let Some(name) = parts
+        .headers
+        .keys()
+        .find(|n| {
+            is_hop_by_hop(n)
+                || *n == http::header::CONTENT_LENGTH
+                || n.as_str().starts_with("x-tpsgate-")
+        })
+        .cloned()
+    {
+        parts.headers.remove(name);
     }
 }
 

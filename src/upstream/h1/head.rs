@@ -147,21 +147,28 @@ fn body_framing(
         return Ok((Framing::Done, keep_alive));
     }
     let length = content_length(headers)?;
-    if let Some(coding) = headers.get_all(TRANSFER_ENCODING).iter().next_back() {
-        let last = coding
-            .as_bytes()
-            .rsplit(|&b| b == b',')
-            .next()
-            .unwrap_or_default();
-        if last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-            // A length beside chunks is ignored, and the connection closed after (a sign of
-            // request smuggling, RFC 9112 section 6.3).
-            return Ok((
-                Framing::Chunked(Chunk::Size),
-                keep_alive && length.is_none(),
+    let mut codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(<[u8]>::trim_ascii)
+        .filter(|c| !c.is_empty())
+        .peekable();
+    if let Some(first) = codings.next() {
+        // Only `chunked`, once, is taken: another coding (gzip, deflate) would reach the
+        // client as bytes it is not told how to read (the gateway passes no transfer coding
+        // on), and chunked twice is not allowed (RFC 9112 section 6.1).
+        if !first.eq_ignore_ascii_case(b"chunked") || codings.peek().is_some() {
+            return Err(Error::Malformed(
+                "a transfer coding other than a single chunked (compression is not passed on: ask the backend not to compress)",
             ));
         }
-        return Ok((Framing::UntilClose, false));
+        // A length beside chunks is ignored, and the connection closed after (a sign of
+        // request smuggling, RFC 9112 section 6.3).
+        return Ok((
+            Framing::Chunked(Chunk::Size),
+            keep_alive && length.is_none(),
+        ));
     }
     Ok(match length {
         Some(n) => (Framing::Length(n), keep_alive),
