@@ -31,8 +31,12 @@ pub enum ErrorKind {
     SloUnmet,
     /// 502: the upstream could not be reached, or broke before sending its response head.
     UpstreamUnreachable,
-    /// 504: connecting to the upstream timed out.
+    /// 504: connecting to the upstream timed out, or a stream sent nothing before its
+    /// first-token deadline (either may be retried elsewhere).
     UpstreamTimeout,
+    /// 504: a request that is not a stream was accepted and not answered within its response
+    /// timeout (never retried: it may be running there).
+    UpstreamResponseTimeout,
     /// 500: the gateway broke one of its own rules (a layer found the request without what the
     /// layer above it promised): a bug of ours, logged as an error, never the client's fault.
     Internal,
@@ -64,7 +68,7 @@ impl ErrorKind {
             Self::NoBackendAvailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::SloUnmet => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
-            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::UpstreamTimeout | Self::UpstreamResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -93,7 +97,7 @@ impl ErrorKind {
             Self::NoBackendAvailable => "no_backend_available",
             Self::SloUnmet => "slo_unmet",
             Self::UpstreamUnreachable => "upstream_unreachable",
-            Self::UpstreamTimeout => "upstream_timeout",
+            Self::UpstreamTimeout | Self::UpstreamResponseTimeout => "upstream_timeout",
             Self::Internal => "internal_error",
         }
     }
@@ -109,7 +113,9 @@ impl ErrorKind {
             | Self::UnsupportedMediaType
             | Self::Unauthorized => Fault::Client,
             Self::NoBackendAvailable | Self::SloUnmet => Fault::Gateway,
-            Self::UpstreamUnreachable | Self::UpstreamTimeout => Fault::Upstream,
+            Self::UpstreamUnreachable | Self::UpstreamTimeout | Self::UpstreamResponseTimeout => {
+                Fault::Upstream
+            }
             Self::Internal => Fault::Internal,
         }
     }

@@ -200,6 +200,8 @@ pub struct Timeouts {
     pub stall: Duration,
     /// Whole response.
     pub total: Option<Duration>,
+    /// A response that is not a stream, from sending to its end (within the total).
+    pub response: Duration,
 }
 
 /// When a backend is ejected and for how long.

@@ -235,6 +235,10 @@ pub struct RawBackend {
     /// Whole response, ms; default none.
     #[serde(default)]
     pub total_timeout_ms: Option<u64>,
+    /// A response that is not a stream, from sending the request to its end, ms (it has no
+    /// first token); default 300000.
+    #[serde(default = "default_response_timeout_ms")]
+    pub response_timeout_ms: u64,
     /// `anthropic-version` sent when the client sends none; default `2023-06-01`.
     #[serde(default)]
     pub anthropic_version: Option<String>,
@@ -318,6 +322,10 @@ fn default_first_token_timeout_ms() -> u64 {
 
 fn default_stall_timeout_ms() -> u64 {
     30_000
+}
+
+fn default_response_timeout_ms() -> u64 {
+    300_000
 }
 
 fn default_connect_timeout_ms() -> u64 {

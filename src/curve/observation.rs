@@ -60,6 +60,8 @@ pub struct StreamTiming {
     pub output_tokens: Option<u64>,
     /// Prompt tokens from usage.
     pub prompt_tokens: Option<u64>,
+    /// The event that ended the generation (a finish reason, a stop reason, a completion).
+    pub finished: Option<Instant>,
 }
 
 impl Observation {
@@ -125,6 +127,7 @@ mod tests {
             content_events: 10,
             output_tokens: Some(20),
             prompt_tokens: Some(7),
+            finished: None,
         };
         let first = reading(1.0, 2, ms(100));
         let end = reading(1.0 + 2.0 * 0.2, 2, ms(300));
@@ -148,6 +151,7 @@ mod tests {
             content_events: 11,
             output_tokens: None,
             prompt_tokens: None,
+            finished: None,
         };
         let first = reading(0.0, 1, ms(50));
         let end = reading(0.1, 1, ms(150));
@@ -167,6 +171,7 @@ mod tests {
             content_events: 1,
             output_tokens: Some(1),
             prompt_tokens: None,
+            finished: None,
         };
         let r = reading(0.0, 1, at);
         let obs = Observation::of_stream(&timing, Outcome::Completed, t0, Some(&r), &r, at);

@@ -150,6 +150,14 @@ impl<B> Metered<B> {
             .as_ref()
             .is_some_and(|m| m.timing.first_content.is_some())
     }
+
+    /// The stream carried its finish event (it may have had no content: an empty answer is an
+    /// answer).
+    fn has_finished(&self) -> bool {
+        self.meter
+            .as_ref()
+            .is_some_and(|m| m.timing.finished.is_some())
+    }
 }
 
 impl<B: Body<Data = Bytes, Error = BodyError> + Unpin> Metered<B> {
@@ -160,8 +168,9 @@ impl<B: Body<Data = Bytes, Error = BodyError> + Unpin> Metered<B> {
     }
 
     /// Reads ahead, keeping what it reads to send later, until the first content event, the end
-    /// of the body or a failure. `true` when content came: the response may go to the client.
-    /// `false` when the upstream failed (or ended) before producing any: the request may still
+    /// of the body or a failure. `true` when content came, or the stream ended cleanly after its
+    /// finish event (an empty completion): the response may go to the client. `false` when the
+    /// upstream failed (or ended without finishing) before producing any: the request may still
     /// be retried elsewhere, since nothing reached the client. Only streams are read ahead; any
     /// other body answers `true` at once.
     pub async fn read_ahead_to_content(&mut self) -> bool {
@@ -193,7 +202,7 @@ impl<B: Body<Data = Bytes, Error = BodyError> + Unpin> Metered<B> {
                 None if self.cut => return false,
                 None => {
                     self.ended = true;
-                    return self.has_content();
+                    return self.has_content() || self.has_finished();
                 }
             }
         }

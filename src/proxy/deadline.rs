@@ -31,6 +31,8 @@ use crate::upstream::BodyError;
 pub struct Deadlines {
     timeouts: Timeouts,
     sent: Instant,
+    /// A stream (else a response with no first token: its deadline is the response timeout).
+    streamed: bool,
 }
 
 /// A deadline that passed: which one (the `kind` label of `tpsgate_upstream_timeouts_total`),
@@ -44,9 +46,18 @@ pub struct Expired {
 }
 
 impl Deadlines {
-    /// The deadlines of a request sent at `sent`.
-    pub const fn new(timeouts: Timeouts, sent: Instant) -> Self {
-        Self { timeouts, sent }
+    /// The deadlines of a request sent at `sent`; `streamed`: it asked for a stream.
+    pub const fn new(timeouts: Timeouts, sent: Instant, streamed: bool) -> Self {
+        Self {
+            timeouts,
+            sent,
+            streamed,
+        }
+    }
+
+    /// Whether the request asked for a stream.
+    pub const fn streamed(&self) -> bool {
+        self.streamed
     }
 
     /// When the request was sent.
@@ -59,9 +70,15 @@ impl Deadlines {
     }
 
     /// Until the first token (the response head included): the first-token timeout, or the
-    /// total if sooner.
+    /// total if sooner. A response that is not a stream has no first token: its whole
+    /// response timeout.
     pub fn first_token(&self) -> Instant {
-        self.capped(self.sent + self.timeouts.first_token)
+        let first = if self.streamed {
+            self.timeouts.first_token
+        } else {
+            self.timeouts.response
+        };
+        self.capped(self.sent + first)
     }
 
     /// While output flows: a stall from `now`, or the total if sooner.
@@ -82,6 +99,12 @@ impl Deadlines {
             Expired {
                 kind: "stall",
                 message: format!("the upstream stalled: no data for {ms} ms"),
+            }
+        } else if !self.streamed {
+            let ms = self.timeouts.response.as_millis();
+            Expired {
+                kind: "response",
+                message: format!("the upstream did not answer within {ms} ms"),
             }
         } else {
             let ms = self.timeouts.first_token.as_millis();

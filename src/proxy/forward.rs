@@ -92,7 +92,11 @@ impl Service<Request<UpstreamBody>> for Forward {
         let inner = Box::pin(Arc::clone(&routed.backend.pool).send(req));
         // A backend's timeouts run from when the request is sent to it, not from its arrival
         // (time spent waiting in a queue line is not the backend's).
-        let deadlines = Deadlines::new(routed.backend.config.timeouts, Instant::now());
+        let deadlines = Deadlines::new(
+            routed.backend.config.timeouts,
+            Instant::now(),
+            stream.is_some(),
+        );
         ForwardFuture {
             inner: Some(inner),
             head_timer: tokio::time::sleep_until(deadlines.first_token()),
@@ -174,15 +178,31 @@ impl Future for ForwardFuture {
                     return Poll::Pending;
                 };
                 pending.backend.note_upstream(false);
-                crate::telemetry::count_timeout(&pending.backend.config.name, "first_token");
-                let ms = pending.backend.config.timeouts.first_token.as_millis();
-                return Poll::Ready(Err(Error::new(
-                    ErrorKind::UpstreamTimeout,
-                    format!(
-                        "backend {} sent no response within {ms} ms (first_token_timeout_ms)",
-                        pending.backend.config.name
-                    ),
-                )));
+                let timeouts = pending.backend.config.timeouts;
+                let name = &pending.backend.config.name;
+                // A stream that sent nothing may go elsewhere (nothing reached the client); a
+                // response that is not a stream was accepted and may be running there: sending
+                // it again would run (and bill) it twice.
+                let err = if pending.deadlines.streamed() {
+                    crate::telemetry::count_timeout(name, "first_token");
+                    let ms = timeouts.first_token.as_millis();
+                    Error::new(
+                        ErrorKind::UpstreamTimeout,
+                        format!(
+                            "backend {name} sent no response within {ms} ms (first_token_timeout_ms)"
+                        ),
+                    )
+                } else {
+                    crate::telemetry::count_timeout(name, "response");
+                    let ms = timeouts.response.as_millis();
+                    Error::new(
+                        ErrorKind::UpstreamResponseTimeout,
+                        format!(
+                            "backend {name} did not answer within {ms} ms (response_timeout_ms)"
+                        ),
+                    )
+                };
+                return Poll::Ready(Err(err));
             }
         };
         let Some(pending) = this.pending.take() else {

@@ -13,6 +13,10 @@ use crate::curve::StreamTiming;
 use crate::sse::SseParser;
 use crate::sse::events::{self, StreamDialect};
 
+/// The most tokens a usage count may report and be believed: more than any model's context or
+/// output holds (16 Mi).
+pub const MAX_PLAUSIBLE_TOKENS: u64 = 1 << 24;
+
 /// Timing of one stream.
 #[derive(Debug)]
 pub struct StreamMeter {
@@ -83,14 +87,21 @@ impl StreamMeter {
             t.last_content = Some(now);
             t.content_events += 1;
         }
+        if t.finished.is_none() && events::is_finish(self.dialect, event, data) {
+            t.finished = Some(now);
+        }
         let Some(u) = events::usage(self.dialect, event, data) else {
             return false;
         };
-        if u.usage.prompt_tokens.is_some() {
-            t.prompt_tokens = u.usage.prompt_tokens;
+        // A count no generation reaches (2^64 - 1 was seen) is no count: the stream is then
+        // timed as one without usage, from its content events.
+        if let Some(p) = u.usage.prompt_tokens.filter(|p| *p <= MAX_PLAUSIBLE_TOKENS) {
+            t.prompt_tokens = Some(p);
         }
         // Anthropic's message_start reports input tokens only; output comes in message_delta.
-        if u.usage.output_tokens > 0 || event != b"message_start" {
+        if (u.usage.output_tokens > 0 || event != b"message_start")
+            && u.usage.output_tokens <= MAX_PLAUSIBLE_TOKENS
+        {
             t.output_tokens = Some(u.usage.output_tokens);
         }
         u.usage_only

@@ -136,9 +136,10 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
         ErrorKind::NoBackendAvailable => "overloaded_error",
         ErrorKind::SloUnmet => "rate_limit_error",
         ErrorKind::Unauthorized => "authentication_error",
-        ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamTimeout | ErrorKind::Internal => {
-            "api_error"
-        }
+        ErrorKind::UpstreamUnreachable
+        | ErrorKind::UpstreamTimeout
+        | ErrorKind::UpstreamResponseTimeout
+        | ErrorKind::Internal => "api_error",
     }
 }
 

@@ -280,3 +280,22 @@ fn derived_caps_follow_the_curve_and_the_class() {
     assert_eq!(cap("loose"), 37);
     assert!(caps.iter().all(|c| &*c.class != "batch"));
 }
+
+#[test]
+fn a_retry_avoids_every_backend_that_failed_it_however_many_there_are() {
+    // Regression: failed backends were a 64-bit mask, so beyond the 64th a retry could go back
+    // to one that had just failed it.
+    let names: Vec<String> = (0..70).map(|i| format!("b{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let router = router_over(&names);
+    let avoid: Vec<usize> = (0..70).filter(|i| *i != 66).collect();
+    let retry = Ask {
+        avoid: &avoid,
+        ..ask(&router, 2)
+    };
+    for _ in 0..5 {
+        let d = router.route(&retry).unwrap().unwrap();
+        assert_eq!(&*d.backend.config.name, "b66");
+    }
+    assert_eq!(router.serving_count("m", BackendDialect::Openai), 70);
+}

@@ -33,6 +33,22 @@ pub fn is_content(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
     }
 }
 
+/// Whether the event ends the generation: OpenAI's chunk with a `finish_reason` (or its closing
+/// `[DONE]`), Anthropic's `message_delta` with a `stop_reason` (or `message_stop`), the
+/// Responses API's `response.completed`. A stream that ended cleanly after one is complete,
+/// with or without `[DONE]` (transformers serve sends none), content or not.
+pub fn is_finish(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
+    let f = finders();
+    match dialect {
+        StreamDialect::OpenAi => data == b"[DONE]" || non_empty_string(data, &f.finish_reason),
+        StreamDialect::Anthropic => {
+            event == b"message_stop"
+                || (event == b"message_delta" && non_empty_string(data, &f.stop_reason))
+        }
+        StreamDialect::Responses => event == b"response.completed",
+    }
+}
+
 /// Searchers built once: building a memmem searcher per call costs more than the search.
 struct Finders {
     content: memmem::Finder<'static>,
@@ -41,6 +57,8 @@ struct Finders {
     reasoning: memmem::Finder<'static>,
     tool_calls: memmem::Finder<'static>,
     usage: memmem::Finder<'static>,
+    finish_reason: memmem::Finder<'static>,
+    stop_reason: memmem::Finder<'static>,
 }
 
 fn finders() -> &'static Finders {
@@ -51,6 +69,8 @@ fn finders() -> &'static Finders {
         reasoning: memmem::Finder::new(b"\"reasoning\":"),
         tool_calls: memmem::Finder::new(b"\"tool_calls\":[{"),
         usage: memmem::Finder::new(b"\"usage\""),
+        finish_reason: memmem::Finder::new(b"\"finish_reason\":"),
+        stop_reason: memmem::Finder::new(b"\"stop_reason\":"),
     });
     &FINDERS
 }
@@ -326,5 +346,44 @@ mod tests {
         );
         assert_eq!(event_end(b"data: a\r\rx"), Some(9));
         assert_eq!(event_end(b"data: a\n"), None);
+    }
+
+    #[test]
+    fn the_finish_event_of_each_dialect_is_recognised_and_nothing_else_is() {
+        use StreamDialect::{Anthropic, OpenAi, Responses};
+        let finish = |d, e: &str, data: &str| is_finish(d, e.as_bytes(), data.as_bytes());
+        assert!(finish(
+            OpenAi,
+            "",
+            r#"{"choices":[{"delta":{},"finish_reason":"stop"}]}"#
+        ));
+        assert!(finish(
+            OpenAi,
+            "",
+            r#"{"choices":[{"delta":{}, "finish_reason": "length"}]}"#
+        ));
+        assert!(finish(OpenAi, "", "[DONE]"));
+        assert!(!finish(
+            OpenAi,
+            "",
+            r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#
+        ));
+        assert!(finish(
+            Anthropic,
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"}}"#
+        ));
+        assert!(finish(
+            Anthropic,
+            "message_stop",
+            r#"{"type":"message_stop"}"#
+        ));
+        assert!(!finish(
+            Anthropic,
+            "message_delta",
+            r#"{"type":"message_delta","delta":{"stop_reason":null}}"#
+        ));
+        assert!(finish(Responses, "response.completed", "{}"));
+        assert!(!finish(Responses, "response.output_text.delta", "{}"));
     }
 }

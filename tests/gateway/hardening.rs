@@ -130,3 +130,135 @@ async fn the_client_facing_head_is_the_gateways_own_version_length_and_headers()
     assert!(!text.contains("forged"), "{text}");
     assert!(text.ends_with("\r\n\r\nhello"), "{text}");
 }
+
+/// An SSE response of `events` (each `data: ...`), as a backend would send it.
+fn sse(events: &[&str]) -> Vec<u8> {
+    let mut body = String::new();
+    for e in events {
+        body.push_str("data: ");
+        body.push_str(e);
+        body.push_str("\n\n");
+    }
+    let mut out =
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+    out.extend_from_slice(&chunked(body.as_bytes()));
+    out
+}
+
+#[tokio::test]
+async fn an_empty_but_complete_stream_is_an_answer_not_a_failure_to_retry() {
+    // Regression: a stream that finished (finish_reason stop) with no content was retried on
+    // another backend, as if it had failed.
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = |asked: std::sync::Arc<std::sync::atomic::AtomicUsize>| {
+        move |_: usize, _: &[u8]| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            sse(&[
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+                "[DONE]",
+            ])
+        }
+    };
+    let a = support::raw_backend(count(std::sync::Arc::clone(&asked)), true).await;
+    let b = support::raw_backend(count(std::sync::Arc::clone(&asked)), true).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}{}",
+        support::backend_yaml("a", a, "openai", "    models: {m: m}\n"),
+        support::backend_yaml("b", b, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let ex = chat(&gw, true).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    assert_eq!(ex.data_events().last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "asked once"
+    );
+}
+
+#[tokio::test]
+async fn an_implausible_usage_count_is_ignored_and_the_tokens_estimated() {
+    // Regression: usage of 2^64 - 1 tokens made a TPOT of 2e-21 s in the curve.
+    let answer = |_: usize, _: &[u8]| {
+        let content = r#"{"choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+        sse(&[
+            content,
+            content,
+            content,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":18446744073709551615}}"#,
+            "[DONE]",
+        ])
+    };
+    let huge = support::raw_backend(answer, true).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml("huge", huge, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    let ex = chat(&gw, true).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    let metrics = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    let metrics = String::from_utf8(metrics.body()).unwrap();
+    let output = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("gen_ai_client_token_usage_sum{")
+                && l.contains(r#"backend="huge""#)
+                && l.contains(r#"token_type="output""#)
+        })
+        .unwrap_or_else(|| panic!("no output token sum in {metrics}"));
+    assert!(
+        output.ends_with(" 3"),
+        "counted from its 3 events: {output}"
+    );
+}
+
+#[tokio::test]
+async fn a_non_stream_completion_longer_than_the_first_token_timeout_is_not_cut() {
+    // Regression: a non-stream request was cut at first_token_timeout_ms (and retried on the
+    // other backend): it has no first token, only a response.
+    let (_fleet, sim) = support::start_engine("sim", support::engine(40.0, 0.0, 8)).await;
+    let gw = gateway_to(sim, "    first_token_timeout_ms: 200\n", "").await;
+    let ex = support::post(
+        gw.addr(),
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [], "max_tokens": 20}),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::OK, "{:?}", ex.json());
+}
+
+#[tokio::test]
+async fn a_non_stream_request_past_its_response_timeout_is_a_504_and_never_sent_again() {
+    let slow = support::engine(40.0, 0.0, 8);
+    let (fleet_a, a) = support::start_engine("a", slow.clone()).await;
+    let (fleet_b, b) = support::start_engine("b", slow).await;
+    let _fleets = support::FleetGuard(vec![fleet_a, fleet_b]);
+    let extra = "    models: {m: m}\n    response_timeout_ms: 300\n";
+    let gw = support::gateway(&format!(
+        "backends:\n{}{}",
+        support::backend_yaml("a", a, "openai", extra),
+        support::backend_yaml("b", b, "openai", extra)
+    ))
+    .await;
+    let ex = support::post(
+        gw.addr(),
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [], "max_tokens": 30}),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", ex.json());
+    assert!(
+        ex.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("response_timeout_ms"),
+        "{:?}",
+        ex.json()
+    );
+    let asked = support::seen(a).await.len() + support::seen(b).await.len();
+    assert_eq!(asked, 1, "accepted once, never sent again");
+}

@@ -14,6 +14,9 @@ use super::super::{BackendConfig, BackendDialect, Cost, Ejection, ModelMap, Prio
 use super::{Result, positive, readable};
 use crate::yaml::ConfigError;
 
+/// The longest timeout a backend may be given, ms: a day.
+const MAX_TIMEOUT_MS: u64 = 86_400_000;
+
 /// Headers a backend's `headers` may not set: the gateway owns them.
 fn reserved(name: &HeaderName) -> bool {
     [
@@ -126,21 +129,19 @@ pub(super) fn backend(
             ));
         }
     }
-    if b.connect_timeout_ms == 0 {
-        return Err(ConfigError::at(
-            format!("{at}.connect_timeout_ms"),
-            "must be at least 1",
-        ));
-    }
     for (field, ms) in [
+        ("connect_timeout_ms", Some(b.connect_timeout_ms)),
         ("first_token_timeout_ms", Some(b.first_token_timeout_ms)),
         ("stall_timeout_ms", Some(b.stall_timeout_ms)),
         ("total_timeout_ms", b.total_timeout_ms),
+        ("response_timeout_ms", Some(b.response_timeout_ms)),
     ] {
-        if ms == Some(0) {
+        if let Some(ms) = ms
+            && !(1..=MAX_TIMEOUT_MS).contains(&ms)
+        {
             return Err(ConfigError::at(
                 format!("{at}.{field}"),
-                "must be at least 1",
+                format!("{ms} ms is out of range: give 1 to {MAX_TIMEOUT_MS} (a day)"),
             ));
         }
     }
@@ -191,6 +192,7 @@ pub(super) fn backend(
             first_token: Duration::from_millis(b.first_token_timeout_ms),
             stall: Duration::from_millis(b.stall_timeout_ms),
             total: b.total_timeout_ms.map(Duration::from_millis),
+            response: Duration::from_millis(b.response_timeout_ms),
         },
         anthropic_version,
     })

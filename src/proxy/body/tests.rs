@@ -31,9 +31,15 @@ fn metered(stream: Option<bool>) -> (Feed, Metered<Fed>) {
         first_token: Duration::from_secs(2),
         stall: Duration::from_secs(1),
         total: None,
+        response: Duration::from_secs(3),
     };
     let sent = Instant::now();
-    let timed = Timed::new(body, Deadlines::new(timeouts, sent), None, Arc::from("b"));
+    let timed = Timed::new(
+        body,
+        Deadlines::new(timeouts, sent, stream.is_some()),
+        None,
+        Arc::from("b"),
+    );
     let end = RequestEnd::new(request(), 200, sent, Arc::from("b"));
     let stream = stream.map(|strip| (StreamDialect::OpenAi, strip));
     (feed, Metered::new(timed, end, stream))

@@ -11,6 +11,7 @@ const TIMEOUTS: Timeouts = Timeouts {
     first_token: Duration::from_secs(2),
     stall: Duration::from_secs(1),
     total: Some(Duration::from_secs(10)),
+    response: Duration::from_secs(5),
 };
 
 fn timed(
@@ -19,7 +20,7 @@ fn timed(
 ) -> Timed<crate::proxy::testing::Fed> {
     Timed::new(
         body,
-        Deadlines::new(TIMEOUTS, Instant::now()),
+        Deadlines::new(TIMEOUTS, Instant::now(), true),
         drained,
         Arc::from("b"),
     )
@@ -35,7 +36,7 @@ fn expired_kind(frame: Option<Result<Frame<Bytes>, Cut>>) -> &'static str {
 #[test]
 fn the_first_token_deadline_is_capped_by_the_total_and_the_stall_too() {
     let sent = Instant::now();
-    let d = Deadlines::new(TIMEOUTS, sent);
+    let d = Deadlines::new(TIMEOUTS, sent, true);
     assert_eq!(d.first_token(), sent + Duration::from_secs(2));
     assert_eq!(
         d.stall_from(sent + Duration::from_secs(3)),
@@ -51,7 +52,7 @@ fn the_first_token_deadline_is_capped_by_the_total_and_the_stall_too() {
         ..TIMEOUTS
     };
     assert_eq!(
-        Deadlines::new(short_total, sent).first_token(),
+        Deadlines::new(short_total, sent, true).first_token(),
         sent + Duration::from_secs(1)
     );
 }
@@ -59,7 +60,7 @@ fn the_first_token_deadline_is_capped_by_the_total_and_the_stall_too() {
 #[test]
 fn the_expired_deadline_is_named_for_what_the_stream_was_waiting_for() {
     let sent = Instant::now();
-    let d = Deadlines::new(TIMEOUTS, sent);
+    let d = Deadlines::new(TIMEOUTS, sent, true);
     let at = |s| sent + Duration::from_secs(s);
     assert_eq!(d.expired(at(2), false).kind, "first_token");
     assert_eq!(d.expired(at(5), true).kind, "stall");
@@ -152,4 +153,14 @@ async fn a_body_that_arrives_whole_never_arms_a_timer() {
     assert!(body.frame().await.unwrap().is_ok());
     assert!(body.frame().await.is_none());
     assert!(body.timer.armed.is_none());
+}
+
+#[test]
+fn a_response_that_is_not_a_stream_has_the_response_timeout_in_place_of_a_first_token() {
+    let sent = Instant::now();
+    let d = Deadlines::new(TIMEOUTS, sent, false);
+    assert_eq!(d.first_token(), sent + Duration::from_secs(5));
+    let e = d.expired(sent + Duration::from_secs(5), false);
+    assert_eq!(e.kind, "response");
+    assert_eq!(e.message, "the upstream did not answer within 5000 ms");
 }
