@@ -265,15 +265,30 @@ async fn reload_on_change(
 ) {
     let apply = |why: &str| {
         tracing::info!(file = %file.display(), why, "reloading the config");
-        match crate::config::load(&file) {
-            Ok(config) => {
-                let _ = reloader.reload(&config);
+        // Whatever a file holds, the watcher goes on: a panic while reading or applying one is
+        // a refused reload (logged, on /admin/reload), not the end of reloading.
+        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            match crate::config::load(&file) {
+                Ok(config) => {
+                    let _ = reloader.reload(&config);
+                }
+                Err(err) => {
+                    let message = err.to_string();
+                    tracing::error!(error = %message, "config reload refused; the running config stays");
+                    reloader.refused(message);
+                }
             }
-            Err(err) => {
-                let message = err.to_string();
-                tracing::error!(error = %message, "config reload refused; the running config stays");
-                reloader.refused(message);
-            }
+        }));
+        if let Err(panic) = attempt {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".to_owned());
+            let message =
+                format!("internal error while reloading (a bug; please report it): {what}");
+            tracing::error!(error = %message, "config reload refused; the running config stays");
+            reloader.refused(message);
         }
     };
     let mut seen = loaded;

@@ -160,3 +160,55 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(status().await["applied"], 2);
 }
+
+#[tokio::test]
+async fn an_absurd_number_in_a_reloaded_file_is_refused_by_name_and_reloading_goes_on() {
+    // Regression: `drain_timeout_s: 1e300` panicked the reload task (a duration overflow), so
+    // later valid edits and SIGHUP were ignored; `tpsgate check` panicked on the same file.
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gateway.yaml");
+    let head = "listen: {address: 127.0.0.1:0}\nadmin: {listen: 127.0.0.1:0}\n";
+    std::fs::write(&file, format!("{head}{}", config_text(&[("one", sim)]))).unwrap();
+    let mut command = support::tpsgate();
+    command
+        .args(["serve", "--config"])
+        .arg(&file)
+        .stderr(std::process::Stdio::null());
+    let gw = support::spawn_listening(command).await;
+    let admin = support::admin_of(&gw);
+    let settle = || tokio::time::sleep(Duration::from_millis(1500));
+
+    let absurd = format!(
+        "{head}limits: {{drain_timeout_s: 1e300}}\n{}",
+        config_text(&[("one", sim)])
+    );
+    std::fs::write(&file, &absurd).unwrap();
+    settle().await;
+    let s = support::get_json(admin, "/admin/reload").await;
+    assert_eq!(s["refused"], 1, "{s}");
+    let why = s["last_error"].as_str().unwrap();
+    assert!(why.contains("limits.drain_timeout_s"), "{why}");
+    assert!(why.contains("at most 86400"), "{why}");
+    let check = support::tpsgate()
+        .args(["check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&check.stderr).contains("limits.drain_timeout_s"));
+
+    // Reloading goes on: the next valid file is applied.
+    std::fs::write(
+        &file,
+        format!("{head}{}", config_text(&[("one", sim), ("two", sim)])),
+    )
+    .unwrap();
+    settle().await;
+    settle().await;
+    assert_eq!(
+        support::get_json(admin, "/admin/reload").await["applied"],
+        1
+    );
+    assert_eq!(backend_names(admin).await, ["one", "two"]);
+}

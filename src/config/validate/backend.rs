@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderValue, Uri};
 
 use super::super::raw::{RawBackend, RawPrior};
 use super::super::{BackendConfig, BackendDialect, Cost, Ejection, ModelMap, PriorPoint, Timeouts};
-use super::{Result, positive, readable};
+use super::{DAY_MS, HUGE, Result, readable, within};
 use crate::yaml::ConfigError;
 
 /// The longest timeout a backend may be given, ms: a day.
@@ -107,10 +107,10 @@ pub(super) fn backend(
                 ("input_per_1m", c.input_per_1m),
                 ("output_per_1m", c.output_per_1m),
             ] {
-                if !(v.is_finite() && v >= 0.0) {
+                if !(v.is_finite() && v >= 0.0 && v <= HUGE) {
                     return Err(ConfigError::at(
                         format!("{at}.cost.{field}"),
-                        format!("{v} is out of range: use 0 or more"),
+                        format!("{v} is out of range: give 0 to {HUGE} (USD per million tokens)"),
                     ));
                 }
             }
@@ -157,10 +157,11 @@ pub(super) fn backend(
         None => None,
     };
     let e = b.ejection;
-    if e.after_failures == 0 || e.base_ms == 0 || e.max_ms < e.base_ms {
+    if e.after_failures == 0 || e.base_ms == 0 || e.max_ms < e.base_ms || e.max_ms > MAX_TIMEOUT_MS
+    {
         return Err(ConfigError::at(
             format!("{at}.ejection"),
-            "after_failures and base_ms must be at least 1, and max_ms at least base_ms",
+            "after_failures and base_ms must be at least 1, and max_ms at least base_ms and at most 86400000 (a day)",
         ));
     }
     let host = host_header(&url).ok_or_else(|| {
@@ -314,9 +315,9 @@ fn prior(at: &str, p: &RawPrior, limit: Option<u32>, dir: &Path) -> Result<Vec<P
     if let Some(raw) = &p.points {
         for (i, r) in raw.iter().enumerate() {
             let at = format!("{at}.points[{i}]");
-            positive(&format!("{at}.concurrency"), r.concurrency)?;
-            positive(&format!("{at}.per_user_tps"), r.per_user_tps)?;
-            positive(&format!("{at}.ttft_ms"), r.ttft_ms)?;
+            within(&format!("{at}.concurrency"), r.concurrency, HUGE)?;
+            within(&format!("{at}.per_user_tps"), r.per_user_tps, HUGE)?;
+            within(&format!("{at}.ttft_ms"), r.ttft_ms, DAY_MS)?;
             points.push(PriorPoint {
                 concurrency: r.concurrency,
                 per_user_tps: r.per_user_tps,
@@ -325,16 +326,16 @@ fn prior(at: &str, p: &RawPrior, limit: Option<u32>, dir: &Path) -> Result<Vec<P
         }
     }
     if let Some(f) = &p.fit {
-        positive(&format!("{at}.fit.tpot_base_ms"), f.tpot_base_ms)?;
-        positive(&format!("{at}.fit.ttft_base_ms"), f.ttft_base_ms)?;
+        within(&format!("{at}.fit.tpot_base_ms"), f.tpot_base_ms, DAY_MS)?;
+        within(&format!("{at}.fit.ttft_base_ms"), f.ttft_base_ms, DAY_MS)?;
         for (field, v) in [
             ("tpot_per_seq_ms", f.tpot_per_seq_ms),
             ("ttft_per_seq_ms", f.ttft_per_seq_ms),
         ] {
-            if !(v.is_finite() && v >= 0.0) {
+            if !(v.is_finite() && v >= 0.0 && v <= DAY_MS) {
                 return Err(ConfigError::at(
                     format!("{at}.fit.{field}"),
-                    format!("{v} is out of range: use 0 or more"),
+                    format!("{v} is out of range: give 0 to {DAY_MS} (ms)"),
                 ));
             }
         }

@@ -160,7 +160,7 @@ pub fn validate(
         };
         api_keys.push(ApiKey { key, class });
     }
-    positive("curves.half_life_s", raw.curves.half_life_s)?;
+    within("curves.half_life_s", raw.curves.half_life_s, 7.0 * DAY_S)?;
     let cluster = match &raw.cluster {
         Some(c) => Some(cluster(c, env)?),
         None => None,
@@ -333,10 +333,10 @@ fn class(at: &str, c: &RawClass, default_policy: Policy) -> Result<ClassConfig> 
         return Err(ConfigError::at(format!("{at}.name"), "must not be empty"));
     }
     if let Some(tps) = c.min_tps {
-        positive(&format!("{at}.min_tps"), tps)?;
+        within(&format!("{at}.min_tps"), tps, HUGE)?;
     }
     if let Some(ms) = c.max_ttft_ms {
-        positive(&format!("{at}.max_ttft_ms"), ms)?;
+        within(&format!("{at}.max_ttft_ms"), ms, DAY_MS)?;
     }
     for (field, value) in [
         ("tps_percentile", c.tps_percentile),
@@ -357,7 +357,7 @@ fn class(at: &str, c: &RawClass, default_policy: Policy) -> Result<ClassConfig> 
     };
     let wait_ms = match (c.queue_max_wait_ms, c.max_ttft_ms) {
         (Some(ms), _) => {
-            positive(&format!("{at}.queue_max_wait_ms"), ms)?;
+            within(&format!("{at}.queue_max_wait_ms"), ms, DAY_MS)?;
             ms
         }
         (None, Some(ttft)) => ttft,
@@ -401,16 +401,25 @@ fn readable(at: &str, path: &Path) -> Result<()> {
         .map_err(|e| ConfigError::at(at, format!("cannot read `{}`: {e}", path.display())))
 }
 
-fn positive(at: &str, value: f64) -> Result<()> {
-    if value.is_finite() && value > 0.0 {
+/// `value` is a number above 0 and at most `max`: every number a config gives is bounded, so
+/// that no later arithmetic (a deadline as an instant, a duration from seconds) can overflow.
+fn within(at: &str, value: f64, max: f64) -> Result<()> {
+    if value.is_finite() && value > 0.0 && value <= max {
         Ok(())
     } else {
         Err(ConfigError::at(
             at,
-            format!("{value} is out of range: use a positive number"),
+            format!("{value} is out of range: give a number above 0 and at most {max}"),
         ))
     }
 }
+
+/// A day, in seconds: the longest any wait or timeout may be.
+const DAY_S: f64 = 86_400.0;
+/// A day, in milliseconds.
+const DAY_MS: f64 = 86_400_000.0;
+/// Beyond any real speed or concurrency (tokens per second, requests in flight).
+const HUGE: f64 = 1e6;
 
 /// The most connections a listener may hold open at once: far beyond what one process's
 /// descriptors allow, and small enough to count in a `u32`.
@@ -418,17 +427,27 @@ const MAX_CONNECTIONS: u64 = 10_000_000;
 
 fn limits(raw: &RawConfig) -> Result<Limits> {
     let l = &raw.limits;
-    if l.max_body_bytes == 0 {
+    if !(1..=1 << 30).contains(&l.max_body_bytes) {
         return Err(ConfigError::at(
             "limits.max_body_bytes",
-            "must be at least 1",
+            format!(
+                "{} is out of range: give 1 to 1073741824 (1 GiB)",
+                l.max_body_bytes
+            ),
         ));
     }
-    positive("limits.header_read_timeout_s", l.header_read_timeout_s)?;
-    if l.max_header_bytes < 1024 {
+    within(
+        "limits.header_read_timeout_s",
+        l.header_read_timeout_s,
+        3600.0,
+    )?;
+    if !(1024..=1 << 20).contains(&l.max_header_bytes) {
         return Err(ConfigError::at(
             "limits.max_header_bytes",
-            format!("{} is too small: use at least 1024", l.max_header_bytes),
+            format!(
+                "{} is out of range: give 1024 to 1048576 (1 MiB)",
+                l.max_header_bytes
+            ),
         ));
     }
     if !(1..=MAX_CONNECTIONS).contains(&l.max_connections) {
@@ -440,7 +459,7 @@ fn limits(raw: &RawConfig) -> Result<Limits> {
             ),
         ));
     }
-    positive("limits.drain_timeout_s", l.drain_timeout_s)?;
+    within("limits.drain_timeout_s", l.drain_timeout_s, DAY_S)?;
     Ok(Limits {
         max_body_bytes: usize::try_from(l.max_body_bytes).unwrap_or(usize::MAX),
         header_read_timeout: Duration::from_secs_f64(l.header_read_timeout_s),

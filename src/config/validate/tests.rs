@@ -180,3 +180,42 @@ fn a_bad_cluster_field_is_named_with_the_fix() {
     assert!(path.starts_with("cluster"), "{path}");
     assert!(message.contains("unknown field"), "{message}");
 }
+
+#[test]
+fn every_number_is_bounded_and_an_absurd_one_is_named_with_its_range() {
+    let text = |extra: &str| format!("{extra}{BASE}");
+    for (config, path) in [
+        (
+            "limits: {drain_timeout_s: 1e300}\n",
+            "limits.drain_timeout_s",
+        ),
+        (
+            "limits: {header_read_timeout_s: 1e300}\n",
+            "limits.header_read_timeout_s",
+        ),
+        (
+            "limits: {max_body_bytes: 18446744073709551615}\n",
+            "limits.max_body_bytes",
+        ),
+        ("curves: {half_life_s: .inf}\n", "curves.half_life_s"),
+    ] {
+        let err = parse(&text(config), no_env).unwrap_err();
+        assert_eq!(err.path, path, "{config}");
+        assert!(err.message.contains("out of range"), "{}", err.message);
+    }
+    let class = |c: &str| format!("{BASE}classes:\n  - {{name: x, {c}}}\n");
+    let err = parse(&class("queue_max_wait_ms: 1e300, on_miss: queue"), no_env).unwrap_err();
+    assert_eq!(err.path, "classes[0].queue_max_wait_ms");
+    let err = parse(&class("max_ttft_ms: 1e300"), no_env).unwrap_err();
+    assert_eq!(err.path, "classes[0].max_ttft_ms");
+    let backend = |b: &str| format!("{BASE}    {b}\n");
+    let err = parse(
+        &backend("first_token_timeout_ms: 18446744073709551615"),
+        no_env,
+    )
+    .unwrap_err();
+    assert_eq!(err.path, "backends[0].first_token_timeout_ms");
+    assert!(err.message.contains("1 to 86400000"), "{}", err.message);
+    let err = parse(&backend("ejection: {max_ms: 18446744073709551615}"), no_env).unwrap_err();
+    assert_eq!(err.path, "backends[0].ejection");
+}
