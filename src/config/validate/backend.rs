@@ -107,7 +107,7 @@ pub(super) fn backend(
                 ("input_per_1m", c.input_per_1m),
                 ("output_per_1m", c.output_per_1m),
             ] {
-                if !(v.is_finite() && v >= 0.0 && v <= HUGE) {
+                if !(0.0..=HUGE).contains(&v) {
                     return Err(ConfigError::at(
                         format!("{at}.cost.{field}"),
                         format!("{v} is out of range: give 0 to {HUGE} (USD per million tokens)"),
@@ -332,7 +332,7 @@ fn prior(at: &str, p: &RawPrior, limit: Option<u32>, dir: &Path) -> Result<Vec<P
             ("tpot_per_seq_ms", f.tpot_per_seq_ms),
             ("ttft_per_seq_ms", f.ttft_per_seq_ms),
         ] {
-            if !(v.is_finite() && v >= 0.0 && v <= DAY_MS) {
+            if !(0.0..=DAY_MS).contains(&v) {
                 return Err(ConfigError::at(
                     format!("{at}.fit.{field}"),
                     format!("{v} is out of range: give 0 to {DAY_MS} (ms)"),
