@@ -284,6 +284,27 @@ where
     }
 }
 
+/// Methods a pass-through `/v1/*` request may use: what the providers' APIs use (a list, a
+/// create, a delete). Others (PUT, PATCH, TRACE, CONNECT, ...) have no business going to a
+/// backend with its credentials.
+const PASS_THROUGH_METHODS: [Method; 4] = [Method::GET, Method::HEAD, Method::POST, Method::DELETE];
+
+/// Whether a pass-through path could reach outside `/v1` at a backend that normalises paths: a
+/// `.` or `..` segment, written out or percent-encoded (`%2e`), or followed by `;` parameters
+/// (`..;`, which some servers strip); an encoded `/` (`%2f`) or a `\`, which some servers take
+/// for a separator. Such a path is refused rather than normalised: a client has no reason to
+/// send one.
+fn leaves_v1(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    if lower.contains('\\') || lower.contains("%2f") || lower.contains("%5c") {
+        return true;
+    }
+    lower.split('/').any(|segment| {
+        let segment = segment.split(';').next().unwrap_or("").replace("%2e", ".");
+        segment == "." || segment == ".."
+    })
+}
+
 async fn read<B>(req: Request<B>, limit: usize) -> Result<Request<Bytes>, Error>
 where
     B: Body,
@@ -309,6 +330,20 @@ where
                 ErrorKind::MethodNotAllowed,
                 format!("use POST for {path}"),
             ));
+        }
+        Endpoint::Other { .. } => {
+            if !PASS_THROUGH_METHODS.contains(method) {
+                return Err(Error::new(
+                    ErrorKind::MethodNotAllowed,
+                    format!("{method} is not passed through: use GET, HEAD, POST or DELETE"),
+                ));
+            }
+            if leaves_v1(path) {
+                return Err(Error::new(
+                    ErrorKind::InvalidRequest,
+                    "the path has a dot-segment (`.` or `..`, written out, percent-encoded or with `;` parameters), an encoded `/` or a `\\`: it is not passed through",
+                ));
+            }
         }
         _ => {}
     }
@@ -482,6 +517,31 @@ fn field(body: &[u8], key: &Range<usize>) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_pass_through_path_that_could_leave_v1_is_caught_however_it_is_written() {
+        for path in [
+            "/v1/../metrics",
+            "/v1/%2e%2e/x",
+            "/v1/%2E./x",
+            "/v1/..;/x",
+            "/v1/./files",
+            "/v1/files/..",
+            "/v1/a%2fb",
+            "/v1/a\\..\\b",
+            "/v1/a%5c..",
+        ] {
+            assert!(leaves_v1(path), "{path}");
+        }
+        for path in [
+            "/v1/files",
+            "/v1/files/file-abc.jsonl",
+            "/v1/a...b",
+            "/v1/.well",
+        ] {
+            assert!(!leaves_v1(path), "{path}");
+        }
+    }
     use super::*;
 
     #[test]

@@ -262,3 +262,37 @@ async fn a_non_stream_request_past_its_response_timeout_is_a_504_and_never_sent_
     let asked = support::seen(a).await.len() + support::seen(b).await.len();
     assert_eq!(asked, 1, "accepted once, never sent again");
 }
+
+#[tokio::test]
+async fn a_pass_through_path_that_leaves_v1_or_an_unusual_method_never_reaches_the_backend() {
+    // Regression: /v1/../metrics, /v1/%2e%2e/x and /v1/..;/x reached the backend as written,
+    // with the backend's key.
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&asked);
+    let backend = support::raw_backend(
+        move |_: usize, _: &[u8]| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}".to_vec()
+        },
+        true,
+    )
+    .await;
+    let gw = gateway_to(backend, "", "default_backend: raw\n").await;
+    for path in [
+        "/v1/../metrics",
+        "/v1/%2e%2e/x",
+        "/v1/..;/x",
+        "/v1/files%2f..%2fsecret",
+    ] {
+        let ex = support::exchange(gw.addr(), http::Method::GET, path, None).await;
+        assert_eq!(ex.status, StatusCode::BAD_REQUEST, "{path}");
+        assert_eq!(ex.json()["error"]["code"], "invalid_request", "{path}");
+    }
+    let ex = support::exchange(gw.addr(), http::Method::PUT, "/v1/files", Some(b"{}")).await;
+    assert_eq!(ex.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 0);
+    // A plain pass-through still goes.
+    let ex = support::exchange(gw.addr(), http::Method::GET, "/v1/files", None).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
