@@ -113,6 +113,7 @@ impl Gateway {
             live: Arc::clone(&live),
             ready: AtomicBool::new(true),
             token: config.admin_token.clone(),
+            hosts: config.admin_hosts.clone(),
             reload: Arc::clone(&reload_status),
             cluster: cluster.as_ref().map(|c| Arc::clone(&c.status)),
         });

@@ -184,6 +184,7 @@ impl Reloader {
             || config.admin_listen != old.admin_listen
             || config.tls != old.tls
             || config.admin_token != old.admin_token
+            || config.admin_hosts != old.admin_hosts
             || config.limits.header_read_timeout != old.limits.header_read_timeout
             || config.limits.max_header_bytes != old.limits.max_header_bytes
             || config.limits.max_connections != old.limits.max_connections

@@ -31,26 +31,75 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// Bearer token for `/metrics` and `/admin/*`, if configured.
     pub token: Option<crate::config::Secret>,
+    /// Host names `/metrics` and `/admin/*` answer to without a token, beside IP addresses and
+    /// `localhost`.
+    pub hosts: Vec<String>,
     /// How the last reload went.
     pub reload: Arc<Mutex<ReloadStatus>>,
     /// The cluster link, when the gateway runs in a cluster.
     pub cluster: Option<Arc<crate::cluster::Status>>,
 }
 
-/// Whether `req` may read the admin data: no token configured, or `Authorization: Bearer` with
-/// it (compared in constant time).
+/// Whether `req` may read the admin data: `Authorization: Bearer` with the token (the scheme in
+/// any case; compared in constant time), or, with no token configured, a request addressed to
+/// the gateway by an IP address, `localhost` or an allowed host name. A web page that rebinds
+/// its own name to 127.0.0.1 (DNS rebinding) sends its own name as `Host`, and is refused.
 fn authorized<B>(state: &AdminState, req: &Request<B>) -> bool {
     use subtle::ConstantTimeEq as _;
     let Some(token) = &state.token else {
-        return true;
+        return addressed_directly(req, &state.hosts);
     };
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes)
+        .and_then(|v| {
+            let scheme = b"bearer ";
+            (v.len() > scheme.len() && v[..scheme.len()].eq_ignore_ascii_case(scheme))
+                .then(|| v[scheme.len()..].trim_ascii())
+        })
+        .unwrap_or(b"");
+    bool::from(given.ct_eq(token.expose().as_bytes()))
+}
+
+/// Whether the request names the admin listener by an IP address, `localhost` or one of
+/// `hosts` (the `Host` header, or an HTTP/2 `:authority`).
+fn addressed_directly<B>(req: &Request<B>, hosts: &[String]) -> bool {
+    let authority = req
+        .headers()
+        .get(header::HOST)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    bool::from(given.as_bytes().ct_eq(token.expose().as_bytes()))
+        .or_else(|| req.uri().authority().map(http::uri::Authority::as_str));
+    let Some(authority) = authority else {
+        // HTTP/1.0 without Host: not a browser.
+        return true;
+    };
+    let host = match authority.strip_prefix('[') {
+        // [IPv6]:port
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.parse::<std::net::IpAddr>().is_ok()
+        || host.eq_ignore_ascii_case("localhost")
+        || hosts.iter().any(|h| h.eq_ignore_ascii_case(host))
+}
+
+/// Headers every admin answer carries: no content sniffing; the dashboard page also loads
+/// nothing but itself (its script and style are inline) and talks only to this origin.
+fn secure(resp: &mut Response<Full<Bytes>>, page: bool) {
+    let headers = resp.headers_mut();
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    if page {
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+            ),
+        );
+    }
 }
 
 /// Answers one admin request.
@@ -58,24 +107,36 @@ pub async fn handle<B>(
     state: Arc<AdminState>,
     req: Request<B>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    let page = req.uri().path() == "/";
+    let mut resp = answer(&state, &req);
+    secure(&mut resp, page);
+    Ok(resp)
+}
+
+fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
     if req.uri().path() == "/" {
         let mut resp = Response::new(Full::new(Bytes::from_static(DASHBOARD.as_bytes())));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/html; charset=utf-8"),
         );
-        return Ok(resp);
+        return resp;
     }
     let open = matches!(req.uri().path(), "/healthz" | "/readyz");
-    if !open && !authorized(&state, &req) {
-        let body = json!({"error": {"message": "the admin plane needs Authorization: Bearer TOKEN (admin.token_env)", "type": "invalid_request_error", "code": "invalid_api_key"}});
+    if !open && !authorized(state, req) {
+        let message = if state.token.is_some() {
+            "the admin plane needs Authorization: Bearer TOKEN (admin.token_env)"
+        } else {
+            "the admin plane answers only to its IP address, localhost or admin.allowed_hosts (or set admin.token_env)"
+        };
+        let body = json!({"error": {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}});
         let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
         *resp.status_mut() = StatusCode::UNAUTHORIZED;
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        return Ok(resp);
+        return resp;
     }
     if req.uri().path() == "/metrics" {
         let mut resp = Response::new(Full::new(Bytes::from(metrics::render(
@@ -85,7 +146,7 @@ pub async fn handle<B>(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
         );
-        return Ok(resp);
+        return resp;
     }
     let (status, body) = match req.uri().path() {
         "/healthz" => (StatusCode::OK, json!({"status": "ok"})),
@@ -114,7 +175,7 @@ pub async fn handle<B>(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    Ok(resp)
+    resp
 }
 
 fn backends(router: &Router) -> serde_json::Value {

@@ -33,6 +33,9 @@ pub struct Config {
     pub admin_listen: SocketAddr,
     /// Bearer token the admin data endpoints require, if any.
     pub admin_token: Option<Secret>,
+    /// Host names the admin data endpoints answer to without a token, beside IP addresses and
+    /// `localhost` (lowercase).
+    pub admin_hosts: Vec<String>,
     /// Request limits and drain.
     pub limits: Limits,
     /// Upstream providers, in config order.

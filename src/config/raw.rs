@@ -139,6 +139,10 @@ pub struct RawAdmin {
     /// Environment variable holding a bearer token that `/metrics` and `/admin/*` require.
     #[serde(default)]
     pub token_env: Option<String>,
+    /// Host names (beside IP addresses and `localhost`) under which `/metrics` and `/admin/*`
+    /// answer without a token (what a scraper calls the gateway by, e.g. a compose service).
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for RawAdmin {
@@ -146,6 +150,7 @@ impl Default for RawAdmin {
         Self {
             listen: default_admin(),
             token_env: None,
+            allowed_hosts: Vec::new(),
         }
     }
 }

@@ -329,7 +329,9 @@ fn clean_head(parts: &mut http::response::Parts) {
     }
 }
 
-/// 504 when connecting timed out, 502 for any other failure before the response head.
+/// 504 when connecting timed out, 502 for any other failure before the response head. The
+/// client is told which backend and what kind of failure; the error itself (addresses, TLS
+/// and parser details) goes to the log only.
 fn upstream_error(backend: &str, err: &SendError) -> Error {
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(err);
     let mut timed_out = false;
@@ -343,6 +345,7 @@ fn upstream_error(backend: &str, err: &SendError) -> Error {
         detail = e.to_string();
         source = e.source();
     }
+    tracing::warn!(backend, error = %detail, "upstream failed before its response head");
     if timed_out && err.is_connect() {
         Error::new(
             ErrorKind::UpstreamTimeout,
@@ -351,12 +354,14 @@ fn upstream_error(backend: &str, err: &SendError) -> Error {
     } else if err.is_connect() {
         Error::new(
             ErrorKind::UpstreamUnreachable,
-            format!("backend {backend}: cannot connect: {detail}"),
+            format!("backend {backend}: cannot connect (the gateway's log has the cause)"),
         )
     } else {
         Error::new(
             ErrorKind::UpstreamUnreachable,
-            format!("backend {backend}: failed before the response head: {detail}"),
+            format!(
+                "backend {backend}: failed before its response head (the gateway's log has the cause)"
+            ),
         )
     }
 }

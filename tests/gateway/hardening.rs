@@ -296,3 +296,90 @@ async fn a_pass_through_path_that_leaves_v1_or_an_unusual_method_never_reaches_t
     assert_eq!(ex.status, StatusCode::OK);
     assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
 }
+
+#[tokio::test]
+async fn the_admin_plane_answers_a_page_that_rebinds_its_name_only_with_the_token() {
+    // Without a token, a browser page whose own name resolves to 127.0.0.1 (DNS rebinding)
+    // could read /metrics and /admin/*: such a request names the page's host.
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = gateway_to(
+        sim,
+        "",
+        "admin: {listen: 127.0.0.1:0, allowed_hosts: [gateway]}\n",
+    )
+    .await;
+    let client = tpsgate::bench::http_client();
+    let get = async |path: &str, host: &str| {
+        support::send(
+            &client,
+            gw.admin_addr(),
+            http::Method::GET,
+            path,
+            None,
+            &[("host", host)],
+        )
+        .await
+    };
+    let direct = format!("127.0.0.1:{}", gw.admin_addr().port());
+    for path in ["/metrics", "/admin/curves", "/admin/backends"] {
+        assert_eq!(get(path, "evil.example:9090").await.status, 401, "{path}");
+        assert_eq!(get(path, &direct).await.status, 200, "{path}");
+        assert_eq!(get(path, "localhost:9090").await.status, 200, "{path}");
+        assert_eq!(get(path, "gateway:9090").await.status, 200, "{path}");
+    }
+    assert_eq!(get("/healthz", "evil.example").await.status, 200);
+    let page = get("/", &direct).await;
+    assert_eq!(page.headers["x-content-type-options"], "nosniff");
+    let csp = page.headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"),
+        "{csp}"
+    );
+    assert_eq!(
+        get("/admin/backends", &direct).await.headers["x-content-type-options"],
+        "nosniff"
+    );
+}
+
+#[tokio::test]
+async fn the_admin_token_is_taken_whatever_the_case_of_its_scheme() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = gateway_to(
+        sim,
+        "",
+        "admin: {listen: 127.0.0.1:0, token_env: ADMIN_TOKEN}\n",
+    )
+    .await;
+    let client = tpsgate::bench::http_client();
+    for auth in [
+        "Bearer key-of-ADMIN_TOKEN",
+        "bearer key-of-ADMIN_TOKEN",
+        "BEARER  key-of-ADMIN_TOKEN",
+    ] {
+        let ex = support::send(
+            &client,
+            gw.admin_addr(),
+            http::Method::GET,
+            "/admin/backends",
+            None,
+            &[("authorization", auth), ("host", "anything.example")],
+        )
+        .await;
+        assert_eq!(ex.status, 200, "{auth}");
+    }
+}
+
+#[tokio::test]
+async fn a_failed_upstream_is_named_but_its_internal_error_stays_in_the_log() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let gw = gateway_to(closed, "", "").await;
+    let ex = chat(&gw, false).await;
+    assert_eq!(ex.status, StatusCode::BAD_GATEWAY);
+    let message = ex.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("backend raw"), "{message}");
+    assert!(!message.contains("127.0.0.1"), "{message}");
+    assert!(!message.to_lowercase().contains("refused"), "{message}");
+}

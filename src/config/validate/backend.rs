@@ -253,8 +253,15 @@ fn upstream_url(at: &str, value: &str) -> Result<Uri> {
             ));
         }
     }
-    if uri.authority().is_none() {
+    let Some(authority) = uri.authority() else {
         return Err(ConfigError::at(at, format!("`{value}` has no host")));
+    };
+    if authority.as_str().contains('@') {
+        // Never used to authenticate, and shown wherever the URL is: refused, not stripped.
+        return Err(ConfigError::at(
+            at,
+            "a backend URL cannot carry credentials (user:password@): give the key with api_key_env",
+        ));
     }
     if uri.query().is_some() {
         return Err(ConfigError::at(

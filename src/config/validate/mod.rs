@@ -165,7 +165,27 @@ pub fn validate(
         Some(c) => Some(cluster(c, env)?),
         None => None,
     };
+    let admin_hosts: Vec<String> = raw
+        .admin
+        .allowed_hosts
+        .iter()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .collect();
+    if let Some(bad) = admin_hosts.iter().find(|h| {
+        h.is_empty()
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+    }) {
+        return Err(ConfigError::at(
+            "admin.allowed_hosts",
+            format!(
+                "`{bad}` is not a host name: give names only (letters, digits, `-`, `.`), no port"
+            ),
+        ));
+    }
     Ok(Config {
+        admin_hosts,
         curve_half_life_s: raw.curves.half_life_s,
         listen,
         tls,

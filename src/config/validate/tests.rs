@@ -219,3 +219,18 @@ fn every_number_is_bounded_and_an_absurd_one_is_named_with_its_range() {
     let err = parse(&backend("ejection: {max_ms: 18446744073709551615}"), no_env).unwrap_err();
     assert_eq!(err.path, "backends[0].ejection");
 }
+
+#[test]
+fn a_backend_url_with_credentials_is_refused_rather_than_shown() {
+    let err = parse(
+        &BASE.replace(
+            "http://127.0.0.1:9101/",
+            "http://user:secret@127.0.0.1:9101/",
+        ),
+        no_env,
+    )
+    .unwrap_err();
+    assert_eq!(err.path, "backends[0].url");
+    assert!(err.message.contains("api_key_env"), "{}", err.message);
+    assert!(!err.message.contains("secret"), "{}", err.message);
+}
