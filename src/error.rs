@@ -22,6 +22,10 @@ pub enum ErrorKind {
     PayloadTooLarge,
     /// 415: the body is not JSON by its content type.
     UnsupportedMediaType,
+    /// 431: the request head is over the configured limit.
+    HeadersTooLarge,
+    /// 408: the client did not send its body in time (or sent it too slowly).
+    RequestTimeout,
     /// 401: gateway API keys are configured and the request carries none of them.
     Unauthorized,
     /// 503: every backend that serves the model is at its concurrency limit.
@@ -64,6 +68,8 @@ impl ErrorKind {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NoBackendAvailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::SloUnmet => StatusCode::TOO_MANY_REQUESTS,
@@ -93,6 +99,8 @@ impl ErrorKind {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::PayloadTooLarge => "body_too_large",
             Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::HeadersTooLarge => "headers_too_large",
+            Self::RequestTimeout => "request_timeout",
             Self::Unauthorized => "invalid_api_key",
             Self::NoBackendAvailable => "no_backend_available",
             Self::SloUnmet => "slo_unmet",
@@ -111,6 +119,8 @@ impl ErrorKind {
             | Self::MethodNotAllowed
             | Self::PayloadTooLarge
             | Self::UnsupportedMediaType
+            | Self::HeadersTooLarge
+            | Self::RequestTimeout
             | Self::Unauthorized => Fault::Client,
             Self::NoBackendAvailable | Self::SloUnmet => Fault::Gateway,
             Self::UpstreamUnreachable | Self::UpstreamTimeout | Self::UpstreamResponseTimeout => {

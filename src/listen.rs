@@ -99,8 +99,11 @@ pub async fn serve<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let header_read_timeout = limits.header_read_timeout;
-    let max_buf_size = limits.max_header_bytes.max(8192);
-    let max_header_list_size = u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX);
+    // Heads of up to twice the limit reach the stack, whose limit layer answers those over it
+    // with a 431 in the client's dialect; beyond that the HTTP layers refuse them.
+    let max_buf_size = limits.max_header_bytes.saturating_mul(2).max(8192);
+    let max_header_list_size =
+        u32::try_from(limits.max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX);
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1
         .timer(TokioTimer::new())

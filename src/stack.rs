@@ -9,6 +9,7 @@ use crate::config::Config;
 use crate::proxy::auth::{Auth, AuthLayer};
 use crate::proxy::classify::{Classes, Classify, ClassifyLayer};
 use crate::proxy::forward::Forward;
+use crate::proxy::limits::{HeadLimit, HeadLimitLayer};
 use crate::proxy::models::{Models, ModelsLayer};
 use crate::proxy::request_id::{RequestIdLayer, RequestIdService};
 use crate::proxy::rescue::{Rescue, RescueLayer};
@@ -19,7 +20,8 @@ use crate::router::Router;
 use crate::signal::Signal;
 
 /// The gateway's request stack, outermost first.
-pub type Stack = RequestIdService<Rescue<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>;
+pub type Stack =
+    RequestIdService<Rescue<HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`; `drained` ends the streams
 /// still open at the drain deadline.
@@ -35,6 +37,8 @@ pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
         .layer(RequestIdLayer::new())
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
+        // The head within its limit (431), on HTTP/1.1 and HTTP/2 alike, before anything reads it.
+        .layer(HeadLimitLayer::new(config.limits.max_header_bytes))
         // Gateway API keys, when configured (401 without one); a key may carry a class.
         .layer(AuthLayer::new(config.api_keys.clone()))
         // The body is read once, bounded; method, content type and JSON checked; model and

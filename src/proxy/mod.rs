@@ -1,5 +1,5 @@
 //! The request path, one concern per module, composed in [`crate::stack`] in this order:
-//! [`request_id`] -> [`rescue`] -> [`auth`] -> [`classify`] -> [`models`] -> [`retry`] ->
+//! [`request_id`] -> [`rescue`] -> [`limits`] -> [`auth`] -> [`classify`] -> [`models`] -> [`retry`] ->
 //! [`route`] -> [`rewrite`] -> [`forward`]. The response body is [`body`]: timed by
 //! [`deadline`], metered by [`meter`], its request ended by [`end`].
 
@@ -10,6 +10,7 @@ pub mod deadline;
 pub mod end;
 pub mod endpoint;
 pub mod forward;
+pub mod limits;
 pub mod meter;
 pub mod models;
 pub mod request_id;

@@ -130,7 +130,9 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::InvalidRequest
         | ErrorKind::MethodNotAllowed
-        | ErrorKind::UnsupportedMediaType => "invalid_request_error",
+        | ErrorKind::UnsupportedMediaType
+        | ErrorKind::HeadersTooLarge
+        | ErrorKind::RequestTimeout => "invalid_request_error",
         ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::NoBackendAvailable => "overloaded_error",

@@ -383,3 +383,38 @@ async fn a_failed_upstream_is_named_but_its_internal_error_stays_in_the_log() {
     assert!(!message.contains("127.0.0.1"), "{message}");
     assert!(!message.to_lowercase().contains("refused"), "{message}");
 }
+
+#[tokio::test]
+async fn a_head_over_the_limit_gets_a_431_on_http1_and_http2_alike() {
+    // Regression: heads between max_header_bytes and twice it were accepted; HTTP/2 heads over
+    // it dropped the connection with no answer.
+    use http_body_util::BodyExt as _;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = gateway_to(sim, "", "limits: {max_header_bytes: 4096}\n").await;
+    let pad = "a".repeat(6000);
+    for h2 in [false, true] {
+        let client = Client::builder(TokioExecutor::new())
+            .http2_only(h2)
+            .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let request = |pad: &str| {
+            http::Request::get(format!("http://{}/v1/models", gw.addr()))
+                .header("x-pad", pad)
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap()
+        };
+        let resp = client.request(request(&pad)).await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "h2: {h2}"
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(body["error"]["code"], "headers_too_large", "h2: {h2}");
+        // The connection (on HTTP/2) or the client goes on.
+        let resp = client.request(request("small")).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "h2: {h2}");
+    }
+}
