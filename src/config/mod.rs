@@ -176,6 +176,8 @@ pub struct BackendConfig {
     pub models: ModelMap,
     /// Hard in-flight limit.
     pub max_concurrency: Option<u32>,
+    /// Distinct model names tracked (curves, metrics) beyond the configured ones' count.
+    pub max_models: usize,
     /// Price.
     pub cost: Option<Cost>,
     /// Extra trusted roots.

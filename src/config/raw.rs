@@ -219,6 +219,10 @@ pub struct RawBackend {
     /// Hard limit on requests in flight to this backend.
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// Distinct model names the backend keeps curves and metrics for (the configured ones
+    /// always); others seen through `"*": "*"` fold into `other`; default 64.
+    #[serde(default = "default_max_models")]
+    pub max_models: u32,
     /// Price, for the `cheapest` policy and reports.
     #[serde(default)]
     pub cost: Option<RawCost>,
@@ -327,6 +331,10 @@ fn default_first_token_timeout_ms() -> u64 {
 
 fn default_stall_timeout_ms() -> u64 {
     30_000
+}
+
+fn default_max_models() -> u32 {
+    64
 }
 
 fn default_response_timeout_ms() -> u64 {

@@ -17,8 +17,8 @@ use crate::telemetry::ModelMetrics;
 use crate::upstream::Pool;
 
 /// A map keyed by client model name, read several times per request: hashed with foldhash, not
-/// SipHash (its keys are the configured model names, so flooding it is not a concern, and the
-/// seed is random per process all the same).
+/// SipHash (its keys are bounded, [`Backend::tracked`], and the seed is random per process all
+/// the same).
 pub type ByModel<V> = DashMap<Arc<str>, V, foldhash::fast::RandomState>;
 
 /// One upstream provider, shared by every request routed to it.
@@ -56,6 +56,9 @@ pub struct Backend {
     /// Told when a slot frees, for requests waiting in line.
     line: Arc<Line>,
 }
+
+/// The name models beyond a backend's `max_models` are tracked under.
+pub const OTHER: &str = "other";
 
 /// Weight of a new TTFT in the baselines' EWMAs.
 const EWMA_ALPHA: f64 = 0.1;
@@ -110,8 +113,25 @@ impl Backend {
         }
     }
 
+    /// The name `model` is tracked under (its curve, its metric series): itself if configured
+    /// or already tracked, or while fewer than `max_models` are; otherwise [`OTHER`]. Without
+    /// this, a wildcard backend would keep a curve and a set of series for every name a client
+    /// makes up.
+    pub fn tracked<'a>(&self, model: &'a str) -> &'a str {
+        if self.curves.contains_key(model)
+            || self.metrics.contains_key(model)
+            || self.config.models.aliases.contains_key(model)
+            || self.curves.len().max(self.metrics.len()) < self.config.max_models
+        {
+            model
+        } else {
+            OTHER
+        }
+    }
+
     /// The fitted curve of `model` (or the prior's, before it has been observed).
     pub fn model(&self, model: &str) -> Option<Arc<Model>> {
+        let model = self.tracked(model);
         match self.curves.get(model) {
             Some(curve) => curve.model().cloned(),
             None => self.prior.as_ref()?.model().cloned(),
@@ -245,15 +265,21 @@ impl Backend {
         }
     }
 
-    /// Runs `f` on the curve of `model`, made if it is the first sample; returns the curve's key.
+    /// Runs `f` on the curve of `model` (as [tracked](Self::tracked)), made if it is the first
+    /// sample; returns the curve's key.
     fn with_curve(&self, model: &str, now: Instant, f: impl FnOnce(&mut Curve)) -> Arc<str> {
         // Map guards live only for these statements: never across an await.
-        match self.curves.get_mut(model) {
+        let found = match self.curves.get_mut(model) {
+            Some(curve) => Some(curve),
+            None => self.curves.get_mut(self.tracked(model)),
+        };
+        match found {
             Some(mut curve) => {
                 f(&mut curve);
                 Arc::clone(curve.key())
             }
             None => {
+                let model = self.tracked(model);
                 let mut curve = self
                     .curves
                     .entry(Arc::from(model))
@@ -282,13 +308,24 @@ impl Backend {
                 m.record(obs, *max_gap_s);
             }
         };
-        // The common case under a read lock: handles exist for this model, class and status.
-        if let Some(classes) = self.metrics.get(model)
-            && let Some(m) = classes.iter().find(|m| m.class() == class)
-            && let Some(responses) = m.responses(status, outcome)
-        {
-            responses.increment(1);
-            counted(m);
+        // The common case under a read lock: handles exist for this model, class and status
+        // (a model folded into `other` finds them on the second look).
+        let fast = |model: &str| {
+            if let Some(classes) = self.metrics.get(model)
+                && let Some(m) = classes.iter().find(|m| m.class() == class)
+                && let Some(responses) = m.responses(status, outcome)
+            {
+                responses.increment(1);
+                counted(m);
+                return true;
+            }
+            false
+        };
+        if fast(model) {
+            return;
+        }
+        let model = self.tracked(model);
+        if model == OTHER && fast(model) {
             return;
         }
         let mut classes = self.metrics.entry(Arc::from(model)).or_default();

@@ -418,3 +418,64 @@ async fn a_head_over_the_limit_gets_a_431_on_http1_and_http2_alike() {
         assert_eq!(resp.status(), StatusCode::OK, "h2: {h2}");
     }
 }
+
+#[tokio::test]
+async fn model_names_beyond_a_backends_limit_fold_into_one_other_series_and_curve() {
+    // Regression: under `"*": "*"`, 25,000 made-up model names made 25,000 metric series and
+    // curves (RSS 8 -> 163 MB, /metrics 270 MB).
+    let answer = |_: usize, _: &[u8]| {
+        let content = r#"{"choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+        sse(&[
+            content,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ])
+    };
+    let backend = support::raw_backend(answer, true).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml(
+            "flood",
+            backend,
+            "openai",
+            "    models: {named: named, \"*\": \"*\"}\n    max_models: 3\n"
+        )
+    ))
+    .await;
+    for model in ["named", "a", "b", "c", "d", "e", "f", "named"] {
+        let ex = support::post(
+            gw.addr(),
+            "/v1/chat/completions",
+            &json!({"model": model, "messages": [], "stream": true}),
+        )
+        .await;
+        assert_eq!(ex.status, StatusCode::OK, "requests still flow: {model}");
+    }
+    let curves = support::get_json(gw.admin_addr(), "/admin/curves").await;
+    let mut models: Vec<&str> = curves["curves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["model"].as_str().unwrap())
+        .collect();
+    models.sort_unstable();
+    assert_eq!(models, ["a", "b", "named", "other"], "{curves}");
+    let other = curves["curves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["model"] == "other")
+        .unwrap();
+    assert_eq!(other["observations"], 4, "c, d, e and f");
+    let metrics = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    let metrics = String::from_utf8(metrics.body()).unwrap();
+    let series: std::collections::BTreeSet<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("tpsgate_requests_total{") && l.contains(r#"backend="flood""#))
+        .filter_map(|l| l.split(r#"model=""#).nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(
+        series.into_iter().collect::<Vec<_>>(),
+        ["a", "b", "named", "other"]
+    );
+}

@@ -94,6 +94,15 @@ pub(super) fn backend(
         headers.insert(header_name, value);
     }
     let models = models(&format!("{at}.models"), &b.models)?;
+    if !(1..=10_000).contains(&b.max_models) {
+        return Err(ConfigError::at(
+            format!("{at}.max_models"),
+            format!(
+                "{} is out of range: give 1 to 10000 (each model keeps a curve and its metric series)",
+                b.max_models
+            ),
+        ));
+    }
     if b.max_concurrency == Some(0) {
         return Err(ConfigError::at(
             format!("{at}.max_concurrency"),
@@ -185,6 +194,7 @@ pub(super) fn backend(
         headers,
         models,
         max_concurrency: b.max_concurrency,
+        max_models: b.max_models as usize,
         cost,
         ca_file: b.ca_file.clone(),
         forward_client_auth: b.forward_client_auth,
