@@ -33,6 +33,11 @@ use crate::sse::events::StreamDialect;
 pub use crate::upstream::BodyError;
 use crate::upstream::PooledBody;
 
+/// The most a stream's bytes before its first content event are kept while a retry is still
+/// possible (a role chunk and a few comments are a few hundred bytes); past it the response goes
+/// to the client as it is.
+pub const READ_AHEAD_LIMIT: usize = 1 << 20;
+
 pin_project! {
     /// Every response the gateway sends: one it made, or one from upstream.
     #[project = ProxyBodyProj]
@@ -185,13 +190,20 @@ impl<B: Body<Data = Bytes, Error = BodyError> + Unpin> Metered<B> {
 
     async fn read_ahead(&mut self) -> bool {
         use http_body_util::BodyExt as _;
+        let mut kept = 0;
         loop {
             if self.has_content() {
+                return true;
+            }
+            if kept > READ_AHEAD_LIMIT {
+                // A backend that sends this much before any content (comments, pings) is not
+                // kept in memory for a retry: the response is this backend's now.
                 return true;
             }
             match Pin::new(&mut *self).frame().await {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
+                        kept += data.len();
                         self.read.push_back(data);
                     }
                     if self.cut {

@@ -479,3 +479,43 @@ async fn model_names_beyond_a_backends_limit_fold_into_one_other_series_and_curv
         ["a", "b", "named", "other"]
     );
 }
+
+#[tokio::test]
+async fn what_a_stream_sends_before_its_first_content_is_kept_only_up_to_a_limit() {
+    // Regression: while a retry was possible, everything before the first content event was
+    // kept: 256 MB of SSE comments were held (307 MB peak).
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = |asked: std::sync::Arc<std::sync::atomic::AtomicUsize>| {
+        move |_: usize, _: &[u8]| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let comments = ": keep-alive\n\n".repeat(200_000); // 2.8 MB, then nothing
+            let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+            out.extend_from_slice(format!("{:x}\r\n", comments.len()).as_bytes());
+            out.extend_from_slice(comments.as_bytes());
+            out.extend_from_slice(b"\r\n");
+            out
+        }
+    };
+    let a = support::raw_backend(counting(std::sync::Arc::clone(&asked)), false).await;
+    let b = support::raw_backend(counting(std::sync::Arc::clone(&asked)), false).await;
+    let extra = "    models: {m: m}\n    first_token_timeout_ms: 1000\n";
+    let gw = support::gateway(&format!(
+        "backends:\n{}{}",
+        support::backend_yaml("a", a, "openai", extra),
+        support::backend_yaml("b", b, "openai", extra)
+    ))
+    .await;
+    let ex = chat(&gw, true).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    let body = ex.body();
+    assert!(body.len() > 1 << 20, "the comments reached the client: {}", body.len());
+    assert!(
+        String::from_utf8_lossy(&body).contains("upstream_timeout"),
+        "and the stream ended with an error event"
+    );
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "committed to the backend past the limit: no retry"
+    );
+}
