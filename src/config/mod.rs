@@ -178,6 +178,8 @@ pub struct BackendConfig {
     pub max_concurrency: Option<u32>,
     /// Distinct model names tracked (curves, metrics) beyond the configured ones' count.
     pub max_models: usize,
+    /// The longest SSE line or event the backend may send, bytes.
+    pub max_event_bytes: usize,
     /// Price.
     pub cost: Option<Cost>,
     /// Extra trusted roots.

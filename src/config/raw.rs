@@ -223,6 +223,10 @@ pub struct RawBackend {
     /// always); others seen through `"*": "*"` fold into `other`; default 64.
     #[serde(default = "default_max_models")]
     pub max_models: u32,
+    /// The longest SSE line or event the backend may send, bytes; past it the stream ends with
+    /// an error event; default 1048576.
+    #[serde(default = "default_max_event_bytes")]
+    pub max_event_bytes: u64,
     /// Price, for the `cheapest` policy and reports.
     #[serde(default)]
     pub cost: Option<RawCost>,
@@ -331,6 +335,10 @@ fn default_first_token_timeout_ms() -> u64 {
 
 fn default_stall_timeout_ms() -> u64 {
     30_000
+}
+
+fn default_max_event_bytes() -> u64 {
+    1 << 20
 }
 
 fn default_max_models() -> u32 {

@@ -136,12 +136,19 @@ pin_project! {
 
 impl<B> Metered<B> {
     /// Forwards `inner`, ending `end` when done; meters it as an SSE stream of `dialect` when
-    /// `stream` is set (`true`: remove the usage chunk the gateway asked for).
-    pub fn new(inner: Timed<B>, end: RequestEnd, stream: Option<(StreamDialect, bool)>) -> Self {
+    /// `stream` is set (`true`: remove the usage chunk the gateway asked for), whose lines and
+    /// events may be `max_event` bytes long.
+    pub fn new(
+        inner: Timed<B>,
+        end: RequestEnd,
+        stream: Option<(StreamDialect, bool)>,
+        max_event: usize,
+    ) -> Self {
         Self {
             inner,
             end,
-            meter: stream.map(|(dialect, strip)| StreamMeter::new(dialect, strip)),
+            meter: stream
+                .map(|(dialect, strip)| StreamMeter::new(dialect, strip).with_max_event(max_event)),
             dialect: stream.map(|(d, _)| d),
             cut: false,
             read: VecDeque::new(),
@@ -292,6 +299,20 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
             };
             let now = Instant::now();
             let (out, first_content) = meter.frame(data, now);
+            if meter.overflowed() {
+                // A line or event without end in sight: the stream ends here, with what the
+                // meter had kept of it dropped.
+                *this.cut = true;
+                this.end.ended(Outcome::Failed);
+                let message = format!(
+                    "the upstream sent an SSE line or event over {} bytes (max_event_bytes)",
+                    meter.max_event()
+                );
+                let dialect = this.dialect.unwrap_or(StreamDialect::OpenAi);
+                let mut bytes = out.to_vec();
+                bytes.extend_from_slice(&error_event(dialect, &message, "upstream_error"));
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(bytes)))));
+            }
             if meter.timing.first_content.is_some() {
                 // Output flows: the next deadline is a stall.
                 this.inner.as_mut().flowing(now);

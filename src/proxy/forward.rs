@@ -275,7 +275,12 @@ impl Future for ForwardFuture {
         let drained = stream.is_some().then_some(pending.drained);
         let timed = Timed::new(body, pending.deadlines, drained, backend);
         let body = ProxyBody::Upstream {
-            body: Box::new(Metered::new(timed, end, stream)),
+            body: Box::new(Metered::new(
+                timed,
+                end,
+                stream,
+                pending.backend.config.max_event_bytes,
+            )),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }

@@ -5,6 +5,10 @@
 //! longest gap between content events, and the usage. When asked to, it removes the usage-only
 //! chunk that the gateway itself requested: then an event split across frames is kept back until its
 //! blank line arrives (a client cannot use half an event), and nothing else is ever kept back.
+//!
+//! Work is linear in the bytes: an unfinished event is scanned once, where the last scan left
+//! off, and appended to, never copied whole again. A line or event longer than `max_event`
+//! (no real stream has one) ends the stream instead ([`StreamMeter::overflowed`]).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::time::Instant;
@@ -17,13 +21,31 @@ use crate::sse::events::{self, StreamDialect};
 /// output holds (16 Mi).
 pub const MAX_PLAUSIBLE_TOKENS: u64 = 1 << 24;
 
+/// The longest line or event a stream may send by default: 1 MiB (a token is a few bytes; the
+/// largest real events, tool-call arguments or a whole non-streamed answer, are kilobytes).
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Where the scan for the end of an unfinished event stands, relative to the event's start.
+#[derive(Debug, Clone, Copy, Default)]
+struct Scan {
+    /// The next byte to look at.
+    at: usize,
+    /// Where the current line began.
+    line_start: usize,
+}
+
 /// Timing of one stream.
 #[derive(Debug)]
 pub struct StreamMeter {
     dialect: StreamDialect,
     strip: bool,
     parser: SseParser,
+    /// The start of an event whose end has not come (stripping only).
     partial: BytesMut,
+    /// How far `partial` has been scanned.
+    scan: Scan,
+    max_event: usize,
+    overflowed: bool,
     /// Content events and usage, as far as seen.
     pub timing: StreamTiming,
     /// Longest silence between two content events, seconds.
@@ -38,9 +60,32 @@ impl StreamMeter {
             strip,
             parser: SseParser::new(),
             partial: BytesMut::new(),
+            scan: Scan::default(),
+            max_event: MAX_EVENT_BYTES,
+            overflowed: false,
             timing: StreamTiming::default(),
             max_gap_s: 0.0,
         }
+    }
+
+    /// The same, with lines and events of up to `bytes` (instead of [`MAX_EVENT_BYTES`]).
+    #[must_use]
+    pub fn with_max_event(self, bytes: usize) -> Self {
+        Self {
+            max_event: bytes,
+            ..self
+        }
+    }
+
+    /// The longest line or event allowed, bytes.
+    pub fn max_event(&self) -> usize {
+        self.max_event
+    }
+
+    /// Whether the stream sent a line or an event longer than allowed: it must end now (what
+    /// was kept of it is dropped).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
     }
 
     /// Reads one frame that arrived at `now`; returns the bytes to forward (possibly empty) and
@@ -54,6 +99,9 @@ impl StreamMeter {
             parser.feed(&data, &mut |ev| {
                 self.note(ev.event, ev.data, now);
             });
+            if parser.buffered() > self.max_event {
+                self.overflowed = true;
+            }
             self.parser = parser;
             data
         };
@@ -71,8 +119,11 @@ impl StreamMeter {
     }
 
     /// Bytes still kept back when the stream ends: an unfinished last event, which belongs to the
-    /// client all the same.
+    /// client all the same (unless it overflowed: then it is dropped).
     pub fn finish(&mut self) -> Option<Bytes> {
+        if self.overflowed {
+            self.partial.clear();
+        }
         (!self.partial.is_empty()).then(|| self.partial.split().freeze())
     }
 
@@ -110,39 +161,103 @@ impl StreamMeter {
     /// Forwards every complete event of `partial + data` except a usage-only chunk; keeps an
     /// incomplete tail for the next frame. Zero-copy unless an event was split or removed.
     fn strip_usage(&mut self, data: Bytes, now: Instant) -> Bytes {
-        let buf = if self.partial.is_empty() {
-            data
-        } else {
-            self.partial.put(data);
-            self.partial.split().freeze()
-        };
-        let mut at = 0;
-        let mut cut: Option<std::ops::Range<usize>> = None;
-        let mut parser = std::mem::take(&mut self.parser);
-        while let Some(len) = events::event_end(&buf[at..]) {
-            let mut usage_only = false;
-            parser.feed(&buf[at..at + len], &mut |ev| {
-                usage_only |= self.note(ev.event, ev.data, now);
-            });
-            if usage_only && cut.is_none() {
-                cut = Some(at..at + len);
+        let (done, cut) = if self.partial.is_empty() {
+            let (done, cut, scan) = self.events(&data, Scan::default(), now);
+            if done < data.len() {
+                self.partial.put(&data[done..]);
+                self.scan = scan;
             }
-            at += len;
-        }
-        self.parser = parser;
-        if at < buf.len() {
-            self.partial.put(&buf[at..]);
+            let out = data.slice(..done);
+            (out, cut)
+        } else {
+            let mut partial = std::mem::take(&mut self.partial);
+            partial.put(data);
+            let (done, cut, scan) = self.events(&partial, self.scan, now);
+            let out = partial.split_to(done).freeze();
+            self.partial = partial;
+            self.scan = scan;
+            (out, cut)
+        };
+        if self.partial.len() > self.max_event {
+            self.overflowed = true;
         }
         match cut {
-            None => buf.slice(..at),
+            None => done,
             Some(cut) => {
-                let mut out = BytesMut::with_capacity(at - cut.len());
-                out.put(&buf[..cut.start]);
-                out.put(&buf[cut.end..at]);
+                let mut out = BytesMut::with_capacity(done.len() - cut.len());
+                out.put(&done[..cut.start]);
+                out.put(&done[cut.end..]);
                 out.freeze()
             }
         }
     }
+
+    /// Reads the complete events at the start of `buf`, the first one's scan resuming at `scan`:
+    /// how many bytes they take, the usage-only chunk among them, and the scan of what is left.
+    fn events(
+        &mut self,
+        buf: &[u8],
+        mut scan: Scan,
+        now: Instant,
+    ) -> (usize, Option<std::ops::Range<usize>>, Scan) {
+        let mut at = 0;
+        let mut cut = None;
+        let mut parser = std::mem::take(&mut self.parser);
+        loop {
+            match event_end(&buf[at..], scan) {
+                Ok(len) => {
+                    let mut usage_only = false;
+                    parser.feed(&buf[at..at + len], &mut |ev| {
+                        usage_only |= self.note(ev.event, ev.data, now);
+                    });
+                    if usage_only && cut.is_none() {
+                        cut = Some(at..at + len);
+                    }
+                    at += len;
+                    scan = Scan::default();
+                }
+                Err(left) => {
+                    self.parser = parser;
+                    return (at, cut, left);
+                }
+            }
+        }
+    }
+}
+
+/// The length of the event at the start of `buf` (through its blank line), scanning from where
+/// `scan` stands; or where a later call should resume. CR, LF and CRLF all end a line.
+fn event_end(buf: &[u8], scan: Scan) -> Result<usize, Scan> {
+    let Scan {
+        mut at,
+        mut line_start,
+    } = scan;
+    while let Some(i) = memchr::memchr2(b'\r', b'\n', &buf[at..]) {
+        let end = at + i;
+        let mut next = end + 1;
+        if buf[end] == b'\r' {
+            match buf.get(next) {
+                Some(b'\n') => next += 1,
+                Some(_) => {}
+                // A CR at the very end may be the first half of CRLF: look at it again.
+                None => {
+                    return Err(Scan {
+                        at: end,
+                        line_start,
+                    });
+                }
+            }
+        }
+        if end == line_start {
+            return Ok(next);
+        }
+        line_start = next;
+        at = next;
+    }
+    Err(Scan {
+        at: buf.len(),
+        line_start,
+    })
 }
 
 #[cfg(test)]
@@ -152,6 +267,41 @@ mod tests {
     use super::*;
 
     use crate::proxy::testing::{ROLE, USAGE, content};
+
+    #[test]
+    fn event_end_finds_blank_lines_in_every_line_ending_and_resumes_where_it_left() {
+        let end = |b: &[u8]| event_end(b, Scan::default()).ok();
+        assert_eq!(end(b"data: a\n\ndata: b"), Some(9));
+        assert_eq!(end(b"data: a\r\n\r\nx"), Some(11));
+        assert_eq!(end(b"data: a\r\r"), None, "the last CR may be half of CRLF");
+        assert_eq!(end(b"data: a\r\rx"), Some(9));
+        assert_eq!(end(b"data: a\n"), None);
+        // Fed a byte at a time, each call looks only at what is new.
+        let event = b"data: a\r\ndata: b\r\n\r\n";
+        let mut scan = Scan::default();
+        for n in 1..event.len() {
+            scan = event_end(&event[..n], scan).unwrap_err();
+            assert!(scan.at >= n - 1, "resumes at {} of {n}", scan.at);
+        }
+        assert_eq!(event_end(event, scan).ok(), Some(event.len()));
+    }
+
+    #[test]
+    fn a_line_or_event_longer_than_allowed_overflows_in_either_mode() {
+        let t0 = Instant::now();
+        for strip in [false, true] {
+            let mut m = StreamMeter::new(StreamDialect::OpenAi, strip).with_max_event(1000);
+            let (out, _) = m.frame(content("a"), t0);
+            assert!(!out.is_empty() && !m.overflowed());
+            for _ in 0..9 {
+                m.frame(Bytes::from_static(&[b'x'; 100]), t0);
+            }
+            assert!(!m.overflowed(), "900 bytes of one line so far");
+            m.frame(Bytes::from_static(&[b'x'; 200]), t0);
+            assert!(m.overflowed(), "strip: {strip}");
+            assert_eq!(m.finish(), None, "what was kept of it is dropped");
+        }
+    }
 
     #[test]
     fn role_only_first_chunk_is_not_ttft() {

@@ -195,31 +195,6 @@ pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageE
     }
 }
 
-/// The end of the first complete event in `buf` (just past its blank line), if there is one.
-/// Lines end in LF, CRLF or CR.
-pub fn event_end(buf: &[u8]) -> Option<usize> {
-    let mut at = 0;
-    let mut line_start = 0;
-    while let Some(i) = memchr::memchr2(b'\r', b'\n', &buf[at..]) {
-        let end = at + i;
-        let mut next = end + 1;
-        if buf[end] == b'\r' {
-            match buf.get(next) {
-                Some(b'\n') => next += 1,
-                Some(_) => {}
-                // A CR at the very end may be the first half of CRLF: wait for more.
-                None => return None,
-            }
-        }
-        if end == line_start {
-            return Some(next);
-        }
-        line_start = next;
-        at = next;
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,19 +308,6 @@ mod tests {
                 output_tokens: 7
             }
         );
-    }
-
-    #[test]
-    fn event_end_finds_blank_lines_in_every_line_ending() {
-        assert_eq!(event_end(b"data: a\n\ndata: b"), Some(9));
-        assert_eq!(event_end(b"data: a\r\n\r\nx"), Some(11));
-        assert_eq!(
-            event_end(b"data: a\r\r"),
-            None,
-            "the last CR may be half of CRLF"
-        );
-        assert_eq!(event_end(b"data: a\r\rx"), Some(9));
-        assert_eq!(event_end(b"data: a\n"), None);
     }
 
     #[test]

@@ -62,6 +62,12 @@ impl SseParser {
         self.partial.extend_from_slice(bytes);
     }
 
+    /// Bytes held for what has not ended yet: the start of a line, and the data of an event
+    /// without its blank line.
+    pub fn buffered(&self) -> usize {
+        self.partial.len() + self.data.len()
+    }
+
     fn line(&mut self, line: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
         if line.is_empty() {
             if self.has_data {

@@ -508,7 +508,11 @@ async fn what_a_stream_sends_before_its_first_content_is_kept_only_up_to_a_limit
     let ex = chat(&gw, true).await;
     assert_eq!(ex.status, StatusCode::OK);
     let body = ex.body();
-    assert!(body.len() > 1 << 20, "the comments reached the client: {}", body.len());
+    assert!(
+        body.len() > 1 << 20,
+        "the comments reached the client: {}",
+        body.len()
+    );
     assert!(
         String::from_utf8_lossy(&body).contains("upstream_timeout"),
         "and the stream ended with an error event"
@@ -517,5 +521,38 @@ async fn what_a_stream_sends_before_its_first_content_is_kept_only_up_to_a_limit
         asked.load(std::sync::atomic::Ordering::Relaxed),
         1,
         "committed to the backend past the limit: no retry"
+    );
+}
+
+#[tokio::test]
+async fn an_endless_sse_line_from_a_backend_ends_the_stream_with_an_error_event() {
+    // Regression: a 16 MB line without a newline cost 13 s of CPU (the kept event was copied and
+    // rescanned per frame) and a 128 MB one took peak memory from 9 to 279 MB.
+    let answer = |_: usize, _: &[u8]| {
+        let line = format!("data: {}", "x".repeat(4 << 20));
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for piece in line.as_bytes().chunks(16 << 10) {
+            out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            out.extend_from_slice(piece);
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    };
+    let gw = gateway_to(support::raw_backend(answer, false).await, "", "").await;
+    let started = tokio::time::Instant::now();
+    let ex = chat(&gw, true).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    let events = ex.data_events();
+    let last = events.last().cloned().unwrap_or_default();
+    assert!(last.contains("max_event_bytes"), "{last}");
+    assert!(
+        ex.body().len() < 2 << 20,
+        "cut at the limit, not at the end: {}",
+        ex.body().len()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
     );
 }

@@ -103,6 +103,15 @@ pub(super) fn backend(
             ),
         ));
     }
+    if !(1024..=64 << 20).contains(&b.max_event_bytes) {
+        return Err(ConfigError::at(
+            format!("{at}.max_event_bytes"),
+            format!(
+                "{} is out of range: give 1024 to 67108864 (64 MiB)",
+                b.max_event_bytes
+            ),
+        ));
+    }
     if b.max_concurrency == Some(0) {
         return Err(ConfigError::at(
             format!("{at}.max_concurrency"),
@@ -195,6 +204,7 @@ pub(super) fn backend(
         models,
         max_concurrency: b.max_concurrency,
         max_models: b.max_models as usize,
+        max_event_bytes: usize::try_from(b.max_event_bytes).unwrap_or(usize::MAX),
         cost,
         ca_file: b.ca_file.clone(),
         forward_client_auth: b.forward_client_auth,

@@ -42,7 +42,7 @@ fn metered(stream: Option<bool>) -> (Feed, Metered<Fed>) {
     );
     let end = RequestEnd::new(request(), 200, sent, Arc::from("b"));
     let stream = stream.map(|strip| (StreamDialect::OpenAi, strip));
-    (feed, Metered::new(timed, end, stream))
+    (feed, Metered::new(timed, end, stream, 1 << 20))
 }
 
 async fn all(body: &mut Metered<Fed>) -> (Vec<u8>, Option<BodyError>) {
