@@ -33,26 +33,93 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, section 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Whether a plain-TCP client opens with the HTTP/2 preface, from the bytes it sent first
-/// (peeked: they stay for the connection to read).
+/// Whether a plain-TCP client opens with the HTTP/2 preface, from the bytes it sent first:
+/// they are read (a read that finds nothing waits for the socket, where a peek would return the
+/// same partial bytes at once, again and again) and handed back first by the [`Prefixed`]
+/// stream the connection is then served on.
 ///
 /// Why not hyper-util's auto builder, which tells them apart too: its connection future holds
 /// the HTTP/1 and the HTTP/2 state inline, so every HTTP/1 connection's task is the size of
 /// both, and an idle stream kept more resident memory (BENCHMARKS.md, "Earlier that afternoon
 /// (501c5de)").
-async fn opens_with_h2_preface(stream: &TcpStream) -> io::Result<bool> {
+async fn opens_with_h2_preface(mut stream: TcpStream) -> io::Result<Prefixed> {
+    use tokio::io::AsyncReadExt as _;
     let mut first = [0u8; H2_PREFACE.len()];
-    loop {
-        let n = stream.peek(&mut first).await?;
-        if n == 0 || first[..n] != H2_PREFACE[..n] {
-            return Ok(false);
+    let mut n = 0;
+    while n < first.len() {
+        let got = stream.read(&mut first[n..]).await?;
+        if got == 0 {
+            break;
         }
-        if n == H2_PREFACE.len() {
-            return Ok(true);
+        n += got;
+        if first[..n] != H2_PREFACE[..n] {
+            break;
         }
-        // Part of the preface so far: a peek returns at once with the same bytes while they
-        // wait unread, so give the rest a moment to arrive.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(Prefixed {
+        h2: first[..n] == H2_PREFACE[..],
+        first,
+        len: n,
+        given: 0,
+        stream,
+    })
+}
+
+/// A client's connection with the bytes read to tell HTTP/1 from HTTP/2 given back first.
+#[derive(Debug)]
+struct Prefixed {
+    stream: TcpStream,
+    first: [u8; H2_PREFACE.len()],
+    len: usize,
+    given: usize,
+    /// They were the HTTP/2 preface.
+    h2: bool,
+}
+
+impl tokio::io::AsyncRead for Prefixed {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.given < this.len {
+            let n = (this.len - this.given).min(buf.remaining());
+            buf.put_slice(&this.first[this.given..this.given + n]);
+            this.given += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Prefixed {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
@@ -153,10 +220,11 @@ pub async fn serve<S, B>(
         match &tls {
             None => {
                 tokio::spawn(async move {
-                    match tokio::time::timeout(header_read_timeout, opens_with_h2_preface(&stream))
+                    match tokio::time::timeout(header_read_timeout, opens_with_h2_preface(stream))
                         .await
                     {
-                        Ok(Ok(h2)) => {
+                        Ok(Ok(stream)) => {
+                            let h2 = stream.h2;
                             serve_connection(stream, h2, &builders, stopping, service, peer).await;
                         }
                         Ok(Err(err)) => {
@@ -420,7 +488,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
-        opens_with_h2_preface(&server).await.unwrap()
+        opens_with_h2_preface(server).await.unwrap().h2
     }
 
     #[tokio::test]

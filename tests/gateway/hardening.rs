@@ -556,3 +556,41 @@ async fn an_endless_sse_line_from_a_backend_ends_the_stream_with_an_error_event(
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn connections_that_send_part_of_the_http2_preface_and_wait_cost_no_cpu() {
+    // Regression: the listener peeked, slept 1 ms and peeked again until the header timeout:
+    // 1,500 such connections used half a core.
+    use tokio::io::AsyncWriteExt as _;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        format!(
+            "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\nbackends:\n{}",
+            support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+        ),
+    )
+    .unwrap();
+    let mut command = support::tpsgate();
+    command
+        .args(["serve", "--config"])
+        .arg(file.path())
+        .stderr(std::process::Stdio::null());
+    let gw = support::spawn_listening(command).await;
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        let mut conn = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        conn.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+        held.push(conn);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = support::cpu_seconds(gw.child.id());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let used = support::cpu_seconds(gw.child.id()) - before;
+    assert!(
+        used < 0.1,
+        "{used:.2} CPU seconds in 2 s while 300 connections wait"
+    );
+    drop(held);
+}
