@@ -127,6 +127,7 @@ impl Gateway {
                 max_header_bytes: limits.max_header_bytes,
                 max_connections: limits.max_connections,
                 drain: limits.drain_timeout,
+                idle_timeout: limits.idle_timeout,
             },
             Current(Arc::clone(&live)),
             stopped(&stop),

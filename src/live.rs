@@ -188,6 +188,7 @@ impl Reloader {
             || config.limits.header_read_timeout != old.limits.header_read_timeout
             || config.limits.max_header_bytes != old.limits.max_header_bytes
             || config.limits.max_connections != old.limits.max_connections
+            || config.limits.idle_timeout != old.limits.idle_timeout
         {
             return Err(
                 "listen, admin, TLS and connection limits apply at start only: restart to change them"

@@ -7,7 +7,7 @@ use tower::ServiceBuilder;
 
 use crate::config::Config;
 use crate::proxy::auth::{Auth, AuthLayer};
-use crate::proxy::classify::{Classes, Classify, ClassifyLayer};
+use crate::proxy::classify::{BodyPace, Classes, Classify, ClassifyLayer};
 use crate::proxy::forward::Forward;
 use crate::proxy::limits::{HeadLimit, HeadLimitLayer};
 use crate::proxy::models::{Models, ModelsLayer};
@@ -43,7 +43,14 @@ pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
         .layer(AuthLayer::new(config.api_keys.clone()))
         // The body is read once, bounded; method, content type and JSON checked; model and
         // class found.
-        .layer(ClassifyLayer::new(config.limits.max_body_bytes, classes))
+        .layer(ClassifyLayer::new(
+            config.limits.max_body_bytes,
+            BodyPace {
+                grace: config.limits.body_read_timeout,
+                min_rate: config.limits.body_min_rate,
+            },
+            classes,
+        ))
         // `GET /v1/models` is the gateway's own answer, from the backends it routes to.
         .layer(ModelsLayer::new(Arc::clone(&router)))
         // Above Route: each attempt is routed afresh, avoiding the backends that failed it.

@@ -97,6 +97,12 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// Client connections open at once.
     pub max_connections: usize,
+    /// Time a client has to send its body, beyond what its size takes at `body_min_rate`.
+    pub body_read_timeout: Duration,
+    /// The slowest a request body may arrive, bytes per second.
+    pub body_min_rate: u64,
+    /// A client connection with nothing in flight is closed after this long.
+    pub idle_timeout: Duration,
 }
 
 /// A string that never shows itself in logs or debug output.

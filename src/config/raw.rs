@@ -173,6 +173,14 @@ pub struct RawLimits {
     pub max_header_bytes: u64,
     /// Client connections open at once; default 10000.
     pub max_connections: u64,
+    /// How long a client has to send its request body, seconds, on top of the time its size
+    /// takes at `body_min_bytes_per_s`; default 10.
+    pub body_read_timeout_s: f64,
+    /// The slowest a request body may arrive, bytes per second; default 16384.
+    pub body_min_bytes_per_s: u64,
+    /// A client connection with no request in flight is closed after this long, seconds;
+    /// default 120.
+    pub idle_timeout_s: f64,
 }
 
 impl Default for RawLimits {
@@ -183,6 +191,9 @@ impl Default for RawLimits {
             drain_timeout_s: 30.0,
             max_header_bytes: 64 << 10,
             max_connections: 10_000,
+            body_read_timeout_s: 10.0,
+            body_min_bytes_per_s: 16 << 10,
+            idle_timeout_s: 120.0,
         }
     }
 }

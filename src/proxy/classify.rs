@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, header};
@@ -214,14 +215,28 @@ fn bounded(
 #[derive(Debug, Clone)]
 pub struct ClassifyLayer {
     max_body_bytes: usize,
+    pace: BodyPace,
     classes: Arc<Classes>,
+}
+
+/// How fast a client must send its body: within `grace`, plus a second for every `min_rate`
+/// bytes received so far. A client that trickles its body (a byte every few seconds) cannot
+/// hold a connection, and the slot it takes, for long; one that sends a large body at a
+/// reasonable rate has all the time it needs.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyPace {
+    /// Time allowed beyond what the body's size takes.
+    pub grace: Duration,
+    /// Bytes per second a body must arrive at.
+    pub min_rate: u64,
 }
 
 impl ClassifyLayer {
     /// Bodies over `max_body_bytes` get 413; classes come from `classes`.
-    pub fn new(max_body_bytes: usize, classes: Classes) -> Self {
+    pub fn new(max_body_bytes: usize, pace: BodyPace, classes: Classes) -> Self {
         Self {
             max_body_bytes,
+            pace,
             classes: Arc::new(classes),
         }
     }
@@ -234,6 +249,7 @@ impl<S> Layer<S> for ClassifyLayer {
         Classify {
             inner,
             max_body_bytes: self.max_body_bytes,
+            pace: self.pace,
             classes: Arc::clone(&self.classes),
         }
     }
@@ -244,6 +260,7 @@ impl<S> Layer<S> for ClassifyLayer {
 pub struct Classify<S> {
     inner: S,
     max_body_bytes: usize,
+    pace: BodyPace,
     classes: Arc<Classes>,
 }
 
@@ -270,9 +287,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limit = self.max_body_bytes;
+        let pace = self.pace;
         let classes = Arc::clone(&self.classes);
         Box::pin(async move {
-            let req = read(req, limit).await?;
+            let req = read(req, limit, pace).await?;
             let key = req.extensions().get::<KeyClass>().copied();
             let (parts, body) = req.into_parts();
             let mut parts = parts;
@@ -305,7 +323,68 @@ fn leaves_v1(path: &str) -> bool {
     })
 }
 
-async fn read<B>(req: Request<B>, limit: usize) -> Result<Request<Bytes>, Error>
+/// The whole body, at most `limit` bytes, arriving at `pace` (408 otherwise). A body in one
+/// frame (the usual case: it came with the head) is not copied.
+async fn read_body<B>(body: B, limit: usize, pace: BodyPace) -> Result<Bytes, Error>
+where
+    B: Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let start = tokio::time::Instant::now();
+    let body = std::pin::pin!(Limited::new(body, limit));
+    let mut body = body;
+    let mut first: Option<Bytes> = None;
+    let mut rest: Option<bytes::BytesMut> = None;
+    let mut received: u64 = 0;
+    loop {
+        let allowed = pace.grace + Duration::from_secs_f64(received as f64 / pace.min_rate as f64);
+        let frame = match tokio::time::timeout_at(start + allowed, body.as_mut().frame()).await {
+            Ok(Some(Ok(frame))) => frame,
+            Ok(None) => break,
+            Ok(Some(Err(err))) if err.is::<http_body_util::LengthLimitError>() => {
+                return Err(too_large(limit));
+            }
+            Ok(Some(Err(err))) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidRequest,
+                    format!("could not read the request body: {err}"),
+                ));
+            }
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorKind::RequestTimeout,
+                    format!(
+                        "the request body did not arrive in time: {received} bytes in {:.1} s (limits.body_read_timeout_s, limits.body_min_bytes_per_s)",
+                        start.elapsed().as_secs_f64()
+                    ),
+                ));
+            }
+        };
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers
+        };
+        // Zero-copy for `Bytes`, hyper's request data.
+        let len = bytes::Buf::remaining(&data);
+        let data = bytes::Buf::copy_to_bytes(&mut data, len);
+        received += data.len() as u64;
+        match (&mut first, &mut rest) {
+            (None, _) => first = Some(data),
+            (Some(f), None) => {
+                let mut joined = bytes::BytesMut::with_capacity(f.len() + data.len());
+                joined.extend_from_slice(f);
+                joined.extend_from_slice(&data);
+                rest = Some(joined);
+            }
+            (Some(_), Some(r)) => r.extend_from_slice(&data),
+        }
+    }
+    Ok(match rest {
+        Some(joined) => joined.freeze(),
+        None => first.unwrap_or_default(),
+    })
+}
+
+async fn read<B>(req: Request<B>, limit: usize, pace: BodyPace) -> Result<Request<Bytes>, Error>
 where
     B: Body,
     B::Error: std::error::Error + Send + Sync + 'static,
@@ -363,16 +442,7 @@ where
         ));
     }
     let (mut parts, body) = req.into_parts();
-    let body = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => return Err(too_large(limit)),
-        Err(err) => {
-            return Err(Error::new(
-                ErrorKind::InvalidRequest,
-                format!("could not read the request body: {err}"),
-            ));
-        }
-    };
+    let body = read_body(body, limit, pace).await?;
     let classified = peek(endpoint, &body)?;
     parts.extensions.insert(classified);
     Ok(Request::from_parts(parts, body))

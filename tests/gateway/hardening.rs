@@ -594,3 +594,91 @@ async fn connections_that_send_part_of_the_http2_preface_and_wait_cost_no_cpu() 
     );
     drop(held);
 }
+
+#[tokio::test]
+async fn idle_http2_connections_do_not_keep_a_client_out_for_good() {
+    // Regression: with max_connections: 20, twenty idle h2c connections (preface and SETTINGS,
+    // then nothing) kept a legitimate client out for good.
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = gateway_to(
+        sim,
+        "",
+        "limits: {max_connections: 2, idle_timeout_s: 0.5}\n",
+    )
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let mut conn = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+        conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            .await
+            .unwrap();
+        idle.push(conn);
+    }
+    let started = tokio::time::Instant::now();
+    let mut client = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    client
+        .write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(5), client.read(&mut buf))
+        .await
+        .expect("served once an idle connection is closed")
+        .unwrap();
+    assert!(
+        buf[..n].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(idle);
+}
+
+#[tokio::test]
+async fn a_request_body_trickled_a_byte_at_a_time_gets_a_408_and_frees_its_connection() {
+    // Regression: bodies trickling one byte every 3 s held connection slots for good.
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = gateway_to(
+        sim,
+        "",
+        "limits: {body_read_timeout_s: 0.5, body_min_bytes_per_s: 100}\n",
+    )
+    .await;
+    let mut conn = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    conn.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{",
+    )
+    .await
+    .unwrap();
+    let trickle = tokio::spawn(async move {
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 1024];
+        for _ in 0..50 {
+            if conn.write_all(b" ").await.is_err() {
+                break;
+            }
+            if let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(200), conn.read(&mut buf)).await
+            {
+                if n == 0 {
+                    break;
+                }
+                reply.extend_from_slice(&buf[..n]);
+            }
+        }
+        reply
+    });
+    let reply = tokio::time::timeout(Duration::from_secs(8), trickle)
+        .await
+        .expect("refused long before the body could finish")
+        .unwrap();
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"), "{text}");
+}

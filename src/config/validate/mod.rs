@@ -480,12 +480,26 @@ fn limits(raw: &RawConfig) -> Result<Limits> {
         ));
     }
     within("limits.drain_timeout_s", l.drain_timeout_s, DAY_S)?;
+    within("limits.body_read_timeout_s", l.body_read_timeout_s, 3600.0)?;
+    within("limits.idle_timeout_s", l.idle_timeout_s, DAY_S)?;
+    if !(1..=1 << 30).contains(&l.body_min_bytes_per_s) {
+        return Err(ConfigError::at(
+            "limits.body_min_bytes_per_s",
+            format!(
+                "{} is out of range: give 1 to 1073741824",
+                l.body_min_bytes_per_s
+            ),
+        ));
+    }
     Ok(Limits {
         max_body_bytes: usize::try_from(l.max_body_bytes).unwrap_or(usize::MAX),
         header_read_timeout: Duration::from_secs_f64(l.header_read_timeout_s),
         drain_timeout: Duration::from_secs_f64(l.drain_timeout_s),
         max_header_bytes: usize::try_from(l.max_header_bytes).unwrap_or(usize::MAX),
         max_connections: usize::try_from(l.max_connections).unwrap_or(usize::MAX),
+        body_read_timeout: Duration::from_secs_f64(l.body_read_timeout_s),
+        body_min_rate: l.body_min_bytes_per_s,
+        idle_timeout: Duration::from_secs_f64(l.idle_timeout_s),
     })
 }
 

@@ -5,7 +5,7 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::io;
+
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,109 +19,25 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use pin_project_lite::pin_project;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::WaitForCancellationFutureOwned;
 use tower::Service;
 
+mod idle;
+mod preface;
+
 use crate::signal::Signal;
+use idle::{Activity, Counted, Idle};
+use preface::opens_with_h2_preface;
+
+/// How often an HTTP/2 client connection is pinged, and how long its answer may take.
+const H2_PING_EVERY: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long a client may take to send its request headers.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, section 3.4).
-const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-
-/// Whether a plain-TCP client opens with the HTTP/2 preface, from the bytes it sent first:
-/// they are read (a read that finds nothing waits for the socket, where a peek would return the
-/// same partial bytes at once, again and again) and handed back first by the [`Prefixed`]
-/// stream the connection is then served on.
-///
-/// Why not hyper-util's auto builder, which tells them apart too: its connection future holds
-/// the HTTP/1 and the HTTP/2 state inline, so every HTTP/1 connection's task is the size of
-/// both, and an idle stream kept more resident memory (BENCHMARKS.md, "Earlier that afternoon
-/// (501c5de)").
-async fn opens_with_h2_preface(mut stream: TcpStream) -> io::Result<Prefixed> {
-    use tokio::io::AsyncReadExt as _;
-    let mut first = [0u8; H2_PREFACE.len()];
-    let mut n = 0;
-    while n < first.len() {
-        let got = stream.read(&mut first[n..]).await?;
-        if got == 0 {
-            break;
-        }
-        n += got;
-        if first[..n] != H2_PREFACE[..n] {
-            break;
-        }
-    }
-    Ok(Prefixed {
-        h2: first[..n] == H2_PREFACE[..],
-        first,
-        len: n,
-        given: 0,
-        stream,
-    })
-}
-
-/// A client's connection with the bytes read to tell HTTP/1 from HTTP/2 given back first.
-#[derive(Debug)]
-struct Prefixed {
-    stream: TcpStream,
-    first: [u8; H2_PREFACE.len()],
-    len: usize,
-    given: usize,
-    /// They were the HTTP/2 preface.
-    h2: bool,
-}
-
-impl tokio::io::AsyncRead for Prefixed {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.given < this.len {
-            let n = (this.len - this.given).min(buf.remaining());
-            buf.put_slice(&this.first[this.given..this.given + n]);
-            this.given += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.stream).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for Prefixed {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-}
 
 /// How a listener treats its clients.
 #[derive(Debug, Clone, Copy)]
@@ -134,6 +50,8 @@ pub struct Limits {
     pub max_connections: usize,
     /// How long open connections may finish after shutdown begins.
     pub drain: Duration,
+    /// A connection with no request in flight is closed after this long (see [`idle`]).
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -143,6 +61,7 @@ impl Default for Limits {
             max_header_bytes: 64 << 10,
             max_connections: 10_000,
             drain: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -178,9 +97,12 @@ pub async fn serve<S, B>(
         .max_buf_size(max_buf_size)
         .keep_alive(true);
     let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    // Pings find a peer that is gone while its streams stay open (a dropped network path).
     http2
         .timer(TokioTimer::new())
-        .max_header_list_size(max_header_list_size);
+        .max_header_list_size(max_header_list_size)
+        .keep_alive_interval(Some(H2_PING_EVERY))
+        .keep_alive_timeout(H2_PING_TIMEOUT);
     // Shared, not cloned into each connection's task, which holds what it captures for as long
     // as the connection is open (both builders: 232 bytes a connection).
     let builders = Arc::new(Builders { http1, http2 });
@@ -212,7 +134,12 @@ pub async fn serve<S, B>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(service.clone());
+        let activity = Arc::new(Activity::default());
+        let idle = Idle::new(Arc::clone(&activity), limits.idle_timeout);
+        let service = TowerToHyperService::new(Counted {
+            inner: service.clone(),
+            activity,
+        });
         let builders = Arc::clone(&builders);
         let stopping = stopping.clone();
         // One task type per transport: a task is the size of everything it may hold, and a TLS
@@ -225,7 +152,15 @@ pub async fn serve<S, B>(
                     {
                         Ok(Ok(stream)) => {
                             let h2 = stream.h2;
-                            serve_connection(stream, h2, &builders, stopping, service, peer).await;
+                            serve_connection(
+                                stream,
+                                h2,
+                                &builders,
+                                (stopping, idle),
+                                service,
+                                peer,
+                            )
+                            .await;
                         }
                         Ok(Err(err)) => {
                             tracing::debug!(%peer, %err, "connection failed before a request");
@@ -244,7 +179,15 @@ pub async fn serve<S, B>(
                         Ok(Ok(stream)) => {
                             // HTTP/2 over TLS is negotiated (RFC 9113, section 3.2).
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                            serve_connection(stream, h2, &builders, stopping, service, peer).await;
+                            serve_connection(
+                                stream,
+                                h2,
+                                &builders,
+                                (stopping, idle),
+                                service,
+                                peer,
+                            )
+                            .await;
                         }
                         Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -268,7 +211,7 @@ pub async fn serve<S, B>(
 
 pin_project! {
     /// A served connection that begins its graceful shutdown (finish the requests in flight,
-    /// take no more) once `stopping` fires.
+    /// take no more) once `stopping` fires, or once it has been idle for a period (`idle`).
     ///
     /// hyper-util's `GracefulShutdown` does the same, but its connection future polls the
     /// shutdown signal again every time the connection is polled (once or more per forwarded
@@ -281,23 +224,24 @@ pin_project! {
         #[pin]
         signal: WaitForCancellationFutureOwned,
         stopping: Signal,
-        // The waker `signal` was last polled with.
+        idle: Idle,
+        // The waker `signal` and the idle timer were last polled with.
         registered: Option<Waker>,
         shutting_down: bool,
     }
 }
 
 impl<C: GracefulConnection> Future for UntilStopping<C> {
-    type Output = C::Output;
+    type Output = Result<(), C::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<(), C::Error>> {
         let mut this = self.project();
         if !*this.shutting_down {
-            let begun = if this
+            let registered = this
                 .registered
                 .as_ref()
-                .is_some_and(|w| w.will_wake(cx.waker()))
-            {
+                .is_some_and(|w| w.will_wake(cx.waker()));
+            let begun = if registered {
                 this.stopping.has_fired()
             } else {
                 *this.registered = Some(cx.waker().clone());
@@ -306,6 +250,11 @@ impl<C: GracefulConnection> Future for UntilStopping<C> {
             if begun {
                 *this.shutting_down = true;
                 this.conn.as_mut().graceful_shutdown();
+            } else if this.idle.poll_idle(cx, registered) {
+                // Nothing in flight for a whole period: closed at once (an HTTP/2 graceful
+                // shutdown would wait for the peer to answer a ping, which an idle peer that
+                // holds a slot on purpose never does).
+                return Poll::Ready(Ok(()));
             }
         }
         this.conn.poll(cx)
@@ -313,11 +262,12 @@ impl<C: GracefulConnection> Future for UntilStopping<C> {
 }
 
 impl<C> UntilStopping<C> {
-    fn new(conn: C, stopping: Signal) -> Self {
+    fn new(conn: C, (stopping, idle): (Signal, Idle)) -> Self {
         Self {
             conn,
             signal: stopping.fired(),
             stopping,
+            idle,
             registered: None,
             shutting_down: false,
         }
@@ -335,8 +285,8 @@ async fn serve_connection<I, S, B>(
     io: I,
     h2: bool,
     builders: &Builders,
-    stopping: Signal,
-    service: TowerToHyperService<S>,
+    stopping: (Signal, Idle),
+    service: TowerToHyperService<Counted<S>>,
     peer: SocketAddr,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -374,6 +324,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 #[cfg(test)]
 mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
 
     use super::*;
 
@@ -472,34 +423,5 @@ mod tests {
             .expect("serve returns once both connections are done, long before the drain deadline")
             .unwrap();
         assert!(started.elapsed() < Duration::from_secs(5));
-    }
-
-    /// What `opens_with_h2_preface` says of a client that sends `parts`, a pause between each.
-    async fn told(parts: &[&[u8]]) -> bool {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap())
-            .await
-            .unwrap();
-        let (server, _) = listener.accept().await.unwrap();
-        let parts: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
-        tokio::spawn(async move {
-            for part in parts {
-                client.write_all(&part).await.unwrap();
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        });
-        opens_with_h2_preface(server).await.unwrap().h2
-    }
-
-    #[tokio::test]
-    async fn the_h2_preface_is_told_from_http1_even_when_it_arrives_in_pieces() {
-        assert!(told(&[H2_PREFACE]).await);
-        assert!(told(&[b"PRI * HT", b"TP/2.0\r\n\r\nSM", b"\r\n\r\n"]).await);
-        assert!(!told(&[b"POST /v1/chat/completions HTTP/1.1\r\n"]).await);
-        assert!(!told(&[b"P", b"OST / HTTP/1.1\r\n"]).await);
-        assert!(
-            !told(&[]).await,
-            "a client that closes at once is left to HTTP/1"
-        );
     }
 }
