@@ -128,6 +128,7 @@ impl Gateway {
                 max_connections: limits.max_connections,
                 drain: limits.drain_timeout,
                 idle_timeout: limits.idle_timeout,
+                client_write_timeout: limits.client_write_timeout,
             },
             Current(Arc::clone(&live)),
             stopped(&stop),

@@ -189,6 +189,7 @@ impl Reloader {
             || config.limits.max_header_bytes != old.limits.max_header_bytes
             || config.limits.max_connections != old.limits.max_connections
             || config.limits.idle_timeout != old.limits.idle_timeout
+            || config.limits.client_write_timeout != old.limits.client_write_timeout
         {
             return Err(
                 "listen, admin, TLS and connection limits apply at start only: restart to change them"

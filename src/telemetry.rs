@@ -47,6 +47,9 @@ pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
 /// Streams (or responses) cut by a timeout, by backend and kind (`first_token`, `stall`,
 /// `total`).
 pub const TIMEOUTS: &str = "tpsgate_upstream_timeouts_total";
+/// Client connections failed because the client took no bytes for the write timeout (it stopped
+/// reading); what they held upstream is released.
+pub const CLIENT_WRITE_TIMEOUTS: &str = "tpsgate_client_write_timeouts_total";
 /// Retries on another backend (before any content reached the client).
 pub const RETRIES: &str = "tpsgate_retries_total";
 /// Ejections of backends after upstream failures.
@@ -289,4 +292,10 @@ pub fn set_cluster(connected: bool, peers: usize) {
     let _ = prometheus();
     metrics::gauge!(CLUSTER_CONNECTED).set(if connected { 1.0 } else { 0.0 });
     metrics::gauge!(CLUSTER_PEERS).set(peers as f64);
+}
+
+/// Counts one client connection failed for taking no bytes.
+pub fn count_client_write_timeout() {
+    let _ = prometheus();
+    counter!(CLIENT_WRITE_TIMEOUTS).increment(1);
 }

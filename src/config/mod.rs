@@ -103,6 +103,8 @@ pub struct Limits {
     pub body_min_rate: u64,
     /// A client connection with nothing in flight is closed after this long.
     pub idle_timeout: Duration,
+    /// A client that takes no bytes for this long loses its connection.
+    pub client_write_timeout: Duration,
 }
 
 /// A string that never shows itself in logs or debug output.

@@ -181,6 +181,9 @@ pub struct RawLimits {
     /// A client connection with no request in flight is closed after this long, seconds;
     /// default 120.
     pub idle_timeout_s: f64,
+    /// A client that takes no bytes of a response for this long loses its connection (and the
+    /// backend slot it held), seconds; default 30.
+    pub client_write_timeout_s: f64,
 }
 
 impl Default for RawLimits {
@@ -194,6 +197,7 @@ impl Default for RawLimits {
             body_read_timeout_s: 10.0,
             body_min_bytes_per_s: 16 << 10,
             idle_timeout_s: 120.0,
+            client_write_timeout_s: 30.0,
         }
     }
 }

@@ -27,10 +27,12 @@ use tower::Service;
 
 mod idle;
 mod preface;
+mod write_deadline;
 
 use crate::signal::Signal;
 use idle::{Activity, Counted, Idle};
 use preface::opens_with_h2_preface;
+use write_deadline::WriteDeadline;
 
 /// How often an HTTP/2 client connection is pinged, and how long its answer may take.
 const H2_PING_EVERY: Duration = Duration::from_secs(30);
@@ -52,6 +54,9 @@ pub struct Limits {
     pub drain: Duration,
     /// A connection with no request in flight is closed after this long (see [`idle`]).
     pub idle_timeout: Duration,
+    /// A write to a client that takes no bytes for this long fails the connection (see
+    /// [`write_deadline`]).
+    pub client_write_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -62,6 +67,7 @@ impl Default for Limits {
             max_connections: 10_000,
             drain: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(120),
+            client_write_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -85,6 +91,7 @@ pub async fn serve<S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let header_read_timeout = limits.header_read_timeout;
+    let write_timeout = limits.client_write_timeout;
     // Heads of up to twice the limit reach the stack, whose limit layer answers those over it
     // with a 431 in the client's dialect; beyond that the HTTP layers refuse them.
     let max_buf_size = limits.max_header_bytes.saturating_mul(2).max(8192);
@@ -153,7 +160,7 @@ pub async fn serve<S, B>(
                         Ok(Ok(stream)) => {
                             let h2 = stream.h2;
                             serve_connection(
-                                stream,
+                                WriteDeadline::new(stream, write_timeout),
                                 h2,
                                 &builders,
                                 (stopping, idle),
@@ -175,6 +182,7 @@ pub async fn serve<S, B>(
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
+                    let stream = WriteDeadline::new(stream, write_timeout);
                     match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(stream)) => {
                             // HTTP/2 over TLS is negotiated (RFC 9113, section 3.2).

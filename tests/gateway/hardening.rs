@@ -682,3 +682,57 @@ async fn a_request_body_trickled_a_byte_at_a_time_gets_a_408_and_frees_its_conne
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("request_timeout"), "{text}");
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_loses_its_connection_and_the_backend_slot_is_released() {
+    // Regression: a client that read nothing held the backend's slot (and its KV cache) for as
+    // long as its socket stayed open: deadlines are not checked while hyper cannot write.
+    use tokio::io::AsyncWriteExt as _;
+    let answer = |_: usize, _: &[u8]| {
+        let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\"}}]}\n\n";
+        let body = event.repeat(400_000); // ~44 MB, far more than the sockets hold
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        out.extend_from_slice(&chunked(body.as_bytes()));
+        out
+    };
+    let gw = gateway_to(
+        support::raw_backend(answer, false).await,
+        "",
+        "limits: {client_write_timeout_s: 0.5}\n",
+    )
+    .await;
+    let mut client = tokio::net::TcpStream::connect(gw.addr()).await.unwrap();
+    client
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 29\r\n\r\n{\"model\":\"m\",\"stream\":true}  ")
+        .await
+        .unwrap();
+    // Never read. The backend's slot is taken, then released once the write times out.
+    let in_flight = async || {
+        support::get_json(gw.admin_addr(), "/admin/backends").await["backends"][0]["in_flight"]
+            .as_u64()
+            .unwrap()
+    };
+    let mut seen_busy = false;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = in_flight().await;
+        seen_busy |= n == 1;
+        if seen_busy && n == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never released"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None).await;
+    let metrics = String::from_utf8(metrics.body()).unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tpsgate_client_write_timeouts_total ")),
+        "counted"
+    );
+    drop(client);
+}

@@ -482,6 +482,11 @@ fn limits(raw: &RawConfig) -> Result<Limits> {
     within("limits.drain_timeout_s", l.drain_timeout_s, DAY_S)?;
     within("limits.body_read_timeout_s", l.body_read_timeout_s, 3600.0)?;
     within("limits.idle_timeout_s", l.idle_timeout_s, DAY_S)?;
+    within(
+        "limits.client_write_timeout_s",
+        l.client_write_timeout_s,
+        DAY_S,
+    )?;
     if !(1..=1 << 30).contains(&l.body_min_bytes_per_s) {
         return Err(ConfigError::at(
             "limits.body_min_bytes_per_s",
@@ -500,6 +505,7 @@ fn limits(raw: &RawConfig) -> Result<Limits> {
         body_read_timeout: Duration::from_secs_f64(l.body_read_timeout_s),
         body_min_rate: l.body_min_bytes_per_s,
         idle_timeout: Duration::from_secs_f64(l.idle_timeout_s),
+        client_write_timeout: Duration::from_secs_f64(l.client_write_timeout_s),
     })
 }
 
