@@ -25,7 +25,6 @@ use super::classify::Classified;
 use super::route::Tried;
 use crate::error::{Error, ErrorKind};
 use crate::router::Router;
-use crate::upstream::copy_request;
 
 /// Retries as a share of requests, as linkerd and Envoy bound them (tower's
 /// `retry/budget/tps_budget.rs` is the same idea over a time window): every request that may
@@ -68,6 +67,18 @@ impl RetryBudget {
             })
             .is_ok()
     }
+}
+
+/// A copy of a request, to send again: the body is shared (bytes are reference-counted), the
+/// head is copied.
+fn copy_request<B: Clone>(parts: &http::request::Parts, body: &B) -> Request<B> {
+    let mut req = Request::new(body.clone());
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = parts.uri.clone();
+    *req.version_mut() = parts.version;
+    *req.headers_mut() = parts.headers.clone();
+    *req.extensions_mut() = parts.extensions.clone();
+    req
 }
 
 /// Retries requests that failed before any content.

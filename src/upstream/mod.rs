@@ -17,18 +17,3 @@ pub type UpstreamBody = http_body_util::Full<bytes::Bytes>;
 /// Errors a response body can end with: an upstream's (our HTTP/1.1 client's, hyper's HTTP/2),
 /// or the gateway's own.
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
-
-use http::Request;
-use http::request::Parts;
-
-/// A copy of a request, to send again: the body is shared (bytes are reference-counted), the
-/// head is copied.
-pub fn copy_request<B: Clone>(parts: &Parts, body: &B) -> Request<B> {
-    let mut req = Request::new(body.clone());
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = parts.uri.clone();
-    *req.version_mut() = parts.version;
-    *req.headers_mut() = parts.headers.clone();
-    *req.extensions_mut() = parts.extensions.clone();
-    req
-}

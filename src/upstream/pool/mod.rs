@@ -20,9 +20,13 @@
 //! that cannot be reached fails them together, after one attempt, not one after another.
 //!
 //! A reused connection the backend closed just as the request went out fails it, unsent (the
-//! write failed) or written but unanswered. Either is sent once more, on a new connection: the
-//! first always (as hyper-util did), the second when the connection had been idle long enough
-//! for a backend's keep-alive timer to close it, which hyper-util left to fail.
+//! write failed) or written but unanswered. Only the first is sent once more, on a new
+//! connection (as hyper-util did): a request that was written may have been read, and an LLM
+//! request is not idempotent (the backend may be generating, and billing, already). That
+//! failure goes up as one before the response head, where the retry layer may send it to
+//! another backend, counted as an attempt (`max_attempts`, the retry budget, the metrics and
+//! the log). The sweep below keeps the window small: connections the backend closed are found
+//! within seconds.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -51,11 +55,6 @@ use super::{BodyError, UpstreamBody, h1};
 /// pool did): backends close theirs after a while, and a request sent on a connection the
 /// other end is closing fails.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
-/// A request on a connection idle at least this long keeps a copy, to be sent again on a new
-/// connection if this one turns out closed: backends close idle connections after a keep-alive
-/// timeout of seconds (uvicorn, which serves vLLM and SGLang, after 5 s).
-const RESEND_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 /// How often the idle HTTP/1 connections are looked over for ones the backend closed (or that
 /// waited past the idle timeout), to close them on our side too: no task watches an idle
@@ -172,15 +171,6 @@ impl SendError {
     pub const fn is_connect(&self) -> bool {
         matches!(self, Self::Connect(_))
     }
-
-    /// Whether the connection closed before a whole response head came back.
-    fn closed_without_response(&self) -> bool {
-        match self {
-            Self::Http1(e) => matches!(e, h1::Error::ClosedBeforeHead),
-            Self::Http2(e) => e.is_incomplete_message(),
-            Self::Connect(_) => false,
-        }
-    }
 }
 
 impl fmt::Display for SendError {
@@ -289,23 +279,13 @@ impl Pool {
             // make them; unboxed they would sit in (and be copied with) every request's future.
             None => Box::pin(self.open()).await?,
         };
-        // A connection idle long enough for the backend's keep-alive timer to close it may be
-        // closed as the request goes out, after it was written, with no response begun: the
-        // request is copied to send again. One used a moment ago cannot have met such a timer,
-        // and costs no copy (under load, none does).
-        let (req, spare) = if idle_for.is_some_and(|idle| idle >= RESEND_AFTER_IDLE) {
-            let (parts, body) = req.into_parts();
-            let spare = super::copy_request(&parts, &body);
-            (Request::from_parts(parts, body), Some(spare))
-        } else {
-            (req, None)
-        };
-        let (err, req) = match (self.exchange(conn, req).await, spare) {
-            (Ok(resp), _) => return Ok(resp),
-            // Handed back unsent: the connection closed before the request was written.
-            (Err((err, Some(unsent))), _) if idle_for.is_some() => (err, unsent),
-            (Err((err, None)), Some(spare)) if err.closed_without_response() => (err, spare),
-            (Err((err, _)), _) => return Err(err),
+        let (err, req) = match self.exchange(conn, req).await {
+            Ok(resp) => return Ok(resp),
+            // Handed back unsent: the connection closed before the request was written, so the
+            // backend never saw it.
+            Err((err, Some(unsent))) if idle_for.is_some() => (err, unsent),
+            // Written (it may be running there) or a new connection: not sent again here.
+            Err((err, _)) => return Err(err),
         };
         tracing::debug!(backend = %self.base, "reused connection closed ({err}); sending again");
         let conn = Box::pin(self.connect()).await?;
