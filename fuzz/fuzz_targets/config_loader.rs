@@ -5,7 +5,9 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Err(err) = tpsgate::config::parse(text, |_| Some("key".to_owned())) {
         let _ = tpsgate::yaml::locate(text, &err.path);
     }

@@ -9,13 +9,25 @@ use tpsgate::proxy::endpoint::Endpoint;
 use tpsgate::proxy::rewrite::rewrite_body;
 
 fuzz_target!(|data: &[u8]| {
-    for endpoint in [Endpoint::Chat, Endpoint::Messages, Endpoint::Other { anthropic: false }] {
-        let Ok(classified) = peek(endpoint, data) else { continue };
+    for endpoint in [
+        Endpoint::Chat,
+        Endpoint::Messages,
+        Endpoint::Other { anthropic: false },
+    ] {
+        let Ok(classified) = peek(endpoint, data) else {
+            continue;
+        };
         let body = bytes::Bytes::copy_from_slice(data);
         let out = rewrite_body(&body, &classified, Some("upstream/\"model\""), true);
-        if let Ok(serde_json::Value::Object(parsed)) = serde_json::from_slice::<serde_json::Value>(data) {
-            assert_eq!(classified.model.as_deref(), parsed.get("model").and_then(|m| m.as_str()));
-            let value: serde_json::Value = serde_json::from_slice(&out).expect("the rewrite keeps JSON valid");
+        if let Ok(serde_json::Value::Object(parsed)) =
+            serde_json::from_slice::<serde_json::Value>(data)
+        {
+            assert_eq!(
+                classified.model.as_deref(),
+                parsed.get("model").and_then(|m| m.as_str())
+            );
+            let value: serde_json::Value =
+                serde_json::from_slice(&out).expect("the rewrite keeps JSON valid");
             if classified.model.is_some() {
                 assert_eq!(value["model"], "upstream/\"model\"");
             }

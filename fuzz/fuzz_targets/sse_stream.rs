@@ -9,16 +9,25 @@ use tpsgate::proxy::meter::StreamMeter;
 use tpsgate::sse::events::StreamDialect;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&cut, rest)) = data.split_first() else { return };
+    let Some((&cut, rest)) = data.split_first() else {
+        return;
+    };
     let cut = usize::from(cut) % (rest.len() + 1);
     let now = Instant::now();
-    for dialect in [StreamDialect::OpenAi, StreamDialect::Anthropic, StreamDialect::Responses] {
+    for dialect in [
+        StreamDialect::OpenAi,
+        StreamDialect::Anthropic,
+        StreamDialect::Responses,
+    ] {
         let mut plain = StreamMeter::new(dialect, false);
         let mut out = Vec::with_capacity(rest.len());
         for piece in [&rest[..cut], &rest[cut..]] {
             out.extend_from_slice(&plain.frame(Bytes::copy_from_slice(piece), now).0);
         }
-        assert_eq!(out, rest, "without stripping the meter must forward every byte unchanged");
+        assert_eq!(
+            out, rest,
+            "without stripping the meter must forward every byte unchanged"
+        );
 
         let mut stripping = StreamMeter::new(dialect, true);
         let mut stripped = 0;

@@ -7,7 +7,7 @@ use bytes::{Buf as _, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version, request, response};
 
-use super::framing::{Chunk, Framing};
+use super::framing::Framing;
 use super::{Error, MAX_HEADERS};
 
 /// The longest response head read before giving up.
@@ -146,19 +146,24 @@ fn body_framing(
     {
         return Ok((Framing::Done, keep_alive));
     }
-    let length = content_length(headers)?;
-    let mut codings = headers
-        .get_all(TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|c| !c.is_empty())
-        .peekable();
-    if let Some(first) = codings.next() {
+    if headers.contains_key(TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(Error::Malformed(
+                "a Transfer-Encoding in an HTTP/1.0 response",
+            ));
+        }
+        let mut codings = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(<[u8]>::trim_ascii);
         // Only `chunked`, once, is taken: another coding (gzip, deflate) would reach the
         // client as bytes it is not told how to read (the gateway passes no transfer coding
         // on), and chunked twice is not allowed (RFC 9112 section 6.1).
-        if !first.eq_ignore_ascii_case(b"chunked") || codings.peek().is_some() {
+        let chunked = codings
+            .next()
+            .is_some_and(|c| c.eq_ignore_ascii_case(b"chunked"));
+        if !chunked || codings.next().is_some() {
             return Err(Error::Malformed(
                 "a transfer coding other than a single chunked (compression is not passed on: ask the backend not to compress)",
             ));
@@ -166,10 +171,11 @@ fn body_framing(
         // A length beside chunks is ignored, and the connection closed after (a sign of
         // request smuggling, RFC 9112 section 6.3).
         return Ok((
-            Framing::Chunked(Chunk::Size),
-            keep_alive && length.is_none(),
+            Framing::chunked(),
+            keep_alive && !headers.contains_key(CONTENT_LENGTH),
         ));
     }
+    let length = content_length(headers)?;
     Ok(match length {
         Some(n) => (Framing::Length(n), keep_alive),
         None => (Framing::UntilClose, false),
@@ -251,7 +257,7 @@ mod tests {
         let head = parse_response(&mut buf, &Method::POST).unwrap().unwrap();
         assert_eq!(head.parts.status, 200);
         assert_eq!(head.parts.headers["x-request-id"], "abc");
-        assert!(matches!(head.framing, Framing::Chunked(Chunk::Size)));
+        assert!(matches!(head.framing, Framing::Chunked(_)));
         assert!(head.reusable);
         assert_eq!(&buf[..], b"5\r\nhello");
     }

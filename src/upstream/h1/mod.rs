@@ -339,6 +339,56 @@ impl hyper::body::Body for Body {
     }
 }
 
+/// Reads one response to a `method` request from `wire`, as a connection reads it: the bytes
+/// arrive in reads of the sizes `reads` gives (the rest in one), then the backend closes. The
+/// head, the body's bytes and its trailers. For the fuzz target, which checks this against
+/// hyper's client on the same bytes.
+#[doc(hidden)]
+pub fn read_response(
+    wire: &[u8],
+    method: &Method,
+    reads: impl IntoIterator<Item = usize>,
+) -> Result<(http::response::Parts, Vec<u8>, Option<http::HeaderMap>), Error> {
+    let mut reads = reads.into_iter();
+    let mut rest = wire;
+    let mut read = |buf: &mut BytesMut| {
+        let n = reads
+            .next()
+            .unwrap_or(rest.len())
+            .clamp(1, rest.len().max(1));
+        let (piece, after) = rest.split_at(n.min(rest.len()));
+        buf.extend_from_slice(piece);
+        rest = after;
+        piece.len()
+    };
+    let mut buf = BytesMut::new();
+    let head = loop {
+        if let Some(head) = head::parse_response(&mut buf, method)? {
+            break head;
+        }
+        if read(&mut buf) == 0 {
+            return Err(if buf.is_empty() {
+                Error::ClosedBeforeHead
+            } else {
+                Error::Malformed("the response head was cut short")
+            });
+        }
+    };
+    let (mut framing, mut body, mut trailers) = (head.framing, Vec::new(), None);
+    loop {
+        let decoded = match framing.decode(&mut buf)? {
+            Decoded::More if read(&mut buf) == 0 => framing.at_close()?,
+            decoded => decoded,
+        };
+        match decoded {
+            Decoded::Data(data) => body.extend_from_slice(&data),
+            Decoded::Trailers(map) => trailers = Some(map),
+            Decoded::End => return Ok((head.parts, body, trailers)),
+            Decoded::More => {}
+        }
+    }
+}
+
 impl AsyncRead for Io {
     fn poll_read(
         self: Pin<&mut Self>,
