@@ -736,3 +736,30 @@ async fn a_client_that_stops_reading_loses_its_connection_and_the_backend_slot_i
     );
     drop(client);
 }
+
+#[tokio::test]
+async fn a_response_that_ends_in_trailers_gives_its_connection_back_for_the_next_request() {
+    // Regression: the trailers ended the body but the connection was not given back (the
+    // framing counted the body over only when polled once more, which nobody did), so every
+    // such response cost a new connection.
+    let answer = |i: usize, _: &[u8]| {
+        let body = format!("{{\"id\":\"x\",\"request_on_connection\":{i}}}");
+        let mut out = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                        transfer-encoding: chunked\r\n\r\n"
+            .to_vec();
+        out.extend_from_slice(
+            format!("{:x}\r\n{body}\r\n0\r\nx-checksum: 1\r\n\r\n", body.len()).as_bytes(),
+        );
+        out
+    };
+    let gw = gateway_to(support::raw_backend(answer, false).await, "", "").await;
+    for want in 0..3 {
+        let ex = chat(&gw, false).await;
+        assert_eq!(ex.status, StatusCode::OK);
+        assert_eq!(
+            ex.json()["request_on_connection"],
+            want,
+            "one connection, reused"
+        );
+    }
+}

@@ -51,6 +51,9 @@ pub enum Error {
     ClosedBeforeHead,
     #[error("the connection closed before the end of the response body")]
     ClosedInBody,
+    /// The backend sent bytes (or closed the connection) while no request was out on it.
+    #[error("the backend sent what no request asked for, or closed the connection")]
+    Unasked,
     #[error("malformed response head: {0}")]
     Head(httparse::Error),
     #[error("malformed response: {0}")]
@@ -124,6 +127,15 @@ impl Connection {
             // client batched so by accident, its requests crossing to the connections' own
             // tasks.
             tokio::task::yield_now().await;
+            // Anything the backend sent since its last response was read (a second answer to
+            // it, from a buggy backend) would be taken for the answer to this request: the
+            // connection is given up before a byte is written, and the request handed back
+            // unsent. Bytes that come once the request is out cannot be told from its answer
+            // (README, "Backends that misbehave").
+            if !self.is_open() {
+                let unsent = Request::from_parts(parts, UpstreamBody::new(body));
+                return Err((Error::Unasked, Some(unsent)));
+            }
             match self.write(&head, &body, &parts.method).await {
                 Ok(sent) => (parts.method, sent),
                 Err(e) => {

@@ -282,3 +282,45 @@ async fn a_backend_that_closes_without_answering_fails_the_request_as_closed_bef
     assert!(matches!(err, Error::ClosedBeforeHead), "{err}");
     assert!(unsent.is_none(), "it was written");
 }
+
+#[tokio::test]
+async fn bytes_a_backend_sends_after_a_response_are_never_the_next_requests_answer() {
+    // A buggy backend answers the first request, then, a moment later, answers it again: that
+    // second answer must not become the answer to the next request on the connection, which
+    // goes back unsent instead (for the pool to send on a new connection).
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stray_sent, stray_arrived) = tokio::sync::oneshot::channel();
+    let backend = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        read_request(&mut socket).await.unwrap();
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst";
+        socket.write_all(answer).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray")
+            .await
+            .unwrap();
+        stray_sent.send(()).unwrap();
+        // What else the client writes: nothing, if the next request went back unsent.
+        let mut rest = Vec::new();
+        let _ = socket.read_to_end(&mut rest).await;
+        rest
+    });
+    let resp = connect(addr).await.send(post("{}")).await.unwrap();
+    let mut body = resp.into_body();
+    assert_eq!(
+        body.frame().await.unwrap().unwrap().into_data().unwrap(),
+        "first"
+    );
+    let conn = body
+        .take_reusable()
+        .expect("nothing came after the body yet");
+    stray_arrived.await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+
+    let (err, unsent) = conn.send(post("{}")).await.unwrap_err();
+    assert!(matches!(err, Error::Unasked), "{err}");
+    assert!(unsent.is_some(), "handed back unsent");
+    assert!(backend.await.unwrap().is_empty(), "nothing was written");
+}
