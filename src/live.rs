@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
-use crate::config::{BackendConfig, Config};
+use crate::config::Config;
 use crate::fleet::{Backend, Line, Outbox};
 use crate::router::Router;
 use crate::signal::Signal;
@@ -54,7 +54,7 @@ impl Live {
             let previous =
                 old.and_then(|o| o.router.backends().iter().find(|p| p.config.name == b.name));
             match previous {
-                Some(p) if classes_same && same_backend(&p.config, b) => {
+                Some(p) if classes_same && p.config == *b => {
                     backends.push(Arc::clone(p));
                 }
                 _ => {
@@ -87,24 +87,6 @@ impl Live {
             outbox,
         })
     }
-}
-
-/// Whether a backend's config is the same in every field that matters once running.
-fn same_backend(a: &BackendConfig, b: &BackendConfig) -> bool {
-    a.url == b.url
-        && a.dialect == b.dialect
-        && a.api_key == b.api_key
-        && a.headers == b.headers
-        && a.models == b.models
-        && a.max_concurrency == b.max_concurrency
-        && a.cost == b.cost
-        && a.ca_file == b.ca_file
-        && a.forward_client_auth == b.forward_client_auth
-        && a.connect_timeout == b.connect_timeout
-        && a.timeouts == b.timeouts
-        && a.anthropic_version == b.anthropic_version
-        && a.prior == b.prior
-        && a.ejection == b.ejection
 }
 
 /// How the last reload went, for `/admin/reload`.

@@ -163,8 +163,9 @@ pub struct Cost {
     pub output_per_1m: f64,
 }
 
-/// A validated backend.
-#[derive(Debug, Clone)]
+/// A validated backend. Two are equal when every field is: a reload carries a backend over
+/// (its connections, counts and health) only when nothing in its config changed.
+#[derive(Debug, Clone, PartialEq)]
 pub struct BackendConfig {
     /// Unique name.
     pub name: Arc<str>,

@@ -99,11 +99,16 @@ impl StreamMeter {
             parser.feed(&data, &mut |ev| {
                 self.note(ev.event, ev.data, now);
             });
-            if parser.buffered() > self.max_event {
-                self.overflowed = true;
-            }
             self.parser = parser;
-            data
+            if self.overflowed {
+                // An event over the limit came whole: it, and what follows it, go no further.
+                data.slice(..events_within(&data, self.max_event))
+            } else {
+                if self.parser.buffered() > self.max_event {
+                    self.overflowed = true;
+                }
+                data
+            }
         };
         (out, !had_content && self.timing.first_content.is_some())
     }
@@ -129,6 +134,11 @@ impl StreamMeter {
 
     /// Records one event; returns whether it is a usage-only chunk.
     fn note(&mut self, event: &[u8], data: &[u8], now: Instant) -> bool {
+        // An event over the limit that came whole in one read is over it all the same: the
+        // limit must not depend on how the network cut the stream.
+        if event.len() + data.len() > self.max_event {
+            self.overflowed = true;
+        }
         let t = &mut self.timing;
         if events::is_content(self.dialect, event, data) {
             match t.last_content {
@@ -210,6 +220,11 @@ impl StreamMeter {
                     parser.feed(&buf[at..at + len], &mut |ev| {
                         usage_only |= self.note(ev.event, ev.data, now);
                     });
+                    if self.overflowed {
+                        // An event over the limit: it, and what follows it, go no further.
+                        self.parser = parser;
+                        return (at, cut, Scan::default());
+                    }
                     if usage_only && cut.is_none() {
                         cut = Some(at..at + len);
                     }
@@ -223,6 +238,19 @@ impl StreamMeter {
             }
         }
     }
+}
+
+/// How many bytes at the start of `buf` hold whole events of at most `max` bytes each (or the
+/// rest of an event begun before `buf`): where an event over the limit begins.
+fn events_within(buf: &[u8], max: usize) -> usize {
+    let mut at = 0;
+    while let Ok(len) = event_end(&buf[at..], Scan::default()) {
+        if len > max {
+            break;
+        }
+        at += len;
+    }
+    at
 }
 
 /// The length of the event at the start of `buf` (through its blank line), scanning from where
@@ -300,6 +328,25 @@ mod tests {
             m.frame(Bytes::from_static(&[b'x'; 200]), t0);
             assert!(m.overflowed(), "strip: {strip}");
             assert_eq!(m.finish(), None, "what was kept of it is dropped");
+        }
+    }
+
+    #[test]
+    fn an_event_over_the_limit_overflows_even_when_it_arrives_whole() {
+        let t0 = Instant::now();
+        let long = format!("data: {{\"x\":\"{}\"}}\n\n", "a".repeat(1100));
+        for strip in [false, true] {
+            let mut m = StreamMeter::new(StreamDialect::OpenAi, strip).with_max_event(1000);
+            m.frame(content("a"), t0);
+            assert!(!m.overflowed());
+            let read = [&content("b")[..], long.as_bytes(), &content("c")[..]].concat();
+            let (out, _) = m.frame(Bytes::from(read), t0);
+            assert!(m.overflowed(), "strip: {strip}");
+            assert_eq!(
+                out,
+                content("b"),
+                "the long event and what follows go no further"
+            );
         }
     }
 

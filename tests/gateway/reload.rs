@@ -212,3 +212,51 @@ async fn an_absurd_number_in_a_reloaded_file_is_refused_by_name_and_reloading_go
     );
     assert_eq!(backend_names(admin).await, ["one", "two"]);
 }
+
+#[tokio::test]
+async fn a_reload_that_changes_only_a_backends_limits_applies_them() {
+    // Regression: a reload carried a backend over when the fields a hand-kept list compared
+    // were the same, and the list missed max_models and max_event_bytes.
+    let event = format!(
+        "data: {{\"choices\":[{{\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "a".repeat(2000)
+    );
+    let answer = move |_: usize, _: &[u8]| {
+        let mut out = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n",
+            event.len() + 14
+        )
+        .into_bytes();
+        out.extend_from_slice(event.as_bytes());
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        out
+    };
+    let raw = support::raw_backend(answer, true).await;
+    let with = |extra: &str| {
+        parse(&format!(
+            "backends:\n{}",
+            support::backend_yaml(
+                "raw",
+                raw,
+                "openai",
+                &format!("    models: {{m: m}}\n{extra}")
+            )
+        ))
+    };
+    let gw = tpsgate::gateway::Gateway::start(&with("")).await.unwrap();
+    let stream = async || {
+        let ex = support::post(
+            gw.addr(),
+            "/v1/chat/completions",
+            &serde_json::json!({"model": "m", "messages": [], "stream": true}),
+        )
+        .await;
+        String::from_utf8(ex.body()).unwrap()
+    };
+    assert!(stream().await.ends_with("data: [DONE]\n\n"));
+
+    gw.reload(&with("    max_event_bytes: 1024\n")).unwrap();
+    let cut = stream().await;
+    assert!(cut.contains("\"error\""), "the new limit applies: {cut}");
+    assert!(!cut.contains("[DONE]"), "{cut}");
+}
