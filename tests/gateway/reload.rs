@@ -37,6 +37,38 @@ async fn backend_names(admin: SocketAddr) -> Vec<String> {
         .collect()
 }
 
+/// The listeners of a served config file, on free ports.
+const HEAD: &str = "listen: {address: 127.0.0.1:0}\nadmin: {listen: 127.0.0.1:0}\n";
+
+/// `tpsgate serve` running on a config file in a temporary directory, with one backend `one`.
+struct Served {
+    _dir: tempfile::TempDir,
+    file: std::path::PathBuf,
+    gw: support::Spawned,
+    admin: SocketAddr,
+}
+
+impl Served {
+    async fn start(sim: SocketAddr) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gateway.yaml");
+        std::fs::write(&file, format!("{HEAD}{}", config_text(&[("one", sim)]))).unwrap();
+        let mut command = support::tpsgate();
+        command
+            .args(["serve", "--config"])
+            .arg(&file)
+            .stderr(std::process::Stdio::null());
+        let gw = support::spawn_listening(command).await;
+        let admin = support::admin_of(&gw);
+        Self {
+            _dir: dir,
+            file,
+            gw,
+            admin,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_curves() {
     let (_a_fleet, a) = support::start_engine("a", support::engine(20.0, 0.0, 8)).await;
@@ -106,23 +138,15 @@ async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_cur
 #[tokio::test]
 async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys_sighup() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("gateway.yaml");
-    let head = "listen: {address: 127.0.0.1:0}\nadmin: {listen: 127.0.0.1:0}\n";
-    std::fs::write(&file, format!("{head}{}", config_text(&[("one", sim)]))).unwrap();
-    let mut command = support::tpsgate();
-    command
-        .args(["serve", "--config"])
-        .arg(&file)
-        .stderr(std::process::Stdio::null());
-    let gw = support::spawn_listening(command).await;
-    let admin = support::admin_of(&gw);
+    let served = Served::start(sim).await;
+    let (file, admin) = (served.file.as_path(), served.admin);
+    let head = HEAD;
     let status = async || -> Value { support::get_json(admin, "/admin/reload").await };
     let settle = || tokio::time::sleep(Duration::from_millis(1500));
 
     // Caught half-written: refused, the running config stays.
     std::fs::write(
-        &file,
+        file,
         format!("{head}backends:\n  - name: two\n    url: http://{sim}\n"),
     )
     .unwrap();
@@ -137,7 +161,7 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
 
     // The finished write is the next change: applied, once.
     std::fs::write(
-        &file,
+        file,
         format!("{head}{}", config_text(&[("one", sim), ("two", sim)])),
     )
     .unwrap();
@@ -153,7 +177,7 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
 
     // SIGHUP reloads even without a change.
     let killed = std::process::Command::new("kill")
-        .args(["-HUP", &gw.child.id().to_string()])
+        .args(["-HUP", &served.gw.child.id().to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
@@ -166,24 +190,16 @@ async fn an_absurd_number_in_a_reloaded_file_is_refused_by_name_and_reloading_go
     // Regression: `drain_timeout_s: 1e300` panicked the reload task (a duration overflow), so
     // later valid edits and SIGHUP were ignored; `tpsgate check` panicked on the same file.
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("gateway.yaml");
-    let head = "listen: {address: 127.0.0.1:0}\nadmin: {listen: 127.0.0.1:0}\n";
-    std::fs::write(&file, format!("{head}{}", config_text(&[("one", sim)]))).unwrap();
-    let mut command = support::tpsgate();
-    command
-        .args(["serve", "--config"])
-        .arg(&file)
-        .stderr(std::process::Stdio::null());
-    let gw = support::spawn_listening(command).await;
-    let admin = support::admin_of(&gw);
+    let served = Served::start(sim).await;
+    let (file, admin) = (served.file.as_path(), served.admin);
+    let head = HEAD;
     let settle = || tokio::time::sleep(Duration::from_millis(1500));
 
     let absurd = format!(
         "{head}limits: {{drain_timeout_s: 1e300}}\n{}",
         config_text(&[("one", sim)])
     );
-    std::fs::write(&file, &absurd).unwrap();
+    std::fs::write(file, &absurd).unwrap();
     settle().await;
     let s = support::get_json(admin, "/admin/reload").await;
     assert_eq!(s["refused"], 1, "{s}");
@@ -192,7 +208,7 @@ async fn an_absurd_number_in_a_reloaded_file_is_refused_by_name_and_reloading_go
     assert!(why.contains("at most 86400"), "{why}");
     let check = support::tpsgate()
         .args(["check", "--config"])
-        .arg(&file)
+        .arg(file)
         .output()
         .unwrap();
     assert_eq!(check.status.code(), Some(1));
@@ -200,7 +216,7 @@ async fn an_absurd_number_in_a_reloaded_file_is_refused_by_name_and_reloading_go
 
     // Reloading goes on: the next valid file is applied.
     std::fs::write(
-        &file,
+        file,
         format!("{head}{}", config_text(&[("one", sim), ("two", sim)])),
     )
     .unwrap();
