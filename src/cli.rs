@@ -117,6 +117,13 @@ pub struct EngineFlags {
     /// Where usage goes when asked for [default: final-chunk].
     #[arg(long, value_enum)]
     pub usage: Option<UsageStyle>,
+    /// Never send the text of the last N tokens of an answer (a byte-level BPE engine holding
+    /// back bytes that are not valid UTF-8) [default: 0].
+    #[arg(long)]
+    pub hold_back_tokens: Option<u32>,
+    /// End OpenAI streams after the finish chunk, without `data: [DONE]` (transformers serve).
+    #[arg(long)]
+    pub no_done: bool,
 }
 
 /// `tpsgate bench` arguments.
@@ -478,6 +485,8 @@ impl SimArgs {
         let stream = StreamRaw {
             tokens_per_chunk: f.tokens_per_chunk.unwrap_or(1),
             usage: f.usage.unwrap_or_default(),
+            hold_back_tokens: f.hold_back_tokens.unwrap_or(0),
+            send_done: !f.no_done,
         };
         Ok(FleetRaw {
             backends: vec![BackendRaw {

@@ -22,6 +22,10 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+use crate::curve::StreamTiming;
+use crate::curve::observation::decode_tpot;
+use crate::proxy::meter::read_event;
+use crate::sse::events::StreamDialect;
 use crate::sse::{SseEvent, SseParser};
 
 /// The API bench speaks.
@@ -128,8 +132,11 @@ pub struct Sample {
     pub error: Option<String>,
     /// Seconds from send to the first content event.
     pub ttft: Option<f64>,
-    /// Seconds from the first to the last content event.
+    /// Seconds from the first content event to the end of the generation: its finish event
+    /// when usage counts the tokens, else the last content event.
     pub decode: f64,
+    /// Seconds from the first to the last content event.
+    pub visible: f64,
     /// Output tokens (from usage, else the number of content events).
     pub output_tokens: u32,
     /// Events that carried content.
@@ -147,14 +154,13 @@ pub struct Sample {
 }
 
 impl Sample {
-    /// Time per output token after the first, seconds; needs two tokens.
+    /// Time per output token after the first, seconds; needs two content events.
     pub fn tpot(&self) -> Option<f64> {
-        if self.error.is_some() || self.content_events < 2 || self.decode <= 0.0 {
+        if self.error.is_some() {
             return None;
         }
         let tokens = f64::from(self.output_tokens);
-        let after_first = tokens - tokens / f64::from(self.content_events);
-        (after_first > 0.0).then(|| self.decode / after_first)
+        decode_tpot(tokens, self.content_events, self.visible, self.decode)
     }
 
     /// Tokens per second this client saw once output flowed.
@@ -279,123 +285,78 @@ fn failed(error: String) -> Sample {
     }
 }
 
-/// Reads events of one stream and keeps the times that matter.
+/// Reads events of one stream and keeps the times that matter, through the gateway's own
+/// reading of events ([`read_event`]): bench and the gateway count alike.
 struct StreamTimer {
-    dialect: BenchDialect,
+    dialect: StreamDialect,
     start: Instant,
-    first: Option<Instant>,
-    last: Option<Instant>,
-    content_events: u32,
-    usage_tokens: Option<u32>,
+    timing: StreamTiming,
     gaps: Vec<f64>,
     error: Option<String>,
-    done: bool,
 }
 
 impl StreamTimer {
     fn new(dialect: BenchDialect, start: Instant) -> Self {
         Self {
-            dialect,
+            dialect: match dialect {
+                BenchDialect::Openai => StreamDialect::OpenAi,
+                BenchDialect::Anthropic => StreamDialect::Anthropic,
+            },
             start,
-            first: None,
-            last: None,
-            content_events: 0,
-            usage_tokens: None,
+            timing: StreamTiming::default(),
             gaps: Vec::new(),
             error: None,
-            done: false,
         }
     }
 
     fn on_event(&mut self, ev: SseEvent<'_>, now: Instant) {
-        if ev.data == b"[DONE]" {
-            self.done = true;
-            return;
+        let last = self.timing.last_content;
+        let read = read_event(&mut self.timing, self.dialect, ev.event, ev.data, now);
+        if let (true, Some(last)) = (read.content, last) {
+            self.gaps.push((now - last).as_secs_f64());
         }
-        let Ok(value) = serde_json::from_slice::<Value>(ev.data) else {
-            return;
-        };
-        let (content, usage) = match self.dialect {
-            BenchDialect::Openai => openai_event(&value),
-            BenchDialect::Anthropic => anthropic_event(&value),
-        };
-        if let Some(err) = value.get("error") {
-            self.error = Some(format!("error event: {err}"));
-        }
-        if self.dialect == BenchDialect::Anthropic && value["type"] == "message_stop" {
-            self.done = true;
-        }
-        if let Some(tokens) = usage {
-            self.usage_tokens = Some(tokens);
-        }
-        if content {
-            self.content_events += 1;
-            if let Some(last) = self.last {
-                self.gaps.push((now - last).as_secs_f64());
+        if ev.event == b"error" || memchr::memmem::find(ev.data, b"\"error\"").is_some() {
+            let error = serde_json::from_slice::<Value>(ev.data)
+                .ok()
+                .and_then(|v| v.get("error").cloned());
+            if let Some(err) = error {
+                self.error = Some(format!("error event: {err}"));
             }
-            self.first.get_or_insert(now);
-            self.last = Some(now);
         }
     }
 
+    /// The sample of a stream that ended at `end`. It is complete when an event finished the
+    /// generation (`[DONE]` or not: transformers serve sends none); with usage, decode runs to
+    /// that event, through any text the engine held back.
     fn finish(self, end: Instant) -> Sample {
-        let error = self
-            .error
-            .or_else(|| (!self.done).then(|| "stream ended without its closing event".to_owned()));
+        let t = &self.timing;
+        let error = self.error.or_else(|| {
+            t.finished
+                .is_none()
+                .then(|| "stream ended before the event that finishes a generation".to_owned())
+        });
         Sample {
             error,
-            ttft: self.first.map(|f| (f - self.start).as_secs_f64()),
-            decode: match (self.first, self.last) {
+            ttft: t.first_content.map(|f| (f - self.start).as_secs_f64()),
+            decode: match (t.first_content, t.decode_end()) {
                 (Some(f), Some(l)) => (l - f).as_secs_f64(),
                 _ => 0.0,
             },
-            output_tokens: self.usage_tokens.unwrap_or(self.content_events),
-            content_events: self.content_events,
-            estimated: self.usage_tokens.is_none(),
+            visible: match (t.first_content, t.last_content) {
+                (Some(f), Some(l)) => (l - f).as_secs_f64(),
+                _ => 0.0,
+            },
+            output_tokens: t
+                .output_tokens
+                .map_or(t.content_events, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            content_events: t.content_events,
+            estimated: t.output_tokens.is_none(),
             gaps: self.gaps,
             total: (end - self.start).as_secs_f64(),
             backend: None,
             frames: 0,
         }
     }
-}
-
-fn non_empty(v: &Value) -> bool {
-    v.as_str().is_some_and(|s| !s.is_empty())
-}
-
-/// (carries content, completion tokens from usage) for an OpenAI chunk.
-fn openai_event(v: &Value) -> (bool, Option<u32>) {
-    let content = v["choices"].as_array().is_some_and(|choices| {
-        choices.iter().any(|c| {
-            let d = &c["delta"];
-            non_empty(&d["content"])
-                || non_empty(&d["reasoning_content"])
-                || non_empty(&d["reasoning"])
-                || d["tool_calls"].as_array().is_some_and(|t| !t.is_empty())
-                || non_empty(&c["text"])
-        })
-    });
-    let usage = v["usage"]["completion_tokens"].as_u64().map(clamp_u32);
-    (content, usage)
-}
-
-/// (carries content, output tokens from usage) for an Anthropic event.
-fn anthropic_event(v: &Value) -> (bool, Option<u32>) {
-    match v["type"].as_str() {
-        Some("content_block_delta") => {
-            let d = &v["delta"];
-            let content =
-                non_empty(&d["text"]) || non_empty(&d["thinking"]) || non_empty(&d["partial_json"]);
-            (content, None)
-        }
-        Some("message_delta") => (false, v["usage"]["output_tokens"].as_u64().map(clamp_u32)),
-        _ => (false, None),
-    }
-}
-
-fn clamp_u32(n: u64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 #[cfg(test)]
@@ -407,6 +368,7 @@ mod tests {
         // 32 tokens in 8 chunks of 4, one chunk every 40 ms: 4 tokens per 40 ms = 10 ms a token.
         let chunked = Sample {
             decode: 0.280,
+            visible: 0.280,
             output_tokens: 32,
             content_events: 8,
             ..Sample::default()
@@ -414,6 +376,7 @@ mod tests {
         assert!((chunked.tpot().unwrap() - 0.010).abs() < 1e-12);
         let single = Sample {
             decode: 0.310,
+            visible: 0.310,
             output_tokens: 32,
             content_events: 32,
             ..Sample::default()
@@ -421,21 +384,82 @@ mod tests {
         assert!((single.tpot().unwrap() - 0.010).abs() < 1e-12);
     }
 
+    /// Feeds `events` (name, data, ms after the start) to a timer.
+    fn timed(dialect: BenchDialect, events: &[(&str, &str, u64)]) -> Sample {
+        let t0 = Instant::now();
+        let mut timer = StreamTimer::new(dialect, t0);
+        let mut parser = SseParser::new();
+        for (event, data, ms) in events {
+            let wire = if event.is_empty() {
+                format!("data: {data}\n\n")
+            } else {
+                format!("event: {event}\ndata: {data}\n\n")
+            };
+            let at = t0 + Duration::from_millis(*ms);
+            parser.feed(wire.as_bytes(), &mut |ev| timer.on_event(ev, at));
+        }
+        timer.finish(t0 + Duration::from_secs(1))
+    }
+
+    const ROLE: &str = r#"{"choices":[{"delta":{"role":"assistant","content":""}}]}"#;
+    const HI: &str = r#"{"choices":[{"delta":{"content":"hi"}}]}"#;
+
     #[test]
-    fn role_only_chunk_is_not_content() {
-        let role = json!({"choices": [{"index": 0, "delta": {"role": "assistant"}}]});
-        assert_eq!(openai_event(&role), (false, None));
-        let empty = json!({"choices": [{"delta": {"role": "assistant", "content": ""}}]});
-        assert_eq!(openai_event(&empty), (false, None));
-        let text = json!({"choices": [{"delta": {"content": "hi"}}]});
-        assert_eq!(openai_event(&text), (true, None));
+    fn a_stream_that_ends_after_its_finish_chunk_without_done_is_complete() {
+        let finish = r#"{"choices":[{"delta":{},"finish_reason":"length"}],"usage":{"completion_tokens":2}}"#;
+        let s = timed(
+            BenchDialect::Openai,
+            &[("", ROLE, 5), ("", HI, 10), ("", HI, 20), ("", finish, 20)],
+        );
+        assert_eq!(s.error, None);
+        assert_eq!(
+            (s.output_tokens, s.content_events, s.estimated),
+            (2, 2, false)
+        );
+        let anthropic = timed(
+            BenchDialect::Anthropic,
+            &[
+                ("content_block_delta", r#"{"delta":{"text":"a"}}"#, 10),
+                ("content_block_delta", r#"{"delta":{"text":"b"}}"#, 20),
+                (
+                    "message_delta",
+                    r#"{"delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#,
+                    21,
+                ),
+            ],
+        );
+        assert_eq!((anthropic.error, anthropic.output_tokens), (None, 2));
     }
 
     #[test]
-    fn usage_comes_from_the_final_chunk_or_message_delta() {
-        let usage = json!({"choices": [], "usage": {"completion_tokens": 12}});
-        assert_eq!(openai_event(&usage), (false, Some(12)));
-        let delta = json!({"type": "message_delta", "usage": {"output_tokens": 7}});
-        assert_eq!(anthropic_event(&delta), (false, Some(7)));
+    fn a_stream_cut_before_its_finish_event_is_an_error() {
+        let s = timed(
+            BenchDialect::Openai,
+            &[("", ROLE, 5), ("", HI, 10), ("", HI, 20)],
+        );
+        assert!(s.error.unwrap().contains("before the event that finishes"));
+        let e = timed(
+            BenchDialect::Openai,
+            &[
+                ("", HI, 10),
+                ("", r#"{"error":{"message":"overloaded"}}"#, 20),
+                ("", "[DONE]", 21),
+            ],
+        );
+        assert!(e.error.unwrap().contains("overloaded"));
+    }
+
+    #[test]
+    fn with_usage_decode_runs_to_the_finish_chunk_through_text_held_back() {
+        // 11 tokens at 10 ms each: text for the first 3, then silence until the finish chunk.
+        let finish = r#"{"choices":[{"delta":{"content":""},"finish_reason":"length"}],"usage":{"completion_tokens":11}}"#;
+        let s = timed(
+            BenchDialect::Openai,
+            &[("", HI, 10), ("", HI, 20), ("", HI, 30), ("", finish, 110)],
+        );
+        assert!((s.decode - 0.100).abs() < 1e-9, "decode {}", s.decode);
+        // The 10 tokens after the first event in 100 ms, not 7.3 tokens in 20 ms.
+        assert!((s.tpot().unwrap() - 0.010).abs() < 1e-9);
+        assert_eq!(s.gaps.len(), 2, "gaps are between content events");
     }
 }

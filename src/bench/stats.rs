@@ -162,6 +162,7 @@ mod tests {
         let fast = Sample {
             ttft: Some(0.5),
             decode: 0.09,
+            visible: 0.09,
             output_tokens: 10,
             content_events: 10,
             ..Sample::default()
@@ -172,6 +173,7 @@ mod tests {
         };
         let slow_decode = Sample {
             decode: 1.0,
+            visible: 1.0,
             ..fast.clone()
         };
         assert!(slo.met(&fast));

@@ -3,10 +3,13 @@
 //! concurrency lives here, beside the curve that learns from it, and runs on exact numbers.
 //!
 //! - TPOT: the tokens of the first content event were made before it arrived (prefill and the
-//!   first decode steps), so the decode window from the first content event to the last covers
-//!   the other `tokens - tokens / events` tokens (`tokens - 1` when every event is a token).
+//!   first decode steps), so the decode window from the first content event to the end of the
+//!   generation covers the other tokens ([`decode_tpot`]: `tokens - tokens / events` when text
+//!   flowed to the end, `tokens - 1` when every event is a token). The window ends at the finish
+//!   event when usage counts the tokens (text held back by the engine still took its decode
+//!   steps), else at the last content event.
 //! - Experienced concurrency: the occupancy integral read at the first content event and at the
-//!   end, the latter taken back to the last content event (nothing accrued after it is this
+//!   end, the latter taken back to the end of the decode window (nothing accrued after it is this
 //!   request's decode), divided by the time between.
 
 use serde::{Deserialize, Serialize};
@@ -64,6 +67,39 @@ pub struct StreamTiming {
     pub finished: Option<Instant>,
 }
 
+/// Seconds per output token after the first content event: `tokens` over `events` content
+/// events, the first and last of them `visible_s` apart, the generation ending `window_s` after
+/// the first (the same, unless text was held back at the end).
+///
+/// The first event's tokens were made before the window. Events are taken to carry equal
+/// shares while text flows (`k` tokens each, `events - 1` of them in `visible_s`), and tokens to
+/// come at one rate through the window: `(events - 1) * k / visible_s = (tokens - k) / window_s`,
+/// so `k = tokens / (1 + (events - 1) * window_s / visible_s)`. With no text held back that is
+/// `tokens / events` (`1` when every event is a token); with text held back it stays the tokens
+/// an event carried, not the average over the silent tokens too.
+pub fn decode_tpot(tokens: f64, events: u32, visible_s: f64, window_s: f64) -> Option<f64> {
+    if events < 2 || visible_s <= 0.0 || window_s < visible_s {
+        return None;
+    }
+    let first = tokens / (1.0 + f64::from(events - 1) * window_s / visible_s);
+    let after_first = tokens - first;
+    (after_first > 0.0).then(|| window_s / after_first)
+}
+
+impl StreamTiming {
+    /// When the last token was made. With a token count from usage, that is the event that
+    /// finished the generation: an engine that holds back text (bytes that are not yet valid
+    /// UTF-8) goes silent before it, and the silent tokens were decoded all the same. Without
+    /// usage, the tokens are the content events, and the last of them ends the count.
+    pub fn decode_end(&self) -> Option<Instant> {
+        let last = self.last_content?;
+        Some(match (self.output_tokens, self.finished) {
+            (Some(_), Some(finished)) => finished.max(last),
+            _ => last,
+        })
+    }
+}
+
 impl Observation {
     /// A stream's observation as of its end `now`: `sent` is when it went to the backend (TTFT
     /// runs from there), `first` the occupancy reading at its first content event and `end` the
@@ -80,15 +116,22 @@ impl Observation {
         let tokens = timing
             .output_tokens
             .unwrap_or(u64::from(timing.content_events));
-        let (tpot, concurrency) = match (timing.first_content, timing.last_content, first) {
-            (Some(first_at), Some(last_at), Some(first))
+        let window = (
+            timing.first_content,
+            timing.last_content,
+            timing.decode_end(),
+        );
+        let (tpot, concurrency) = match (window, first) {
+            ((Some(first_at), Some(last_at), Some(end_at)), Some(first))
                 if timing.content_events >= 2 && last_at > first_at =>
             {
-                let tokens = tokens as f64;
-                let after_first = tokens - tokens / f64::from(timing.content_events);
-                let tpot =
-                    (after_first > 0.0).then(|| (last_at - first_at).as_secs_f64() / after_first);
-                (tpot, first.mean_until(&end.rewound_to(last_at)))
+                let tpot = decode_tpot(
+                    tokens as f64,
+                    timing.content_events,
+                    (last_at - first_at).as_secs_f64(),
+                    (end_at - first_at).as_secs_f64(),
+                );
+                (tpot, first.mean_until(&end.rewound_to(end_at)))
             }
             _ => (None, None),
         };
@@ -139,6 +182,35 @@ mod tests {
         assert_eq!(obs.prompt_tokens, Some(7));
         // Two in flight the whole time: the 20 ms after the last event are taken back.
         assert!((obs.concurrency.unwrap() - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn with_usage_decode_runs_to_the_finish_event_through_text_held_back() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // 64 tokens at 10 ms each from 100 ms: the engine showed text for 26 of them (one
+        // event each), held back the other 38 and finished at 730 ms.
+        let timing = StreamTiming {
+            first_content: Some(ms(100)),
+            last_content: Some(ms(350)),
+            content_events: 26,
+            output_tokens: Some(64),
+            prompt_tokens: None,
+            finished: Some(ms(730)),
+        };
+        let r = reading(0.0, 1, ms(100));
+        let end = reading(0.63, 1, ms(730));
+        let obs = Observation::of_stream(&timing, Outcome::Completed, t0, Some(&r), &end, ms(730));
+        // The 63 tokens after the first event, in 630 ms.
+        let tpot = obs.tpot.unwrap();
+        assert!((tpot - 0.010).abs() < 1e-12, "tpot {tpot}");
+        assert!((obs.concurrency.unwrap() - 1.0).abs() < 1e-9);
+        // Without usage the finish event cannot stretch a window of counted events.
+        let counted = StreamTiming {
+            output_tokens: None,
+            ..timing
+        };
+        assert_eq!(counted.decode_end(), Some(ms(350)));
     }
 
     #[test]

@@ -139,33 +139,12 @@ impl StreamMeter {
         if event.len() + data.len() > self.max_event {
             self.overflowed = true;
         }
-        let t = &mut self.timing;
-        if events::is_content(self.dialect, event, data) {
-            match t.last_content {
-                Some(last) => self.max_gap_s = self.max_gap_s.max((now - last).as_secs_f64()),
-                None => t.first_content = Some(now),
-            }
-            t.last_content = Some(now);
-            t.content_events += 1;
+        let last = self.timing.last_content;
+        let read = read_event(&mut self.timing, self.dialect, event, data, now);
+        if let (true, Some(last)) = (read.content, last) {
+            self.max_gap_s = self.max_gap_s.max((now - last).as_secs_f64());
         }
-        if t.finished.is_none() && events::is_finish(self.dialect, event, data) {
-            t.finished = Some(now);
-        }
-        let Some(u) = events::usage(self.dialect, event, data) else {
-            return false;
-        };
-        // A count no generation reaches (2^64 - 1 was seen) is no count: the stream is then
-        // timed as one without usage, from its content events.
-        if let Some(p) = u.usage.prompt_tokens.filter(|p| *p <= MAX_PLAUSIBLE_TOKENS) {
-            t.prompt_tokens = Some(p);
-        }
-        // Anthropic's message_start reports input tokens only; output comes in message_delta.
-        if (u.usage.output_tokens > 0 || event != b"message_start")
-            && u.usage.output_tokens <= MAX_PLAUSIBLE_TOKENS
-        {
-            t.output_tokens = Some(u.usage.output_tokens);
-        }
-        u.usage_only
+        read.usage_only
     }
 
     /// Forwards every complete event of `partial + data` except a usage-only chunk; keeps an
@@ -237,6 +216,55 @@ impl StreamMeter {
                 }
             }
         }
+    }
+}
+
+/// What one event was, for whoever reads the stream after [`read_event`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventRead {
+    /// It carried generated content.
+    pub content: bool,
+    /// It was an OpenAI chunk with nothing but usage.
+    pub usage_only: bool,
+}
+
+/// Records what one event at `now` tells a stream's timing: content, the end of the generation,
+/// usage. The gateway's meter and `tpsgate bench` read streams through this one function, so that
+/// they count alike.
+pub fn read_event(
+    t: &mut StreamTiming,
+    dialect: StreamDialect,
+    event: &[u8],
+    data: &[u8],
+    now: Instant,
+) -> EventRead {
+    let content = events::is_content(dialect, event, data);
+    if content {
+        t.first_content.get_or_insert(now);
+        t.last_content = Some(now);
+        t.content_events += 1;
+    }
+    if t.finished.is_none() && events::is_finish(dialect, event, data) {
+        t.finished = Some(now);
+    }
+    let Some(u) = events::usage(dialect, event, data) else {
+        return EventRead {
+            content,
+            usage_only: false,
+        };
+    };
+    // A count no generation reaches (2^64 - 1 was seen) is no count: the stream is then timed
+    // as one without usage, from its content events.
+    let plausible = |n: &u64| *n <= MAX_PLAUSIBLE_TOKENS;
+    if let Some(p) = u.usage.prompt_tokens.filter(plausible) {
+        t.prompt_tokens = Some(p);
+    }
+    if let Some(o) = u.usage.output_tokens.filter(plausible) {
+        t.output_tokens = Some(o);
+    }
+    EventRead {
+        content,
+        usage_only: u.usage_only,
     }
 }
 

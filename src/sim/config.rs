@@ -114,6 +114,13 @@ pub struct StreamRaw {
     /// `choices`), `finish_chunk` (transformers serve: on the chunk with `finish_reason`) or
     /// `never` (servers that ignore `include_usage`).
     pub usage: UsageStyle,
+    /// The text of the last this many tokens of every answer is never sent, though they take
+    /// their decode steps and usage counts them: a byte-level BPE engine holds back bytes that
+    /// are not yet valid UTF-8, and a stream of such tokens goes silent until its finish event.
+    pub hold_back_tokens: u32,
+    /// Send `data: [DONE]` after the last OpenAI chunk; `false` ends the stream right after the
+    /// finish (or usage) chunk, as transformers serve does.
+    pub send_done: bool,
 }
 
 /// Where an OpenAI stream reports usage.
@@ -134,6 +141,8 @@ impl Default for StreamRaw {
         Self {
             tokens_per_chunk: 1,
             usage: UsageStyle::FinalChunk,
+            hold_back_tokens: 0,
+            send_done: true,
         }
     }
 }
@@ -221,6 +230,10 @@ pub struct StreamOptions {
     pub tokens_per_chunk: u32,
     /// Where usage goes.
     pub usage: UsageStyle,
+    /// Tokens at the end of every answer whose text is never sent.
+    pub hold_back_tokens: u32,
+    /// Whether an OpenAI stream ends with `data: [DONE]`.
+    pub send_done: bool,
 }
 
 /// When a fault fires.
@@ -482,6 +495,8 @@ impl StreamRaw {
         Ok(StreamOptions {
             tokens_per_chunk: self.tokens_per_chunk,
             usage: self.usage,
+            hold_back_tokens: self.hold_back_tokens,
+            send_done: self.send_done,
         })
     }
 }

@@ -259,9 +259,10 @@ impl SimBackend {
             .map_or(0, |d| d.as_secs());
         if gen_req.stream {
             let state = StreamState {
-                framer: Framer::new(dialect, &gen_req, &id, created, live.params.stream.usage),
+                framer: Framer::new(dialect, &gen_req, &id, created, live.params.stream),
                 tokens,
                 target,
+                shown: target - live.params.stream.hold_back_tokens.min(target),
                 sent: 0,
                 per_chunk: live.params.stream.tokens_per_chunk,
                 finish,
@@ -454,6 +455,8 @@ struct StreamState {
     framer: Framer,
     tokens: TokenRx,
     target: u32,
+    /// Tokens whose text is sent; the rest are decoded in silence (`hold_back_tokens`).
+    shown: u32,
     sent: u32,
     per_chunk: u32,
     finish: Finish,
@@ -500,7 +503,12 @@ impl StreamState {
                         }
                         _ => {}
                     }
-                    let want = self.per_chunk.min(self.target - self.sent);
+                    let held = self.sent >= self.shown;
+                    let want = if held {
+                        self.target - self.sent
+                    } else {
+                        self.per_chunk.min(self.shown - self.sent)
+                    };
                     let mut got = 0;
                     while got < want && self.tokens.recv().await.is_some() {
                         got += 1;
@@ -513,15 +521,26 @@ impl StreamState {
                     let first = self.sent;
                     self.sent += got;
                     let last = self.sent == self.target;
-                    let chunk = self.framer.content(first, got, last.then_some(self.finish));
                     if last {
                         self.phase = Phase::Tail;
                     }
+                    let chunk = if held {
+                        // The held tokens' text never comes: only the finish chunk does.
+                        match self.framer.finish_only(self.sent, self.finish) {
+                            Some(chunk) => chunk,
+                            None => continue,
+                        }
+                    } else {
+                        self.framer.content(first, got, last.then_some(self.finish))
+                    };
                     return Some((Ok(Frame::data(chunk)), self));
                 }
                 Phase::Tail => {
                     self.phase = Phase::Done;
                     let tail = self.framer.tail(self.sent, self.finish);
+                    if tail.is_empty() {
+                        continue;
+                    }
                     return Some((Ok(Frame::data(tail)), self));
                 }
                 Phase::Done => return None,

@@ -9,7 +9,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::config::UsageStyle;
+use super::config::{StreamOptions, UsageStyle};
 
 /// The API a request speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +195,7 @@ pub struct Framer {
     envelope: String,
     usage: UsageStyle,
     include_usage: bool,
+    send_done: bool,
     prompt_tokens: u32,
 }
 
@@ -205,8 +206,9 @@ impl Framer {
         req: &GenRequest,
         id: &str,
         created: u64,
-        usage: UsageStyle,
+        stream: StreamOptions,
     ) -> Self {
+        let usage = stream.usage;
         let model = Value::String(req.model.clone()).to_string();
         let envelope = match dialect {
             Dialect::Chat => format!(
@@ -235,6 +237,7 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             usage,
             include_usage: req.include_usage
                 && (dialect == Dialect::Messages || usage != UsageStyle::Never),
+            send_done: stream.send_done,
             prompt_tokens: req.prompt_tokens,
         }
     }
@@ -299,6 +302,12 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
         buf.freeze()
     }
 
+    /// The OpenAI finish chunk with no text, after `output_tokens` whose text was held back;
+    /// Anthropic has none (its message_delta in the tail says how the generation ended).
+    pub fn finish_only(&self, output_tokens: u32, finish: Finish) -> Option<Bytes> {
+        (self.dialect != Dialect::Messages).then(|| self.content(output_tokens, 0, Some(finish)))
+    }
+
     /// Everything after the last content event: the usage chunk (when asked for and not on the
     /// finish chunk) and `[DONE]` (OpenAI); content_block_stop, message_delta, message_stop
     /// (Anthropic).
@@ -313,7 +322,9 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
                         self.usage_json(output_tokens)
                     ));
                 }
-                out.push_str("data: [DONE]\n\n");
+                if self.send_done {
+                    out.push_str("data: [DONE]\n\n");
+                }
                 Bytes::from(out)
             }
             Dialect::Messages => Bytes::from(format!(
@@ -370,6 +381,15 @@ mod tests {
         dialect.parse(body.to_string().as_bytes()).unwrap()
     }
 
+    fn options(usage: UsageStyle) -> StreamOptions {
+        StreamOptions {
+            tokens_per_chunk: 1,
+            usage,
+            hold_back_tokens: 0,
+            send_done: true,
+        }
+    }
+
     fn events(bytes: &[u8]) -> Vec<Value> {
         std::str::from_utf8(bytes)
             .unwrap()
@@ -423,7 +443,7 @@ mod tests {
             &json!({"model": "m\"x", "messages": [], "stream": true,
                    "stream_options": {"include_usage": true}}),
         );
-        let f = Framer::new(Dialect::Chat, &r, "1", 7, UsageStyle::FinalChunk);
+        let f = Framer::new(Dialect::Chat, &r, "1", 7, options(UsageStyle::FinalChunk));
         let mut all = f.head().unwrap().to_vec();
         all.extend_from_slice(&f.content(0, 2, None));
         all.extend_from_slice(&f.content(2, 1, Some(Finish::Length)));
@@ -446,10 +466,41 @@ mod tests {
             &json!({"model": "m", "messages": [], "stream": true,
                    "stream_options": {"include_usage": true}}),
         );
-        let f = Framer::new(Dialect::Chat, &r, "1", 7, UsageStyle::FinishChunk);
+        let f = Framer::new(Dialect::Chat, &r, "1", 7, options(UsageStyle::FinishChunk));
         let last = events(&f.content(0, 1, Some(Finish::Stop)));
         assert_eq!(last[0]["usage"]["completion_tokens"], 1);
         assert_eq!(&f.tail(1, Finish::Stop)[..], b"data: [DONE]\n\n");
+    }
+
+    #[test]
+    fn a_transformers_style_stream_ends_at_its_finish_chunk_and_held_text_never_comes() {
+        let r = req(
+            Dialect::Chat,
+            &json!({"model": "m", "messages": [], "stream": true,
+                   "stream_options": {"include_usage": true}}),
+        );
+        let stream = StreamOptions {
+            send_done: false,
+            hold_back_tokens: 3,
+            ..options(UsageStyle::FinishChunk)
+        };
+        let f = Framer::new(Dialect::Chat, &r, "1", 7, stream);
+        let finish = f.finish_only(5, Finish::Length).unwrap();
+        let ev = &events(&finish)[0];
+        assert_eq!(ev["choices"][0]["delta"]["content"], "");
+        assert_eq!(ev["choices"][0]["finish_reason"], "length");
+        assert_eq!(ev["usage"]["completion_tokens"], 5);
+        assert!(f.tail(5, Finish::Length).is_empty(), "no [DONE]");
+        let anthropic = req(
+            Dialect::Messages,
+            &json!({"model": "m", "messages": [], "max_tokens": 5, "stream": true}),
+        );
+        let f = Framer::new(Dialect::Messages, &anthropic, "1", 7, stream);
+        assert_eq!(
+            f.finish_only(5, Finish::Length),
+            None,
+            "message_delta in the tail says it"
+        );
     }
 
     #[test]
@@ -459,7 +510,13 @@ mod tests {
             &json!({"model": "claude", "messages": [{"role": "user", "content": "hi"}],
                    "max_tokens": 2, "stream": true}),
         );
-        let f = Framer::new(Dialect::Messages, &r, "1", 7, UsageStyle::FinalChunk);
+        let f = Framer::new(
+            Dialect::Messages,
+            &r,
+            "1",
+            7,
+            options(UsageStyle::FinalChunk),
+        );
         let mut all = f.head().unwrap().to_vec();
         all.extend_from_slice(&f.content(0, 1, None));
         all.extend_from_slice(&f.content(1, 1, Some(Finish::Length)));

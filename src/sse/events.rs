@@ -90,8 +90,8 @@ fn non_empty_string(data: &[u8], key: &memmem::Finder<'_>) -> bool {
 pub struct Usage {
     /// Prompt tokens, when reported.
     pub prompt_tokens: Option<u64>,
-    /// Output tokens.
-    pub output_tokens: u64,
+    /// Output tokens, when reported (Anthropic's `message_start` reports input tokens only).
+    pub output_tokens: Option<u64>,
 }
 
 /// What a usage-bearing event says.
@@ -160,7 +160,7 @@ pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageE
             Some(UsageEvent {
                 usage: Usage {
                     prompt_tokens: u.prompt_tokens,
-                    output_tokens: u.completion_tokens?,
+                    output_tokens: Some(u.completion_tokens?),
                 },
                 usage_only: chunk.choices.is_some_and(|c| c.is_empty()),
             })
@@ -169,9 +169,9 @@ pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageE
             let ev: AnthropicEvent = serde_json::from_slice(data).ok()?;
             let u = ev.usage.or_else(|| ev.message.and_then(|m| m.usage))?;
             let output = if event == b"message_delta" {
-                u.output_tokens?
+                Some(u.output_tokens?)
             } else {
-                0
+                None
             };
             Some(UsageEvent {
                 usage: Usage {
@@ -187,7 +187,7 @@ pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageE
             Some(UsageEvent {
                 usage: Usage {
                     prompt_tokens: u.input_tokens,
-                    output_tokens: u.output_tokens?,
+                    output_tokens: Some(u.output_tokens?),
                 },
                 usage_only: false,
             })
@@ -256,7 +256,7 @@ mod tests {
             UsageEvent {
                 usage: Usage {
                     prompt_tokens: Some(2),
-                    output_tokens: 3
+                    output_tokens: Some(3)
                 },
                 usage_only: true
             }
@@ -278,7 +278,7 @@ mod tests {
             br#"{"type":"message_delta","usage":{"output_tokens":7}}"#,
         )
         .unwrap();
-        assert_eq!(a.usage.output_tokens, 7);
+        assert_eq!(a.usage.output_tokens, Some(7));
     }
 
     #[test]
@@ -305,7 +305,7 @@ mod tests {
             done.usage,
             Usage {
                 prompt_tokens: Some(5),
-                output_tokens: 7
+                output_tokens: Some(7)
             }
         );
     }

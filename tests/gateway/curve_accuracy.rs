@@ -1,7 +1,7 @@
 //! Accuracy of the measured curve against the simulator's truth and the client's own numbers.
 //! Timing-sensitive: these run in their own test binary, one at a time (see `accuracy_tests.rs`).
 
-use tpsgate::sim::config::{EngineRaw, StreamRaw};
+use tpsgate::sim::config::{EngineRaw, StreamRaw, UsageStyle};
 
 use crate::support::curves::{OUTPUT, PROMPT, curve, level, point};
 use crate::support::{self, rel_err};
@@ -86,5 +86,39 @@ async fn four_tokens_per_chunk_are_timed_right() {
     assert!(
         rel_err(tps, want) <= 0.05,
         "gateway TPS {tps:.2}, truth {want:.2}"
+    );
+}
+
+/// The shape of `transformers serve` with a byte-level BPE tokenizer: usage on the finish chunk,
+/// no `[DONE]`, and the text of the last tokens held back (not valid UTF-8 yet), so the stream
+/// goes silent before it finishes. Speed counts the silent tokens' decode time, in the gateway
+/// and in bench alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_held_back_by_the_engine_does_not_inflate_speed() {
+    let _alone = crate::ALONE.lock().await;
+    let stream = StreamRaw {
+        usage: UsageStyle::FinishChunk,
+        send_done: false,
+        hold_back_tokens: 20,
+        ..StreamRaw::default()
+    };
+    let (_fleet, sim) =
+        support::start(support::spec("held", EngineRaw::default(), stream, vec![])).await;
+    let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
+    let report = level(gw.addr(), 4, 16).await;
+    assert_eq!(report.errors, 0, "{:?}", report.first_error);
+    let truth = support::truth(sim, PROMPT, OUTPUT, 4).await;
+    let want = truth["per_user_tps"].as_f64().unwrap();
+    let measured = point(&curve(gw.admin_addr()).await, 4);
+    let tps = measured["per_user_tps_p50"].as_f64().unwrap();
+    // Timed to the last visible text, 12 of 32 tokens' window would read as 32 tokens: ~2.5x.
+    assert!(
+        rel_err(tps, want) <= 0.05,
+        "gateway TPS {tps:.2}, truth {want:.2}"
+    );
+    let client = report.per_user_tps_p50.unwrap();
+    assert!(
+        rel_err(client, want) <= 0.05,
+        "bench TPS {client:.2}, truth {want:.2}"
     );
 }

@@ -63,8 +63,8 @@ async fn usage_is_absent_unless_the_client_asks() {
 #[tokio::test]
 async fn usage_on_finish_rides_the_last_content_chunk() {
     let (_fleet, addr) = fast_backend(StreamRaw {
-        tokens_per_chunk: 1,
         usage: tpsgate::sim::config::UsageStyle::FinishChunk,
+        ..StreamRaw::default()
     })
     .await;
     let body = json!({"model": "m", "messages": [], "max_tokens": 2, "stream": true,
