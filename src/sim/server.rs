@@ -495,9 +495,12 @@ impl StreamState {
                             tokio::time::sleep(pause).await;
                         }
                         Some(FaultAction::Reset { after_tokens }) if self.sent >= after_tokens => {
-                            // Cut when the next token would go out, so that the ones before it
-                            // have left the socket buffer.
+                            // Cut when the next token would go out, and a moment later: hyper
+                            // drops what it has not written yet when a body fails, and the tokens
+                            // before the cut must reach the client (on a loaded machine the
+                            // next token alone is not time enough).
                             let _ = self.tokens.recv().await;
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                             self.phase = Phase::Done;
                             return Some((Err(reset_error()), self));
                         }
