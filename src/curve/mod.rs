@@ -474,6 +474,94 @@ mod tests {
         assert!((p.per_user_tps_p50 - 1.0 / 0.018).abs() < 1e-6);
     }
 
+    /// A curve that learned TTFT = 20 ms + 2 ms per request + P / 5000 (plus noise) from
+    /// first tokens at occupancies 1 to 8, with prompt sizes drawn by `prompt(i)`.
+    fn ttft_curve(prompt: impl Fn(u64) -> u64) -> (Curve, Instant) {
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        // One completed request: a model needs speed too.
+        curve.record(&observation(now, 1.0, 76, 1.0));
+        let mut seed = 7_u64;
+        for i in 0..200 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            // Odd requests 4 ms slower, then ±1 ms at random: with sizes 76 and 77 by parity,
+            // a token would seem to cost 8 ms.
+            let parity = if i % 2 == 1 { 0.004 } else { -0.004 };
+            let noise = parity + ((seed >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 0.002;
+            let (c, p) = ((i % 8 + 1) as f64, prompt(i));
+            curve.first_token(&FirstToken {
+                at: now,
+                ttft: 0.020 + 0.002 * c + p as f64 / 5000.0 + noise,
+                prompt_tokens: Some(p),
+                admitted_with: c,
+            });
+        }
+        (curve, now)
+    }
+
+    #[test]
+    fn a_prefill_rate_is_fitted_only_from_a_real_spread_of_prompt_sizes() {
+        // Equal prompts whose size estimate moves by a token: no rate, and a 1,000-token
+        // prompt is not predicted from one.
+        let (constant, now) = ttft_curve(|i| 76 + i % 2);
+        let fit = constant.fit(now).unwrap();
+        assert_eq!(fit.prefill_tokens_per_s, None, "{fit:?}");
+        assert!(
+            fit.ttft_base_s >= 0.0 && fit.ttft_per_seq_s >= 0.0,
+            "{fit:?}"
+        );
+        let near = |a: f64, b: f64| (a - b).abs() < 0.002;
+        let expect = 0.020 + 76.5 / 5000.0;
+        assert!(near(fit.ttft_base_s, expect), "{fit:?}");
+        // Two sizes far apart, and a wide mix, tell the rate.
+        let two_valued = |i: u64| -> u64 { if i % 3 == 0 { 1000 } else { 100 } };
+        let wide = |i: u64| 50 + (i * 7919) % 1950;
+        for (name, prompt) in [
+            ("two-valued", &two_valued as &dyn Fn(u64) -> u64),
+            ("wide", &wide),
+        ] {
+            let (curve, now) = ttft_curve(prompt);
+            let fit = curve.fit(now).unwrap();
+            let rate = fit.prefill_tokens_per_s.unwrap_or_default();
+            assert!((rate - 5000.0).abs() < 250.0, "{name}: {fit:?}");
+            assert!(near(fit.ttft_base_s, 0.020), "{name}: {fit:?}");
+            assert!(
+                (fit.ttft_per_seq_s - 0.002).abs() < 0.0005,
+                "{name}: {fit:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_fitted_ttft_parameter_is_physically_possible() {
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        curve.record(&observation(now, 1.0, 76, 1.0));
+        // Steeper than any line from a non-negative base: unconstrained, t0 would be -100 ms.
+        // And prompt sizes that move opposite to TTFT: unconstrained, a negative rate.
+        for i in 0..64_u64 {
+            let c = (i % 8 + 1) as f64;
+            curve.first_token(&FirstToken {
+                at: now,
+                ttft: (0.150 * c - 0.100).max(0.001),
+                prompt_tokens: Some(2000 - 200 * (i % 8)),
+                admitted_with: c,
+            });
+        }
+        let fit = curve.fit(now).unwrap();
+        assert!(fit.ttft_base_s >= 0.0, "{fit:?}");
+        assert!(fit.ttft_per_seq_s > 0.0, "{fit:?}");
+        assert!(
+            fit.prefill_tokens_per_s
+                .is_none_or(|r| r > 0.0 && r.is_finite()),
+            "{fit:?}"
+        );
+        let p = curve.predict(8.0, 5000, now).unwrap();
+        assert!(p.ttft_p50_s > 0.0 && p.ttft_p50_s < 2.0, "{p:?}");
+    }
+
     #[test]
     fn the_curve_follows_a_backend_that_slows_down_within_two_half_lives() {
         let t0 = Instant::now();

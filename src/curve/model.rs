@@ -105,20 +105,7 @@ impl Model {
                 *cell += a;
             }
         }
-        let mean_ttft = xy[0] / xx[0][0].max(f64::MIN_POSITIVE);
-        let three = with_prompt
-            .then(|| fit::solve(xx, xy))
-            .flatten()
-            .filter(|[_, t1, k]| *t1 >= 0.0 && *k > 0.0);
-        let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = match three {
-            Some([t0, t1, k]) => (t0, t1, Some(1.0 / k)),
-            None => {
-                match fit::solve([[xx[0][0], xx[0][1]], [xx[1][0], xx[1][1]]], [xy[0], xy[1]]) {
-                    Some([t0, t1]) if t1 >= 0.0 => (t0, t1, None),
-                    _ => (mean_ttft, 0.0, None),
-                }
-            }
-        };
+        let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = fit_ttft(&xx, &xy, with_prompt);
         let starts = starts.map(|s| {
             s.map(|s| TtftSummary {
                 weight: s.weight * factor,
@@ -242,6 +229,61 @@ impl Model {
         }
         points.into_values().collect()
     }
+}
+
+/// Prompt sizes must spread by at least this many tokens, and [`MIN_PROMPT_SPREAD_SHARE`] of
+/// their mean, beyond what occupancy explains, before a prefill rate is fitted: a size estimate
+/// that moves by a token on equal prompts says nothing about prefill.
+const MIN_PROMPT_SPREAD_TOKENS: f64 = 32.0;
+
+/// See [`MIN_PROMPT_SPREAD_TOKENS`].
+const MIN_PROMPT_SPREAD_SHARE: f64 = 0.1;
+
+/// Fits TTFT = t0 + t1·c + P/r from the weighted sums `xx = Σ w·x·xᵀ`, `xy = Σ w·x·ttft` with
+/// x = (1, occupancy, prompt tokens); returns (t0, t1, r).
+///
+/// Every parameter stays physically possible: no negative base, no negative slope, no
+/// negative or infinite rate. The prefill rate is fitted only where prompt sizes really spread
+/// (`with_prompt`: every sample knew its size); otherwise, or where that fit is impossible, the
+/// occupancy-only line; where that has a negative base, a line through the origin; where it
+/// falls with occupancy, the mean.
+fn fit_ttft(xx: &[[f64; 3]; 3], xy: &[f64; 3], with_prompt: bool) -> (f64, f64, Option<f64>) {
+    let n = xx[0][0];
+    if n <= 0.0 {
+        return (0.0, 0.0, None);
+    }
+    let mean_ttft = (xy[0] / n).max(0.0);
+    let three = (with_prompt && prompts_spread(xx))
+        .then(|| fit::solve(*xx, *xy))
+        .flatten()
+        .filter(|[t0, t1, k]| *t0 >= 0.0 && *t1 >= 0.0 && *k > 0.0 && (1.0 / k).is_finite());
+    if let Some([t0, t1, k]) = three {
+        return (t0, t1, Some(1.0 / k));
+    }
+    match fit::solve([[xx[0][0], xx[0][1]], [xx[1][0], xx[1][1]]], [xy[0], xy[1]]) {
+        Some([t0, t1]) if t1 >= 0.0 && t0 >= 0.0 => (t0, t1, None),
+        // Steeper than a line from a non-negative base allows: through the origin, the
+        // least-squares slope of TTFT on occupancy alone.
+        Some([_, t1]) if t1 >= 0.0 && xx[1][1] > 0.0 => (0.0, (xy[1] / xx[1][1]).max(0.0), None),
+        _ => (mean_ttft, 0.0, None),
+    }
+}
+
+/// Whether prompt sizes vary enough, beyond what occupancy explains, to tell a prefill rate:
+/// the weighted spread of the prompt size left after regressing it on occupancy.
+fn prompts_spread(xx: &[[f64; 3]; 3]) -> bool {
+    let n = xx[0][0];
+    let (mean_c, mean_p) = (xx[0][1] / n, xx[0][2] / n);
+    let var_c = xx[1][1] / n - mean_c * mean_c;
+    let var_p = xx[2][2] / n - mean_p * mean_p;
+    let cov = xx[1][2] / n - mean_c * mean_p;
+    let unexplained = if var_c > 1e-12 {
+        var_p - cov * cov / var_c
+    } else {
+        var_p
+    };
+    let spread = unexplained.max(0.0).sqrt();
+    spread >= MIN_PROMPT_SPREAD_TOKENS && spread >= MIN_PROMPT_SPREAD_SHARE * mean_p
 }
 
 /// Running maxima of the trusted TTFT buckets' quantiles, from the lowest occupancy up.
