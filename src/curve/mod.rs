@@ -516,7 +516,7 @@ mod tests {
         let expect = 0.020 + 76.5 / 5000.0;
         assert!(near(fit.ttft_base_s, expect), "{fit:?}");
         // Two sizes far apart, and a wide mix, tell the rate.
-        let two_valued = |i: u64| -> u64 { if i % 3 == 0 { 1000 } else { 100 } };
+        let two_valued = |i: u64| -> u64 { if i.is_multiple_of(3) { 1000 } else { 100 } };
         let wide = |i: u64| 50 + (i * 7919) % 1950;
         for (name, prompt) in [
             ("two-valued", &two_valued as &dyn Fn(u64) -> u64),
