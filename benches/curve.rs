@@ -43,6 +43,7 @@ fn first_token(at: Instant, c: f64, jitter: f64) -> FirstToken {
         ttft: 0.02 + 0.002 * c + jitter,
         prompt_tokens: Some(500 + (jitter * 1e5) as u64),
         admitted_with: c,
+        queued_with: 0,
     }
 }
 

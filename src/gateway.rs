@@ -25,6 +25,9 @@ use crate::stack::Stack;
 /// How often the metrics recorder's buffers are drained.
 const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How often curves are checked for first tokens from a drained queue to forget.
+const FORGET_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// The gateway, serving until [`Gateway::stop`] or drop.
 #[derive(Debug)]
 pub struct Gateway {
@@ -161,6 +164,23 @@ impl Gateway {
                 }
             }
         });
+        // First tokens from a burst's queue are forgotten on time even where no traffic comes
+        // to rebuild a curve (a backend that looks slow gets none).
+        let mut stopped_forget = stop.subscribe();
+        let forget_live = Arc::clone(&live);
+        let forget = tokio::spawn(async move {
+            let mut every = tokio::time::interval(FORGET_EVERY);
+            loop {
+                tokio::select! {
+                    now = every.tick() => {
+                        for backend in forget_live.load().router.backends() {
+                            backend.forget_drained_queues(now);
+                        }
+                    }
+                    _ = stopped_forget.wait_for(|s| *s) => return,
+                }
+            }
+        });
         let mut stopped_oracle = stop.subscribe();
         let oracle_live = Arc::clone(&live);
         let oracle = tokio::spawn(async move {
@@ -185,7 +205,7 @@ impl Gateway {
             reloader: Reloader::new(live, reload_status, drained.clone()),
             drained,
             stop,
-            tasks: vec![proxy, admin_task, upkeep, oracle],
+            tasks: vec![proxy, admin_task, upkeep, forget, oracle],
             cluster: cluster.map(|c| c.task),
             cluster_stop,
         })

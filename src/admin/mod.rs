@@ -238,6 +238,7 @@ fn curves(router: &Router) -> serde_json::Value {
                 "half_life_s": b.half_life_s,
                 "points": curve.points(now),
                 "fit": curve.fit(now),
+                "predicted": predicted(curve),
             }));
         }
     }
@@ -246,6 +247,21 @@ fn curves(router: &Router) -> serde_json::Value {
         .map(|c| json!({"name": &*c.name, "min_tps": c.slo.min_tps, "max_ttft_s": c.slo.max_ttft_s, "tps_percentile": c.slo.tps_percentile, "ttft_percentile": c.slo.ttft_percentile, "policy": c.policy, "on_miss": c.on_miss}))
         .collect();
     json!({"curves": list, "classes": classes})
+}
+
+/// What the curve's current model predicts for one more request (with a short prompt) joining
+/// at each occupancy up to 16: what routing reads, before the live floors of requests still
+/// waiting for their first token.
+fn predicted(curve: &crate::curve::Curve) -> Vec<serde_json::Value> {
+    let Some(model) = curve.model() else {
+        return Vec::new();
+    };
+    (1..=16_u32)
+        .map(|n| {
+            let p = model.predict(f64::from(n), 0);
+            json!({"concurrency": n, "ttft_p50_s": p.ttft_p50_s, "per_user_tps_p50": p.per_user_tps_p50})
+        })
+        .collect()
 }
 
 /// `/admin/cluster`: this replica, its link to the cluster's Redis and its peers; or that it

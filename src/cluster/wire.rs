@@ -72,6 +72,10 @@ pub enum SampleBody {
         prompt: Option<u64>,
         /// In flight at admission, fleet-wide.
         admitted_with: f64,
+        /// Requests still waiting for a first token at admission (absent: none; replicas
+        /// before it sent none).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        queued: u32,
     },
     /// [`Observation`] without its instant.
     #[serde(rename = "e")]
@@ -162,6 +166,10 @@ impl Clock {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 impl Sample {
     /// A sample of `backend` for `model`, its instant read against `clock`.
     pub fn new(backend: &str, model: &str, learned: &Learned, clock: &Clock) -> Self {
@@ -172,6 +180,7 @@ impl Sample {
                     ttft: t.ttft,
                     prompt: t.prompt_tokens,
                     admitted_with: t.admitted_with,
+                    queued: t.queued_with,
                 },
             ),
             Learned::Ended(o) => (
@@ -204,11 +213,13 @@ impl Sample {
                 ttft,
                 prompt,
                 admitted_with,
+                queued,
             } => Learned::FirstToken(FirstToken {
                 at,
                 ttft,
                 prompt_tokens: prompt,
                 admitted_with,
+                queued_with: queued,
             }),
             SampleBody::Ended {
                 outcome,
@@ -247,6 +258,7 @@ mod tests {
                 ttft: 0.125,
                 prompt_tokens: Some(64),
                 admitted_with: 3.0,
+                queued_with: 2,
             }),
             Learned::Ended(Observation {
                 at: taken,

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 pub use model::{Model, Prediction};
 pub use observation::{Observation, Outcome, StreamTiming};
-pub use occupancy::{LocalLoad, Occupancy, PeerLoad, Reading};
+pub use occupancy::{Admitted, LocalLoad, Occupancy, PeerLoad, Reading};
 pub use window::FirstToken;
 use window::{Decay, Levels, Sample, Window};
 
@@ -58,6 +58,11 @@ fn nearest_in_log(levels: &[u32], x: f64) -> usize {
         .take_while(|pair| squared > f64::from(pair[0]) * f64::from(pair[1]))
         .count()
 }
+
+/// A first token that came in at most this share of a queued one's TTFT, at the same or a
+/// higher occupancy and later, shows the queue that one saw gone (clearly sooner: TTFTs of one
+/// level vary by some percent without any queue).
+const QUEUE_GONE_SHARE: f64 = 0.8;
 
 /// Decayed sample weight a bucket needs before its own quantiles are trusted over the fit.
 pub const MIN_BUCKET_WEIGHT: f64 = 5.0;
@@ -142,6 +147,11 @@ pub struct Curve {
     cancelled: u64,
     model: Option<Arc<Model>>,
     refreshed_at: Option<Instant>,
+    /// When the first of the first tokens that shared a queue stops being evidence.
+    queue_evidence_until: Option<Instant>,
+    /// Some level's newest first tokens shared a queue and are past their time, but nothing
+    /// newer has shown the queue gone yet: the next first token may.
+    queue_evidence_held: bool,
 }
 
 impl Default for Curve {
@@ -185,6 +195,8 @@ impl Curve {
             cancelled: 0,
             model: None,
             refreshed_at: None,
+            queue_evidence_until: None,
+            queue_evidence_held: false,
         }
     }
 
@@ -207,6 +219,7 @@ impl Curve {
                     ttft: p.ttft_s,
                     prompt_tokens: None,
                     admitted_with: p.concurrency,
+                    queued_with: 0,
                 });
             }
         }
@@ -237,6 +250,14 @@ impl Curve {
     }
 
     fn push_start(&mut self, start: FirstToken) {
+        let check_at = if self.queue_evidence_held {
+            Some(start.at)
+        } else {
+            start.evidence_until()
+        };
+        if let Some(at) = check_at {
+            self.queue_evidence_until = Some(self.queue_evidence_until.map_or(at, |u| u.min(at)));
+        }
         self.rebase_if_due(start.at);
         let weight = self.decay.weigh(start.at);
         self.starts
@@ -248,7 +269,63 @@ impl Curve {
         Model::build(&speed, &starts, self.decay.factor(now))
     }
 
+    /// Drops, at each occupancy, the newest first tokens while they shared a queue that has
+    /// drained as of `now`: past their time ([`FirstToken::evidence_until`]), and shown gone by
+    /// a newer first token at the same or a higher occupancy that came clearly sooner (more
+    /// requests ahead, yet less time: [`QUEUE_GONE_SHARE`]). A queue that persists (a batch limit, a serial
+    /// server) shows no such first token and stays believed.
+    fn forget_drained_queues(&mut self, now: Instant) {
+        if self.queue_evidence_until.is_none_or(|until| until > now) {
+            return;
+        }
+        let newest: Vec<Option<(Instant, f64)>> = self
+            .starts
+            .windows()
+            .iter()
+            .map(|w| w.newest().map(|s| (s.at, s.ttft)))
+            .collect();
+        self.starts.forget_newest_while(|level, s| {
+            s.evidence_until().is_some_and(|until| until <= now)
+                && newest[level..]
+                    .iter()
+                    .flatten()
+                    .any(|(at, ttft)| *at > s.at && *ttft <= QUEUE_GONE_SHARE * s.ttft)
+        });
+        // What is left: levels whose newest first token shared a queue, due later or held until
+        // a newer first token shows the queue gone.
+        let (mut until, mut held) = (None::<Instant>, false);
+        for due in self
+            .starts
+            .windows()
+            .iter()
+            .filter_map(|w| w.newest().and_then(FirstToken::evidence_until))
+        {
+            if due <= now {
+                held = true;
+            } else {
+                until = Some(until.map_or(due, |u| u.min(due)));
+            }
+        }
+        self.queue_evidence_until = until;
+        self.queue_evidence_held = held;
+    }
+
+    /// Rebuilds the model as of `now` if first tokens from a drained queue are due to be
+    /// forgotten: without traffic nothing else rebuilds it, and a backend that looks slow after
+    /// a burst gets no traffic. Cheap when nothing is due (a comparison).
+    pub fn forget_due(&mut self, now: Instant) {
+        if self.forgets_by(now) {
+            self.refresh(now);
+        }
+    }
+
+    /// Whether first tokens from a drained queue are due to be forgotten by `now`.
+    pub fn forgets_by(&self, now: Instant) -> bool {
+        self.queue_evidence_until.is_some_and(|until| until <= now)
+    }
+
     fn refresh(&mut self, now: Instant) {
+        self.forget_drained_queues(now);
         let (speed, starts) = (self.buckets.summaries(), self.starts.summaries());
         self.buckets.keep(&speed);
         self.starts.keep(&starts);
@@ -404,6 +481,7 @@ mod tests {
             ttft: obs.ttft.unwrap(),
             prompt_tokens: obs.prompt_tokens,
             admitted_with: obs.concurrency.unwrap(),
+            queued_with: 0,
         });
         curve.record(obs);
     }
@@ -496,6 +574,7 @@ mod tests {
                 ttft: 0.020 + 0.002 * c + p as f64 / 5000.0 + noise,
                 prompt_tokens: Some(p),
                 admitted_with: c,
+                queued_with: 0,
             });
         }
         (curve, now)
@@ -548,6 +627,7 @@ mod tests {
                 ttft: (0.150 * c - 0.100).max(0.001),
                 prompt_tokens: Some(2000 - 200 * (i % 8)),
                 admitted_with: c,
+                queued_with: 0,
             });
         }
         let fit = curve.fit(now).unwrap();
@@ -606,6 +686,7 @@ mod tests {
             ttft: 3.0,
             prompt_tokens: Some(64),
             admitted_with: 2.0,
+            queued_with: 0,
         });
         let after = curve.model().unwrap().predict(2.0, 64);
         assert!(after.ttft_p50_s > 2.5, "{after:?}");
@@ -623,6 +704,7 @@ mod tests {
                 ttft: 0.05,
                 prompt_tokens: Some(64),
                 admitted_with: 1.0,
+                queued_with: 0,
             });
             curve.record(&obs);
         }
@@ -645,6 +727,7 @@ mod tests {
                     ttft: obs.ttft.unwrap(),
                     prompt_tokens: Some(64),
                     admitted_with: f64::from(n),
+                    queued_with: 0,
                 });
                 curve.record(&obs);
             }
@@ -672,6 +755,7 @@ mod tests {
             ttft: 1.5,
             prompt_tokens: Some(64),
             admitted_with: 9.0,
+            queued_with: 0,
         };
         curve.first_token(&slow_at_nine(t0));
         assert!(curve.model().unwrap().predict(9.0, 64).ttft_p90_s >= 1.5);
@@ -679,6 +763,88 @@ mod tests {
         let later = t0 + Duration::from_secs(120);
         let p = curve.predict(9.0, 64, later).unwrap();
         assert!(p.ttft_p90_s < 0.5, "{p:?}");
+    }
+
+    #[test]
+    fn a_burst_is_believed_at_once_and_forgotten_once_its_queue_is_gone() {
+        // Steady traffic at 8 in flight: first tokens in 150 ms, nobody waiting ahead.
+        let t0 = Instant::now();
+        let steady = |curve: &mut Curve, from: Instant, n: u64| {
+            for i in 0..n {
+                let at = from + Duration::from_millis(100 * i);
+                let mut obs = observation(at, 8.0, 64, 1.0);
+                obs.ttft = Some(0.150);
+                curve.first_token(&FirstToken {
+                    at,
+                    ttft: 0.150,
+                    prompt_tokens: Some(64),
+                    admitted_with: 8.0,
+                    queued_with: 0,
+                });
+                curve.record(&obs);
+            }
+        };
+        let mut reference = Curve::new(60.0);
+        steady(&mut reference, t0, 40);
+        let mut curve = Curve::new(60.0);
+        steady(&mut curve, t0, 40);
+        // Then eight requests at once: the n-th waits behind n - 1 prefills.
+        let burst = t0 + Duration::from_secs(4);
+        for n in 1..=8u32 {
+            curve.first_token(&FirstToken {
+                at: burst,
+                ttft: 0.150 + 0.130 * f64::from(n - 1),
+                prompt_tokens: Some(64),
+                admitted_with: f64::from(n),
+                queued_with: n - 1,
+            });
+        }
+        let believed = curve.model().unwrap().predict(7.0, 64).ttft_p50_s;
+        assert!(believed >= 0.9, "the queue is believed at once: {believed}");
+        // Steady traffic again, as the reference saw: newer first tokens at 8, sooner than any
+        // of the burst's queued ones, show their queue gone.
+        steady(&mut curve, burst + Duration::from_millis(100), 15);
+        steady(&mut reference, burst + Duration::from_millis(100), 15);
+        // The 8th waited 1.06 s: its queue is surely gone 3.2 s later, when traffic has
+        // stopped: the periodic check rebuilds the curve.
+        let later = burst + Duration::from_secs(8);
+        assert!(curve.forgets_by(later));
+        curve.forget_due(later);
+        reference.refresh(later);
+        let (got, want) = (curve.model().unwrap(), reference.model().unwrap());
+        for n in 1..=8 {
+            let (g, w) = (
+                got.predict(f64::from(n), 64).ttft_p50_s,
+                want.predict(f64::from(n), 64).ttft_p50_s,
+            );
+            assert!((g / w - 1.0).abs() < 0.10, "at {n}: {g} against {w}");
+        }
+        assert!(!curve.forgets_by(later + Duration::from_secs(600)));
+    }
+
+    #[test]
+    fn queue_evidence_at_a_level_traffic_still_visits_ages_like_any_sample() {
+        // Past a batch limit of 8, first tokens at 9 wait for a slot, some behind others.
+        let t0 = Instant::now();
+        let mut curve = Curve::new(60.0);
+        curve.record(&observation(t0, 8.0, 64, 1.0));
+        let at_nine = |i: u64, queued_with| FirstToken {
+            at: t0 + Duration::from_millis(500 * i),
+            ttft: 1.2,
+            prompt_tokens: Some(64),
+            admitted_with: 9.0,
+            queued_with,
+        };
+        for i in 0..10 {
+            curve.first_token(&at_nine(i, 1));
+        }
+        // A newer first token at 9 with no queue: the queued ones before it stay evidence.
+        curve.first_token(&at_nine(10, 0));
+        let later = t0 + Duration::from_secs(30);
+        curve.forget_due(later);
+        assert!(!curve.forgets_by(later + Duration::from_secs(600)));
+        let p = curve.predict(9.0, 64, later).unwrap();
+        assert!(p.ttft_p50_s >= 1.2, "{p:?}");
     }
 
     #[test]

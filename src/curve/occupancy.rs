@@ -69,6 +69,16 @@ pub struct LocalLoad {
     pub waiting_age_s: f64,
 }
 
+/// What a request found on its backend when it was admitted, fleet-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    /// In flight, itself included: what its TTFT is bucketed by.
+    pub in_flight: u32,
+    /// Requests admitted before it and still waiting for their first token: a queue, which a
+    /// burst leaves for a moment and a steady load seldom does.
+    pub queued_behind: u32,
+}
+
 /// A reading of the integral.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Reading {
@@ -167,15 +177,19 @@ impl Occupancy {
     }
 
     /// One more in flight (and waiting for its first token) if fewer than `limit` are,
-    /// fleet-wide; returns the fleet-wide count including it.
-    pub fn try_admit(&self, now: Instant, limit: u32) -> Option<u32> {
+    /// fleet-wide; returns what it found, itself included.
+    pub fn try_admit(&self, now: Instant, limit: u32) -> Option<Admitted> {
         let at = self.since_epoch(now);
         self.update(now, |s| {
             (s.fleet_count() < limit).then(|| {
+                let queued_behind = s.waiting.saturating_add(s.peers.waiting);
                 s.count += 1;
                 s.waiting += 1;
                 s.waiting_since += at;
-                s.fleet_count()
+                Admitted {
+                    in_flight: s.fleet_count(),
+                    queued_behind,
+                }
             })
         })
     }
@@ -188,13 +202,17 @@ impl Occupancy {
     }
 
     /// The first token of the request admitted at `admitted` came at `now`: it stops waiting,
-    /// and the integral is read for its experienced concurrency (one lock for both).
-    pub fn first_token(&self, admitted: Instant, now: Instant) -> Reading {
+    /// and the integral is read for its experienced concurrency (one lock for both). Also how
+    /// many others still wait for theirs, fleet-wide.
+    pub fn first_token(&self, admitted: Instant, now: Instant) -> (Reading, u32) {
         let admitted = self.since_epoch(admitted);
         let at = self.since_epoch(now);
         self.update(now, |s| {
             s.unwait(admitted);
-            s.reading(now, at)
+            (
+                s.reading(now, at),
+                s.waiting.saturating_add(s.peers.waiting),
+            )
         })
     }
 
@@ -329,7 +347,11 @@ mod tests {
         );
         let start = occ.read(at(0));
         assert_eq!((occ.count(), occ.local_count()), (4, 1));
-        assert_eq!(occ.try_admit(at(0), 5), Some(5), "fleet-wide: 4 + 1");
+        assert_eq!(
+            occ.try_admit(at(0), 5).map(|a| a.in_flight),
+            Some(5),
+            "fleet-wide: 4 + 1"
+        );
         assert_eq!(
             occ.try_admit(at(0), 5),
             None,

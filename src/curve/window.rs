@@ -54,6 +54,35 @@ pub struct FirstToken {
     /// In flight when it was admitted, itself included: what its TTFT depends on (the queue
     /// it found).
     pub admitted_with: f64,
+    /// Other requests waiting for their first token when it was admitted or when its own came:
+    /// it shared a queue of prefills, which a burst makes and a steady load seldom does. Such a
+    /// first token is evidence only for a while ([`FirstToken::evidence_until`]).
+    pub queued_with: u32,
+}
+
+/// How many of its own TTFTs a first token that came behind a queue stays evidence for.
+pub const QUEUE_MEMORY_TTFTS: f64 = 3.0;
+
+/// The least time a first token that came behind a queue stays evidence for.
+pub const QUEUE_MEMORY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl FirstToken {
+    /// Until when this first token, if nothing newer came at its occupancy, is evidence of what
+    /// joining its backend costs: always, if it shared no queue; else for [`QUEUE_MEMORY_TTFTS`]
+    /// of its own TTFT (at least [`QUEUE_MEMORY_MIN`]). The queue it saw drained within about
+    /// its TTFT. A slow first token from a burst is believed at once, and forgotten once its
+    /// queue is surely gone where no newer first token came to its occupancy (routing keeps
+    /// traffic away from a level it believes slow, so none may come for a whole half-life).
+    /// Where newer ones came, it ages among them like any sample. (The queue waiting now is seen
+    /// live: routing floors a prediction at how long the requests still waiting have waited.)
+    pub fn evidence_until(&self) -> Option<Instant> {
+        (self.queued_with > 0).then(|| {
+            let memory = std::time::Duration::from_secs_f64(
+                (QUEUE_MEMORY_TTFTS * self.ttft).clamp(0.0, 3600.0),
+            );
+            self.at + memory.max(QUEUE_MEMORY_MIN)
+        })
+    }
 }
 
 /// What a window holds: anything with a value whose quantiles it keeps. (Its age is in the
@@ -240,9 +269,29 @@ impl<S: Ranked> Window<S> {
         self.samples.iter().map(|(s, _)| s)
     }
 
+    /// The sample pushed last.
+    pub fn newest(&self) -> Option<&S> {
+        self.samples.back().map(|(s, _)| s)
+    }
+
     /// The samples with their anchor-relative weights.
     pub fn weighted(&self) -> impl Iterator<Item = (f64, &S)> {
         self.samples.iter().map(|(s, w)| (*w, s))
+    }
+
+    /// Drops the newest samples while `stale` says so of each (a level's evidence that nothing
+    /// newer has confirmed or replaced); returns whether any went.
+    pub fn forget_newest_while(&mut self, stale: impl Fn(&S) -> bool) -> bool {
+        let before = self.samples.len();
+        while self.samples.back().is_some_and(|(s, _)| stale(s)) {
+            self.samples.pop_back();
+        }
+        if self.samples.len() == before {
+            return false;
+        }
+        self.ranked = self.samples.iter().map(|(s, w)| (s.value(), *w)).collect();
+        self.ranked.sort_by(|a, b| a.0.total_cmp(&b.0));
+        true
     }
 
     /// Multiplies every weight by `scale` (the anchor moved).
@@ -301,6 +350,16 @@ impl<S: Summarize, const N: usize> Levels<S, N> {
     pub fn push(&mut self, i: usize, sample: S, weight: f64) {
         self.windows[i].push(sample, weight);
         self.kept[i] = None;
+    }
+
+    /// In every window, drops the newest samples while `stale` says so of each (given the
+    /// window's level).
+    pub fn forget_newest_while(&mut self, stale: impl Fn(usize, &S) -> bool) {
+        for (level, (window, kept)) in self.windows.iter_mut().zip(&mut self.kept).enumerate() {
+            if window.forget_newest_while(|s| stale(level, s)) {
+                *kept = None;
+            }
+        }
     }
 
     /// Multiplies every weight by `scale` (the anchor moved).

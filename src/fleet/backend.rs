@@ -12,7 +12,7 @@ use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
 use super::waiters::Line;
 use crate::config::BackendConfig;
-use crate::curve::{Curve, FirstToken, Model, Observation, Occupancy, Outcome};
+use crate::curve::{Admitted, Curve, FirstToken, Model, Observation, Occupancy, Outcome};
 use crate::telemetry::ModelMetrics;
 use crate::upstream::Pool;
 
@@ -202,8 +202,12 @@ impl Backend {
 
     /// Takes a slot for a request of `class` at `now` if the backend is under its
     /// `max_concurrency` (see [`InFlightGuard::try_admit`](super::InFlightGuard::try_admit)):
-    /// the count in flight with it, and the class counted (an index in range).
-    pub(super) fn admit(&self, class: Option<usize>, now: Instant) -> Option<(u32, Option<usize>)> {
+    /// what it found, and the class counted (an index in range).
+    pub(super) fn admit(
+        &self,
+        class: Option<usize>,
+        now: Instant,
+    ) -> Option<(Admitted, Option<usize>)> {
         let limit = self.config.max_concurrency.unwrap_or(u32::MAX);
         let admitted_with = self.occupancy.try_admit(now, limit)?;
         let class = class.filter(|c| *c < self.class_in_flight.len());
@@ -236,6 +240,16 @@ impl Backend {
         let model = self.with_curve(model, start.at, |curve| curve.first_token(start));
         self.note_ttft(start.ttft);
         self.share(model, Learned::FirstToken(*start));
+    }
+
+    /// Rebuilds the curves whose first tokens from a drained queue are due to be forgotten
+    /// ([`Curve::forget_due`]); looks without locking for writing when none is.
+    pub fn forget_drained_queues(&self, now: Instant) {
+        if self.curves.iter().any(|c| c.value().forgets_by(now)) {
+            for mut curve in self.curves.iter_mut() {
+                curve.value_mut().forget_due(now);
+            }
+        }
     }
 
     /// What another replica learned of this backend for `model`: the curve takes it as its

@@ -7,16 +7,19 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::backend::Backend;
-use crate::curve::Reading;
+use crate::curve::{Admitted, Reading};
 
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]
 pub struct InFlightGuard {
     backend: Arc<Backend>,
-    admitted_with: u32,
+    admitted_with: Admitted,
     admitted: Instant,
     /// Still counted among the backend's requests waiting for a first token.
     waiting: bool,
+    /// Others still waiting for theirs when its first token came (a burst's first request
+    /// waits for the prefills admitted right after it).
+    waiting_at_first_token: u32,
     class: Option<usize>,
 }
 
@@ -32,6 +35,7 @@ impl InFlightGuard {
             admitted_with,
             admitted,
             waiting: true,
+            waiting_at_first_token: 0,
             class,
         })
     }
@@ -43,7 +47,15 @@ impl InFlightGuard {
 
     /// In flight at admission, this request included.
     pub fn admitted_with(&self) -> u32 {
+        self.admitted_with.in_flight
+    }
+
+    /// Other requests waiting for their first token when this one was admitted or, once it
+    /// came, when its own first token came: whether it shared a queue.
+    pub fn queued_with(&self) -> u32 {
         self.admitted_with
+            .queued_behind
+            .max(self.waiting_at_first_token)
     }
 
     /// It will have no first token (not a stream): no longer waiting for one.
@@ -56,7 +68,9 @@ impl InFlightGuard {
     /// Its first token came at `now`: no longer waiting; the occupancy integral as of then.
     pub fn first_token(&mut self, now: Instant) -> Reading {
         if std::mem::take(&mut self.waiting) {
-            self.backend.occupancy.first_token(self.admitted, now)
+            let (reading, others) = self.backend.occupancy.first_token(self.admitted, now);
+            self.waiting_at_first_token = others;
+            reading
         } else {
             self.backend.occupancy.read(now)
         }
@@ -122,6 +136,23 @@ mod tests {
         let reading = streamed.first_token(Instant::now());
         assert_eq!(reading.count, 2);
         assert_eq!(backend.occupancy.waited(Instant::now()), 0.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_that_wait_together_for_first_tokens_know_they_shared_a_queue() {
+        let (backend, _) = backend();
+        // Two at once: the second is admitted behind the first, and the first's token comes
+        // while the second still waits for its own.
+        let mut first = InFlightGuard::try_admit(&backend, None).unwrap();
+        let mut second = InFlightGuard::try_admit(&backend, None).unwrap();
+        first.first_token(Instant::now());
+        second.first_token(Instant::now());
+        assert_eq!((first.queued_with(), second.queued_with()), (1, 1));
+        drop((first, second));
+        // One alone, with nobody waiting at either end: no queue.
+        let mut alone = InFlightGuard::try_admit(&backend, None).unwrap();
+        alone.first_token(Instant::now());
+        assert_eq!(alone.queued_with(), 0);
     }
 
     #[tokio::test]

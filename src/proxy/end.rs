@@ -124,6 +124,7 @@ impl RequestEnd {
                     ttft: (now - self.sent).as_secs_f64(),
                     prompt_tokens: Some(prompt_tokens.unwrap_or(self.prompt_estimate)),
                     admitted_with: f64::from(slot.admitted_with().max(1)),
+                    queued_with: slot.queued_with(),
                 },
             );
         }

@@ -83,6 +83,7 @@ fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
                     ttft: 0.05,
                     prompt_tokens: Some(10),
                     admitted_with: c,
+                    queued_with: 0,
                 },
             );
             router.backends[i].record("m", &obs);

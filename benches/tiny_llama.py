@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Builds a small randomly initialised Llama and a byte-level BPE tokenizer trained here, so that
+`transformers serve` can run a real engine with no model hub (nothing is downloaded).
+
+Random weights emit random tokens: with a byte-level BPE vocabulary many of them are partial
+UTF-8 sequences, which the engine holds back until they form valid text. That is the case that
+made speed look 2.5x too high (issue "Real engines", item 2), kept on purpose.
+
+Usage: benches/tiny_llama.py OUT_DIR [HIDDEN=256] [LAYERS=4]
+"""
+import random
+import sys
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def corpus(n=4000, seed=1):
+    rng = random.Random(seed)
+    words = ["token", "speed", "gateway", "curve", "latency", "batch", "prefill", "decode",
+             "queue", "stream", "router", "backend", "über", "naïve", "日本語", "テキスト", "🙂", "🚀"]
+    for _ in range(n):
+        yield " ".join(rng.choice(words) for _ in range(rng.randint(4, 24)))
+
+
+def main():
+    out = sys.argv[1]
+    hidden = int(sys.argv[2]) if len(sys.argv) > 2 else 256
+    layers = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|pad|>"]
+    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin|>",
+                                   eos_token="<|end|>", pad_token="<|pad|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    config = LlamaConfig(
+        vocab_size=len(fast), hidden_size=hidden, intermediate_size=4 * hidden,
+        num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 64), max_position_embeddings=4096,
+        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    # A random model that never says its end token: every request runs to max_tokens.
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(out)
+    print(f"{out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+          f"vocabulary {len(fast)}")
+
+
+if __name__ == "__main__":
+    main()
