@@ -269,11 +269,11 @@ impl Curve {
         Model::build(&speed, &starts, self.decay.factor(now))
     }
 
-    /// Drops, at each occupancy, the newest first tokens while they shared a queue that has
-    /// drained as of `now`: past their time ([`FirstToken::evidence_until`]), and shown gone by
-    /// a newer first token at the same or a higher occupancy that came clearly sooner (more
-    /// requests ahead, yet less time: [`QUEUE_GONE_SHARE`]). A queue that persists (a batch limit, a serial
-    /// server) shows no such first token and stays believed.
+    /// Drops the first tokens that shared a queue which has drained as of `now`: past their
+    /// time ([`FirstToken::evidence_until`]), and shown gone by a newer first token at the same
+    /// or a higher occupancy (the newest of its level) that came clearly sooner (more requests
+    /// ahead, yet less time: [`QUEUE_GONE_SHARE`]). A queue that persists (a batch limit, a
+    /// serial server) shows no such first token and stays believed.
     fn forget_drained_queues(&mut self, now: Instant) {
         if self.queue_evidence_until.is_none_or(|until| until > now) {
             return;
@@ -284,21 +284,22 @@ impl Curve {
             .iter()
             .map(|w| w.newest().map(|s| (s.at, s.ttft)))
             .collect();
-        self.starts.forget_newest_while(|level, s| {
+        self.starts.forget(|level, s| {
             s.evidence_until().is_some_and(|until| until <= now)
                 && newest[level..]
                     .iter()
                     .flatten()
                     .any(|(at, ttft)| *at > s.at && *ttft <= QUEUE_GONE_SHARE * s.ttft)
         });
-        // What is left: levels whose newest first token shared a queue, due later or held until
-        // a newer first token shows the queue gone.
+        // What is left: first tokens that shared a queue, due later or held until a newer one
+        // shows the queue gone.
         let (mut until, mut held) = (None::<Instant>, false);
         for due in self
             .starts
             .windows()
             .iter()
-            .filter_map(|w| w.newest().and_then(FirstToken::evidence_until))
+            .flat_map(Window::samples)
+            .filter_map(FirstToken::evidence_until)
         {
             if due <= now {
                 held = true;

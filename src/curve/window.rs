@@ -63,18 +63,25 @@ pub struct FirstToken {
 /// How many of its own TTFTs a first token that came behind a queue stays evidence for.
 pub const QUEUE_MEMORY_TTFTS: f64 = 3.0;
 
+/// What a first token that shared a queue weighs in the TTFT fit, against one that shared none:
+/// the fit describes joining a backend with no queue ahead (a queue now is seen live, and in
+/// the recent quantiles of its level), yet where every first token shared one they still shape
+/// it.
+pub const QUEUE_FIT_WEIGHT: f64 = 0.1;
+
 /// The least time a first token that came behind a queue stays evidence for.
 pub const QUEUE_MEMORY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl FirstToken {
-    /// Until when this first token, if nothing newer came at its occupancy, is evidence of what
-    /// joining its backend costs: always, if it shared no queue; else for [`QUEUE_MEMORY_TTFTS`]
-    /// of its own TTFT (at least [`QUEUE_MEMORY_MIN`]). The queue it saw drained within about
-    /// its TTFT. A slow first token from a burst is believed at once, and forgotten once its
-    /// queue is surely gone where no newer first token came to its occupancy (routing keeps
-    /// traffic away from a level it believes slow, so none may come for a whole half-life).
-    /// Where newer ones came, it ages among them like any sample. (The queue waiting now is seen
-    /// live: routing floors a prediction at how long the requests still waiting have waited.)
+    /// Until when this first token is surely evidence of what joining its backend costs:
+    /// always, if it shared no queue; else for [`QUEUE_MEMORY_TTFTS`] of its own TTFT (at least
+    /// [`QUEUE_MEMORY_MIN`]), within which the queue it saw drained unless it persists. A slow
+    /// first token from a burst is believed at once; past this time, a newer first token that
+    /// shows its queue gone has it forgotten (see `Curve::forget_drained_queues`), rather than
+    /// it weighing on predictions for a whole half-life (routing keeps traffic away from a level
+    /// it believes slow, so that level may see no newer sample of its own). The queue waiting
+    /// now is seen live: routing floors a prediction at how long the requests still waiting
+    /// have waited.
     pub fn evidence_until(&self) -> Option<Instant> {
         (self.queued_with > 0).then(|| {
             let memory = std::time::Duration::from_secs_f64(
@@ -192,7 +199,8 @@ pub struct StartSummary {
     pub p50: f64,
     /// TTFT 90th percentile, seconds.
     pub p90: f64,
-    /// Σ w·x·xᵀ with x = (1, admitted, prompt tokens).
+    /// Σ w·x·xᵀ with x = (1, admitted, prompt tokens), a first token that shared a queue
+    /// weighing [`QUEUE_FIT_WEIGHT`] of its weight.
     pub xx: [[f64; 3]; 3],
     /// Σ w·x·ttft.
     pub xy: [f64; 3],
@@ -279,13 +287,10 @@ impl<S: Ranked> Window<S> {
         self.samples.iter().map(|(s, w)| (*w, s))
     }
 
-    /// Drops the newest samples while `stale` says so of each (a level's evidence that nothing
-    /// newer has confirmed or replaced); returns whether any went.
-    pub fn forget_newest_while(&mut self, stale: impl Fn(&S) -> bool) -> bool {
+    /// Drops the samples `stale` says so of; returns whether any went.
+    pub fn forget(&mut self, stale: impl Fn(&S) -> bool) -> bool {
         let before = self.samples.len();
-        while self.samples.back().is_some_and(|(s, _)| stale(s)) {
-            self.samples.pop_back();
-        }
+        self.samples.retain(|(s, _)| !stale(s));
         if self.samples.len() == before {
             return false;
         }
@@ -352,11 +357,10 @@ impl<S: Summarize, const N: usize> Levels<S, N> {
         self.kept[i] = None;
     }
 
-    /// In every window, drops the newest samples while `stale` says so of each (given the
-    /// window's level).
-    pub fn forget_newest_while(&mut self, stale: impl Fn(usize, &S) -> bool) {
+    /// In every window, drops the samples `stale` says so of (given the window's level).
+    pub fn forget(&mut self, stale: impl Fn(usize, &S) -> bool) {
         for (level, (window, kept)) in self.windows.iter_mut().zip(&mut self.kept).enumerate() {
-            if window.forget_newest_while(|s| stale(level, s)) {
+            if window.forget(|s| stale(level, s)) {
                 *kept = None;
             }
         }
@@ -414,8 +418,16 @@ impl Summarize for FirstToken {
         let mut xx = [[0.0; 3]; 3];
         let mut xy = [0.0; 3];
         let mut with_prompt = true;
+        let mut admitted = 0.0;
         for (w, s) in window.weighted() {
             with_prompt &= s.prompt_tokens.is_some();
+            admitted += w * s.admitted_with;
+            // The fit describes joining with no queue ahead; a queue now is seen live.
+            let w = if s.queued_with > 0 {
+                w * QUEUE_FIT_WEIGHT
+            } else {
+                w
+            };
             let x = [1.0, s.admitted_with, s.prompt_tokens.unwrap_or(0) as f64];
             for i in 0..3 {
                 xy[i] += w * x[i] * s.ttft;
@@ -426,7 +438,7 @@ impl Summarize for FirstToken {
         }
         Some(StartSummary {
             weight: total,
-            mean_admitted: xx[0][1] / total,
+            mean_admitted: admitted / total,
             p50,
             p90,
             xx,
