@@ -38,9 +38,10 @@ cat >"$out/gateway.yaml" <<YAML
 listen: {address: 127.0.0.1:8390}
 admin: {listen: 127.0.0.1:9390}
 backends:
-  - {name: transformers, url: http://127.0.0.1:8300, dialect: openai, models: {tiny: tiny}}
+  - {name: transformers, url: http://127.0.0.1:8300, dialect: openai, models: {tiny: "$out/model"}}
 YAML
-bench() { "$bin" bench --url "$1" --model tiny --prompt-tokens "$prompt_tokens" --timeout 120 "${@:2}" --json 2>/dev/null; }
+# The engine serves the model by its path; the gateway maps the name `tiny` onto it.
+bench() { "$bin" bench --url "$1" --model "$2" --prompt-tokens "$prompt_tokens" --timeout 120 "${@:3}" --json 2>/dev/null; }
 
 for mode in $modes; do
   flag=--no-continuous-batching
@@ -51,9 +52,9 @@ for mode in $modes; do
   "$bin" --log-format json serve --config "$out/gateway.yaml" >/dev/null 2>"$out/gateway-$mode.log" & pids+=($!)
   sleep 1
   # The reference first, straight to the engine: whole responses of 64 tokens and of 1.
-  bench http://127.0.0.1:8300 --no-stream --concurrency 1 --requests 8 --max-tokens "$max_tokens" >"$out/reference-long-$mode.json"
-  bench http://127.0.0.1:8300 --no-stream --concurrency 1 --requests 8 --max-tokens 1 >"$out/reference-short-$mode.json"
-  bench http://127.0.0.1:8390 --concurrency "$levels" --requests "$requests" --max-tokens "$max_tokens" >"$out/active-$mode.jsonl"
+  bench http://127.0.0.1:8300 "$out/model" --no-stream --concurrency 1 --requests 8 --max-tokens "$max_tokens" >"$out/reference-long-$mode.json"
+  bench http://127.0.0.1:8300 "$out/model" --no-stream --concurrency 1 --requests 8 --max-tokens 1 >"$out/reference-short-$mode.json"
+  bench http://127.0.0.1:8390 tiny --concurrency "$levels" --requests "$requests" --max-tokens "$max_tokens" >"$out/active-$mode.jsonl"
   curl -sf http://127.0.0.1:9390/admin/curves >"$out/passive-$mode.json"
   echo "$mode done" >&2
   stop
@@ -66,6 +67,9 @@ err = lambda got, want: f"{100 * (got / want - 1):+.1f}%" if got and want else "
 for mode in modes:
     long_ = json.load(open(f"{out}/reference-long-{mode}.json"))
     short = json.load(open(f"{out}/reference-short-{mode}.json"))
+    if long_.get("first_error") or short.get("first_error"):
+        print(f"{mode}: the reference failed: {long_.get('first_error') or short.get('first_error')}")
+        continue
     tpot = (long_["latency_p50_s"] - short["latency_p50_s"]) / (max_tokens - 1)
     curve = json.load(open(f"{out}/passive-{mode}.json"))["curves"][0]
     points = {p["concurrency"]: p for p in curve["points"]}

@@ -20,12 +20,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def corpus(n=4000, seed=1):
+def corpus(n=20000, seed=1):
+    """Random words (so that most of the vocabulary is merged ASCII text, which streams as it
+    comes) with some emoji and CJK (whose bytes are held back until they form characters)."""
     rng = random.Random(seed)
-    words = ["token", "speed", "gateway", "curve", "latency", "batch", "prefill", "decode",
-             "queue", "stream", "router", "backend", "über", "naïve", "日本語", "テキスト", "🙂", "🚀"]
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    extra = ["über", "naïve", "日本語", "テキスト", "🙂", "🚀"]
     for _ in range(n):
-        yield " ".join(rng.choice(words) for _ in range(rng.randint(4, 24)))
+        words = ("".join(rng.choice(letters) for _ in range(rng.randint(2, 8)))
+                 if rng.random() < 0.97 else rng.choice(extra) for _ in range(rng.randint(4, 24)))
+        yield " ".join(words)
 
 
 def main():
@@ -36,7 +40,7 @@ def main():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     specials = ["<|begin|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|pad|>"]
-    trainer = trainers.BpeTrainer(vocab_size=2048, special_tokens=specials,
+    trainer = trainers.BpeTrainer(vocab_size=4096, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(corpus(), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|begin|>",
