@@ -402,8 +402,18 @@ fn check(file: &std::path::Path) -> ExitCode {
             crate::config::BackendDialect::Anthropic => "anthropic",
         };
         let key = if b.api_key.is_some() { ", key set" } else { "" };
+        // Where a client's /v1/chat/completions goes, when the backend reshapes the path.
+        let shape = match (&b.path_prefix, &b.query) {
+            (None, None) => String::new(),
+            (prefix, query) => format!(
+                ", /v1/chat/completions -> {}{}/chat/completions{}",
+                b.url.path().trim_end_matches('/'),
+                prefix.as_deref().unwrap_or("/v1"),
+                query.as_deref().map_or(String::new(), |q| format!("?{q}"))
+            ),
+        };
         say(&format!(
-            "backend {} ({dialect}, {}{key}): {}",
+            "backend {} ({dialect}, {}{key}{shape}): {}",
             b.name,
             b.url,
             models.join(", ")

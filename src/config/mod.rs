@@ -171,6 +171,10 @@ pub struct BackendConfig {
     pub name: Arc<str>,
     /// Base URL: scheme, authority and an optional path prefix (no trailing slash).
     pub url: Uri,
+    /// Replaces the client path's leading `/v1` (after the URL's path).
+    pub path_prefix: Option<String>,
+    /// Added to every request's query (`name=value&...`, validated to need no escaping).
+    pub query: Option<String>,
     /// The upstream `Host` header: the URL's host, with its port unless the scheme's default.
     /// Made once here, so that the client need not format one per request.
     pub host: HeaderValue,

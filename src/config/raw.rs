@@ -222,6 +222,13 @@ pub struct RawBackend {
     pub url: String,
     /// `openai` or `anthropic`.
     pub dialect: BackendDialect,
+    /// What replaces the client path's leading `/v1`, e.g. `/v1beta/openai` (Gemini's
+    /// OpenAI-compatible endpoint); after the URL's own path, if it has one.
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    /// Query parameters added to every request, e.g. `{api-version: 2024-10-21}` (Azure OpenAI).
+    #[serde(default)]
+    pub query: BTreeMap<String, String>,
     /// Environment variable holding the API key (read at start-up).
     #[serde(default)]
     pub api_key_env: Option<String>,

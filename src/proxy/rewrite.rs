@@ -98,14 +98,37 @@ fn upstream_uri(backend: &BackendConfig, client: &Uri) -> Result<Uri, Error> {
     };
     let base = &backend.url;
     let prefix = base.path().trim_end_matches('/');
-    // The client's path as it came (already parsed, shared, not copied) unless the backend's
-    // URL has a path of its own to put in front.
+    // The client's path as it came (already parsed, shared, not copied) unless the backend
+    // puts a path in front, replaces its `/v1` or adds to its query.
     let path_and_query = match client.path_and_query() {
-        Some(p) if prefix.is_empty() => p.clone(),
-        client => {
-            let client = client.map_or("/", |p| p.as_str());
-            http::uri::PathAndQuery::try_from(format!("{prefix}{client}"))
-                .map_err(|_| unforwardable())?
+        Some(p)
+            if prefix.is_empty() && backend.path_prefix.is_none() && backend.query.is_none() =>
+        {
+            p.clone()
+        }
+        _ => {
+            let mut path = client.path();
+            let mut out = String::with_capacity(128);
+            out.push_str(prefix);
+            if let Some(replacement) = &backend.path_prefix
+                && let Some(rest) = path.strip_prefix("/v1")
+                && (rest.is_empty() || rest.starts_with('/'))
+            {
+                out.push_str(replacement);
+                path = rest;
+            }
+            out.push_str(path);
+            let queries = [client.query(), backend.query.as_deref()];
+            for (i, q) in queries
+                .into_iter()
+                .flatten()
+                .filter(|q| !q.is_empty())
+                .enumerate()
+            {
+                out.push(if i == 0 { '?' } else { '&' });
+                out.push_str(q);
+            }
+            http::uri::PathAndQuery::try_from(out).map_err(|_| unforwardable())?
         }
     };
     let mut parts = http::uri::Parts::default();

@@ -43,6 +43,8 @@ pub struct SimBackend {
 pub struct SeenRequest {
     /// Request path.
     pub path: String,
+    /// Its query string, if any.
+    pub query: Option<String>,
     /// The `model` of the body, if it parsed.
     pub model: Option<String>,
     /// The `authorization` header.
@@ -121,11 +123,18 @@ impl SimBackend {
 
     /// Answers one HTTP request.
     pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<SimBody> {
-        let dialect = match req.uri().path() {
-            "/v1/chat/completions" => Some(Dialect::Chat),
-            "/v1/completions" => Some(Dialect::Completions),
-            "/v1/messages" => Some(Dialect::Messages),
-            _ => None,
+        // By the end of the path: a hosted API's endpoints sit under prefixes of their own
+        // (`/v1beta/openai/chat/completions`, `/openai/deployments/D/chat/completions`), and the
+        // simulator stands in for them too.
+        let path = req.uri().path();
+        let dialect = if path.ends_with("/chat/completions") {
+            Some(Dialect::Chat)
+        } else if path.ends_with("/completions") {
+            Some(Dialect::Completions)
+        } else if path.ends_with("/messages") {
+            Some(Dialect::Messages)
+        } else {
+            None
         };
         match (req.method(), req.uri().path(), dialect) {
             (&Method::POST, _, Some(dialect)) => self.generate(dialect, req).await,
@@ -171,6 +180,7 @@ impl SimBackend {
         };
         let mut seen = SeenRequest {
             path: req.uri().path().to_owned(),
+            query: req.uri().query().map(str::to_owned),
             model: None,
             authorization: header("authorization"),
             x_api_key: header("x-api-key"),

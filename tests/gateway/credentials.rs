@@ -148,3 +148,54 @@ async fn hop_by_hop_and_gateway_headers_stop_at_the_gateway_and_the_rest_go_thro
         );
     }
 }
+
+#[tokio::test]
+async fn a_gemini_shaped_backend_gets_its_path_prefix_in_place_of_v1() {
+    let (_fleet, sim) = support::start_engine("gemini", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway_for(
+        sim,
+        "openai",
+        "    models: {small: m}\n    path_prefix: /v1beta/openai\n",
+    )
+    .await;
+    let ex = chat(gw.addr(), &[("content-type", "application/json")]).await;
+    assert_eq!(ex.status, 200, "{:?}", String::from_utf8_lossy(&ex.body()));
+    let seen = &support::seen(sim).await[0];
+    assert_eq!(seen["path"], "/v1beta/openai/chat/completions");
+    assert_eq!(seen["query"], json!(null));
+    assert_eq!(seen["model"], "m");
+}
+
+#[tokio::test]
+async fn an_azure_shaped_backend_gets_its_deployment_path_and_api_version_beside_the_clients_query()
+{
+    let (_fleet, sim) = support::start_engine("azure", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway_for(
+        sim,
+        "openai",
+        "    models: {small: m}\n    path_prefix: /openai/deployments/gpt-4o\n    query: {api-version: 2024-10-21}\n",
+    )
+    .await;
+    for (path, query) in [
+        ("/v1/chat/completions", "api-version=2024-10-21"),
+        (
+            "/v1/chat/completions?trace=1",
+            "trace=1&api-version=2024-10-21",
+        ),
+    ] {
+        let ex = support::send(
+            &http_client(),
+            gw.addr(),
+            Method::POST,
+            path,
+            Some(CHAT.as_bytes()),
+            &[("content-type", "application/json")],
+        )
+        .await;
+        assert_eq!(ex.status, 200, "{:?}", String::from_utf8_lossy(&ex.body()));
+        let seen = support::seen(sim).await;
+        let last = seen.last().unwrap();
+        assert_eq!(last["path"], "/openai/deployments/gpt-4o/chat/completions");
+        assert_eq!(last["query"], query);
+    }
+}

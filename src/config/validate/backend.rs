@@ -188,9 +188,12 @@ pub(super) fn backend(
             "its host cannot be sent as a Host header; write a plain host name or IP address",
         )
     })?;
+    let (path_prefix, query) = provider_paths(at, b)?;
     Ok(BackendConfig {
         prior,
         host,
+        path_prefix,
+        query,
         ejection: Ejection {
             after_failures: e.after_failures,
             base: Duration::from_millis(e.base_ms),
@@ -242,6 +245,52 @@ fn credential(
     })?;
     value.set_sensitive(true);
     Ok((name, value))
+}
+
+/// Characters a path segment or a query name or value may hold without escaping (RFC 3986's
+/// unreserved set): what is configured is sent as written.
+fn unreserved(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+}
+
+/// `path_prefix` and `query`, checked and made ready to splice into every upstream URI.
+fn provider_paths(at: &str, b: &RawBackend) -> Result<(Option<String>, Option<String>)> {
+    let path_prefix = match b.path_prefix.as_deref() {
+        None => None,
+        Some(p) => {
+            let segments: Vec<&str> = p.trim_end_matches('/').split('/').skip(1).collect();
+            if !p.starts_with('/')
+                || segments.is_empty()
+                || !segments
+                    .iter()
+                    .all(|s| unreserved(s) && *s != "." && *s != "..")
+            {
+                return Err(ConfigError::at(
+                    format!("{at}.path_prefix"),
+                    format!(
+                        "`{p}`: write a path such as /v1beta/openai (segments of letters, digits, `-`, `.`, `_` or `~`)"
+                    ),
+                ));
+            }
+            Some(p.trim_end_matches('/').to_owned())
+        }
+    };
+    let mut query = Vec::with_capacity(b.query.len());
+    for (name, value) in &b.query {
+        if !unreserved(name) || !unreserved(value) {
+            return Err(ConfigError::at(
+                format!("{at}.query.{name}"),
+                format!(
+                    "`{name}: {value}`: a name and a value of letters, digits, `-`, `.`, `_` or `~` (e.g. api-version: 2024-10-21)"
+                ),
+            ));
+        }
+        query.push(format!("{name}={value}"));
+    }
+    Ok((path_prefix, (!query.is_empty()).then(|| query.join("&"))))
 }
 
 /// `host[:port]` as an HTTP/1.1 client sends it: the port only when not the scheme's default.

@@ -234,3 +234,30 @@ fn a_backend_url_with_credentials_is_refused_rather_than_shown() {
     assert!(err.message.contains("api_key_env"), "{}", err.message);
     assert!(!err.message.contains("secret"), "{}", err.message);
 }
+
+#[test]
+fn a_hosted_providers_path_prefix_and_query_are_checked_and_kept_ready_to_send() {
+    let with = |extra: &str| parse(&format!("{BASE}    {extra}\n"), no_env);
+    let c = with("path_prefix: /v1beta/openai/").unwrap();
+    assert_eq!(c.backends[0].path_prefix.as_deref(), Some("/v1beta/openai"));
+    assert_eq!(c.backends[0].query, None);
+    let c = with("query: {api-version: 2024-10-21, b: x}").unwrap();
+    assert_eq!(
+        c.backends[0].query.as_deref(),
+        Some("api-version=2024-10-21&b=x")
+    );
+    for (extra, path) in [
+        ("path_prefix: v1beta", "backends[0].path_prefix"),
+        ("path_prefix: /a/../b", "backends[0].path_prefix"),
+        ("path_prefix: '/a b'", "backends[0].path_prefix"),
+        (
+            "query: {api-version: 'a&b'}",
+            "backends[0].query.api-version",
+        ),
+        ("query: {'': x}", "backends[0].query."),
+    ] {
+        let err = with(extra).unwrap_err();
+        assert_eq!(err.path, path, "{extra}");
+        assert!(err.message.contains("letters, digits"), "{}", err.message);
+    }
+}
