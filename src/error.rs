@@ -28,6 +28,8 @@ pub enum ErrorKind {
     RequestTimeout,
     /// 401: gateway API keys are configured and the request carries none of them.
     Unauthorized,
+    /// 403: the request's API key does not allow what the request claims (a class, an SLO).
+    Forbidden,
     /// 503: every backend that serves the model is at its concurrency limit.
     NoBackendAvailable,
     /// 429: no backend is predicted to meet the request's SLO, and its class sheds (at once, or
@@ -71,6 +73,7 @@ impl ErrorKind {
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NoBackendAvailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::SloUnmet => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
@@ -102,6 +105,7 @@ impl ErrorKind {
             Self::HeadersTooLarge => "headers_too_large",
             Self::RequestTimeout => "request_timeout",
             Self::Unauthorized => "invalid_api_key",
+            Self::Forbidden => "claim_not_allowed",
             Self::NoBackendAvailable => "no_backend_available",
             Self::SloUnmet => "slo_unmet",
             Self::UpstreamUnreachable => "upstream_unreachable",
@@ -121,7 +125,8 @@ impl ErrorKind {
             | Self::UnsupportedMediaType
             | Self::HeadersTooLarge
             | Self::RequestTimeout
-            | Self::Unauthorized => Fault::Client,
+            | Self::Unauthorized
+            | Self::Forbidden => Fault::Client,
             Self::NoBackendAvailable | Self::SloUnmet => Fault::Gateway,
             Self::UpstreamUnreachable | Self::UpstreamTimeout | Self::UpstreamResponseTimeout => {
                 Fault::Upstream

@@ -268,6 +268,17 @@ pub struct ApiKey {
     pub key: Secret,
     /// Index into `classes` of its requests' class, if it gives one.
     pub class: Option<usize>,
+    /// What its requests may claim (shared with every request that carries the key).
+    pub grant: std::sync::Arc<KeyGrant>,
+}
+
+/// What a request with a given API key may claim: the most it may ask for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KeyGrant {
+    /// Indexes into `classes` that `x-tpsgate-class` may name.
+    pub classes: Vec<usize>,
+    /// Whether SLO-override headers are honoured.
+    pub slo_overrides: bool,
 }
 
 /// `routing:` validated.

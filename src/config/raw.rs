@@ -481,6 +481,12 @@ pub struct RawApiKey {
     /// Class of this key's requests when neither the header nor a route rule gives one.
     #[serde(default)]
     pub class: Option<String>,
+    /// Classes its requests may claim in `x-tpsgate-class` (default: only `class`).
+    #[serde(default)]
+    pub classes: Option<Vec<String>>,
+    /// Whether its requests may set their own SLO (`x-tpsgate-slo-*`, `x-slo-*`); default false.
+    #[serde(default)]
+    pub slo_overrides: bool,
 }
 
 /// `routing:`.

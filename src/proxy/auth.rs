@@ -99,9 +99,10 @@ where
                 "invalid API key",
             ))));
         };
-        if let Some(class) = key.class {
-            req.extensions_mut().insert(KeyClass(class));
-        }
+        req.extensions_mut().insert(KeyClass {
+            class: key.class,
+            grant: Arc::clone(&key.grant),
+        });
         Either::Right(self.inner.call(req))
     }
 }
@@ -116,7 +117,7 @@ mod tests {
     /// Auth over a stand-in that answers with the class index the key gave (or none).
     async fn check(keys: Vec<ApiKey>, headers: &[(&str, &str)]) -> Result<Option<usize>, Error> {
         let inner = service_fn(|req: Request<()>| async move {
-            Ok::<_, Error>(req.extensions().get::<KeyClass>().map(|k| k.0))
+            Ok::<_, Error>(req.extensions().get::<KeyClass>().and_then(|k| k.class))
         });
         let mut req = Request::new(());
         for (name, value) in headers {
@@ -133,10 +134,12 @@ mod tests {
             ApiKey {
                 key: Secret::new("sk-batch".to_owned()),
                 class: Some(1),
+                grant: Arc::default(),
             },
             ApiKey {
                 key: Secret::new("sk-plain".to_owned()),
                 class: None,
+                grant: Arc::default(),
             },
         ]
     }

@@ -19,7 +19,7 @@ use tower::{Layer, Service};
 use super::endpoint::Endpoint;
 use super::skim;
 use crate::config::Slo;
-use crate::config::{ClassConfig, RouteRule};
+use crate::config::{ClassConfig, KeyGrant, RouteRule};
 use crate::error::{Error, ErrorKind};
 
 /// What classification found, in the request's extensions.
@@ -104,9 +104,23 @@ pub const SLO_TPS_RANGE: (f64, f64) = (0.1, 10_000.0);
 /// Bounds of `x-tpsgate-slo-ttft-ms`: a millisecond to ten minutes.
 pub const SLO_TTFT_MS_RANGE: (f64, f64) = (1.0, 600_000.0);
 
-/// The class a gateway API key gives its requests, put in the extensions by the auth layer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyClass(pub usize);
+/// What a gateway API key gives its requests and lets them claim, put in the extensions by the
+/// auth layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyClass {
+    /// The class its requests get when nothing else gives one.
+    pub class: Option<usize>,
+    /// The classes and SLO overrides its requests may claim.
+    pub grant: Arc<KeyGrant>,
+}
+
+/// `x-slo-ttft-ms`: the Gateway API inference extension's name for a maximum TTFT in ms.
+pub const X_SLO_TTFT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-ttft-ms");
+/// `x-slo-tpot-ms`: the inference extension's maximum time per output token, ms (a minimum
+/// speed of 1000 / it tokens per second).
+pub const X_SLO_TPOT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-tpot-ms");
+/// Bounds of `x-slo-tpot-ms`: those of `x-tpsgate-slo-tps`, as times per token.
+pub const SLO_TPOT_MS_RANGE: (f64, f64) = (0.1, 10_000.0);
 
 /// The configured classes, the default, and the route rules.
 #[derive(Debug, Clone, Default)]
@@ -126,19 +140,25 @@ impl Classes {
         }
     }
 
-    /// The class of a request, by precedence: `x-tpsgate-class`; else the first route rule
-    /// matching its path and model; else its API key's class; else the default class.
+    /// The class of a request, by precedence: `x-tpsgate-class` (where its API key, if any,
+    /// allows that class: else 403); else the first route rule matching its path and model;
+    /// else its API key's class; else the default class.
     fn pick(
         &self,
         header: Option<&http::HeaderValue>,
         path: &str,
         model: Option<&str>,
-        key: Option<KeyClass>,
+        key: Option<&KeyClass>,
     ) -> Result<Option<usize>, Error> {
         if let Some(value) = header {
             let wanted = value.to_str().unwrap_or("");
             return match self.classes.iter().position(|c| *c.name == *wanted) {
-                Some(i) => Ok(Some(i)),
+                Some(i) => match key {
+                    Some(k) if !k.grant.classes.contains(&i) => {
+                        Err(self.not_allowed(wanted, &k.grant))
+                    }
+                    _ => Ok(Some(i)),
+                },
                 None => {
                     let known: Vec<&str> = self.classes.iter().map(|c| &*c.name).collect();
                     let known = if known.is_empty() {
@@ -157,7 +177,30 @@ impl Classes {
             r.path.as_deref().is_none_or(|p| p == path)
                 && r.model.as_deref().is_none_or(|m| Some(m) == model)
         });
-        Ok(rule.map(|r| r.class).or(key.map(|k| k.0)).or(self.default))
+        Ok(rule
+            .map(|r| r.class)
+            .or(key.and_then(|k| k.class))
+            .or(self.default))
+    }
+
+    /// The 403 for a class a key does not allow: the class and the ones it does (never the key).
+    fn not_allowed(&self, wanted: &str, grant: &KeyGrant) -> Error {
+        let allowed: Vec<&str> = grant
+            .classes
+            .iter()
+            .filter_map(|i| self.classes.get(*i).map(|c| &*c.name))
+            .collect();
+        let allowed = if allowed.is_empty() {
+            "none (requests with it get the classes routes and defaults give)".to_owned()
+        } else {
+            allowed.join(", ")
+        };
+        Error::new(
+            ErrorKind::Forbidden,
+            format!(
+                "this API key may not claim class `{wanted}` in x-tpsgate-class; it allows: {allowed}"
+            ),
+        )
     }
 
     /// Classifies: the class, and its SLO with the request's overrides.
@@ -166,17 +209,34 @@ impl Classes {
         c: &mut Classified,
         headers: &http::HeaderMap,
         path: &str,
-        key: Option<KeyClass>,
+        key: Option<&KeyClass>,
     ) -> Result<(), Error> {
         let index = self.pick(headers.get(&X_TPSGATE_CLASS), path, c.model.as_deref(), key)?;
         let class = index.and_then(|i| self.classes.get(i));
         c.class_index = index;
         c.class = class.map(|k| Arc::clone(&k.name));
         let mut slo = class.map_or_else(Slo::default, |k| k.slo);
-        if let Some(tps) = bounded(headers, &X_TPSGATE_SLO_TPS, SLO_TPS_RANGE)? {
+        let tps = bounded(headers, &X_TPSGATE_SLO_TPS, SLO_TPS_RANGE)?.or(bounded(
+            headers,
+            &X_SLO_TPOT_MS,
+            SLO_TPOT_MS_RANGE,
+        )?
+        .map(|ms| 1e3 / ms));
+        let ttft_ms = bounded(headers, &X_TPSGATE_SLO_TTFT_MS, SLO_TTFT_MS_RANGE)?.or(bounded(
+            headers,
+            &X_SLO_TTFT_MS,
+            SLO_TTFT_MS_RANGE,
+        )?);
+        if (tps.is_some() || ttft_ms.is_some()) && key.is_some_and(|k| !k.grant.slo_overrides) {
+            return Err(Error::new(
+                ErrorKind::Forbidden,
+                "this API key may not set its own SLO (x-tpsgate-slo-*, x-slo-*): its class's targets apply",
+            ));
+        }
+        if let Some(tps) = tps {
             slo.min_tps = Some(tps);
         }
-        if let Some(ms) = bounded(headers, &X_TPSGATE_SLO_TTFT_MS, SLO_TTFT_MS_RANGE)? {
+        if let Some(ms) = ttft_ms {
             slo.max_ttft_s = Some(ms / 1e3);
         }
         if slo.tps_percentile == 0 {
@@ -291,11 +351,11 @@ where
         let classes = Arc::clone(&self.classes);
         Box::pin(async move {
             let req = read(req, limit, pace).await?;
-            let key = req.extensions().get::<KeyClass>().copied();
             let (parts, body) = req.into_parts();
             let mut parts = parts;
+            let key = parts.extensions.remove::<KeyClass>();
             if let Some(c) = parts.extensions.get_mut::<Classified>() {
-                classes.apply(c, &parts.headers, parts.uri.path(), key)?;
+                classes.apply(c, &parts.headers, parts.uri.path(), key.as_ref())?;
             }
             inner.call(Request::from_parts(parts, body)).await
         })

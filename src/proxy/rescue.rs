@@ -138,6 +138,7 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
         ErrorKind::NoBackendAvailable => "overloaded_error",
         ErrorKind::SloUnmet => "rate_limit_error",
         ErrorKind::Unauthorized => "authentication_error",
+        ErrorKind::Forbidden => "permission_error",
         ErrorKind::UpstreamUnreachable
         | ErrorKind::UpstreamTimeout
         | ErrorKind::UpstreamResponseTimeout

@@ -233,12 +233,14 @@ async fn per_request_slo_overrides_apply_within_documented_bounds() {
 }
 
 #[tokio::test]
-async fn the_class_comes_from_the_header_then_a_route_rule_then_the_key_then_the_default() {
+async fn the_class_comes_from_the_header_the_key_allows_then_a_route_rule_then_the_key_then_the_default()
+ {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
     let gw = support::gateway(&format!(
         "backends:\n{}classes:\n  - {{name: interactive}}\n  - {{name: batch}}\n  - {{name: bulk}}\n\
          routes:\n  - {{path: /v1/completions, class: bulk}}\n\
-         api_keys:\n  - {{key_env: BATCH_KEY, class: batch}}\n  - {{key_env: PLAIN_KEY}}\n",
+         api_keys:\n  - {{key_env: BATCH_KEY, class: batch}}\n  - {{key_env: PLAIN_KEY}}\n\
+         \x20 - {{key_env: TRUSTED_KEY, class: batch, classes: [interactive], slo_overrides: true}}\n",
         support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n"),
     ))
     .await;
@@ -277,16 +279,53 @@ async fn the_class_comes_from_the_header_then_a_route_rule_then_the_key_then_the
         "bulk",
         "a route rule beats the key's class"
     );
+    let trusted = ("authorization", "Bearer key-of-TRUSTED_KEY");
     assert_eq!(
         class_of(
             chat_path,
             CHAT,
-            &[batch_key, ("x-tpsgate-class", "interactive")]
+            &[trusted, ("x-tpsgate-class", "interactive")]
         )
         .await
         .1,
         "interactive",
-        "the header beats everything"
+        "the header beats everything, within what the key allows"
+    );
+    // A batch key cannot claim interactive, nor relax its own SLO: 403, naming the class and
+    // what the key allows, never the key.
+    let (status, _, ex) = class_of(
+        chat_path,
+        CHAT,
+        &[batch_key, ("x-tpsgate-class", "interactive")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let error = &ex.json()["error"];
+    assert_eq!(error["code"], "claim_not_allowed");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("`interactive`") && message.contains("allows: batch"),
+        "{message}"
+    );
+    assert!(!message.contains("key-of-"), "{message}");
+    for slo in [
+        ("x-tpsgate-slo-ttft-ms", "5000"),
+        ("x-slo-ttft-ms", "5000"),
+        ("x-slo-tpot-ms", "200"),
+    ] {
+        let (status, ..) = class_of(chat_path, CHAT, &[batch_key, slo]).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{slo:?}");
+        let (status, ..) = class_of(chat_path, CHAT, &[trusted, slo]).await;
+        assert_eq!(status, StatusCode::OK, "{slo:?}");
+    }
+    // The inference extension's TPOT header is bounded like ours, as a time per token.
+    let (status, _, ex) = class_of(chat_path, CHAT, &[trusted, ("x-slo-tpot-ms", "0.01")]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        ex.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("x-slo-tpot-ms")
     );
     let seen: Vec<Value> = support::seen(sim).await;
     assert!(

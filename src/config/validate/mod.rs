@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::raw::{OnMiss, RawClass, RawCluster, RawConfig};
 use super::{
-    ApiKey, BackendConfig, ClassConfig, ClusterConfig, Config, Limits, Policy, RouteRule, Routing,
-    Secret, Slo, TlsFiles,
+    ApiKey, BackendConfig, ClassConfig, ClusterConfig, Config, KeyGrant, Limits, Policy, RouteRule,
+    Routing, Secret, Slo, TlsFiles,
 };
 use crate::yaml::ConfigError;
 
@@ -158,7 +158,19 @@ pub fn validate(
             Some(name) => Some(class_index(&format!("{at}.class"), name)?),
             None => None,
         };
-        api_keys.push(ApiKey { key, class });
+        // Its own class always; others only where listed.
+        let mut classes: Vec<usize> = class.into_iter().collect();
+        for (j, name) in k.classes.iter().flatten().enumerate() {
+            let index = class_index(&format!("{at}.classes[{j}]"), name)?;
+            if !classes.contains(&index) {
+                classes.push(index);
+            }
+        }
+        let grant = Arc::new(KeyGrant {
+            classes,
+            slo_overrides: k.slo_overrides,
+        });
+        api_keys.push(ApiKey { key, class, grant });
     }
     within("curves.half_life_s", raw.curves.half_life_s, 7.0 * DAY_S)?;
     let cluster = match &raw.cluster {

@@ -261,3 +261,23 @@ fn a_hosted_providers_path_prefix_and_query_are_checked_and_kept_ready_to_send()
         assert!(err.message.contains("letters, digits"), "{}", err.message);
     }
 }
+
+#[test]
+fn a_key_may_claim_its_own_class_and_the_ones_it_lists_only() {
+    let env = |_: &str| Some("sk".to_owned());
+    let text = format!(
+        "{BASE}classes:\n  - {{name: chat}}\n  - {{name: batch}}\napi_keys:\n  - {{key_env: A, class: batch, classes: [chat, batch]}}\n  - {{key_env: B, class: batch}}\n  - {{key_env: C, slo_overrides: true}}\n"
+    );
+    let c = parse(&text, env).unwrap();
+    let grants: Vec<(Vec<usize>, bool)> = c
+        .api_keys
+        .iter()
+        .map(|k| (k.grant.classes.clone(), k.grant.slo_overrides))
+        .collect();
+    assert_eq!(
+        grants,
+        [(vec![1, 0], false), (vec![1], false), (vec![], true)]
+    );
+    let err = parse(&text.replace("[chat, batch]", "[chat, gold]"), env).unwrap_err();
+    assert_eq!(err.path, "api_keys[0].classes[1]");
+}
