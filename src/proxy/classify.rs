@@ -501,11 +501,37 @@ where
             "the body must be JSON: send Content-Type: application/json",
         ));
     }
+    let json = json_content_type(req.headers().get(header::CONTENT_TYPE));
     let (mut parts, body) = req.into_parts();
     let body = read_body(body, limit, pace).await?;
-    let classified = peek(endpoint, &body)?;
+    let classified = if json {
+        peek(endpoint, &body)?
+    } else {
+        // Only a pass-through gets here (generation endpoints need JSON, above).
+        Classified::unread(endpoint)
+    };
     parts.extensions.insert(classified);
     Ok(Request::from_parts(parts, body))
+}
+
+impl Classified {
+    /// A request whose body is not read for a model: `GET /v1/models`, a pass-through without a
+    /// body or with one that is not JSON (a `multipart/form-data` upload to `/v1/audio/*` or
+    /// `/v1/files`), which goes to `default_backend` unchanged.
+    fn unread(endpoint: Endpoint) -> Self {
+        Self {
+            endpoint,
+            model: None,
+            stream: false,
+            model_span: None,
+            class: None,
+            class_index: None,
+            slo: Slo::default(),
+            stream_options: None,
+            max_tokens: None,
+            prompt_tokens: 0,
+        }
+    }
 }
 
 fn too_large(limit: usize) -> Error {
@@ -533,18 +559,7 @@ fn json_content_type(value: Option<&http::HeaderValue>) -> bool {
 /// spans; the rest of the body is skimmed ([`skim`]), not parsed.
 pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
     if endpoint == Endpoint::Models || (body.is_empty() && !endpoint.generates()) {
-        return Ok(Classified {
-            endpoint,
-            model: None,
-            stream: false,
-            model_span: None,
-            class: None,
-            class_index: None,
-            slo: Slo::default(),
-            stream_options: None,
-            max_tokens: None,
-            prompt_tokens: 0,
-        });
+        return Ok(Classified::unread(endpoint));
     }
     let [
         model_span,

@@ -763,3 +763,57 @@ async fn a_response_that_ends_in_trailers_gives_its_connection_back_for_the_next
         );
     }
 }
+
+#[tokio::test]
+async fn a_multipart_upload_reaches_the_default_backend_byte_for_byte() {
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Vec<u8>>::new()));
+    let store = std::sync::Arc::clone(&received);
+    let backend = support::raw_backend(
+        move |_: usize, request: &[u8]| {
+            store.lock().unwrap().push(request.to_vec());
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 15\r\n\r\n{\"text\":\"hi\"}\n\n"
+                .to_vec()
+        },
+        false,
+    )
+    .await;
+    let gw = gateway_to(backend, "", "default_backend: raw\n").await;
+    let boundary = "tpsgate-boundary";
+    // Bytes that are no JSON and no UTF-8: audio, as a client uploads it.
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend((0..=255u8).cycle().take(70_000));
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let content_type = format!("multipart/form-data; boundary={boundary}");
+    for path in ["/v1/audio/transcriptions", "/v1/files"] {
+        let ex = support::send(
+            &tpsgate::bench::http_client(),
+            gw.addr(),
+            http::Method::POST,
+            path,
+            Some(&body),
+            &[("content-type", &content_type)],
+        )
+        .await;
+        assert_eq!(
+            ex.status,
+            StatusCode::OK,
+            "{path}: {:?}",
+            String::from_utf8_lossy(&ex.body())
+        );
+        let request = received.lock().unwrap().pop().unwrap();
+        let head_end = request.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&request[..head_end]).to_ascii_lowercase();
+        assert!(head.starts_with(&format!("post {path} ")), "{head}");
+        assert!(
+            head.contains(&format!("content-type: {content_type}")),
+            "{head}"
+        );
+        assert!(
+            request[head_end..] == body[..],
+            "{path}: the body arrives unchanged"
+        );
+    }
+}
