@@ -3,9 +3,12 @@
 
 use std::sync::Arc;
 
+use http::{HeaderName, Method};
 use tower::ServiceBuilder;
+use tower::util::Either;
+use tower_http::cors::{AllowOrigin, Any, Cors, CorsLayer};
 
-use crate::config::Config;
+use crate::config::{self, Config};
 use crate::proxy::auth::{Auth, AuthLayer};
 use crate::proxy::classify::{BodyPace, Classes, Classify, ClassifyLayer};
 use crate::proxy::forward::Forward;
@@ -20,8 +23,10 @@ use crate::router::Router;
 use crate::signal::Signal;
 
 /// The gateway's request stack, outermost first.
-pub type Stack =
-    RequestIdService<Rescue<HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>>;
+pub type Stack = RequestIdService<Either<Cors<Inner>, Inner>>;
+
+/// Below the optional CORS layer.
+pub type Inner = Rescue<HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`; `drained` ends the streams
 /// still open at the drain deadline.
@@ -35,6 +40,9 @@ pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
     ServiceBuilder::new()
         // Outermost: every response, errors included, carries the request id.
         .layer(RequestIdLayer::new())
+        // Browser clients, when configured: preflights answered here (no key needed), and every
+        // response, errors included, readable by an allowed origin.
+        .option_layer(config.cors.as_ref().map(cors))
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
         // The head within its limit (431), on HTTP/1.1 and HTTP/2 alike, before anything reads it.
@@ -66,4 +74,24 @@ pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
         .layer(RewriteLayer::new())
         // The pooled upstream client; the response body is timed and metered on its way out.
         .service(Forward::new(drained))
+}
+
+/// The CORS layer of `cors:`: the gateway's endpoints' methods, any request header (keys,
+/// classes and SLO headers included; no cookies are ever allowed), and the gateway's response
+/// headers readable by the page.
+fn cors(c: &config::Cors) -> CorsLayer {
+    let origin = match &c.origins {
+        None => AllowOrigin::any(),
+        Some(list) => AllowOrigin::list(list.iter().cloned()),
+    };
+    CorsLayer::new()
+        .allow_origin(origin)
+        .allow_methods([Method::GET, Method::HEAD, Method::POST, Method::DELETE])
+        .allow_headers(Any)
+        .expose_headers([
+            HeaderName::from_static("x-request-id"),
+            HeaderName::from_static("x-tpsgate-backend"),
+            HeaderName::from_static("x-tpsgate-class"),
+        ])
+        .max_age(c.max_age)
 }

@@ -56,6 +56,8 @@ pub struct Config {
     pub curve_half_life_s: f64,
     /// Shared state with other replicas, if configured.
     pub cluster: Option<ClusterConfig>,
+    /// Browser clients allowed, if configured.
+    pub cors: Option<Cors>,
 }
 
 /// `cluster:` validated: where the replicas of a fleet meet.
@@ -259,6 +261,15 @@ pub struct RouteRule {
     pub model: Option<String>,
     /// Index into `classes`.
     pub class: usize,
+}
+
+/// `cors:` validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cors {
+    /// Origins allowed, each a valid header value; `None`: any.
+    pub origins: Option<Vec<HeaderValue>>,
+    /// How long a browser may keep a preflight's answer.
+    pub max_age: Duration,
 }
 
 /// A gateway API key.

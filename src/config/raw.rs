@@ -45,6 +45,9 @@ pub struct RawConfig {
     /// Several replicas sharing backend state through Redis; absent: this gateway alone.
     #[serde(default)]
     pub cluster: Option<RawCluster>,
+    /// Browser clients: origins allowed to call the gateway (CORS); off when absent.
+    #[serde(default)]
+    pub cors: Option<RawCors>,
 }
 
 /// `cluster:`.
@@ -470,6 +473,21 @@ pub struct RawRouteRule {
     pub model: Option<String>,
     /// The class to give.
     pub class: String,
+}
+
+/// `cors:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCors {
+    /// Origins allowed (`https://app.example.com`), or `["*"]` for any.
+    pub allowed_origins: Vec<String>,
+    /// How long a browser may keep a preflight's answer, seconds; default 600.
+    #[serde(default = "default_cors_max_age_s")]
+    pub max_age_s: u64,
+}
+
+fn default_cors_max_age_s() -> u64 {
+    600
 }
 
 /// One `api_keys[]` entry.

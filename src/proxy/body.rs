@@ -51,6 +51,13 @@ pin_project! {
     }
 }
 
+/// An empty body made by the gateway (a CORS preflight's answer).
+impl Default for ProxyBody {
+    fn default() -> Self {
+        Self::full(Bytes::new())
+    }
+}
+
 impl ProxyBody {
     /// A complete body made by the gateway.
     pub fn full(bytes: Bytes) -> Self {

@@ -199,3 +199,94 @@ async fn an_azure_shaped_backend_gets_its_deployment_path_and_api_version_beside
         assert_eq!(last["query"], query);
     }
 }
+
+#[tokio::test]
+async fn browsers_get_cors_for_the_origins_configured_and_nothing_when_it_is_off() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let backend = support::backend_yaml("sim", sim, "openai", "    models: {small: m}\n");
+    let gw = support::gateway(&format!(
+        "backends:\n{backend}api_keys:\n  - {{key_env: WEB_KEY}}\ncors:\n  allowed_origins: [https://app.example.com]\n"
+    ))
+    .await;
+    let preflight = |origin: &'static str| {
+        [
+            ("origin", origin),
+            ("access-control-request-method", "POST"),
+            (
+                "access-control-request-headers",
+                "authorization, content-type",
+            ),
+        ]
+    };
+    let client = http_client();
+    let path = "/v1/chat/completions";
+    // The preflight is answered by the gateway, with no key (browsers send none with it).
+    let ex = support::send(
+        &client,
+        gw.addr(),
+        Method::OPTIONS,
+        path,
+        None,
+        &preflight("https://app.example.com"),
+    )
+    .await;
+    assert_eq!(ex.status, 200);
+    let header = |ex: &support::Exchange, name: &str| {
+        ex.headers.get(name).map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        header(&ex, "access-control-allow-origin").as_deref(),
+        Some("https://app.example.com")
+    );
+    assert!(
+        header(&ex, "access-control-allow-methods")
+            .unwrap()
+            .contains("POST")
+    );
+    assert!(
+        support::seen(sim).await.is_empty(),
+        "a preflight never goes upstream"
+    );
+    // The request itself, and its error too, readable by the page.
+    let auth = ("authorization", "Bearer key-of-WEB_KEY");
+    let origin = ("origin", "https://app.example.com");
+    let json = ("content-type", "application/json");
+    let ex = chat(gw.addr(), &[auth, origin, json]).await;
+    assert_eq!(ex.status, 200);
+    assert_eq!(
+        header(&ex, "access-control-allow-origin").as_deref(),
+        Some("https://app.example.com")
+    );
+    assert!(
+        header(&ex, "access-control-expose-headers")
+            .unwrap()
+            .contains("x-tpsgate-backend")
+    );
+    let ex = chat(gw.addr(), &[origin, json]).await;
+    assert_eq!(ex.status, 401);
+    assert!(header(&ex, "access-control-allow-origin").is_some());
+    // Another origin gets no grant.
+    let ex = support::send(
+        &client,
+        gw.addr(),
+        Method::OPTIONS,
+        path,
+        None,
+        &preflight("https://evil.example"),
+    )
+    .await;
+    assert_eq!(header(&ex, "access-control-allow-origin"), None);
+    // Off by default: no CORS header, and OPTIONS is no method of the API.
+    let plain = support::gateway_for(sim, "openai", "    models: {small: m}\n").await;
+    let ex = support::send(
+        &client,
+        plain.addr(),
+        Method::OPTIONS,
+        path,
+        None,
+        &preflight("https://app.example.com"),
+    )
+    .await;
+    assert_eq!(ex.status, 405);
+    assert_eq!(header(&ex, "access-control-allow-origin"), None);
+}

@@ -196,7 +196,9 @@ pub fn validate(
             ),
         ));
     }
+    let cors = raw.cors.as_ref().map(cors).transpose()?;
     Ok(Config {
+        cors,
         admin_hosts,
         curve_half_life_s: raw.curves.half_life_s,
         listen,
@@ -212,6 +214,49 @@ pub fn validate(
         api_keys,
         routing,
         cluster,
+    })
+}
+
+/// `cors:`: each origin a scheme and a host (and port), as a browser sends it; or `*` alone.
+fn cors(raw: &crate::config::raw::RawCors) -> Result<crate::config::Cors> {
+    within("cors.max_age_s", raw.max_age_s as f64, DAY_S)?;
+    let max_age = Duration::from_secs(raw.max_age_s);
+    if raw.allowed_origins == ["*"] {
+        return Ok(crate::config::Cors {
+            origins: None,
+            max_age,
+        });
+    }
+    if raw.allowed_origins.is_empty() {
+        return Err(ConfigError::at(
+            "cors.allowed_origins",
+            "list the origins browsers may call from (e.g. https://app.example.com), or [\"*\"] for any; remove cors: to turn it off",
+        ));
+    }
+    let mut origins = Vec::with_capacity(raw.allowed_origins.len());
+    for (i, origin) in raw.allowed_origins.iter().enumerate() {
+        let uri = origin.parse::<http::Uri>().ok();
+        let plain = uri.as_ref().is_some_and(|u| {
+            matches!(u.scheme_str(), Some("http" | "https"))
+                && u.authority().is_some()
+                && u.path_and_query().is_none_or(|p| p.as_str() == "/")
+                && !origin.ends_with('/')
+        });
+        match (plain, http::HeaderValue::from_str(origin)) {
+            (true, Ok(value)) => origins.push(value),
+            _ => {
+                return Err(ConfigError::at(
+                    format!("cors.allowed_origins[{i}]"),
+                    format!(
+                        "`{origin}` is not an origin: write scheme and host as a browser sends them (https://app.example.com, no path or trailing slash), or [\"*\"] alone"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(crate::config::Cors {
+        origins: Some(origins),
+        max_age,
     })
 }
 

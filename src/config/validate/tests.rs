@@ -281,3 +281,37 @@ fn a_key_may_claim_its_own_class_and_the_ones_it_lists_only() {
     let err = parse(&text.replace("[chat, batch]", "[chat, gold]"), env).unwrap_err();
     assert_eq!(err.path, "api_keys[0].classes[1]");
 }
+
+#[test]
+fn cors_origins_are_origins_or_a_lone_star() {
+    let with = |cors: &str| parse(&format!("{BASE}cors: {cors}\n"), no_env);
+    let c =
+        with("{allowed_origins: ['https://app.example.com', 'http://localhost:3000']}").unwrap();
+    assert_eq!(c.cors.unwrap().origins.unwrap().len(), 2);
+    assert_eq!(
+        with("{allowed_origins: ['*']}")
+            .unwrap()
+            .cors
+            .unwrap()
+            .origins,
+        None
+    );
+    assert_eq!(parse(BASE, no_env).unwrap().cors, None, "off by default");
+    for (cors, path) in [
+        ("{allowed_origins: []}", "cors.allowed_origins"),
+        (
+            "{allowed_origins: ['https://a.example/']}",
+            "cors.allowed_origins[0]",
+        ),
+        (
+            "{allowed_origins: ['https://a.example', 'app.example']}",
+            "cors.allowed_origins[1]",
+        ),
+        (
+            "{allowed_origins: ['*'], max_age_s: 100000000}",
+            "cors.max_age_s",
+        ),
+    ] {
+        assert_eq!(with(cors).unwrap_err().path, path, "{cors}");
+    }
+}
