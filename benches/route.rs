@@ -1,0 +1,115 @@
+//! Cost of one routing decision at fleet scale: the router asks every candidate's curve what one
+//! more request would see there, and picks among the feasible. With DNS discovery a model may
+//! have hundreds of backends, so the decision must stay linear in the candidates with a small
+//! constant. Each backend has a taught curve (its own speed slope) and a few requests in flight;
+//! each iteration routes one interactive request and gives its slot back.
+//!
+//! Run: `cargo bench --bench route`. Results are in BENCHMARKS.md.
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use tokio::time::Instant;
+use tpsgate::config::BackendDialect;
+use tpsgate::curve::{FirstToken, Observation, Outcome};
+use tpsgate::fleet::{Backend, InFlightGuard, Line};
+use tpsgate::router::{Ask, Router};
+
+/// A router over `n` backends serving `m`, each taught a batching curve, with an interactive
+/// class (>= 20 tok/s at the median, TTFT <= 1 s) that sheds on a miss.
+fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
+    let list: String = (0..n)
+        .map(|i| {
+            format!(
+                "- {{name: b{i}, url: 'http://127.0.0.1:1', dialect: openai, models: {{m: m}}}}\n"
+            )
+        })
+        .collect();
+    let text = format!(
+        "backends:\n{list}classes:\n\
+         - {{name: interactive, min_tps: 20, max_ttft_ms: 1000, on_miss: shed}}\n\
+         routing: {{exploration: 0}}\n"
+    );
+    let config = tpsgate::config::parse(&text, |_| None).expect("bench config");
+    let line = Arc::new(Line::new(config.classes.len()));
+    let backends: Vec<Arc<Backend>> = config
+        .backends
+        .iter()
+        .map(|b| Backend::new(b.clone(), 300.0, 1, Arc::clone(&line), None).expect("backend"))
+        .collect();
+    let now = Instant::now();
+    for (i, backend) in backends.iter().enumerate() {
+        let per_seq = 0.0005 + 0.0001 * (i % 7) as f64;
+        for c in [1.0, 2.0, 4.0, 8.0, 16.0, 32.0] {
+            for _ in 0..8 {
+                backend.first_token(
+                    "m",
+                    &FirstToken {
+                        at: now,
+                        ttft: 0.05 + 0.002 * c,
+                        prompt_tokens: Some(64),
+                        admitted_with: c,
+                        queued_with: 0,
+                    },
+                );
+                backend.record(
+                    "m",
+                    &Observation {
+                        at: now,
+                        outcome: Outcome::Completed,
+                        ttft: Some(0.05 + 0.002 * c),
+                        tpot: Some(0.010 + per_seq * c),
+                        output_tokens: 128,
+                        estimated: false,
+                        prompt_tokens: Some(64),
+                        concurrency: Some(c),
+                    },
+                );
+            }
+        }
+    }
+    // A few requests in flight on each, so that occupancies differ.
+    let held = backends
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| {
+            (0..i % 5).map(move |_| InFlightGuard::try_admit(b, Some(0)).expect("slot"))
+        })
+        .collect();
+    let router = Router::new(backends, None, config.classes, config.routing, line);
+    (router, held)
+}
+
+fn route(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _entered = runtime.enter();
+    let mut group = c.benchmark_group("route_decision");
+    for n in [4usize, 8, 64, 256] {
+        let (router, _held) = router(n);
+        let slo = router.classes()[0].slo;
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                let ask = Ask {
+                    model: "m",
+                    dialect: BackendDialect::Openai,
+                    prompt_tokens: 64,
+                    max_tokens: Some(128),
+                    class: Some(0),
+                    slo,
+                    received: Instant::now(),
+                    avoid: &[],
+                };
+                // The decision (and the slot it took) is dropped at once.
+                black_box(router.route(&ask).expect("a decision"))
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, route);
+criterion_main!(benches);
