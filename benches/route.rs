@@ -6,6 +6,11 @@
 //!
 //! Run: `cargo bench --bench route`. Results are in BENCHMARKS.md.
 
+#![expect(
+    clippy::expect_used,
+    reason = "a bench whose setup fails should stop loudly"
+)]
+
 use std::hint::black_box;
 use std::sync::Arc;
 
