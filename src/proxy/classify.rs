@@ -216,6 +216,16 @@ impl Classes {
         c.class_index = index;
         c.class = class.map(|k| Arc::clone(&k.name));
         let mut slo = class.map_or_else(Slo::default, |k| k.slo);
+        // One pass over the names, rather than four hashed look-ups, where (as nearly always)
+        // the request sets no SLO of its own.
+        let sets_slo = headers.keys().any(|name| {
+            let name = name.as_str();
+            name.starts_with("x-tpsgate-slo-") || name.starts_with("x-slo-")
+        });
+        if !sets_slo {
+            c.slo = with_percentiles(slo);
+            return Ok(());
+        }
         let tps = bounded(headers, &X_TPSGATE_SLO_TPS, SLO_TPS_RANGE)?.or(bounded(
             headers,
             &X_SLO_TPOT_MS,
@@ -239,14 +249,18 @@ impl Classes {
         if let Some(ms) = ttft_ms {
             slo.max_ttft_s = Some(ms / 1e3);
         }
-        if slo.tps_percentile == 0 {
-            // Overrides on a request without a class: the class default.
-            slo.tps_percentile = 90;
-            slo.ttft_percentile = 90;
-        }
-        c.slo = slo;
+        c.slo = with_percentiles(slo);
         Ok(())
     }
+}
+
+/// `slo` with the class default percentiles where it has none (a request without a class).
+fn with_percentiles(mut slo: Slo) -> Slo {
+    if slo.tps_percentile == 0 {
+        slo.tps_percentile = 90;
+        slo.ttft_percentile = 90;
+    }
+    slo
 }
 
 /// A number header within `range`, or a 400 naming the header and the range.
@@ -495,13 +509,13 @@ where
     {
         return Err(too_large(limit));
     }
-    if endpoint.generates() && !json_content_type(req.headers().get(header::CONTENT_TYPE)) {
+    let json = json_content_type(req.headers().get(header::CONTENT_TYPE));
+    if endpoint.generates() && !json {
         return Err(Error::new(
             ErrorKind::UnsupportedMediaType,
             "the body must be JSON: send Content-Type: application/json",
         ));
     }
-    let json = json_content_type(req.headers().get(header::CONTENT_TYPE));
     let (mut parts, body) = req.into_parts();
     let body = read_body(body, limit, pace).await?;
     let classified = if json {
