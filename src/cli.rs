@@ -184,6 +184,13 @@ pub struct BenchArgs {
     /// API key: sent as `Authorization: Bearer` (openai) or `x-api-key` (anthropic).
     #[arg(long, env = "TPSGATE_BENCH_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// Read the API key from this environment variable (a hosted API's, e.g. OPENAI_API_KEY),
+    /// so that it never appears on a command line.
+    #[arg(long, conflicts_with = "api_key")]
+    pub api_key_env: Option<String>,
+    /// Extra PEM root certificates to trust for an https:// --url (beside the platform's).
+    #[arg(long)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Give up on a request after this many seconds.
     #[arg(long, default_value_t = 300.0)]
     pub timeout: f64,
@@ -546,7 +553,18 @@ impl BenchArgs {
                 .map_err(|e| format!("--header `{raw}`: bad header value: {e}"))?;
             headers.push((name, value));
         }
-        if let Some(key) = &self.api_key {
+        let from_env = match &self.api_key_env {
+            Some(var) => Some(
+                std::env::var(var)
+                    .ok()
+                    .filter(|k| !k.is_empty())
+                    .ok_or_else(|| {
+                        format!("--api-key-env: environment variable {var} is not set (or empty)")
+                    })?,
+            ),
+            None => None,
+        };
+        if let Some(key) = from_env.as_ref().or(self.api_key.as_ref()) {
             let (name, value) = match self.dialect {
                 BenchDialect::Openai => ("authorization", format!("Bearer {key}")),
                 BenchDialect::Anthropic => ("x-api-key", key.clone()),
@@ -637,7 +655,7 @@ async fn run_bench(args: BenchArgs) -> Result<(), String> {
         }),
         _ => None,
     };
-    let client = bench::http_client();
+    let client = bench::http_client(args.ca_file.as_deref())?;
     let limit = Duration::from_secs_f64(args.timeout);
     let show = |report: &LevelReport| {
         if args.json {

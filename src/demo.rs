@@ -174,7 +174,9 @@ async fn traffic(url: String, peak: f64, mut stopped: watch::Receiver<bool>) {
     if peak <= 0.0 {
         return;
     }
-    let client: HttpClient = bench::http_client();
+    let Ok(client): Result<HttpClient, _> = bench::http_client(None) else {
+        return;
+    };
     let mut rng = SmallRng::from_os_rng();
     let mut running = JoinSet::new();
     let start = Instant::now();

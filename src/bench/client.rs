@@ -16,6 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -75,9 +76,9 @@ impl RequestSpec {
         let uri: Uri = url
             .parse()
             .map_err(|e| format!("--url: `{base}` is not a valid URL: {e}"))?;
-        if uri.scheme_str() != Some("http") {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
             return Err(format!(
-                "--url: `{base}` must start with http:// (https is not supported by bench yet)"
+                "--url: `{base}` must start with http:// or https://"
             ));
         }
         let spec = Self {
@@ -169,17 +170,25 @@ impl Sample {
     }
 }
 
-/// A pooled HTTP/1.1 client with Nagle off.
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// A pooled client for `http://` and `https://` servers (HTTP/1.1, Nagle off).
+pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Builds the client bench uses.
-pub fn http_client() -> HttpClient {
+/// Builds the client bench uses: HTTPS with the platform's roots (as the gateway trusts them)
+/// and, if given, the certificates in `ca_file`; plain HTTP as well.
+pub fn http_client(ca_file: Option<&std::path::Path>) -> Result<HttpClient, String> {
+    let tls = crate::tls::client_config(ca_file, "--ca-file")?;
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new())
+    connector.enforce_http(false);
+    let https = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
+        .build(https))
 }
 
 /// Sends one request and times its stream.

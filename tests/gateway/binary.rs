@@ -194,7 +194,8 @@ async fn sigterm_lets_a_running_stream_finish_then_exits() {
             br#"{"model":"m","messages":[],"max_tokens":40,"stream":true}"#,
         )))
         .unwrap();
-    let mut body = tpsgate::bench::http_client()
+    let mut body = tpsgate::bench::http_client(None)
+        .unwrap()
         .request(request)
         .await
         .unwrap()

@@ -19,7 +19,7 @@ async fn the_class_comes_from_the_header_or_the_default_and_is_echoed() {
         support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
     ))
     .await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     let json = ("content-type", "application/json");
     let ex = support::send(
         &client,

@@ -57,7 +57,7 @@ async fn open_stream(gw: SocketAddr) -> hyper::body::Incoming {
             json!({"model": "m", "messages": [], "max_tokens": 1000, "stream": true}).to_string(),
         )))
         .unwrap();
-    let resp = http_client().request(request).await.unwrap();
+    let resp = http_client(None).unwrap().request(request).await.unwrap();
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
     body.frame().await.unwrap().unwrap();

@@ -12,7 +12,7 @@ const CHAT: &str = r#"{"model":"small","messages":[],"max_tokens":2,"stream":tru
 async fn chat(gw: std::net::SocketAddr, headers: &[(&str, &str)]) -> support::Exchange {
     let path = "/v1/chat/completions";
     support::send(
-        &http_client(),
+        &http_client(None).unwrap(),
         gw,
         Method::POST,
         path,
@@ -60,7 +60,7 @@ async fn an_anthropic_upstream_gets_x_api_key_and_a_default_version() {
         ("authorization", "Bearer client-secret"),
     ];
     let ex = support::send(
-        &http_client(),
+        &http_client(None).unwrap(),
         gw.addr(),
         Method::POST,
         "/v1/messages",
@@ -184,7 +184,7 @@ async fn an_azure_shaped_backend_gets_its_deployment_path_and_api_version_beside
         ),
     ] {
         let ex = support::send(
-            &http_client(),
+            &http_client(None).unwrap(),
             gw.addr(),
             Method::POST,
             path,
@@ -218,7 +218,7 @@ async fn browsers_get_cors_for_the_origins_configured_and_nothing_when_it_is_off
             ),
         ]
     };
-    let client = http_client();
+    let client = http_client(None).unwrap();
     let path = "/v1/chat/completions";
     // The preflight is answered by the gateway, with no key (browsers send none with it).
     let ex = support::send(

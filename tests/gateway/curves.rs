@@ -20,7 +20,8 @@ async fn a_client_that_leaves_mid_stream_cancels_upstream_frees_its_slot_and_lea
             br#"{"model":"m","messages":[],"max_tokens":100000,"stream":true}"#,
         )))
         .unwrap();
-    let mut body = bench::http_client()
+    let mut body = bench::http_client(None)
+        .unwrap()
         .request(request)
         .await
         .unwrap()

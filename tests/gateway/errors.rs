@@ -106,7 +106,7 @@ async fn client_mistakes_get_openai_errors_and_never_reach_the_upstream() {
             "not_found",
         ),
     ];
-    let client = http_client();
+    let client = http_client(None).unwrap();
     for (method, path, headers, body, status, code) in cases {
         let ex = support::send(
             &client,
@@ -151,7 +151,7 @@ async fn client_mistakes_get_openai_errors_and_never_reach_the_upstream() {
 #[tokio::test]
 async fn a_body_malformed_where_the_gateway_does_not_read_gets_the_backends_own_400() {
     let (_fleet, sim, gw) = one_backend("", "").await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     let post = async |body: &[u8]| {
         let json = ("content-type", "application/json");
         let path = "/v1/chat/completions";
@@ -171,7 +171,7 @@ async fn a_body_malformed_where_the_gateway_does_not_read_gets_the_backends_own_
 async fn errors_on_v1_messages_take_anthropics_shape() {
     let (_fleet, _sim, gw) = one_backend("", "").await;
     let ex = support::send(
-        &http_client(),
+        &http_client(None).unwrap(),
         gw.addr(),
         Method::POST,
         "/v1/messages",
@@ -252,7 +252,12 @@ async fn a_full_backend_is_a_503_with_retry_after_until_its_stream_ends() {
         .header("content-type", "application/json")
         .body(http_body_util::Full::new(bytes::Bytes::from_static(long)))
         .unwrap();
-    let mut held = http_client().request(request).await.unwrap().into_body();
+    let mut held = http_client(None)
+        .unwrap()
+        .request(request)
+        .await
+        .unwrap()
+        .into_body();
     held.frame().await.unwrap().unwrap();
 
     let short = br#"{"model":"small","messages":[],"max_tokens":2}"#;
@@ -386,7 +391,7 @@ async fn an_admin_token_guards_metrics_and_admin_data_but_not_health() {
         support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
     ))
     .await;
-    let client = tpsgate::bench::http_client();
+    let client = tpsgate::bench::http_client(None).unwrap();
     let get = async |path: &str, auth: Option<&str>| {
         let headers: Vec<(&str, &str)> = auth.map(|a| ("authorization", a)).into_iter().collect();
         support::send(&client, gw.admin_addr(), Method::GET, path, None, &headers)

@@ -308,7 +308,7 @@ async fn the_admin_plane_answers_a_page_that_rebinds_its_name_only_with_the_toke
         "admin: {listen: 127.0.0.1:0, allowed_hosts: [gateway]}\n",
     )
     .await;
-    let client = tpsgate::bench::http_client();
+    let client = tpsgate::bench::http_client(None).unwrap();
     let get = async |path: &str, host: &str| {
         support::send(
             &client,
@@ -350,7 +350,7 @@ async fn the_admin_token_is_taken_whatever_the_case_of_its_scheme() {
         "admin: {listen: 127.0.0.1:0, token_env: ADMIN_TOKEN}\n",
     )
     .await;
-    let client = tpsgate::bench::http_client();
+    let client = tpsgate::bench::http_client(None).unwrap();
     for auth in [
         "Bearer key-of-ADMIN_TOKEN",
         "bearer key-of-ADMIN_TOKEN",
@@ -789,7 +789,7 @@ async fn a_multipart_upload_reaches_the_default_backend_byte_for_byte() {
     let content_type = format!("multipart/form-data; boundary={boundary}");
     for path in ["/v1/audio/transcriptions", "/v1/files"] {
         let ex = support::send(
-            &tpsgate::bench::http_client(),
+            &tpsgate::bench::http_client(None).unwrap(),
             gw.addr(),
             http::Method::POST,
             path,

@@ -34,7 +34,7 @@ async fn direct_and_via(stream: StreamRaw, path: &str, body: &Value) -> (Exchang
         ("content-type", "application/json"),
         ("x-request-id", "same-id"),
     ];
-    let client = http_client();
+    let client = http_client(None).unwrap();
     let direct = support::send(
         &client,
         sim,
@@ -162,7 +162,7 @@ async fn a_renamed_model_reaches_the_upstream_whatever_its_new_length() {
         support::backend_yaml("sim", sim, "openai", models)
     ))
     .await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     for (alias, stream) in [
         ("small", false),
         ("a-much-longer-name-for-model-m", true),

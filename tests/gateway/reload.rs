@@ -92,7 +92,12 @@ async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_cur
             br#"{"model":"m","messages":[],"max_tokens":40,"stream":true}"#,
         )))
         .unwrap();
-    let mut body = http_client().request(request).await.unwrap().into_body();
+    let mut body = http_client(None)
+        .unwrap()
+        .request(request)
+        .await
+        .unwrap()
+        .into_body();
     let first = body.frame().await.unwrap().unwrap();
     assert!(first.is_data());
 

@@ -68,7 +68,7 @@ async fn faulty_and_good_unretried(
 
 async fn backend_of_next(gw: &tpsgate::gateway::Gateway) -> (StatusCode, String) {
     let ex = support::exchange_with(
-        &http_client(),
+        &http_client(None).unwrap(),
         gw.addr(),
         Method::POST,
         "/v1/chat/completions",
@@ -335,7 +335,7 @@ async fn head_after(gw: &tpsgate::gateway::Gateway) -> Duration {
         .body(http_body_util::Full::new(bytes::Bytes::from_static(CHAT)))
         .unwrap();
     let started = tokio::time::Instant::now();
-    let resp = http_client().request(request).await.unwrap();
+    let resp = http_client(None).unwrap().request(request).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let waited = started.elapsed();
     drop(resp);
@@ -564,7 +564,7 @@ async fn under_random_faults_every_stream_is_whole_or_ends_with_an_error_event()
     let pid = gw.child.id();
     let tokens = 20;
     let body = format!(r#"{{"model":"m","messages":[],"max_tokens":{tokens},"stream":true}}"#);
-    let client = http_client();
+    let client = http_client(None).unwrap();
     // Three rounds: the first sets the allocator's high-water mark, the later ones must not
     // climb far above it (memory held per stream would).
     let mut rss = Vec::new();
@@ -646,7 +646,12 @@ async fn streams_still_open_at_the_drain_deadline_end_with_an_error_event() {
             br#"{"model":"m","messages":[],"max_tokens":200,"stream":true}"#,
         )))
         .unwrap();
-    let mut body = http_client().request(request).await.unwrap().into_body();
+    let mut body = http_client(None)
+        .unwrap()
+        .request(request)
+        .await
+        .unwrap()
+        .into_body();
     body.frame().await.unwrap().unwrap();
     let started = tokio::time::Instant::now();
     let stopping = tokio::spawn(gw.stop());

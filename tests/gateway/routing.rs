@@ -65,7 +65,7 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
         "classes:\n  - {name: interactive, min_tps: 25, max_ttft_ms: 2000}\n  - {name: turns, min_tps: 25, policy: round_robin}\n",
     ))
     .await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     // Each backend is new: each takes one lone request to be measured.
     let mut cold = Vec::new();
     for _ in 0..2 {
@@ -140,7 +140,12 @@ async fn slow_only() -> (support::FleetGuard, tpsgate::gateway::Gateway) {
     ))
     .await;
     // The first request (a cold start) teaches the curve that the backend is slow.
-    let ex = chat(&http_client(), gw.addr(), &[("x-tpsgate-slo-tps", "1")]).await;
+    let ex = chat(
+        &http_client(None).unwrap(),
+        gw.addr(),
+        &[("x-tpsgate-slo-tps", "1")],
+    )
+    .await;
     assert_eq!(ex.status, StatusCode::OK);
     (support::FleetGuard(vec![fleet]), gw)
 }
@@ -148,7 +153,7 @@ async fn slow_only() -> (support::FleetGuard, tpsgate::gateway::Gateway) {
 #[tokio::test]
 async fn a_queued_request_is_shed_with_retry_after_when_its_wait_runs_out() {
     let (_fleet, gw) = slow_only().await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     let start = Instant::now();
     let ex = chat(&client, gw.addr(), &[("x-tpsgate-class", "waits")]).await;
     assert_eq!(ex.status, StatusCode::TOO_MANY_REQUESTS);
@@ -185,7 +190,7 @@ async fn time_waiting_in_line_counts_against_the_client_not_the_backends_curve()
         ),
     ))
     .await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     let (first, second) = tokio::join!(chat(&client, gw.addr(), &[]), async {
         tokio::time::sleep(Duration::from_millis(20)).await;
         chat(&client, gw.addr(), &[]).await
@@ -204,7 +209,7 @@ async fn time_waiting_in_line_counts_against_the_client_not_the_backends_curve()
 #[tokio::test]
 async fn per_request_slo_overrides_apply_within_documented_bounds() {
     let (_fleet, gw) = slow_only().await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     // Asking for less speed than the class makes the slow backend feasible.
     let ex = chat(
         &client,
@@ -244,7 +249,7 @@ async fn the_class_comes_from_the_header_the_key_allows_then_a_route_rule_then_t
         support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n"),
     ))
     .await;
-    let client = http_client();
+    let client = http_client(None).unwrap();
     let completions = br#"{"model":"m","prompt":"hi","max_tokens":2,"stream":true}"#;
     let class_of = async |path: &str, body: &[u8], headers: &[(&str, &str)]| {
         let mut all = vec![("content-type", "application/json")];
@@ -343,7 +348,7 @@ async fn exploration_never_spends_more_than_its_budget() {
             support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n"),
         ))
         .await;
-        let client = http_client();
+        let client = http_client(None).unwrap();
         let mut explored = 0;
         let n = 24;
         for _ in 0..n {
@@ -407,7 +412,7 @@ async fn a_prior_steers_the_first_requests_and_a_bench_file_imports_as_one() {
 
     // Without the prior the first request would be a cold start on either; with it, no request
     // goes to the backend believed slow.
-    let client = http_client();
+    let client = http_client(None).unwrap();
     for _ in 0..4 {
         let ex = chat(&client, gw.addr(), &[]).await;
         assert_eq!(header(&ex.headers, "x-tpsgate-backend"), "fast");

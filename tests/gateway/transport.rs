@@ -167,3 +167,90 @@ async fn connections_beyond_the_limit_wait_until_one_closes_and_oversized_heads_
         String::from_utf8_lossy(&reply)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_measures_an_https_server_with_its_roots_and_a_key_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let sim = BackendRaw {
+        name: "hosted".into(),
+        listen: "127.0.0.1:0".into(),
+        models: vec!["m".into()],
+        tls: Some(SimTls {
+            cert_file: cert_file.clone(),
+            key_file,
+        }),
+        engine: EngineRaw {
+            step_base_ms: 1.0,
+            ..EngineRaw::default()
+        },
+        stream: StreamRaw::default(),
+        faults: vec![],
+    }
+    .validate("test")
+    .unwrap();
+    let fleet = Fleet::start(&[sim]).await.unwrap();
+    let addr = fleet.addr("hosted").unwrap();
+    let url = format!("https://localhost:{}", addr.port());
+    let run = move |extra: Vec<String>| {
+        let mut command = support::tpsgate();
+        command
+            .args(["bench", "--url", &url, "--model", "m", "--max-tokens", "8"])
+            .args(["--concurrency", "1", "--requests", "2", "--json"])
+            .args(extra)
+            .env("HOSTED_KEY", "sk-from-env");
+        command.output().unwrap()
+    };
+    let ca = cert_file.display().to_string();
+    let with_roots = vec![
+        "--ca-file".to_owned(),
+        ca,
+        "--api-key-env".to_owned(),
+        "HOSTED_KEY".to_owned(),
+    ];
+    let out = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || run(with_roots)
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"], 0, "{report}");
+    assert!(
+        report["per_user_tps_p50"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    let client = tpsgate::bench::http_client(Some(&cert_file)).unwrap();
+    let requests = format!("https://localhost:{}/sim/requests", addr.port());
+    let resp = client
+        .request(
+            Request::get(requests)
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let seen = seen["requests"].as_array().unwrap();
+    assert!(!seen.is_empty());
+    assert!(
+        seen.iter()
+            .all(|r| r["authorization"] == "Bearer sk-from-env"),
+        "{seen:?}"
+    );
+    // Without the server's root, every request fails on the certificate: nothing is measured.
+    let out = tokio::task::spawn_blocking(move || run(Vec::new()))
+        .await
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["errors"], report["requests"], "{report}");
+}

@@ -111,7 +111,7 @@ async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
     // tokens, not ten, so that one late timer (a few ms under CPU steal) moves the measured speed
     // by under 3%.
     let spec = support::request(addr, BenchDialect::Openai, 0, 30);
-    let client = bench::http_client();
+    let client = bench::http_client(None).unwrap();
     let send_five = |gap: Duration, spec: RequestSpec| {
         let start = Instant::now();
         let tasks: Vec<_> = (0..5u32)

@@ -15,7 +15,7 @@ async fn runtime_params_slow_the_backend_down_mid_run() {
     // 150 tokens (0.75 s, then 1.5 s): one late timer among them, while other tests share the
     // machine, moves the measured speed by a few ms in a span long enough not to notice.
     let spec = support::request(addr, BenchDialect::Openai, 0, 150);
-    let client = bench::http_client();
+    let client = bench::http_client(None).unwrap();
     let before = bench::client::run_one(&client, &spec)
         .await
         .per_user_tps()
@@ -112,7 +112,8 @@ async fn a_client_that_disconnects_frees_its_batch_slot() {
             json!({"model": "m", "messages": [], "max_tokens": 100000, "stream": true}).to_string(),
         )))
         .unwrap();
-    let mut body = bench::http_client()
+    let mut body = bench::http_client(None)
+        .unwrap()
         .request(request)
         .await
         .unwrap()

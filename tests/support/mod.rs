@@ -130,7 +130,7 @@ pub async fn exchange(
     path: &str,
     body: Option<&[u8]>,
 ) -> Exchange {
-    exchange_with(&http_client(), addr, method, path, body).await
+    exchange_with(&http_client(None).unwrap(), addr, method, path, body).await
 }
 
 /// [`exchange`] on a given client.
@@ -365,7 +365,7 @@ pub async fn closed_level(
     let spec = request(addr, dialect, prompt, output);
     let bar = indicatif::ProgressBar::hidden();
     let limit = std::time::Duration::from_secs(60);
-    tpsgate::bench::closed_loop(&http_client(), &spec, c, n, limit, &bar).await
+    tpsgate::bench::closed_loop(&http_client(None).unwrap(), &spec, c, n, limit, &bar).await
 }
 
 /// Reading the gateway's measured curves.
