@@ -82,7 +82,7 @@ fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
             (0..i % 5).map(move |_| InFlightGuard::try_admit(b, Some(0)).expect("slot"))
         })
         .collect();
-    let router = Router::new(backends, None, config.classes, config.routing, line);
+    let router = Router::new(backends, Vec::new(), config.classes, config.routing, line);
     (router, held)
 }
 

@@ -277,14 +277,14 @@ async fn reload_on_change(
     reloader: crate::live::Reloader,
     #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
 ) {
-    let apply = |why: &str| {
+    let apply = async |why: &str| {
         tracing::info!(file = %file.display(), why, "reloading the config");
         // Whatever a file holds, the watcher goes on: a panic while reading or applying one is
         // a refused reload (logged, on /admin/reload), not the end of reloading.
-        let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let attempt = std::panic::AssertUnwindSafe(async {
             match crate::config::load(&file) {
                 Ok(config) => {
-                    let _ = reloader.reload(&config);
+                    let _ = reloader.reload(&config).await;
                 }
                 Err(err) => {
                     let message = err.to_string();
@@ -292,8 +292,8 @@ async fn reload_on_change(
                     reloader.refused(message);
                 }
             }
-        }));
-        if let Err(panic) = attempt {
+        });
+        if let Err(panic) = futures_util::FutureExt::catch_unwind(attempt).await {
             let what = panic
                 .downcast_ref::<&str>()
                 .map(|s| (*s).to_owned())
@@ -315,7 +315,7 @@ async fn reload_on_change(
         tokio::select! {
             () = hup => {
                 seen = fingerprint(&file);
-                apply("SIGHUP");
+                apply("SIGHUP").await;
             }
             _ = every.tick() => {
                 let now = fingerprint(&file);
@@ -328,7 +328,7 @@ async fn reload_on_change(
                     continue; // still being written: look again next tick
                 }
                 seen = settled;
-                apply("the file changed");
+                apply("the file changed").await;
             }
         }
     }
@@ -419,8 +419,15 @@ fn check(file: &std::path::Path) -> ExitCode {
                 query.as_deref().map_or(String::new(), |q| format!("?{q}"))
             ),
         };
+        let discovered = b.discovery.map_or(String::new(), |d| {
+            format!(
+                ", one backend per address of {} (DNS, every {} s)",
+                b.url.host().unwrap_or_default(),
+                d.refresh.as_secs_f64()
+            )
+        });
         say(&format!(
-            "backend {} ({dialect}, {}{key}{shape}): {}",
+            "backend {} ({dialect}, {}{key}{shape}{discovered}): {}",
             b.name,
             b.url,
             models.join(", ")

@@ -76,8 +76,12 @@ impl Gateway {
             }
             None => (None, None),
         };
+        let resolver = crate::discovery::Resolver::new(config.resolver.as_ref());
+        let mut found = crate::discovery::Found::default();
+        crate::discovery::resolve(&resolver, crate::discovery::discovered(config), &mut found)
+            .await;
         let live = Arc::new(ArcSwap::from_pointee(Live::build(
-            config, None, &drained, outbox,
+            config, found, None, &drained, outbox,
         )?));
         let tls = match &config.tls {
             Some(files) => Some(crate::tls::acceptor(&files.cert_file, &files.key_file)?),
@@ -197,15 +201,17 @@ impl Gateway {
                 }
             }
         });
+        let reloader = Reloader::new(live, reload_status, drained.clone(), resolver);
+        let discovery = tokio::spawn(reloader.clone().keep_discovering(stop.subscribe()));
         Ok(Self {
             addr,
             admin_addr,
             tls: has_tls,
             admin,
-            reloader: Reloader::new(live, reload_status, drained.clone()),
+            reloader,
             drained,
             stop,
-            tasks: vec![proxy, admin_task, upkeep, forget, oracle],
+            tasks: vec![proxy, admin_task, upkeep, forget, oracle, discovery],
             cluster: cluster.map(|c| c.task),
             cluster_stop,
         })
@@ -217,8 +223,8 @@ impl Gateway {
     }
 
     /// See [`Reloader::reload`].
-    pub fn reload(&self, config: &Config) -> Result<(), String> {
-        self.reloader.reload(config)
+    pub async fn reload(&self, config: &Config) -> Result<(), String> {
+        self.reloader.reload(config).await
     }
 
     /// Client-facing address.

@@ -25,6 +25,7 @@ pub mod config;
 pub mod console;
 pub mod curve;
 pub mod demo;
+pub mod discovery;
 pub mod error;
 pub mod fleet;
 pub mod gateway;

@@ -6,13 +6,23 @@
 //! the stack current when it arrives, so requests in flight finish on the one they started with.
 //! Backends whose config did not change are carried over as they are (in-flight counts, curves,
 //! health); a changed one gets a new client and keeps its curves.
+//!
+//! Discovery (`crate::discovery`): the backends are the config's entries expanded by the
+//! addresses found in DNS. When an answer changes, the same config is built again over the new
+//! addresses, the same way: members still there are carried over, new ones join cold, and those
+//! gone are no longer routed to while their streams finish on the backend they hold.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::discovery::{self, Found, Resolver};
 use crate::fleet::{Backend, Line, Outbox};
 use crate::router::Router;
 use crate::signal::Signal;
@@ -27,17 +37,21 @@ pub struct Live {
     pub router: Arc<Router>,
     /// The config both were built from.
     pub config: Config,
+    /// The addresses its discovered entries stood for.
+    pub found: Found,
     /// Where the backends' samples and health events go for the other replicas (in a
     /// cluster).
     outbox: Option<Outbox>,
 }
 
 impl Live {
-    /// Builds the router and stack for `config`, reusing `old` backends that did not change;
-    /// `drained` ends streams still open at the drain deadline; `outbox` (a cluster's) is
-    /// where every backend's samples and health events go.
+    /// Builds the router and stack for `config` with the addresses `found` for its discovered
+    /// entries, reusing `old` backends that did not change; `drained` ends streams still open
+    /// at the drain deadline; `outbox` (a cluster's) is where every backend's samples and
+    /// health events go.
     pub fn build(
         config: &Config,
+        found: Found,
         old: Option<&Live>,
         drained: &Signal,
         outbox: Option<Outbox>,
@@ -49,8 +63,9 @@ impl Live {
             Some(o) if classes_same => o.router.line(),
             _ => Arc::new(Line::new(config.classes.len())),
         };
-        let mut backends = Vec::with_capacity(config.backends.len());
-        for b in &config.backends {
+        let (configs, default_backends) = discovery::expand(config, &found);
+        let mut backends = Vec::with_capacity(configs.len());
+        for b in &configs {
             let previous =
                 old.and_then(|o| o.router.backends().iter().find(|p| p.config.name == b.name));
             match previous {
@@ -74,7 +89,7 @@ impl Live {
         }
         let router = Arc::new(Router::new(
             backends,
-            config.default_backend,
+            default_backends,
             config.classes.clone(),
             config.routing,
             line,
@@ -84,6 +99,7 @@ impl Live {
             stack,
             router,
             config: config.clone(),
+            found,
             outbox,
         })
     }
@@ -104,33 +120,46 @@ pub struct ReloadStatus {
     pub last_error: Option<String>,
 }
 
-/// Applies new configs to a running gateway (see [`Reloader::reload`]); cheap to clone.
+/// Applies new configs to a running gateway (see [`Reloader::reload`]), and new DNS answers
+/// (see [`Reloader::keep_discovering`]); cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Reloader {
     live: Arc<ArcSwap<Live>>,
     status: Arc<Mutex<ReloadStatus>>,
     drained: Signal,
+    resolver: Resolver,
+    /// Held from reading the live state to storing the next, so that a reload and a new DNS
+    /// answer never build on the same state and one of them is lost.
+    building: Arc<Mutex<()>>,
 }
 
+/// How often [`Reloader::keep_discovering`] looks for entries a reload added.
+const DISCOVERY_LOOK: Duration = Duration::from_secs(1);
+
 impl Reloader {
-    /// A reloader of `live`, recording outcomes in `status`; `drained` as for [`Live::build`].
+    /// A reloader of `live`, recording outcomes in `status`; `drained` as for [`Live::build`];
+    /// `resolver` answers for discovered entries.
     pub fn new(
         live: Arc<ArcSwap<Live>>,
         status: Arc<Mutex<ReloadStatus>>,
         drained: Signal,
+        resolver: Resolver,
     ) -> Self {
         Self {
             live,
             status,
             drained,
+            resolver,
+            building: Arc::default(),
         }
     }
 
     /// Applies `config` if it can be applied whole: listeners cannot change without a restart,
-    /// and every backend's client must build. On error nothing changes. The outcome is what
-    /// `/admin/reload` shows.
-    pub fn reload(&self, config: &Config) -> Result<(), String> {
-        let result = self.try_reload(config);
+    /// and every backend's client must build. Discovered entries it adds are resolved first,
+    /// so that their backends are there from the moment it applies. On error nothing changes.
+    /// The outcome is what `/admin/reload` shows.
+    pub async fn reload(&self, config: &Config) -> Result<(), String> {
+        let result = self.try_reload(config).await;
         match &result {
             Ok(()) => tracing::info!(backends = config.backends.len(), "config reloaded"),
             Err(err) => tracing::error!(%err, "config reload refused; the running config stays"),
@@ -159,35 +188,103 @@ impl Reloader {
         status.last_error = error;
     }
 
-    fn try_reload(&self, config: &Config) -> Result<(), String> {
-        let current = self.live.load();
-        let old = &current.config;
-        if config.listen != old.listen
-            || config.admin_listen != old.admin_listen
-            || config.tls != old.tls
-            || config.admin_token != old.admin_token
-            || config.admin_hosts != old.admin_hosts
-            || config.limits.header_read_timeout != old.limits.header_read_timeout
-            || config.limits.max_header_bytes != old.limits.max_header_bytes
-            || config.limits.max_connections != old.limits.max_connections
-            || config.limits.idle_timeout != old.limits.idle_timeout
-            || config.limits.client_write_timeout != old.limits.client_write_timeout
+    async fn try_reload(&self, config: &Config) -> Result<(), String> {
         {
-            return Err(
-                "listen, admin, TLS and connection limits apply at start only: restart to change them"
-                    .to_owned(),
-            );
+            let current = self.live.load();
+            let old = &current.config;
+            if config.listen != old.listen
+                || config.admin_listen != old.admin_listen
+                || config.tls != old.tls
+                || config.admin_token != old.admin_token
+                || config.admin_hosts != old.admin_hosts
+                || config.limits.header_read_timeout != old.limits.header_read_timeout
+                || config.limits.max_header_bytes != old.limits.max_header_bytes
+                || config.limits.max_connections != old.limits.max_connections
+                || config.limits.idle_timeout != old.limits.idle_timeout
+                || config.limits.client_write_timeout != old.limits.client_write_timeout
+            {
+                return Err(
+                    "listen, admin, TLS and connection limits apply at start only: restart to change them"
+                        .to_owned(),
+                );
+            }
+            if config.cluster != old.cluster {
+                return Err("cluster applies at start only: restart to change it".to_owned());
+            }
+            if config.resolver != old.resolver {
+                return Err("resolver applies at start only: restart to change it".to_owned());
+            }
         }
-        if config.cluster != old.cluster {
-            return Err("cluster applies at start only: restart to change it".to_owned());
-        }
+        let mut fresh = Found::default();
+        let known = self.live.load_full();
+        discovery::resolve(&self.resolver, known.found.missing(config), &mut fresh).await;
+        let _building = self.building.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.live.load();
+        let found = current.found.updated(&fresh, config);
         let next = Live::build(
             config,
+            found,
             Some(&current),
             &self.drained,
             current.outbox.clone(),
         )?;
         self.live.store(Arc::new(next));
         Ok(())
+    }
+
+    /// Resolves the running config's discovered entries, each every its `refresh_s`, and
+    /// rebuilds the live state when an answer changes; until `stop`.
+    pub async fn keep_discovering(self, mut stop: watch::Receiver<bool>) {
+        let mut due: HashMap<Arc<str>, Instant> = HashMap::new();
+        loop {
+            let live = self.live.load_full();
+            let now = Instant::now();
+            let entries: Vec<_> = discovery::discovered(&live.config)
+                .filter(|b| due.get(&b.name).is_none_or(|at| *at <= now))
+                .collect();
+            if !entries.is_empty() {
+                let mut fresh = Found::default();
+                discovery::resolve(&self.resolver, entries.iter().copied(), &mut fresh).await;
+                for entry in &entries {
+                    let refresh = entry.discovery.map_or(DISCOVERY_LOOK, |d| d.refresh);
+                    due.insert(Arc::clone(&entry.name), now + refresh);
+                }
+                self.rediscovered(&fresh);
+            }
+            let next = discovery::discovered(&live.config)
+                .filter_map(|b| due.get(&b.name).copied())
+                .chain([Instant::now() + DISCOVERY_LOOK])
+                .min()
+                .unwrap_or(now);
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+
+    /// Applies new answers: the running config built again over them, if they changed what
+    /// it stands for.
+    fn rediscovered(&self, fresh: &Found) {
+        let _building = self.building.lock().unwrap_or_else(PoisonError::into_inner);
+        let current = self.live.load();
+        let found = current.found.updated(fresh, &current.config);
+        if found == current.found {
+            return;
+        }
+        let changes = found.changes(&current.found).join("; ");
+        match Live::build(
+            &current.config,
+            found,
+            Some(&current),
+            &self.drained,
+            current.outbox.clone(),
+        ) {
+            Ok(next) => {
+                tracing::info!(%changes, "discovered backends changed");
+                self.live.store(Arc::new(next));
+            }
+            Err(err) => tracing::error!(%err, %changes, "discovered backends could not be built"),
+        }
     }
 }

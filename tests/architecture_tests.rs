@@ -101,6 +101,13 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         &["proxy", "gateway", "admin", "cli", "demo", "stack"],
         "the cluster link syncs the fleet's state beside the request path, never in it",
     ),
+    (
+        "discovery",
+        &[
+            "proxy", "router", "fleet", "upstream", "live", "gateway", "admin", "stack",
+        ],
+        "discovery turns DNS answers into backend configs; the live state builds on them",
+    ),
 ];
 
 fn src() -> PathBuf {

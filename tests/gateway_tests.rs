@@ -20,6 +20,8 @@ mod credentials;
 mod curves;
 #[path = "gateway/demo.rs"]
 mod demo;
+#[path = "gateway/discovery.rs"]
+mod discovery;
 #[path = "gateway/errors.rs"]
 mod errors;
 #[path = "gateway/hardening.rs"]

@@ -188,6 +188,7 @@ fn backends(router: &Router) -> serde_json::Value {
             json!({
                 "name": &*c.name,
                 "url": c.url.to_string(),
+                "address": c.dial.map(|a| a.to_string()),
                 "dialect": match c.dialect { BackendDialect::Openai => "openai", BackendDialect::Anthropic => "anthropic" },
                 "models": c.models.aliases,
                 "passthrough": c.models.passthrough,

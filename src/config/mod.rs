@@ -58,6 +58,24 @@ pub struct Config {
     pub cluster: Option<ClusterConfig>,
     /// Browser clients allowed, if configured.
     pub cors: Option<Cors>,
+    /// The nameservers `discovery: dns` asks; `None`: the system's (`/etc/resolv.conf`).
+    pub resolver: Option<ResolverConfig>,
+}
+
+/// `resolver:` validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolverConfig {
+    /// Nameservers, in order.
+    pub nameservers: Vec<SocketAddr>,
+    /// How long one query may take.
+    pub timeout: Duration,
+}
+
+/// How a backend's addresses are found when its URL's host names several.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Discovery {
+    /// How often the host is resolved again.
+    pub refresh: Duration,
 }
 
 /// `cluster:` validated: where the replicas of a fleet meet.
@@ -211,6 +229,12 @@ pub struct BackendConfig {
     pub prior: Option<Vec<PriorPoint>>,
     /// Outlier ejection.
     pub ejection: Ejection,
+    /// `discovery: dns`: this entry stands for every address its host resolves to (see
+    /// `crate::discovery`), never for a backend of its own.
+    pub discovery: Option<Discovery>,
+    /// The address connections go to instead of the URL's host (one found by discovery); the
+    /// host still names the server for TLS and the `Host` header.
+    pub dial: Option<std::net::IpAddr>,
 }
 
 /// How long a backend may take, past connecting.

@@ -48,6 +48,32 @@ pub struct RawConfig {
     /// Browser clients: origins allowed to call the gateway (CORS); off when absent.
     #[serde(default)]
     pub cors: Option<RawCors>,
+    /// The DNS resolver of `backends[].discovery: dns`; default: the system's.
+    #[serde(default)]
+    pub resolver: Option<RawResolver>,
+}
+
+/// `resolver:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResolver {
+    /// Nameservers to ask, `IP:PORT` (port 53 when left out), in order.
+    pub nameservers: Vec<String>,
+    /// How long one query may take, ms; default 2000.
+    #[serde(default = "default_resolver_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+fn default_resolver_timeout_ms() -> u64 {
+    2000
+}
+
+/// How a backend's addresses are found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RawDiscovery {
+    /// Every address the URL's host resolves to is a backend of its own.
+    Dns,
 }
 
 /// `cluster:`.
@@ -286,6 +312,13 @@ pub struct RawBackend {
     /// When upstream failures take the backend out of routing, and for how long.
     #[serde(default)]
     pub ejection: RawEjection,
+    /// `dns`: the URL's host is resolved every `refresh_s` and each address becomes a backend
+    /// of its own (`NAME/ADDRESS`); absent: the URL is one backend.
+    #[serde(default)]
+    pub discovery: Option<RawDiscovery>,
+    /// With `discovery`, how often the host is resolved again, seconds; default 5.
+    #[serde(default)]
+    pub refresh_s: Option<f64>,
 }
 
 /// `backends[].ejection`.

@@ -133,7 +133,8 @@ pub struct Decision {
 #[derive(Debug)]
 pub struct Router {
     backends: Vec<Arc<Backend>>,
-    default_backend: Option<usize>,
+    /// The backends (by index) of `default_backend`: one, or a discovered entry's members.
+    default_backends: Vec<usize>,
     classes: Vec<ClassConfig>,
     routing: Routing,
     line: Arc<Line>,
@@ -146,10 +147,11 @@ pub struct Router {
 }
 
 impl Router {
-    /// A router over `backends` (built with [`Router::line`] shared) for `classes`.
+    /// A router over `backends` (built with [`Router::line`] shared) for `classes`;
+    /// `default_backends` serve requests that name no model.
     pub fn new(
         backends: Vec<Arc<Backend>>,
-        default_backend: Option<usize>,
+        default_backends: Vec<usize>,
         classes: Vec<ClassConfig>,
         routing: Routing,
         line: Arc<Line>,
@@ -173,7 +175,7 @@ impl Router {
         ));
         Self {
             backends,
-            default_backend,
+            default_backends,
             classes,
             routing,
             line,
@@ -234,30 +236,39 @@ impl Router {
         }
     }
 
-    /// The backend for a request naming no model: the default backend, if configured.
+    /// The backend for a request naming no model: the default backend, if configured (of a
+    /// discovered entry's members, the least occupied that admits it).
     pub fn route_default(&self) -> Result<Decision, Error> {
-        let backend = self
-            .default_backend
-            .and_then(|i| self.backends.get(i))
+        if self.default_backends.is_empty() {
+            return Err(Error::new(
+                ErrorKind::InvalidRequest,
+                "the body names no `model` and no default_backend is configured (or none of its addresses has been found)",
+            ));
+        }
+        let members = self.default_backends.iter().copied();
+        let least = members
+            .clone()
+            .min_by_key(|&i| self.backends.get(i).map_or(u32::MAX, |b| b.in_flight()));
+        least
+            .into_iter()
+            .chain(members)
+            .find_map(|index| {
+                let backend = self.backends.get(index)?;
+                let guard = InFlightGuard::try_admit(backend, None)?;
+                Some(Decision {
+                    backend: Arc::clone(backend),
+                    index,
+                    guard,
+                    prediction: None,
+                    reason: Reason::Baseline,
+                })
+            })
             .ok_or_else(|| {
                 Error::new(
-                    ErrorKind::InvalidRequest,
-                    "the body names no `model` and no default_backend is configured",
+                    ErrorKind::NoBackendAvailable,
+                    "the default backend is at its concurrency limit",
                 )
-            })?;
-        let guard = InFlightGuard::try_admit(backend, None).ok_or_else(|| {
-            Error::new(
-                ErrorKind::NoBackendAvailable,
-                "the default backend is at its concurrency limit",
-            )
-        })?;
-        Ok(Decision {
-            backend: Arc::clone(backend),
-            index: self.default_backend.unwrap_or(0),
-            guard,
-            prediction: None,
-            reason: Reason::Baseline,
-        })
+            })
     }
 
     /// Decides for `ask` now. `Ok(None)`: its class queues and nothing is feasible yet, so

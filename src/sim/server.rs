@@ -45,6 +45,8 @@ pub struct SeenRequest {
     pub path: String,
     /// Its query string, if any.
     pub query: Option<String>,
+    /// The server it was addressed to: the `Host` header (HTTP/1.1) or the authority (h2).
+    pub host: Option<String>,
     /// The `model` of the body, if it parsed.
     pub model: Option<String>,
     /// The `authorization` header.
@@ -181,6 +183,7 @@ impl SimBackend {
         let mut seen = SeenRequest {
             path: req.uri().path().to_owned(),
             query: req.uri().query().map(str::to_owned),
+            host: header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
             model: None,
             authorization: header("authorization"),
             x_api_key: header("x-api-key"),

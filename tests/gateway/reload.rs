@@ -102,6 +102,7 @@ async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_cur
     assert!(first.is_data());
 
     gw.reload(&parse(&config_text(&[("a", a), ("b", b)])))
+        .await
         .unwrap();
     assert_eq!(backend_names(gw.admin_addr()).await, ["a", "b"]);
 
@@ -131,7 +132,7 @@ async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_cur
         |_| None,
     )
     .unwrap();
-    let err = gw.reload(&moved).unwrap_err();
+    let err = gw.reload(&moved).await.unwrap_err();
     assert!(err.contains("restart"), "{err}");
     assert_eq!(backend_names(gw.admin_addr()).await, ["a", "b"]);
     let status = support::get_json(gw.admin_addr(), "/admin/reload").await;
@@ -276,7 +277,9 @@ async fn a_reload_that_changes_only_a_backends_limits_applies_them() {
     };
     assert!(stream().await.ends_with("data: [DONE]\n\n"));
 
-    gw.reload(&with("    max_event_bytes: 1024\n")).unwrap();
+    gw.reload(&with("    max_event_bytes: 1024\n"))
+        .await
+        .unwrap();
     let cut = stream().await;
     assert!(cut.contains("\"error\""), "the new limit applies: {cut}");
     assert!(!cut.contains("[DONE]"), "{cut}");

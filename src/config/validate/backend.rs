@@ -9,8 +9,10 @@ use std::time::Duration;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Uri};
 
-use super::super::raw::{RawBackend, RawPrior};
-use super::super::{BackendConfig, BackendDialect, Cost, Ejection, ModelMap, PriorPoint, Timeouts};
+use super::super::raw::{RawBackend, RawDiscovery, RawPrior};
+use super::super::{
+    BackendConfig, BackendDialect, Cost, Discovery, Ejection, ModelMap, PriorPoint, Timeouts,
+};
 use super::{DAY_MS, HUGE, Result, readable, within};
 use crate::yaml::ConfigError;
 
@@ -189,7 +191,10 @@ pub(super) fn backend(
         )
     })?;
     let (path_prefix, query) = provider_paths(at, b)?;
+    let discovery = discovery(at, b, &url)?;
     Ok(BackendConfig {
+        discovery,
+        dial: None,
         prior,
         host,
         path_prefix,
@@ -220,6 +225,43 @@ pub(super) fn backend(
         },
         anthropic_version,
     })
+}
+
+/// `discovery` and `refresh_s`: a host name to resolve (an address has nothing to discover),
+/// resolved again at most ten times a second and at least once an hour.
+fn discovery(at: &str, b: &RawBackend, url: &Uri) -> Result<Option<Discovery>> {
+    let Some(RawDiscovery::Dns) = b.discovery else {
+        return match b.refresh_s {
+            Some(_) => Err(ConfigError::at(
+                format!("{at}.refresh_s"),
+                "applies only with `discovery: dns`; add it or remove refresh_s",
+            )),
+            None => Ok(None),
+        };
+    };
+    let host = url.host().unwrap_or_default();
+    if host
+        .trim_matches(['[', ']'])
+        .parse::<std::net::IpAddr>()
+        .is_ok()
+    {
+        return Err(ConfigError::at(
+            format!("{at}.discovery"),
+            format!(
+                "the URL's host {host} is already an address: discovery resolves a name (a headless Service, or any name with several A/AAAA records); remove discovery"
+            ),
+        ));
+    }
+    let refresh_s = b.refresh_s.unwrap_or(5.0);
+    if !(0.1..=3600.0).contains(&refresh_s) {
+        return Err(ConfigError::at(
+            format!("{at}.refresh_s"),
+            format!("{refresh_s} is out of range: give 0.1 to 3600 seconds"),
+        ));
+    }
+    Ok(Some(Discovery {
+        refresh: Duration::from_secs_f64(refresh_s),
+    }))
 }
 
 /// The header that carries a backend's API key: `Authorization: Bearer KEY` for OpenAI,

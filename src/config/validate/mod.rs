@@ -197,8 +197,10 @@ pub fn validate(
         ));
     }
     let cors = raw.cors.as_ref().map(cors).transpose()?;
+    let resolver = raw.resolver.as_ref().map(resolver).transpose()?;
     Ok(Config {
         cors,
+        resolver,
         admin_hosts,
         curve_half_life_s: raw.curves.half_life_s,
         listen,
@@ -214,6 +216,37 @@ pub fn validate(
         api_keys,
         routing,
         cluster,
+    })
+}
+
+/// `resolver:`: at least one nameserver, each an IP address with an optional port.
+fn resolver(raw: &crate::config::raw::RawResolver) -> Result<crate::config::ResolverConfig> {
+    if raw.nameservers.is_empty() {
+        return Err(ConfigError::at(
+            "resolver.nameservers",
+            "list at least one nameserver (e.g. 10.96.0.10:53), or remove resolver: to use the system's",
+        ));
+    }
+    let mut nameservers = Vec::with_capacity(raw.nameservers.len());
+    for (i, text) in raw.nameservers.iter().enumerate() {
+        let address = text
+            .parse::<SocketAddr>()
+            .or_else(|_| {
+                text.parse::<std::net::IpAddr>()
+                    .map(|ip| SocketAddr::new(ip, 53))
+            })
+            .map_err(|_| {
+                ConfigError::at(
+                    format!("resolver.nameservers[{i}]"),
+                    format!("`{text}` is not an address: write IP or IP:PORT (e.g. 10.96.0.10:53)"),
+                )
+            })?;
+        nameservers.push(address);
+    }
+    within("resolver.timeout_ms", raw.timeout_ms as f64, 60_000.0)?;
+    Ok(crate::config::ResolverConfig {
+        nameservers,
+        timeout: Duration::from_millis(raw.timeout_ms),
     })
 }
 

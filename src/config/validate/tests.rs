@@ -315,3 +315,71 @@ fn cors_origins_are_origins_or_a_lone_star() {
         assert_eq!(with(cors).unwrap_err().path, path, "{cors}");
     }
 }
+
+#[test]
+fn discovery_resolves_a_name_every_five_seconds_unless_told_otherwise() {
+    let named = BASE.replace("127.0.0.1:9101/", "pods.default.svc:8000");
+    let c = parse(&format!("{named}    discovery: dns\n"), no_env).unwrap();
+    let d = c.backends[0].discovery.unwrap();
+    assert_eq!(d.refresh, Duration::from_secs(5));
+    assert_eq!(c.backends[0].dial, None);
+    assert_eq!(c.resolver, None, "the system's resolver");
+    let c = parse(
+        &format!(
+            "{named}    discovery: dns\n    refresh_s: 0.5\nresolver: {{nameservers: [10.96.0.10, \"127.0.0.1:5353\"]}}\n"
+        ),
+        no_env,
+    )
+    .unwrap();
+    assert_eq!(
+        c.backends[0].discovery.unwrap().refresh,
+        Duration::from_millis(500)
+    );
+    let r = c.resolver.unwrap();
+    assert_eq!(
+        r.nameservers,
+        [
+            "10.96.0.10:53".parse().unwrap(),
+            "127.0.0.1:5353".parse().unwrap()
+        ]
+    );
+    assert_eq!(r.timeout, Duration::from_secs(2));
+}
+
+#[test]
+fn discovery_mistakes_are_named_with_the_fix() {
+    let named = BASE.replace("127.0.0.1:9101/", "pods.default.svc:8000");
+    for (text, path, says) in [
+        (
+            format!("{BASE}    discovery: dns\n"),
+            "backends[0].discovery",
+            "already an address",
+        ),
+        (
+            format!("{named}    refresh_s: 2\n"),
+            "backends[0].refresh_s",
+            "only with `discovery: dns`",
+        ),
+        (
+            format!("{named}    discovery: dns\n    refresh_s: 0\n"),
+            "backends[0].refresh_s",
+            "0.1 to 3600",
+        ),
+        (
+            format!("{named}resolver: {{nameservers: []}}\n"),
+            "resolver.nameservers",
+            "at least one nameserver",
+        ),
+        (
+            format!("{named}resolver: {{nameservers: [dns.local]}}\n"),
+            "resolver.nameservers[0]",
+            "IP or IP:PORT",
+        ),
+    ] {
+        let err = parse(&text, no_env).unwrap_err();
+        assert_eq!(err.path, path, "{text}");
+        assert!(err.message.contains(says), "{}", err.message);
+    }
+    let err = parse(&format!("{named}    discovery: consul\n"), no_env).unwrap_err();
+    assert!(err.to_string().contains("dns"), "{err}");
+}

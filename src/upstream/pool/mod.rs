@@ -42,13 +42,14 @@ use futures_util::FutureExt as _;
 use http::{Request, Response, Uri, Version};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::client::conn::http2;
-use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
-use hyper_util::client::legacy::connect::{Connection, HttpConnector};
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::client::legacy::connect::Connection;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
+use super::connector::Connector;
 use super::{BodyError, UpstreamBody, h1};
 
 /// An idle HTTP/1 connection is closed rather than reused after this long (as hyper-util's
@@ -64,7 +65,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// The connections to one backend.
 pub struct Pool {
-    connector: HttpsConnector<HttpConnector>,
+    connector: Connector,
     /// Where new connections go: the backend's URL.
     base: Uri,
     /// How long a new connection may take, TCP and TLS together (`connect_timeout_ms`).
@@ -212,11 +213,7 @@ impl Pool {
 
     /// A pool of connections to `base` (the backend's URL) made by `connector`, each within
     /// `connect_timeout`.
-    pub fn new(
-        connector: HttpsConnector<HttpConnector>,
-        base: Uri,
-        connect_timeout: Duration,
-    ) -> Arc<Self> {
+    pub fn new(connector: Connector, base: Uri, connect_timeout: Duration) -> Arc<Self> {
         let pool = Arc::new(Self {
             connector,
             connect_timeout,
