@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use http::{HeaderName, HeaderValue};
 
-use crate::bench::{self, BenchDialect, LevelReport, RequestSpec, Slo};
+use crate::bench::{self, BenchDialect, Lengths, LevelReport, Mix, RequestSpec, Slo};
 use crate::console::say;
 use crate::logging::LogFormat;
 use crate::signal::{received, shutdown_signal};
@@ -141,12 +141,17 @@ pub struct BenchArgs {
     /// Closed loop: measured requests per level (warm-up and filler requests come on top).
     #[arg(long, default_value_t = 64)]
     pub requests: usize,
-    /// Output tokens per request (max_tokens).
-    #[arg(long, default_value_t = 128)]
-    pub max_tokens: u32,
-    /// Prompt length in tokens (4 bytes of text each).
-    #[arg(long, default_value_t = 64)]
-    pub prompt_tokens: u32,
+    /// Output tokens per request (max_tokens): N, uniform:min=N,max=N or
+    /// normal:mean=N,sd=N,min=N,max=N.
+    #[arg(long, default_value = "128")]
+    pub max_tokens: Lengths,
+    /// Prompt length in tokens (4 bytes of text each), written as --max-tokens is.
+    #[arg(long, default_value = "64", conflicts_with = "prompts")]
+    pub prompt_tokens: Lengths,
+    /// Prompts from a file of conversations (JSON Lines, or a JSON array as ShareGPT ships):
+    /// each record's first user turn, drawn at random.
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
     /// API dialect.
     #[arg(long, value_enum, default_value = "openai")]
     pub dialect: BenchDialect,
@@ -160,9 +165,9 @@ pub struct BenchArgs {
     /// Open loop: how long arrivals go on at each rate, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub duration: f64,
-    /// Open loop: seed for arrival times and class draws; runs with the same seed offer the same
-    /// requests at the same moments (default: a fresh random sequence).
-    #[arg(long, requires = "rate")]
+    /// Seed for the draws (arrival times, classes, lengths, prompts): runs with the same seed
+    /// offer the same requests (at the same moments, in open loop); default: fresh draws.
+    #[arg(long)]
     pub seed: Option<u64>,
     /// Open loop SLO: largest acceptable TTFT, ms (with --slo-tps).
     #[arg(long, requires = "slo_tps")]
@@ -585,8 +590,8 @@ impl BenchArgs {
             &self.url,
             self.dialect,
             &self.model,
-            self.prompt_tokens,
-            self.max_tokens,
+            self.prompt_tokens.typical(),
+            self.max_tokens.typical(),
             headers,
         )?;
         Ok(if self.no_stream {
@@ -595,18 +600,33 @@ impl BenchArgs {
             spec
         })
     }
+
+    fn mix(&self) -> Result<Mix, String> {
+        let prompts = match &self.prompts {
+            Some(file) => Some((bench::mix::load_prompts(file)?, file.display().to_string())),
+            None => None,
+        };
+        Ok(Mix {
+            prompt: self.prompt_tokens,
+            output: self.max_tokens,
+            prompts,
+            seed: self.seed,
+        })
+    }
 }
 
 /// The open-loop arms: one plain arm, or one per `--mix` entry.
 fn mix_arms(
     args: &BenchArgs,
     spec: &RequestSpec,
+    mix: &Mix,
     slo: Option<Slo>,
 ) -> Result<Vec<bench::Arm>, String> {
     if args.mix.is_empty() {
         return Ok(vec![bench::Arm {
             class: None,
             spec: spec.clone(),
+            mix: mix.clone(),
             weight: 1.0,
             slo,
         }]);
@@ -623,7 +643,10 @@ fn mix_arms(
         if name.is_empty() || !(weight.is_finite() && weight > 0.0) {
             return Err(bad());
         }
-        let mut arm_spec = spec.with_max_tokens(max_tokens.unwrap_or(args.max_tokens));
+        let (mut arm_spec, arm_mix) = match max_tokens {
+            Some(t) => (spec.with_max_tokens(t), mix.with_output(t)),
+            None => (spec.clone(), mix.clone()),
+        };
         let value = HeaderValue::try_from(name).map_err(|_| bad())?;
         arm_spec
             .headers
@@ -636,6 +659,7 @@ fn mix_arms(
         arms.push(bench::Arm {
             class: Some(name.to_owned()),
             spec: arm_spec,
+            mix: arm_mix,
             weight,
             slo: slo.filter(|_| scored),
         });
@@ -645,6 +669,7 @@ fn mix_arms(
 
 async fn run_bench(args: BenchArgs) -> Result<(), String> {
     let spec = args.request_spec()?;
+    let mix = args.mix()?;
     if args.concurrency.contains(&0) {
         return Err("--concurrency: levels must be at least 1".into());
     }
@@ -672,17 +697,19 @@ async fn run_bench(args: BenchArgs) -> Result<(), String> {
         }
     };
     if !args.json {
+        say(&format!("requests: {mix}"));
         say(bench::TABLE_HEADER);
     }
     if args.rate.is_empty() {
         for &c in &args.concurrency {
             let bar = bench::progress_bar(args.requests as u64, format!("c={c}"));
-            let report = bench::closed_loop(&client, &spec, c, args.requests, limit, &bar).await;
+            let report =
+                bench::closed_loop(&client, &spec, &mix, c, args.requests, limit, &bar).await;
             bar.finish_and_clear();
             show(&report);
         }
     } else {
-        let arms = mix_arms(&args, &spec, slo)?;
+        let arms = mix_arms(&args, &spec, &mix, slo)?;
         let duration = Duration::from_secs_f64(args.duration);
         for &rate in &args.rate {
             let expected = (rate * args.duration).ceil() as u64;

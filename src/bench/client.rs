@@ -50,7 +50,7 @@ pub struct RequestSpec {
     /// Extra headers (credentials, class).
     pub headers: Vec<(HeaderName, HeaderValue)>,
     model: String,
-    prompt_tokens: u32,
+    prompt: Prompt,
     /// Output tokens asked for.
     pub max_tokens: u32,
     /// Ask for a stream (the default) or one JSON response.
@@ -87,7 +87,7 @@ impl RequestSpec {
             body: Bytes::new(),
             headers,
             model: model.to_owned(),
-            prompt_tokens,
+            prompt: Prompt::Words(prompt_tokens),
             max_tokens: 0,
             stream: true,
         };
@@ -107,8 +107,17 @@ impl RequestSpec {
     /// The same request asking for `max_tokens` of output.
     #[must_use]
     pub fn with_max_tokens(&self, max_tokens: u32) -> Self {
-        let prompt = "word".repeat(self.prompt_tokens as usize);
-        let messages = json!([{"role": "user", "content": prompt}]);
+        self.with_shape(self.prompt.clone(), max_tokens)
+    }
+
+    /// The same request with `prompt` and `max_tokens` of output.
+    #[must_use]
+    pub fn with_shape(&self, prompt: Prompt, max_tokens: u32) -> Self {
+        let text = match &prompt {
+            Prompt::Words(n) => "word".repeat(*n as usize),
+            Prompt::Text(text) => text.to_string(),
+        };
+        let messages = json!([{"role": "user", "content": text}]);
         let body = match (self.dialect, self.stream) {
             (BenchDialect::Openai, true) => json!({
                 "model": self.model, "messages": messages, "max_tokens": max_tokens,
@@ -121,9 +130,27 @@ impl RequestSpec {
         Self {
             body: Bytes::from(body.to_string()),
             max_tokens,
+            prompt,
             ..self.clone()
         }
     }
+
+    /// The prompt's size in tokens, as sent (a text's estimated at 4 bytes a token).
+    pub fn prompt_tokens(&self) -> u32 {
+        match &self.prompt {
+            Prompt::Words(n) => *n,
+            Prompt::Text(text) => u32::try_from(text.len().div_ceil(4)).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// A request's prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// `n` repetitions of a four-byte word: about `n` tokens.
+    Words(u32),
+    /// A text, e.g. the first user turn of a recorded conversation.
+    Text(std::sync::Arc<str>),
 }
 
 /// What one request measured.
@@ -152,6 +179,10 @@ pub struct Sample {
     pub total: f64,
     /// The `x-tpsgate-backend` of the response, when a tpsgate answered.
     pub backend: Option<String>,
+    /// The prompt's size as sent, tokens (estimated for a text).
+    pub prompt_tokens: u32,
+    /// The output asked for (`max_tokens`).
+    pub max_tokens: u32,
 }
 
 impl Sample {
@@ -362,8 +393,7 @@ impl StreamTimer {
             estimated: t.output_tokens.is_none(),
             gaps: self.gaps,
             total: (end - self.start).as_secs_f64(),
-            backend: None,
-            frames: 0,
+            ..Sample::default()
         }
     }
 }

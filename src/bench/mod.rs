@@ -16,6 +16,7 @@
 //! Per-request definitions are in [`client`].
 
 pub mod client;
+pub mod mix;
 pub mod stats;
 
 use std::time::Duration;
@@ -27,12 +28,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-pub use client::{BenchDialect, HttpClient, RequestSpec, Sample, http_client};
+pub use client::{BenchDialect, HttpClient, Prompt, RequestSpec, Sample, http_client};
+pub use mix::{Lengths, Mix};
 pub use stats::{LevelReport, Slo};
 
 /// Runs one request with a time limit.
 async fn timed(client: &HttpClient, spec: &RequestSpec, limit: Duration) -> Sample {
-    match tokio::time::timeout(limit, client::run_one(client, spec)).await {
+    let sample = match tokio::time::timeout(limit, client::run_one(client, spec)).await {
         Ok(sample) => sample,
         Err(_) => Sample {
             error: Some(format!(
@@ -41,13 +43,28 @@ async fn timed(client: &HttpClient, spec: &RequestSpec, limit: Duration) -> Samp
             )),
             ..Sample::default()
         },
+    };
+    Sample {
+        prompt_tokens: spec.prompt_tokens(),
+        max_tokens: spec.max_tokens,
+        ..sample
     }
 }
 
-/// Measures `requests` requests at a steady `concurrency` (see the module docs).
+/// A worker's (or the arrivals') random draws: from `seed` and `stream` when seeded, so that a
+/// run repeats; else fresh.
+fn draws(seed: Option<u64>, stream: u64) -> SmallRng {
+    seed.map_or_else(SmallRng::from_os_rng, |s| {
+        SmallRng::seed_from_u64(s ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    })
+}
+
+/// Measures `requests` requests of `mix`, shaped from `spec`, at a steady `concurrency` (see
+/// the module docs).
 pub async fn closed_loop(
     client: &HttpClient,
     spec: &RequestSpec,
+    mix: &Mix,
     concurrency: usize,
     requests: usize,
     limit: Duration,
@@ -63,11 +80,20 @@ pub async fn closed_loop(
         let (client, spec, progress) = (client.clone(), spec.clone(), progress.clone());
         let (tickets, finished, done_tx) = (tickets.clone(), finished.clone(), done_tx.clone());
         let mut done = done_rx.clone();
+        let mix = mix.clone();
+        // Seeded, each request's shape comes from its ticket's own draws: which worker takes
+        // which ticket varies from run to run, the measured requests do not.
+        let mut unseeded = draws(None, 0);
+        let mut shape = move |ticket: u64| match mix.seed {
+            Some(_) => mix.draw(&spec, &mut draws(mix.seed, ticket)),
+            None => mix.draw(&spec, &mut unseeded),
+        };
         workers.spawn(async move {
             use std::sync::atomic::Ordering::SeqCst;
             let mut mine = Vec::new();
-            let phase = (u64::from(spec.max_tokens) * i as u64 / concurrency as u64).max(1);
-            let mut warm_up = Some(spec.with_max_tokens(u32::try_from(phase).unwrap_or(1)));
+            let first = shape(u64::MAX - i as u64);
+            let phase = (u64::from(first.max_tokens) * i as u64 / concurrency as u64).max(1);
+            let mut warm_up = Some(first.with_max_tokens(u32::try_from(phase).unwrap_or(1)));
             loop {
                 if let Some(first) = warm_up.take() {
                     tokio::select! {
@@ -76,9 +102,11 @@ pub async fn closed_loop(
                     }
                     continue;
                 }
-                let measured = tickets.fetch_add(1, SeqCst) < requests;
+                let ticket = tickets.fetch_add(1, SeqCst);
+                let measured = ticket < requests;
+                let next = shape(ticket as u64);
                 if measured {
-                    mine.push(timed(&client, &spec, limit).await);
+                    mine.push(timed(&client, &next, limit).await);
                     progress.inc(1);
                     if finished.fetch_add(1, SeqCst) + 1 == requests {
                         let _ = done_tx.send(true);
@@ -89,7 +117,7 @@ pub async fn closed_loop(
                     }
                     // Filler load: dropped (the request cancelled) once the level is measured.
                     tokio::select! {
-                        _ = timed(&client, &spec, limit) => {}
+                        _ = timed(&client, &next, limit) => {}
                         _ = done.wait_for(|d| *d) => break,
                     }
                 }
@@ -116,6 +144,7 @@ pub async fn closed_loop(
     LevelReport {
         concurrency: Some(concurrency),
         requests_per_s: (mean_time > 0.0).then(|| concurrency as f64 / mean_time),
+        mix: Some(mix.to_string()),
         ..LevelReport::from_samples(&samples, system_tps)
     }
 }
@@ -127,6 +156,8 @@ pub struct Arm {
     pub class: Option<String>,
     /// The request.
     pub spec: RequestSpec,
+    /// How its requests are shaped from `spec`.
+    pub mix: Mix,
     /// Relative share of arrivals.
     pub weight: f64,
     /// What a request of this kind must meet to count as good.
@@ -135,8 +166,8 @@ pub struct Arm {
 
 /// Sends Poisson arrivals at `rate` per second for `duration`, each drawn from `arms` by weight,
 /// then waits for them all; one report per arm. The same `seed` draws the same sequence of arms
-/// and the same arrival times (scaled by the rate), so that policies compared side by side are
-/// offered identical work.
+/// and the same arrival times (scaled by the rate), and each arm's mix the same requests, so
+/// that policies compared side by side are offered identical work.
 pub async fn open_loop(
     client: &HttpClient,
     arms: &[Arm],
@@ -147,6 +178,9 @@ pub async fn open_loop(
     progress: &ProgressBar,
 ) -> Vec<LevelReport> {
     let mut rng = seed.map_or_else(SmallRng::from_os_rng, SmallRng::seed_from_u64);
+    // A stream of its own for the requests' shapes: a fixed mix draws nothing, and a drawn one
+    // leaves the arrival times as they are.
+    let mut shapes = draws(seed, u64::MAX);
     let total_weight: f64 = arms.iter().map(|a| a.weight).sum();
     let start = Instant::now();
     let mut at = 0.0;
@@ -166,7 +200,7 @@ pub async fn open_loop(
             })
             .unwrap_or(arms.len().saturating_sub(1));
         tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
-        let Some(spec) = arms.get(arm).map(|a| a.spec.clone()) else {
+        let Some(spec) = arms.get(arm).map(|a| a.mix.draw(&a.spec, &mut shapes)) else {
             break;
         };
         let (client, progress) = (client.clone(), progress.clone());
@@ -194,6 +228,7 @@ pub async fn open_loop(
             let mut report = LevelReport::from_samples(&mine, tokens / wall);
             report.rate_rps = Some(rate);
             report.class.clone_from(&a.class);
+            report.mix = Some(a.mix.to_string());
             if let Some(slo) = a.slo {
                 let good = mine.iter().filter(|s| slo.met(s)).count();
                 report.slo = Some(slo);

@@ -95,6 +95,15 @@ pub struct LevelReport {
     /// Requests per answering backend (`x-tpsgate-backend`), when a tpsgate answered.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub backends: std::collections::BTreeMap<String, usize>,
+    /// The request mix the level was measured with (lengths, prompt file, seed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mix: Option<String>,
+    /// Mean prompt size sent, tokens (a text's estimated at 4 bytes a token).
+    pub prompt_tokens_mean: Option<f64>,
+    /// Mean output asked for (`max_tokens`).
+    pub max_tokens_mean: Option<f64>,
+    /// Mean output received, tokens, over the requests that completed.
+    pub output_tokens_mean: Option<f64>,
 }
 
 impl LevelReport {
@@ -105,7 +114,15 @@ impl LevelReport {
         let mut tps: Vec<f64> = ok().filter_map(Sample::per_user_tps).collect();
         let mut gaps: Vec<f64> = ok().flat_map(|s| s.gaps.iter().copied()).collect();
         let mut latency: Vec<f64> = ok().map(|s| s.total).collect();
+        let mean = |values: &mut dyn Iterator<Item = u32>| {
+            let (sum, n) = values.fold((0.0, 0_usize), |(sum, n), v| (sum + f64::from(v), n + 1));
+            (n > 0).then(|| sum / n as f64)
+        };
         Self {
+            mix: None,
+            prompt_tokens_mean: mean(&mut samples.iter().map(|s| s.prompt_tokens)),
+            max_tokens_mean: mean(&mut samples.iter().map(|s| s.max_tokens)),
+            output_tokens_mean: mean(&mut ok().map(|s| s.output_tokens)),
             concurrency: None,
             rate_rps: None,
             requests: samples.len(),

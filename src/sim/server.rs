@@ -49,6 +49,10 @@ pub struct SeenRequest {
     pub host: Option<String>,
     /// The `model` of the body, if it parsed.
     pub model: Option<String>,
+    /// The prompt's size, tokens (bytes of text over 4), if the body parsed.
+    pub prompt_tokens: Option<u32>,
+    /// Its `max_tokens`, if it set one.
+    pub max_tokens: Option<u32>,
     /// The `authorization` header.
     pub authorization: Option<String>,
     /// The `x-api-key` header.
@@ -185,6 +189,8 @@ impl SimBackend {
             query: req.uri().query().map(str::to_owned),
             host: header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
             model: None,
+            prompt_tokens: None,
+            max_tokens: None,
             authorization: header("authorization"),
             x_api_key: header("x-api-key"),
             anthropic_version: header("anthropic-version"),
@@ -208,7 +214,11 @@ impl SimBackend {
             }
         };
         let parsed = dialect.parse(&body);
-        seen.model = parsed.as_ref().ok().map(|r| r.model.clone());
+        if let Ok(r) = &parsed {
+            seen.model = Some(r.model.clone());
+            seen.prompt_tokens = Some(r.prompt_tokens);
+            seen.max_tokens = r.max_tokens;
+        }
         let request_id = seen.request_id.clone();
         self.remember(seen);
         let gen_req = match parsed {

@@ -210,6 +210,91 @@ async fn a_seeded_open_loop_offers_the_same_requests_every_time() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_sends_a_seeded_mix_of_recorded_prompts_and_drawn_output_lengths() {
+    let (fleet, addr) = support::start_engine("x", support::engine(1.0, 0.0, 64)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sharegpt.jsonl");
+    let prompts = ["a".repeat(40), "b".repeat(400), "c".repeat(2000)];
+    let lines: Vec<String> = prompts
+        .iter()
+        .map(|p| {
+            serde_json::json!({"conversations": [
+                {"from": "human", "value": p},
+                {"from": "gpt", "value": "an answer"},
+            ]})
+            .to_string()
+        })
+        .collect();
+    std::fs::write(&file, lines.join("\n")).unwrap();
+    let url = support::base(addr);
+    let file = file.display().to_string();
+    let run = || {
+        let (url, file) = (url.clone(), file.clone());
+        async move {
+            let args = [
+                "--url",
+                &url,
+                "--model",
+                "m",
+                "--prompts",
+                &file,
+                "--max-tokens",
+                "uniform:min=4,max=12",
+                "--seed",
+                "11",
+                "--concurrency",
+                "1,2",
+                "--requests",
+                "16",
+            ];
+            bench_json(&args).await
+        }
+    };
+    let levels = run().await;
+    assert_eq!(levels.len(), 2, "one report per level");
+    for level in &levels {
+        assert_eq!(level["errors"], 0, "{level}");
+        let mix = level["mix"].as_str().unwrap();
+        assert!(
+            mix.contains("sharegpt.jsonl (3 of them)")
+                && mix.contains("output tokens uniform:min=4,max=12")
+                && mix.contains("seed 11"),
+            "{mix}"
+        );
+        let asked = level["max_tokens_mean"].as_f64().unwrap();
+        assert!((4.0..=12.0).contains(&asked), "{level}");
+        assert_eq!(
+            level["output_tokens_mean"], level["max_tokens_mean"],
+            "{level}"
+        );
+    }
+    // What the server saw: only the file's first user turns, and several output lengths.
+    let seen = support::seen(fleet.addr("x").unwrap()).await;
+    let sizes: std::collections::BTreeSet<u64> = seen
+        .iter()
+        .map(|r| r["prompt_tokens"].as_u64().unwrap())
+        .collect();
+    let outputs: std::collections::BTreeSet<u64> = seen
+        .iter()
+        .map(|r| r["max_tokens"].as_u64().unwrap())
+        .collect();
+    assert!(
+        sizes.len() >= 2 && sizes.iter().all(|s| [10, 100, 500].contains(s)),
+        "{sizes:?}"
+    );
+    assert!(
+        outputs.len() >= 3 && outputs.iter().all(|t| (1..=12).contains(t)),
+        "{outputs:?}"
+    );
+    // The same seed: the same requests, so the same means.
+    let again = run().await;
+    for (a, b) in levels.iter().zip(&again) {
+        assert_eq!(a["prompt_tokens_mean"], b["prompt_tokens_mean"]);
+        assert_eq!(a["max_tokens_mean"], b["max_tokens_mean"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_bench_reports_slo_attainment_and_goodput() {
     // A 10 ms step: 100 tok/s per user whatever the load.
     let (_fleet, addr) = support::start_engine("x", support::engine(10.0, 0.0, 64)).await;

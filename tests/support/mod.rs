@@ -365,7 +365,8 @@ pub async fn closed_level(
     let spec = request(addr, dialect, prompt, output);
     let bar = indicatif::ProgressBar::hidden();
     let limit = std::time::Duration::from_secs(60);
-    tpsgate::bench::closed_loop(&http_client(None).unwrap(), &spec, c, n, limit, &bar).await
+    let mix = tpsgate::bench::Mix::fixed(prompt, output);
+    tpsgate::bench::closed_loop(&http_client(None).unwrap(), &spec, &mix, c, n, limit, &bar).await
 }
 
 /// Reading the gateway's measured curves.
