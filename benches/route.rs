@@ -82,7 +82,13 @@ fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
             (0..i % 5).map(move |_| InFlightGuard::try_admit(b, Some(0)).expect("slot"))
         })
         .collect();
-    let router = Router::new(backends, Vec::new(), config.classes, config.routing, line);
+    let router = Router::new(
+        backends,
+        Default::default(),
+        config.classes,
+        config.routing,
+        line,
+    );
     (router, held)
 }
 

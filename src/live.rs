@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::discovery::{self, Found, Resolver};
 use crate::fleet::{Backend, Line, Outbox};
-use crate::router::Router;
+use crate::router::{PassThrough, Router};
 use crate::signal::Signal;
 use crate::stack::{self, Stack};
 
@@ -63,7 +63,16 @@ impl Live {
             Some(o) if classes_same => o.router.line(),
             _ => Arc::new(Line::new(config.classes.len())),
         };
-        let (configs, default_backends) = discovery::expand(config, &found);
+        let (configs, of_entry) = discovery::expand(config, &found);
+        let members = |entry: usize| of_entry.get(entry).cloned().unwrap_or_default().collect();
+        let pass_through = PassThrough {
+            default: config.default_backend.map(members).unwrap_or_default(),
+            by_path: config
+                .routes
+                .iter()
+                .filter_map(|r| Some((r.path.clone()?, members(r.backend?))))
+                .collect(),
+        };
         let mut backends = Vec::with_capacity(configs.len());
         for b in &configs {
             let previous =
@@ -89,7 +98,7 @@ impl Live {
         }
         let router = Arc::new(Router::new(
             backends,
-            default_backends,
+            pass_through,
             config.classes.clone(),
             config.routing,
             line,

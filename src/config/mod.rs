@@ -283,8 +283,11 @@ pub struct RouteRule {
     pub path: Option<String>,
     /// Exact client model to match, if any.
     pub model: Option<String>,
-    /// Index into `classes`.
-    pub class: usize,
+    /// Index into `classes` of the class it gives, if it gives one.
+    pub class: Option<usize>,
+    /// Index into `backends` of where a body naming no model on `path` goes (instead of
+    /// `default_backend`), if the rule says.
+    pub backend: Option<usize>,
 }
 
 /// `cors:` validated.

@@ -505,7 +505,12 @@ pub struct RawRouteRule {
     #[serde(default)]
     pub model: Option<String>,
     /// The class to give.
-    pub class: String,
+    #[serde(default)]
+    pub class: Option<String>,
+    /// With `path` alone: the backend that a body naming no model (an upload, a transcription)
+    /// on that path is forwarded to, instead of `default_backend`.
+    #[serde(default)]
+    pub backend: Option<String>,
 }
 
 /// `cors:`.

@@ -16,6 +16,7 @@ mod resolver;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::ops::Range;
 use std::sync::Arc;
 
 pub use resolver::Resolver;
@@ -101,12 +102,12 @@ fn host_of(entry: &BackendConfig) -> &str {
 }
 
 /// The backends `config` stands for, given what was `found`: each plain entry as it is, each
-/// discovered one as one backend per address, in config order; and the positions among them of
-/// the default backend's (one, or its entry's members).
-pub fn expand(config: &Config, found: &Found) -> (Vec<BackendConfig>, Vec<usize>) {
+/// discovered one as one backend per address, in config order; and for each entry, the
+/// positions of its backends among them (one, or its members).
+pub fn expand(config: &Config, found: &Found) -> (Vec<BackendConfig>, Vec<Range<usize>>) {
     let mut backends = Vec::with_capacity(config.backends.len());
-    let mut default = Vec::new();
-    for (i, entry) in config.backends.iter().enumerate() {
+    let mut of_entry = Vec::with_capacity(config.backends.len());
+    for entry in &config.backends {
         let first = backends.len();
         match entry.discovery {
             None => backends.push(entry.clone()),
@@ -115,11 +116,9 @@ pub fn expand(config: &Config, found: &Found) -> (Vec<BackendConfig>, Vec<usize>
                 backends.extend(addresses.iter().map(|a| member(entry, *a)));
             }
         }
-        if config.default_backend == Some(i) {
-            default.extend(first..backends.len());
-        }
+        of_entry.push(first..backends.len());
     }
-    (backends, default)
+    (backends, of_entry)
 }
 
 /// The backend at `address` of a discovered `entry`: the entry's every setting, its name with
@@ -208,13 +207,12 @@ mod tests {
     }
 
     #[test]
-    fn the_default_backend_of_a_discovered_entry_is_every_member() {
-        let config = config("default_backend: pods\n");
+    fn each_entry_knows_its_backends_one_or_its_members() {
+        let config = config("");
         let mut found = Found::default();
         found.set(&config.backends[0], vec![ip("10.0.0.1"), ip("10.0.0.2")]);
-        assert_eq!(expand(&config, &found).1, [0, 1]);
-        let config = self::config("default_backend: hosted\n");
-        assert_eq!(expand(&config, &found).1, [2]);
+        assert_eq!(expand(&config, &found).1, [0..2, 2..3]);
+        assert_eq!(expand(&config, &Found::default()).1, [0..0, 0..1]);
     }
 
     #[test]

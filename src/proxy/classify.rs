@@ -174,11 +174,12 @@ impl Classes {
             };
         }
         let rule = self.routes.iter().find(|r| {
-            r.path.as_deref().is_none_or(|p| p == path)
+            r.class.is_some()
+                && r.path.as_deref().is_none_or(|p| p == path)
                 && r.model.as_deref().is_none_or(|m| Some(m) == model)
         });
         Ok(rule
-            .map(|r| r.class)
+            .and_then(|r| r.class)
             .or(key.and_then(|k| k.class))
             .or(self.default))
     }

@@ -187,7 +187,7 @@ where
             .unwrap_or_default();
         let retrying = !avoid.is_empty();
         let decided = match classified.model.as_deref() {
-            None => self.router.route_default().map(Some),
+            None => self.router.route_default(req.uri().path()).map(Some),
             Some(model) => self.router.route(&ask(classified, model, received, &avoid)),
         };
         match decided {

@@ -84,7 +84,7 @@ pub(crate) fn router(names: &[&str], classes: &[&str]) -> std::sync::Arc<crate::
         .unwrap();
     std::sync::Arc::new(crate::router::Router::new(
         backends,
-        Vec::new(),
+        Default::default(),
         config.classes,
         config.routing,
         line,

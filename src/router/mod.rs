@@ -129,12 +129,21 @@ pub struct Decision {
     pub reason: Reason,
 }
 
+/// Where bodies naming no model go (uploads, transcriptions): backends by index, each list one
+/// backend or a discovered entry's members.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassThrough {
+    /// `default_backend`'s.
+    pub default: Vec<usize>,
+    /// A `routes[]` rule's, by exact path (first match wins).
+    pub by_path: Vec<(String, Vec<usize>)>,
+}
+
 /// The backends, the classes and the policies' shared state.
 #[derive(Debug)]
 pub struct Router {
     backends: Vec<Arc<Backend>>,
-    /// The backends (by index) of `default_backend`: one, or a discovered entry's members.
-    default_backends: Vec<usize>,
+    pass_through: PassThrough,
     classes: Vec<ClassConfig>,
     routing: Routing,
     line: Arc<Line>,
@@ -148,10 +157,10 @@ pub struct Router {
 
 impl Router {
     /// A router over `backends` (built with [`Router::line`] shared) for `classes`;
-    /// `default_backends` serve requests that name no model.
+    /// `pass_through` says where requests naming no model go.
     pub fn new(
         backends: Vec<Arc<Backend>>,
-        default_backends: Vec<usize>,
+        pass_through: PassThrough,
         classes: Vec<ClassConfig>,
         routing: Routing,
         line: Arc<Line>,
@@ -175,7 +184,7 @@ impl Router {
         ));
         Self {
             backends,
-            default_backends,
+            pass_through,
             classes,
             routing,
             line,
@@ -236,16 +245,23 @@ impl Router {
         }
     }
 
-    /// The backend for a request naming no model: the default backend, if configured (of a
-    /// discovered entry's members, the least occupied that admits it).
-    pub fn route_default(&self) -> Result<Decision, Error> {
-        if self.default_backends.is_empty() {
+    /// The backend for a request on `path` naming no model: a `routes[]` rule's for the path,
+    /// else the default backend, if configured (of a discovered entry's members, the least
+    /// occupied that admits it).
+    pub fn route_default(&self, path: &str) -> Result<Decision, Error> {
+        let members = self
+            .pass_through
+            .by_path
+            .iter()
+            .find(|(p, _)| p == path)
+            .map_or(&self.pass_through.default, |(_, members)| members);
+        if members.is_empty() {
             return Err(Error::new(
                 ErrorKind::InvalidRequest,
-                "the body names no `model` and no default_backend is configured (or none of its addresses has been found)",
+                "the body names no `model`, and neither a route for its path nor default_backend names a backend (or none of its addresses has been found)",
             ));
         }
-        let members = self.default_backends.iter().copied();
+        let members = members.iter().copied();
         let least = members
             .clone()
             .min_by_key(|&i| self.backends.get(i).map_or(u32::MAX, |b| b.in_flight()));

@@ -44,7 +44,13 @@ fn router_exploring(backends: &[&str], exploration: f64) -> Router {
         })
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    Router::new(backends, Vec::new(), config.classes, config.routing, line)
+    Router::new(
+        backends,
+        Default::default(),
+        config.classes,
+        config.routing,
+        line,
+    )
 }
 
 fn router() -> Router {
@@ -179,7 +185,13 @@ fn cheapest_takes_the_lower_price_among_the_feasible_even_with_less_slack() {
         .map(|b| Backend::new(b.clone(), 300.0, 1, Arc::clone(&line), None))
         .collect::<Result<Vec<_>, _>>()
         .unwrap();
-    let router = Router::new(backends, Vec::new(), config.classes, config.routing, line);
+    let router = Router::new(
+        backends,
+        Default::default(),
+        config.classes,
+        config.routing,
+        line,
+    );
     teach(&router, 0, 0.5);
     teach(&router, 1, 1.0);
     assert_eq!(chosen(&router, 0), Ok("cheap"));

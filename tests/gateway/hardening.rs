@@ -817,3 +817,43 @@ async fn a_multipart_upload_reaches_the_default_backend_byte_for_byte() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_route_sends_uploads_on_its_path_to_its_own_backend() {
+    let answering = |name: &'static str| {
+        move |_: usize, _: &[u8]| {
+            format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{{\"by\":\"{name}\"}}",
+                name.len() + 9
+            )
+            .into_bytes()
+        }
+    };
+    let files = support::raw_backend(answering("files"), false).await;
+    let whisper = support::raw_backend(answering("whisper"), false).await;
+    let gw = support::gateway(&format!(
+        "default_backend: files\nroutes:\n  - {{path: /v1/audio/transcriptions, backend: whisper}}\nbackends:\n{}{}",
+        support::backend_yaml("files", files, "openai", "    models: {m: m}\n"),
+        support::backend_yaml("whisper", whisper, "openai", "    models: {whisper-1: whisper-1}\n"),
+    ))
+    .await;
+    let content_type = "multipart/form-data; boundary=b";
+    let body = b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\r\n--b--\r\n";
+    for (path, by) in [
+        ("/v1/audio/transcriptions", "whisper"),
+        ("/v1/files", "files"),
+    ] {
+        let ex = support::send(
+            &tpsgate::bench::http_client(None).unwrap(),
+            gw.addr(),
+            http::Method::POST,
+            path,
+            Some(body),
+            &[("content-type", content_type)],
+        )
+        .await;
+        assert_eq!(ex.status, StatusCode::OK, "{path}");
+        assert_eq!(ex.json()["by"], by, "{path}");
+        assert_eq!(ex.headers["x-tpsgate-backend"], by, "{path}");
+    }
+}

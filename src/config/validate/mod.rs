@@ -133,10 +133,46 @@ pub fn validate(
                 "a rule matches on path, model or both: give at least one",
             ));
         }
+        let class = match &r.class {
+            Some(name) => Some(class_index(&format!("{at}.class"), name)?),
+            None => None,
+        };
+        let backend = match &r.backend {
+            None => None,
+            Some(name) => {
+                if r.path.is_none() || r.model.is_some() {
+                    return Err(ConfigError::at(
+                        format!("{at}.backend"),
+                        "picks where bodies naming no model go, by path: give path and no model",
+                    ));
+                }
+                Some(
+                    backends
+                        .iter()
+                        .position(|b| &*b.name == name)
+                        .ok_or_else(|| {
+                            ConfigError::at(
+                                format!("{at}.backend"),
+                                format!(
+                                    "no backend is called `{name}`; use one of: {}",
+                                    names(&backends)
+                                ),
+                            )
+                        })?,
+                )
+            }
+        };
+        if class.is_none() && backend.is_none() {
+            return Err(ConfigError::at(
+                &at,
+                "a rule gives a class, a backend (for bodies naming no model), or both: give at least one",
+            ));
+        }
         routes.push(RouteRule {
             path: r.path.clone(),
             model: r.model.clone(),
-            class: class_index(&format!("{at}.class"), &r.class)?,
+            class,
+            backend,
         });
     }
     let mut api_keys = Vec::with_capacity(raw.api_keys.len());

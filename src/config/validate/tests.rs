@@ -383,3 +383,28 @@ fn discovery_mistakes_are_named_with_the_fix() {
     let err = parse(&format!("{named}    discovery: consul\n"), no_env).unwrap_err();
     assert!(err.to_string().contains("dns"), "{err}");
 }
+
+#[test]
+fn a_route_picks_a_backend_for_bodies_naming_no_model_by_path_alone() {
+    let ok = format!("{BASE}routes:\n  - {{path: /v1/audio/transcriptions, backend: a}}\n");
+    let c = parse(&ok, no_env).unwrap();
+    assert_eq!(c.routes[0].backend, Some(0));
+    assert_eq!(c.routes[0].class, None);
+    for (rule, path, says) in [
+        (
+            "{path: /v1/files, backend: nope}",
+            "routes[0].backend",
+            "no backend is called `nope`",
+        ),
+        (
+            "{model: m, backend: a}",
+            "routes[0].backend",
+            "give path and no model",
+        ),
+        ("{path: /v1/files}", "routes[0]", "give at least one"),
+    ] {
+        let err = parse(&format!("{BASE}routes:\n  - {rule}\n"), no_env).unwrap_err();
+        assert_eq!(err.path, path, "{rule}");
+        assert!(err.message.contains(says), "{}", err.message);
+    }
+}
