@@ -261,6 +261,10 @@ pub struct RawBackend {
     /// Environment variable holding the API key (read at start-up).
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// The header that carries the key, bare (e.g. `api-key`, Azure OpenAI's resource keys);
+    /// default: `Authorization: Bearer KEY` (openai) or `x-api-key` (anthropic).
+    #[serde(default)]
+    pub api_key_header: Option<String>,
     /// Extra headers sent upstream on every request.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,

@@ -19,7 +19,7 @@ fn every_shipped_config_passes_check() {
                 "OPENAI_API_KEY",
                 "ANTHROPIC_API_KEY",
                 "GEMINI_API_KEY",
-                "AZURE_OPENAI_TOKEN",
+                "AZURE_OPENAI_API_KEY",
                 "GROQ_API_KEY",
                 "TOGETHER_API_KEY",
                 "FIREWORKS_API_KEY",

@@ -46,6 +46,32 @@ async fn the_upstream_sees_its_own_model_name_and_the_configured_key_never_the_c
 }
 
 #[tokio::test]
+async fn a_key_can_go_bare_in_a_header_of_the_backends_choosing() {
+    // Azure OpenAI's resource keys travel as `api-key: KEY`; the simulator shows `x-api-key`'s
+    // value, so the test names that one.
+    let (_fleet, sim) = support::start_engine("azure", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway_for(
+        sim,
+        "openai",
+        "    models: {small: m}\n    api_key_env: AZURE_KEY\n    api_key_header: x-api-key\n",
+    )
+    .await;
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer client-secret"),
+    ];
+    let ex = chat(gw.addr(), &headers).await;
+    assert_eq!(ex.status, 200, "{:?}", String::from_utf8_lossy(&ex.body()));
+    let seen = support::seen(sim).await;
+    assert_eq!(seen[0]["x_api_key"], "key-of-AZURE_KEY");
+    assert_eq!(
+        seen[0]["authorization"],
+        json!(null),
+        "the client's never goes up"
+    );
+}
+
+#[tokio::test]
 async fn an_anthropic_upstream_gets_x_api_key_and_a_default_version() {
     let (_fleet, sim) = support::start_engine("claude", support::engine(1.0, 0.0, 8)).await;
     let gw = support::gateway_for(

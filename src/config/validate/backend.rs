@@ -53,6 +53,30 @@ pub(super) fn backend(
         ));
     }
     let url = upstream_url(&format!("{at}.url"), &b.url)?;
+    let key_header = match &b.api_key_header {
+        None => None,
+        Some(_) if b.api_key_env.is_none() => {
+            return Err(ConfigError::at(
+                format!("{at}.api_key_header"),
+                "names where the key from api_key_env goes: add api_key_env, or remove api_key_header",
+            ));
+        }
+        Some(name) => {
+            let header = HeaderName::try_from(name.as_str()).map_err(|_| {
+                ConfigError::at(
+                    format!("{at}.api_key_header"),
+                    format!("`{name}` is not a valid header name"),
+                )
+            })?;
+            if reserved(&header) {
+                return Err(ConfigError::at(
+                    format!("{at}.api_key_header"),
+                    format!("`{name}` is managed by the gateway; name another header"),
+                ));
+            }
+            Some(header)
+        }
+    };
     let api_key = match &b.api_key_env {
         None => None,
         Some(var) => match env(var) {
@@ -60,7 +84,10 @@ pub(super) fn backend(
                 &format!("{at}.api_key_env"),
                 var,
                 &key,
-                b.dialect,
+                key_header.unwrap_or(match b.dialect {
+                    BackendDialect::Openai => header::AUTHORIZATION,
+                    BackendDialect::Anthropic => HeaderName::from_static("x-api-key"),
+                }),
             )?),
             _ => {
                 return Err(ConfigError::at(
@@ -264,18 +291,19 @@ fn discovery(at: &str, b: &RawBackend, url: &Uri) -> Result<Option<Discovery>> {
     }))
 }
 
-/// The header that carries a backend's API key: `Authorization: Bearer KEY` for OpenAI,
-/// `x-api-key: KEY` for Anthropic; marked sensitive, so that it never shows in logs or debug
-/// output. Made once here, not per request.
+/// The header `name` carrying a backend's API key: `Authorization: Bearer KEY`, any other
+/// header the bare key (`x-api-key` for Anthropic, `api-key` for Azure's resource keys); marked
+/// sensitive, so that it never shows in logs or debug output. Made once here, not per request.
 fn credential(
     at: &str,
     var: &str,
     key: &str,
-    dialect: BackendDialect,
+    name: HeaderName,
 ) -> Result<(HeaderName, HeaderValue)> {
-    let (name, value) = match dialect {
-        BackendDialect::Openai => (header::AUTHORIZATION, format!("Bearer {key}")),
-        BackendDialect::Anthropic => (HeaderName::from_static("x-api-key"), key.to_owned()),
+    let value = if name == header::AUTHORIZATION {
+        format!("Bearer {key}")
+    } else {
+        key.to_owned()
     };
     let mut value = HeaderValue::try_from(value).map_err(|_| {
         ConfigError::at(

@@ -408,3 +408,35 @@ fn a_route_picks_a_backend_for_bodies_naming_no_model_by_path_alone() {
         assert!(err.message.contains(says), "{}", err.message);
     }
 }
+
+#[test]
+fn a_key_header_needs_a_key_and_a_header_the_gateway_does_not_own() {
+    let keyed = format!("{BASE}    api_key_env: K\n");
+    let c = parse(&format!("{keyed}    api_key_header: api-key\n"), |_| {
+        Some("s3cret".into())
+    })
+    .unwrap();
+    let (name, value) = c.backends[0].api_key.clone().unwrap();
+    assert_eq!(
+        (name.as_str(), value.to_str().unwrap()),
+        ("api-key", "s3cret")
+    );
+    for (text, says) in [
+        (
+            format!("{BASE}    api_key_header: api-key\n"),
+            "add api_key_env",
+        ),
+        (
+            format!("{keyed}    api_key_header: host\n"),
+            "managed by the gateway",
+        ),
+        (
+            format!("{keyed}    api_key_header: \"bad name\"\n"),
+            "not a valid header name",
+        ),
+    ] {
+        let err = parse(&text, |_| Some("s3cret".into())).unwrap_err();
+        assert_eq!(err.path, "backends[0].api_key_header", "{text}");
+        assert!(err.message.contains(says), "{}", err.message);
+    }
+}
