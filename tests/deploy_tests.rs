@@ -1,6 +1,8 @@
 //! deploy/: every file parses, every tpsgate config the manifests carry passes `tpsgate check`'s
 //! validation, and Prometheus accepts its config and rules (`promtool`, which `.ci/run` installs
-//! from the Debian package `prometheus`).
+//! from the Debian package `prometheus`), systemd accepts the unit (`systemd-analyze`), and each
+//! Kustomize overlay renders (`kubectl kustomize`) into manifests the Kubernetes schemas accept
+//! (`kubernetes-validate`). `.ci/test` installs each tool; a missing one fails its test.
 
 #![expect(clippy::unwrap_used, reason = "a test fails loudly")]
 
@@ -8,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Deserialize;
+
+mod support;
 
 fn deploy() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy")
@@ -120,15 +124,7 @@ fn the_grafana_dashboard_queries_metrics_the_gateway_exports() {
 
 #[test]
 fn prometheus_accepts_the_scrape_config_and_the_alert_rules() {
-    let Ok(version) = Command::new("promtool").arg("--version").output() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "promtool is missing: .ci/run installs it (apt-get install prometheus)"
-        );
-        eprintln!("skipped: promtool not installed (apt-get install prometheus)");
-        return;
-    };
-    assert!(version.status.success());
+    support::tool("promtool", "prometheus");
     for (what, file) in [
         ("config", "prometheus/prometheus.yml"),
         ("rules", "prometheus/alerts.yml"),
@@ -180,5 +176,50 @@ fn the_dockerfile_copies_files_that_exist_and_runs_scripts_that_parse() {
         out.status.success(),
         "deploy/pgo-build.sh does not parse:\n{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The unit as shipped: systemd accepts every line of it (`systemd-analyze verify`, with the
+/// binary it names pointed at the one built here), its user can read the config, and
+/// `systemctl reload` checks the config before applying it with SIGHUP.
+#[test]
+fn the_systemd_unit_verifies_reads_its_config_and_reloads() {
+    support::tool("systemd-analyze", "systemd");
+    let unit = std::fs::read_to_string(deploy().join("systemd/tpsgate.service")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().join("tpsgate.service");
+    std::fs::write(
+        &here,
+        unit.replace("/usr/local/bin/tpsgate", env!("CARGO_BIN_EXE_tpsgate")),
+    )
+    .unwrap();
+    let out = Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&here)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    // systemd-analyze exits 0 on a line it ignores: what it says about the unit is the verdict.
+    let about_unit: Vec<&str> = said.lines().filter(|l| l.contains("tpsgate.service")).collect();
+    assert!(
+        out.status.success() && about_unit.is_empty(),
+        "systemd-analyze verify:\n{said}"
+    );
+    // DynamicUser: the service's user is made at start, so the config must be world-readable.
+    assert!(unit.contains("DynamicUser=yes"));
+    assert!(
+        unit.contains("install -m 644 config/gateway.yaml /etc/tpsgate/tpsgate.yaml"),
+        "the install line must leave the config readable by the dynamic user"
+    );
+    let reload: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("ExecReload="))
+        .collect();
+    assert_eq!(
+        reload,
+        [
+            "/usr/local/bin/tpsgate check --config /etc/tpsgate/tpsgate.yaml",
+            "/bin/kill -HUP $MAINPID"
+        ]
     );
 }

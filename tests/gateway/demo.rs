@@ -102,24 +102,9 @@ async fn the_demo_shows_a_curve_for_every_backend_within_a_minute_and_stops_clea
 
 /// Loads the dashboard in headless Chromium, lets its script fetch `/admin/curves` and draw,
 /// and checks the DOM: a card with both charts (points drawn) for every backend. Saves a
-/// screenshot to `target/dashboard.png`. `.ci/run` installs Chromium (Debian `chromium`).
+/// screenshot to `target/dashboard.png`. `.ci/test` installs Chromium (Debian `chromium`).
 async fn dashboard_renders_in_a_browser(admin: SocketAddr, backends: &[String]) {
-    let Some(browser) = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|b| {
-            std::process::Command::new(b)
-                .arg("--version")
-                .output()
-                .is_ok()
-        })
-    else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "Chromium is missing: .ci/run installs it (apt-get install chromium)"
-        );
-        eprintln!("skipped the browser check: no Chromium (apt-get install chromium)");
-        return;
-    };
+    let browser = support::tool("chromium", "chromium");
     let url = format!("http://{admin}/");
     let screenshot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
     let common = [

@@ -1,32 +1,15 @@
 //! The official OpenAI and Anthropic Python SDKs stream through the gateway with only their base
-//! URL changed. `.ci/run` installs both into `target/sdk-venv`; elsewhere the test says how to get
-//! them and passes (set `CI` to make their absence a failure).
+//! URL changed. `.ci/test` installs both into the tests' venv; without them the test fails and
+//! says so.
 
 use std::path::PathBuf;
 use std::process::Command;
 
 use crate::support;
 
-fn sdk_python() -> Option<PathBuf> {
-    if let Ok(python) = std::env::var("TPSGATE_SDK_PYTHON") {
-        return Some(PathBuf::from(python));
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/sdk-venv/bin/python");
-    venv.exists().then_some(venv)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn official_sdks_stream_through_the_gateway() {
-    let Some(python) = sdk_python() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must install the SDKs (.ci/run does)"
-        );
-        eprintln!(
-            "skipped: no SDK venv; run `python3 -m venv target/sdk-venv && target/sdk-venv/bin/pip install openai anthropic`"
-        );
-        return;
-    };
+    let python = support::venv_program("python");
     let (_oa, openai_sim) = support::start_engine("oa", support::engine(1.0, 0.0, 8)).await;
     let (_an, anthropic_sim) = support::start_engine("an", support::engine(1.0, 0.0, 8)).await;
     let gw = support::gateway(&format!(

@@ -609,3 +609,34 @@ pub fn cpu_seconds(pid: u32) -> f64 {
         .unwrap_or(100.0);
     ticks / per_second
 }
+
+/// `program`, when it runs (`--version`); else the test fails, naming what installs it: no test
+/// passes by skipping itself.
+pub fn tool(program: &str, package: &str) -> std::path::PathBuf {
+    let runs = std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok();
+    assert!(
+        runs,
+        "{program} is missing: run .ci/test, which installs what the tests need (or apt-get install {package})"
+    );
+    std::path::PathBuf::from(program)
+}
+
+/// A program of the tests' Python venv (`TPSGATE_TEST_VENV`, else `target/test-venv`), which
+/// `.ci/install` makes; the test fails, naming it, when it is not there.
+pub fn venv_program(name: &str) -> std::path::PathBuf {
+    let venv = std::env::var_os("TPSGATE_TEST_VENV").map_or_else(
+        || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-venv"),
+        std::path::PathBuf::from,
+    );
+    let program = venv.join("bin").join(name);
+    assert!(
+        program.exists(),
+        "{} is missing: run .ci/test, which makes the tests' venv ({})",
+        program.display(),
+        venv.display()
+    );
+    program
+}
