@@ -223,3 +223,51 @@ fn the_systemd_unit_verifies_reads_its_config_and_reloads() {
         ]
     );
 }
+
+/// The compose file as `docker compose up --build` reads it: every service that runs our image
+/// builds it (none pulls `tpsgate:local`), each says for itself when it is healthy (the image
+/// has no HEALTHCHECK that would mark the simulator or bench unhealthy), the traffic waits for
+/// healthy gateways, and the gateways' dashboards are published on this machine only.
+#[test]
+fn compose_builds_our_image_everywhere_checks_each_service_and_publishes_the_dashboards() {
+    let mut compose = documents(&deploy().join("docker-compose.yml")).remove(0);
+    compose.apply_merge().unwrap();
+    let services = compose["services"].as_mapping().unwrap();
+    let mut ours = 0;
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        if service["image"].as_str() != Some("tpsgate:local") {
+            continue;
+        }
+        ours += 1;
+        assert!(service["build"].is_mapping(), "{name} runs tpsgate:local without build:");
+        let command = service["command"][0].as_str().unwrap();
+        let probe = service["healthcheck"]["test"].as_sequence();
+        match command {
+            "serve" | "sim" => {
+                let probe = probe.unwrap_or_else(|| panic!("{name} has no healthcheck"));
+                let line = probe.last().unwrap().as_str().unwrap();
+                assert!(line.contains("/dev/tcp/127.0.0.1/"), "{name}: {line}");
+            }
+            _ => assert!(probe.is_none(), "{name} ({command}) serves nothing to probe"),
+        }
+        if command == "serve" {
+            let ports: Vec<&str> = service["ports"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap())
+                .collect();
+            assert!(
+                ports.iter().any(|p| p.starts_with("127.0.0.1:") && p.ends_with(":9090")),
+                "{name}: the dashboard (admin :9090) is published on loopback: {ports:?}"
+            );
+        }
+    }
+    assert_eq!(ours, 6, "two simulators, two gateways, two traffic generators");
+    let dockerfile = std::fs::read_to_string(deploy().join("Dockerfile")).unwrap();
+    assert!(!dockerfile.lines().any(|l| l.starts_with("HEALTHCHECK")));
+    assert!(dockerfile.contains("--mount=type=cache"), "dependencies cached between builds");
+    let ignore = std::fs::read_to_string(deploy().join("../.dockerignore")).unwrap();
+    assert!(ignore.lines().any(|l| l.trim() == "target/"), "target/ stays out of the context");
+}
