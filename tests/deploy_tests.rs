@@ -73,20 +73,145 @@ fn every_yaml_and_json_file_parses() {
 
 #[test]
 fn the_gateway_configs_the_manifests_carry_are_valid() {
-    let mut checked = 0;
-    for path in files(&["yml", "yaml"]) {
-        for doc in documents(&path) {
-            if doc["kind"] == "ConfigMap"
-                && let Some(text) = doc["data"]["tpsgate.yaml"].as_str()
-            {
-                valid_gateway_config(text, &path.display().to_string());
-                checked += 1;
+    for file in [
+        "compose/gateway.yaml",
+        "k8s/overlays/shared-gateway/gateway.yaml",
+        "k8s/overlays/sidecar/gateway.yaml",
+    ] {
+        valid_gateway_config(&std::fs::read_to_string(deploy().join(file)).unwrap(), file);
+    }
+}
+
+/// `kubectl kustomize` of one overlay: its manifests.
+fn rendered(overlay: &str) -> (String, Vec<serde_yaml::Value>) {
+    support::tool("kubectl", "kubernetes-client");
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(deploy().join("k8s/overlays").join(overlay))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {overlay}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let docs = serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_yaml::Value::deserialize(doc).unwrap())
+        .collect();
+    (text, docs)
+}
+
+/// Each overlay renders, and what it renders passes the Kubernetes schemas (strict: no field
+/// the API does not know), Pod Security's "restricted" rules, and carries a config the gateway
+/// accepts with its admin plane behind a token, a PodDisruptionBudget and a PodMonitor that
+/// sends the token.
+#[test]
+fn each_kustomize_overlay_renders_manifests_kubernetes_and_pod_security_accept() {
+    let validate = support::venv_program("kubernetes-validate");
+    for overlay in ["shared-gateway", "sidecar"] {
+        let (text, docs) = rendered(overlay);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join(format!("{overlay}.yaml"));
+        std::fs::write(&file, &text).unwrap();
+        let out = Command::new(&validate)
+            .args(["--strict", "--quiet", "-k", "1.30.0"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && !said.contains("ERROR"),
+            "{overlay}:\n{said}"
+        );
+
+        let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        for kind in [
+            "ConfigMap",
+            "Secret",
+            "PodDisruptionBudget",
+            "PodMonitor",
+            "Deployment",
+        ] {
+            assert!(kinds.contains(&kind), "{overlay} has no {kind}: {kinds:?}");
+        }
+        for deployment in docs.iter().filter(|d| d["kind"] == "Deployment") {
+            let name = deployment["metadata"]["name"].as_str().unwrap();
+            let pod = &deployment["spec"]["template"]["spec"];
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                "{overlay}/{name}: Pod Security restricted needs seccompProfile RuntimeDefault"
+            );
+            let containers = pod["containers"].as_sequence().unwrap();
+            let init = pod["initContainers"]
+                .as_sequence()
+                .cloned()
+                .unwrap_or_default();
+            for c in containers.iter().chain(&init) {
+                let sc = &c["securityContext"];
+                let non_root =
+                    sc["runAsNonRoot"] == true || pod["securityContext"]["runAsNonRoot"] == true;
+                assert!(non_root, "{overlay}/{name}/{:?}: runAsNonRoot", c["name"]);
+                assert_eq!(sc["allowPrivilegeEscalation"], false, "{overlay}/{name}");
+                assert_eq!(sc["capabilities"]["drop"][0], "ALL", "{overlay}/{name}");
+                assert!(
+                    c["resources"]["requests"].is_mapping(),
+                    "{overlay}/{name}: resources"
+                );
             }
         }
+        let config = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap")
+            .and_then(|d| d["data"]["tpsgate.yaml"].as_str())
+            .unwrap();
+        let config = tpsgate::config::parse(config, |_| Some("set".to_owned())).unwrap();
+        assert!(
+            config.admin_token.is_some(),
+            "{overlay}: the admin plane needs a token"
+        );
+        let monitor = docs.iter().find(|d| d["kind"] == "PodMonitor").unwrap();
+        let auth = &monitor["spec"]["podMetricsEndpoints"][0]["authorization"];
+        assert_eq!(auth["credentials"]["key"], "ADMIN_TOKEN", "{overlay}");
+        assert!(
+            kinds.iter().filter(|k| **k == "Deployment").count() == 2,
+            "with the Redis component"
+        );
     }
-    assert_eq!(checked, 2, "the sidecar and the shared gateway");
-    let compose = deploy().join("compose/gateway.yaml");
-    valid_gateway_config(&std::fs::read_to_string(&compose).unwrap(), "compose");
+}
+
+/// The sidecar starts before the app and stops after it: a native sidecar (an init container
+/// that keeps running) whose startup probe holds the app back; the app's own containers are
+/// left as they were.
+#[test]
+fn the_sidecar_is_a_native_sidecar_that_is_ready_before_the_app_starts() {
+    let (_, docs) = rendered("sidecar");
+    let app = docs
+        .iter()
+        .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == "my-app")
+        .unwrap();
+    let pod = &app["spec"]["template"]["spec"];
+    let names: Vec<&str> = pod["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["app"]);
+    let gateway = &pod["initContainers"][0];
+    assert_eq!(gateway["name"], "tpsgate");
+    assert_eq!(gateway["restartPolicy"], "Always");
+    assert_eq!(gateway["startupProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(
+        app["spec"]["template"]["metadata"]["labels"]["tpsgate.io/gateway"],
+        "true"
+    );
+    let env = &pod["containers"][0]["env"];
+    assert_eq!(env[0]["value"], "http://127.0.0.1:8080/v1");
 }
 
 #[test]
@@ -200,7 +325,10 @@ fn the_systemd_unit_verifies_reads_its_config_and_reloads() {
         .unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
     // systemd-analyze exits 0 on a line it ignores: what it says about the unit is the verdict.
-    let about_unit: Vec<&str> = said.lines().filter(|l| l.contains("tpsgate.service")).collect();
+    let about_unit: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("tpsgate.service"))
+        .collect();
     assert!(
         out.status.success() && about_unit.is_empty(),
         "systemd-analyze verify:\n{said}"
@@ -240,7 +368,10 @@ fn compose_builds_our_image_everywhere_checks_each_service_and_publishes_the_das
             continue;
         }
         ours += 1;
-        assert!(service["build"].is_mapping(), "{name} runs tpsgate:local without build:");
+        assert!(
+            service["build"].is_mapping(),
+            "{name} runs tpsgate:local without build:"
+        );
         let command = service["command"][0].as_str().unwrap();
         let probe = service["healthcheck"]["test"].as_sequence();
         match command {
@@ -249,7 +380,10 @@ fn compose_builds_our_image_everywhere_checks_each_service_and_publishes_the_das
                 let line = probe.last().unwrap().as_str().unwrap();
                 assert!(line.contains("/dev/tcp/127.0.0.1/"), "{name}: {line}");
             }
-            _ => assert!(probe.is_none(), "{name} ({command}) serves nothing to probe"),
+            _ => assert!(
+                probe.is_none(),
+                "{name} ({command}) serves nothing to probe"
+            ),
         }
         if command == "serve" {
             let ports: Vec<&str> = service["ports"]
@@ -259,15 +393,26 @@ fn compose_builds_our_image_everywhere_checks_each_service_and_publishes_the_das
                 .map(|p| p.as_str().unwrap())
                 .collect();
             assert!(
-                ports.iter().any(|p| p.starts_with("127.0.0.1:") && p.ends_with(":9090")),
+                ports
+                    .iter()
+                    .any(|p| p.starts_with("127.0.0.1:") && p.ends_with(":9090")),
                 "{name}: the dashboard (admin :9090) is published on loopback: {ports:?}"
             );
         }
     }
-    assert_eq!(ours, 6, "two simulators, two gateways, two traffic generators");
+    assert_eq!(
+        ours, 6,
+        "two simulators, two gateways, two traffic generators"
+    );
     let dockerfile = std::fs::read_to_string(deploy().join("Dockerfile")).unwrap();
     assert!(!dockerfile.lines().any(|l| l.starts_with("HEALTHCHECK")));
-    assert!(dockerfile.contains("--mount=type=cache"), "dependencies cached between builds");
+    assert!(
+        dockerfile.contains("--mount=type=cache"),
+        "dependencies cached between builds"
+    );
     let ignore = std::fs::read_to_string(deploy().join("../.dockerignore")).unwrap();
-    assert!(ignore.lines().any(|l| l.trim() == "target/"), "target/ stays out of the context");
+    assert!(
+        ignore.lines().any(|l| l.trim() == "target/"),
+        "target/ stays out of the context"
+    );
 }
