@@ -45,8 +45,13 @@ pub fn init(format: LogFormat) {
     let _ = FORMAT.set(format);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: codes in a file, a pipe or a log collector are
+    // noise (and NO_COLOR, https://no-color.org, turns them off there too).
+    let colour =
+        io::IsTerminal::is_terminal(&io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(Stderr);
     let _ = match format {
         LogFormat::Pretty => builder.try_init(),

@@ -86,7 +86,7 @@ fn broken_configs_print_file_line_column_and_field() {
 /// received and what the gateway wrote to stderr. (Not SIGKILL: the request's line is written
 /// when the gateway drops the response body, which can be just after the client has read its
 /// end, and lines gathered for the next write die with a killed process.)
-async fn one_stream_through_serve(rust_log: &str) -> (serde_json::Value, String) {
+async fn one_stream_through_serve(format: &str, rust_log: &str) -> (serde_json::Value, String) {
     let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("gw.yaml");
@@ -105,7 +105,7 @@ async fn one_stream_through_serve(rust_log: &str) -> (serde_json::Value, String)
     .unwrap();
     let mut command = tpsgate();
     command
-        .args(["--log-format", "json", "serve", "--config"])
+        .args(["--log-format", format, "serve", "--config"])
         .arg(&file)
         .env("TPSGATE_TEST_KEY", "sk-very-secret-value")
         .env("RUST_LOG", rust_log)
@@ -125,7 +125,7 @@ async fn one_stream_through_serve(rust_log: &str) -> (serde_json::Value, String)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_never_logs_the_api_key() {
-    let (received, out) = one_stream_through_serve("trace").await;
+    let (received, out) = one_stream_through_serve("json", "trace").await;
     assert_eq!(received["authorization"], "Bearer sk-very-secret-value");
     assert!(
         out.contains("\"message\":\"request\""),
@@ -139,8 +139,18 @@ async fn serve_never_logs_the_api_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_lines_can_be_silenced_alone_by_their_log_target() {
-    let (_, out) = one_stream_through_serve("info,tpsgate::request=off").await;
+    let (_, out) = one_stream_through_serve("json", "info,tpsgate::request=off").await;
     assert!(!out.contains("\"message\":\"request\""), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pretty_logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
+    let (_, out) = one_stream_through_serve("pretty", "info").await;
+    assert!(out.contains("request"), "the request's line: {out}");
+    assert!(
+        !out.contains('\u{1b}'),
+        "ANSI escape codes in a file or pipe: {out:?}"
+    );
 }
 
 /// Asks a child to stop, as an operator's `kill` would.
