@@ -206,7 +206,10 @@ pub struct BenchArgs {
 
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
-    crate::logging::init(cli.log_format);
+    // The demo's screen is for its URLs and a status line: its request lines stay out of the
+    // log unless RUST_LOG asks for them.
+    let quiet = matches!(cli.command, Command::Demo(_)).then_some("info,tpsgate::request=warn");
+    crate::logging::init(cli.log_format, quiet);
     let threads = cli.threads;
     let code = match cli.command {
         Command::Serve(args) => block_on(threads, serve(args.config)),

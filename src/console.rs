@@ -7,3 +7,13 @@ pub fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
 }
+
+/// Rewrites the terminal's current line with `line` (a status that updates in place): for a
+/// terminal only; elsewhere, [`say`] it.
+pub fn status(line: &str) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    // Carriage return, then erase to the end of the line.
+    let _ = write!(out, "\r\x1b[K{line}");
+    let _ = out.flush();
+}

@@ -3,6 +3,8 @@
 //! and falls, so that every backend's curve forms on the dashboard within a minute.
 
 use std::f64::consts::TAU;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
@@ -13,7 +15,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::bench::{self, BenchDialect, HttpClient, RequestSpec};
-use crate::console::say;
+use crate::console::{say, status};
 use crate::gateway::Gateway;
 use crate::sim::{Fleet, FleetRaw};
 
@@ -25,6 +27,60 @@ const MODEL: &str = "llama-3.1-8b";
 
 /// One rise and fall of the traffic rate.
 const PERIOD_S: f64 = 120.0;
+
+/// The interactive class's SLO (as the gateway config below gives it), for the status line.
+const SLO_TTFT_S: f64 = 1.0;
+const SLO_TPS: f64 = 25.0;
+
+/// How often the status line is written when stdout is not a terminal (on one, it is
+/// rewritten in place every second).
+const STATUS_EVERY: Duration = Duration::from_secs(10);
+
+/// What the demo's traffic has seen, for its status line.
+#[derive(Debug, Default)]
+struct Tally {
+    sent: AtomicU64,
+    done: AtomicU64,
+    failed: AtomicU64,
+    interactive: AtomicU64,
+    interactive_met: AtomicU64,
+}
+
+impl Tally {
+    fn record(&self, sample: &bench::Sample, interactive: bool) {
+        self.done.fetch_add(1, Ordering::Relaxed);
+        if sample.error.is_some() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        if interactive {
+            self.interactive.fetch_add(1, Ordering::Relaxed);
+            let met = bench::Slo {
+                ttft_s: SLO_TTFT_S,
+                tps: SLO_TPS,
+            }
+            .met(sample);
+            self.interactive_met
+                .fetch_add(u64::from(met), Ordering::Relaxed);
+        }
+    }
+
+    fn line(&self, seconds: f64) -> String {
+        let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        let (sent, done) = (get(&self.sent), get(&self.done));
+        let met = match get(&self.interactive) {
+            0 => "-".to_owned(),
+            n => format!(
+                "{:.0}%",
+                100.0 * get(&self.interactive_met) as f64 / n as f64
+            ),
+        };
+        format!(
+            "  traffic    {seconds:>4.0} s: {sent} sent, {} in flight, {} failed; interactive within its SLO ({SLO_TTFT_S} s, {SLO_TPS} tok/s): {met}",
+            sent.saturating_sub(done),
+            get(&self.failed),
+        )
+    }
+}
 
 /// `tpsgate demo` settings.
 #[derive(Debug, Clone, clap::Args)]
@@ -123,8 +179,32 @@ pub async fn run(args: DemoArgs) -> Result<(), String> {
     say("Ctrl-C stops everything.");
 
     let (stop, stopped) = watch::channel(false);
-    let traffic = tokio::spawn(traffic(url, args.rate, stopped));
-    interrupted.await;
+    let tally = Arc::new(Tally::default());
+    let traffic = tokio::spawn(traffic(url, args.rate, Arc::clone(&tally), stopped));
+    // Request lines stay out of the demo's log (RUST_LOG=tpsgate::request=info shows them): a
+    // status line tells how the traffic goes, so the URLs above stay on screen.
+    let started = Instant::now();
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let every = if terminal {
+        Duration::from_secs(1)
+    } else {
+        STATUS_EVERY
+    };
+    let mut tick = tokio::time::interval_at(started + every, every);
+    tokio::pin!(interrupted);
+    loop {
+        tokio::select! {
+            () = &mut interrupted => break,
+            _ = tick.tick() => {
+                let line = tally.line(started.elapsed().as_secs_f64());
+                if terminal { status(&line) } else { say(&line) }
+            }
+        }
+    }
+    if terminal {
+        say("");
+    }
+    say(&tally.line(started.elapsed().as_secs_f64()));
     say("stopping: traffic, then the gateway, then the backends");
     let _ = stop.send(true);
     let _ = traffic.await;
@@ -167,7 +247,7 @@ fn kinds(url: &str) -> Result<(Vec<RequestSpec>, Vec<RequestSpec>), String> {
 }
 
 /// Poisson arrivals whose rate follows `peak × (0.55 + 0.45 sin(2πt / PERIOD_S))`.
-async fn traffic(url: String, peak: f64, mut stopped: watch::Receiver<bool>) {
+async fn traffic(url: String, peak: f64, tally: Arc<Tally>, mut stopped: watch::Receiver<bool>) {
     let Ok((interactive, batch)) = kinds(&url) else {
         return;
     };
@@ -188,14 +268,17 @@ async fn traffic(url: String, peak: f64, mut stopped: watch::Receiver<bool>) {
             () = tokio::time::sleep(Duration::from_secs_f64(gap.min(5.0))) => {}
             _ = stopped.wait_for(|s| *s) => break,
         }
-        let kind = if rng.random::<f64>() < 0.8 {
+        let is_interactive = rng.random::<f64>() < 0.8;
+        let kind = if is_interactive {
             &interactive[rng.random_range(0..interactive.len())]
         } else {
             &batch[0]
         };
-        let (client, spec) = (client.clone(), kind.clone());
+        let (client, spec, tally) = (client.clone(), kind.clone(), Arc::clone(&tally));
+        tally.sent.fetch_add(1, Ordering::Relaxed);
         running.spawn(async move {
-            let _ = bench::client::run_one(&client, &spec).await;
+            let sample = bench::client::run_one(&client, &spec).await;
+            tally.record(&sample, is_interactive);
         });
         while running.try_join_next().is_some() {}
     }

@@ -39,12 +39,12 @@ pub enum LogFormat {
 /// The format [`init`] chose; request lines follow it.
 static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
-/// Installs the global subscriber (level from `RUST_LOG`, `info` by default); a second call
-/// keeps the first.
-pub fn init(format: LogFormat) {
+/// Installs the global subscriber (level from `RUST_LOG`, else `default_filter`, else `info`);
+/// a second call keeps the first.
+pub fn init(format: LogFormat, default_filter: Option<&str>) {
     let _ = FORMAT.set(format);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter.unwrap_or("info")));
     // Colour only for a person at a terminal: codes in a file, a pipe or a log collector are
     // noise (and NO_COLOR, https://no-color.org, turns them off there too).
     let colour =

@@ -25,21 +25,23 @@ async fn the_demo_shows_a_curve_for_every_backend_within_a_minute_and_stops_clea
     let mut child = support::tpsgate()
         .args(["demo", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
-    let lines = tokio::task::spawn_blocking(move || {
+    let (lines, mut stdout) = tokio::task::spawn_blocking(move || {
         let mut lines = Vec::new();
-        for line in std::io::BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            let last = line.contains("Ctrl-C");
-            lines.push(line);
+        let mut reader = std::io::BufReader::new(stdout);
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let last = line.contains("Ctrl-C") || line.is_empty();
+            lines.push(line.trim_end().to_owned());
             if last {
                 break;
             }
         }
-        lines
+        (lines, reader)
     })
     .await
     .unwrap();
@@ -94,10 +96,26 @@ async fn the_demo_shows_a_curve_for_every_backend_within_a_minute_and_stops_clea
         .status()
         .unwrap();
     assert!(status.success());
-    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
+    let (exit, log) = tokio::task::spawn_blocking(move || {
+        let mut log = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+        (child.wait().unwrap(), log)
+    })
+    .await
+    .unwrap();
     assert!(exit.success(), "{exit:?}");
+    // The screen keeps its URLs: no line per request in the log, a status line instead.
+    assert!(!log.contains("tpsgate::request"), "request lines in the demo's log:\n{log}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let traffic = rest
+        .lines()
+        .rfind(|l| l.trim_start().starts_with("traffic"))
+        .unwrap_or_else(|| panic!("no status line after the URLs:\n{rest}"));
+    assert!(
+        traffic.contains(" sent, ") && traffic.contains("within its SLO"),
+        "{traffic}"
+    );
 }
 
 /// Loads the dashboard in headless Chromium, lets its script fetch `/admin/curves` and draw,
