@@ -4,7 +4,11 @@
 //! Kustomize overlay renders (`kubectl kustomize`) into manifests the Kubernetes schemas accept
 //! (`kubernetes-validate`). `.ci/test` installs each tool; a missing one fails its test.
 
-#![expect(clippy::unwrap_used, reason = "a test fails loudly")]
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a test fails loudly, its shared helpers too"
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
