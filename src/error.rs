@@ -93,6 +93,26 @@ impl ErrorKind {
         }
     }
 
+    /// Every kind, so that each error counter exists (at zero) before its first error.
+    pub const ALL: [Self; 16] = [
+        Self::InvalidRequest,
+        Self::NotFound,
+        Self::ModelNotFound,
+        Self::MethodNotAllowed,
+        Self::PayloadTooLarge,
+        Self::UnsupportedMediaType,
+        Self::HeadersTooLarge,
+        Self::RequestTimeout,
+        Self::Unauthorized,
+        Self::Forbidden,
+        Self::NoBackendAvailable,
+        Self::SloUnmet,
+        Self::UpstreamUnreachable,
+        Self::UpstreamTimeout,
+        Self::UpstreamResponseTimeout,
+        Self::Internal,
+    ];
+
     /// A stable `error.code`, also the metric label.
     pub fn code(self) -> &'static str {
         match self {

@@ -183,11 +183,12 @@ impl Reloader {
     }
 
     fn record(&self, error: Option<String>) {
-        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-        status.last_at_unix_s = std::time::SystemTime::now()
+        let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .map(|d| d.as_secs());
+            .unwrap_or_default();
+        crate::telemetry::count_reload(error.is_none(), now.as_secs_f64());
+        let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        status.last_at_unix_s = Some(now.as_secs());
         status.last_ok = Some(error.is_none());
         if error.is_some() {
             status.refused += 1;

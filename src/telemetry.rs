@@ -64,6 +64,99 @@ pub const CLUSTER_PEERS: &str = "tpsgate_cluster_peers";
 /// Curve samples shared with the other replicas, by direction (`sent`, `received`, `dropped`:
 /// queued while Redis was away for longer than the queue holds).
 pub const CLUSTER_SAMPLES: &str = "tpsgate_cluster_samples_total";
+/// 1, labelled with the version: joins any series to the build that made it.
+pub const BUILD_INFO: &str = "tpsgate_build_info";
+/// Config reloads by result (`applied`, `refused`).
+pub const CONFIG_RELOADS: &str = "tpsgate_config_reload_total";
+/// When the last reload was tried, Unix seconds.
+pub const CONFIG_LAST_RELOAD: &str = "tpsgate_config_last_reload_timestamp_seconds";
+/// 1 when the last reload was applied, 0 when it was refused.
+pub const CONFIG_LAST_RELOAD_OK: &str = "tpsgate_config_last_reload_successful";
+
+/// What a metric is, for its `# TYPE`.
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric with its `# HELP` text and unit: what a dashboard builder reads first.
+const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
+    use Kind::{Counter as C, Gauge as G, Histogram as H};
+    use metrics::Unit::{Count as N, Seconds as S};
+    &[
+        (TTFT, H, S, "Time to first token of each stream: from sending it to a backend to its first content event"),
+        (TPOT, H, S, "Time per output token of each stream, after the first"),
+        (TOKEN_USAGE, H, N, "Tokens per request, by token_type (input, output)"),
+        (PER_USER_TPS, H, N, "Per-user tokens per second of each completed stream"),
+        (MAX_CHUNK_GAP, H, S, "The longest silence between two content chunks of each stream"),
+        (REQUESTS, C, N, "Requests answered by a backend, by backend, model, class, status and outcome"),
+        (GATEWAY_ERRORS, C, N, "Requests the gateway answered itself with an error, by code"),
+        (IN_FLIGHT, G, N, "Requests in flight per backend through this replica"),
+        (CURVE_TPS, G, N, "The curve's per-user tokens per second by concurrency and quantile"),
+        (CURVE_TTFT, G, S, "The curve's time to first token by concurrency and quantile"),
+        (ROUTE_DECISIONS, C, N, "Routing decisions by class, policy and reason"),
+        (CONCURRENCY_CAP, G, N, "The derived concurrency cap per backend, model and class"),
+        (SLO_ATTAINMENT, G, N, "Recent share of a backend's completed requests that met their class's SLO"),
+        (BACKEND_HEALTHY, G, N, "1 while a backend is healthy, 0 while it is ejected or cooling down"),
+        (TIMEOUTS, C, N, "Streams or responses cut by a timeout, by backend and kind"),
+        (CLIENT_WRITE_TIMEOUTS, C, N, "Client connections failed for taking no bytes within the write timeout"),
+        (RETRIES, C, N, "Retries on another backend, before any content reached the client"),
+        (EJECTIONS, C, N, "Ejections of backends after upstream failures"),
+        (QUEUE_WAITING, G, N, "Requests waiting in a class's queue for a backend"),
+        (CLUSTER_CONNECTED, G, N, "1 while this replica's last round trip to the cluster's Redis got through"),
+        (CLUSTER_PEERS, G, N, "Other replicas this one sees publishing"),
+        (CLUSTER_SAMPLES, C, N, "Curve samples shared with the other replicas, by direction"),
+        (BUILD_INFO, G, N, "1, labelled with the tpsgate version that serves"),
+        (CONFIG_RELOADS, C, N, "Config reloads by result (applied, refused)"),
+        (CONFIG_LAST_RELOAD, G, S, "When the last config reload was tried, Unix time"),
+        (CONFIG_LAST_RELOAD_OK, G, N, "1 when the last config reload was applied, 0 when it was refused"),
+    ]
+};
+
+/// Process metrics (CPU, memory, open files, threads), collected when `/metrics` is read.
+fn process() -> &'static metrics_process::Collector {
+    static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
+    COLLECTOR.get_or_init(metrics_process::Collector::default)
+}
+
+/// Describes every metric, sets the build info, and makes the counters an alert reads exist at
+/// zero before their first event (a `rate()` over a series that appears only with its first
+/// error misses that error).
+fn describe() {
+    for &(name, kind, unit, help) in HELP {
+        match kind {
+            Kind::Counter => metrics::describe_counter!(name, unit, help),
+            Kind::Gauge => metrics::describe_gauge!(name, unit, help),
+            Kind::Histogram => metrics::describe_histogram!(name, unit, help),
+        }
+    }
+    process().describe();
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    for result in ["applied", "refused"] {
+        counter!(CONFIG_RELOADS, "result" => result).absolute(0);
+    }
+    for kind in crate::error::ErrorKind::ALL {
+        counter!(GATEWAY_ERRORS, "code" => kind.code()).absolute(0);
+    }
+    counter!(RETRIES).absolute(0);
+    counter!(CLIENT_WRITE_TIMEOUTS).absolute(0);
+}
+
+/// Collects the process metrics: call before rendering the page.
+pub fn collect_process() {
+    process().collect();
+}
+
+/// Counts one config reload and when it was tried.
+pub fn count_reload(applied: bool, at_unix_s: f64) {
+    let _ = prometheus();
+    let result = if applied { "applied" } else { "refused" };
+    counter!(CONFIG_RELOADS, "result" => result).increment(1);
+    metrics::gauge!(CONFIG_LAST_RELOAD).set(at_unix_s);
+    metrics::gauge!(CONFIG_LAST_RELOAD_OK).set(if applied { 1.0 } else { 0.0 });
+}
 
 /// Buckets for LLM latencies. TTFT: from a cached prompt on a fast GPU (25 ms) to a long queue
 /// (60 s). TPOT: from 200 tok/s (5 ms) down to 1 tok/s. Per-user TPS: the same range, upside
@@ -100,7 +193,10 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
                 b.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
             });
             match builder.and_then(PrometheusBuilder::install_recorder) {
-                Ok(handle) => Some(handle),
+                Ok(handle) => {
+                    describe();
+                    Some(handle)
+                }
                 Err(err) => {
                     tracing::warn!(%err, "metrics recorder not installed; /metrics will be empty");
                     None

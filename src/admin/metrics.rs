@@ -36,13 +36,14 @@ pub fn render(router: &Router) -> String {
             for p in entry.value().points(now) {
                 let c = p.concurrency.to_string();
                 let set = |name: &'static str, q: &'static str, v: f64| {
-                    gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "quantile" => q).set(v);
+                    gauge!(name, "backend" => backend.clone(), "model" => model.clone(), "concurrency" => c.clone(), "percentile" => q).set(v);
                 };
+                // `percentile`, not `quantile`: that label is a summary's, and these are gauges.
                 for (name, q, value) in [
-                    (CURVE_TPS, "0.5", p.per_user_tps_p50),
-                    (CURVE_TPS, "0.1", p.per_user_tps_p10),
-                    (CURVE_TTFT, "0.5", p.ttft_p50_s),
-                    (CURVE_TTFT, "0.9", p.ttft_p90_s),
+                    (CURVE_TPS, "50", p.per_user_tps_p50),
+                    (CURVE_TPS, "10", p.per_user_tps_p10),
+                    (CURVE_TTFT, "50", p.ttft_p50_s),
+                    (CURVE_TTFT, "90", p.ttft_p90_s),
                 ] {
                     if let Some(v) = value {
                         set(name, q, v);
@@ -55,6 +56,7 @@ pub fn render(router: &Router) -> String {
         gauge!(CONCURRENCY_CAP, "backend" => cap.backend.to_string(), "model" => cap.model.to_string(), "class" => cap.class.to_string()).set(f64::from(cap.cap));
     }
     gauge!(QUEUE_WAITING).set(router.waiting() as f64);
+    crate::telemetry::collect_process();
     handle.run_upkeep();
     handle.render()
 }

@@ -149,7 +149,61 @@ async fn metrics_parse_as_prometheus_text_and_carry_the_curve() {
     ] {
         assert!(text.contains(series), "missing {series} in\n{text}");
     }
-    assert!(text.contains("quantile=\"0.5\""));
+    assert!(text.contains("percentile=\"50\""));
+}
+
+/// What a dashboard or an alert is built on: every metric says what it is (`# HELP`, which
+/// `promtool check metrics` lints for, with Prometheus's naming rules), the build is named, the
+/// reload and error counters exist at zero before their first event, and the process is
+/// described (CPU, memory, open files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_is_described_and_counters_an_alert_reads_exist_from_the_start() {
+    let promtool = support::tool("promtool", "prometheus");
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
+    assert_eq!(level(gw.addr(), 1, 2).await.errors, 0);
+    let text = String::from_utf8(
+        support::exchange(gw.admin_addr(), http::Method::GET, "/metrics", None)
+            .await
+            .body(),
+    )
+    .unwrap();
+    for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let name = family.split_whitespace().next().unwrap();
+        assert!(
+            text.contains(&format!("# HELP {name} ")),
+            "{name} has no HELP text"
+        );
+    }
+    let build = format!(
+        "tpsgate_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    for series in [
+        build.as_str(),
+        "tpsgate_config_reload_total{result=\"refused\"}",
+        "tpsgate_gateway_errors_total{code=\"upstream_unreachable\"}",
+        "tpsgate_retries_total",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+    ] {
+        assert!(text.contains(series), "missing {series} in\n{text}");
+    }
+    let mut lint = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut lint.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = lint.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
