@@ -238,16 +238,50 @@ fn the_grafana_dashboard_queries_metrics_the_gateway_exports() {
         tpsgate::telemetry::EJECTIONS,
         tpsgate::telemetry::RETRIES,
         tpsgate::telemetry::TIMEOUTS,
+        tpsgate::telemetry::GATEWAY_ERRORS,
+        tpsgate::telemetry::CONFIG_RELOADS,
+        tpsgate::telemetry::BUILD_INFO,
     ];
+    // Importable into any Grafana: the data source is a variable, and every panel follows it
+    // and the gateway (instance), backend and model chosen.
+    let variables: Vec<&str> = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(variables, ["datasource", "instance", "backend", "model"]);
     for panel in dashboard["panels"].as_array().unwrap() {
+        let title = &panel["title"];
+        assert_eq!(panel["datasource"]["uid"], "${datasource}", "panel {title}");
         for target in panel["targets"].as_array().unwrap() {
             let expr = target["expr"].as_str().unwrap();
             assert!(
                 exported.iter().any(|m| expr.contains(m)),
-                "panel {}: {expr}",
-                panel["title"]
+                "panel {title}: {expr}"
+            );
+            assert!(expr.contains("instance=~\"$instance\""), "panel {title}: {expr}");
+            assert!(
+                !expr.contains("rate(") || expr.contains("[$__rate_interval]"),
+                "panel {title}: rates over $__rate_interval, not a fixed window: {expr}"
             );
         }
+    }
+    // The curves against concurrency, as an XY chart, not one time series per level.
+    let curves: Vec<&serde_json::Value> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["title"].as_str().unwrap().starts_with("Curve"))
+        .collect();
+    assert_eq!(curves.len(), 2);
+    for panel in curves {
+        assert_eq!(panel["type"], "xychart", "{}", panel["title"]);
+        assert_eq!(panel["targets"][0]["instant"], true);
+        assert_eq!(
+            panel["options"]["series"][0]["x"]["matcher"]["options"],
+            "concurrency"
+        );
     }
 }
 
