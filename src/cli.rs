@@ -25,10 +25,16 @@ use crate::yaml;
 pub struct Cli {
     /// Tokio worker threads (default: one per core the process may use; with one, the runtime
     /// runs on the main thread alone).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     pub threads: Option<usize>,
-    /// Log format on stderr.
-    #[arg(long, global = true, value_enum, default_value = "pretty")]
+    /// Log format on stderr (pretty: coloured only on a terminal; json: one object per line).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "pretty",
+        help_heading = "Global options"
+    )]
     pub log_format: LogFormat,
     /// The command to run.
     #[command(subcommand)]
@@ -40,8 +46,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the gateway.
     Serve(ConfigArg),
-    /// Validate a gateway config and print a summary (exit 1 with FILE:LINE:COL: field: message).
-    Check(ConfigArg),
+    /// Validate a gateway config and print a summary (exit 1 with every error, one per line:
+    /// FILE:LINE:COL: field: message).
+    Check(CheckArgs),
     /// Serve simulated LLM backends (OpenAI and Anthropic APIs) with a known curve.
     Sim(SimArgs),
     /// Measure TTFT, per-user TPS and goodput of a server, closed or open loop.
@@ -59,8 +66,20 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ConfigArg {
     /// Gateway config file (YAML).
-    #[arg(long, short)]
+    #[arg(long, short, env = "TPSGATE_CONFIG")]
     pub config: PathBuf,
+}
+
+/// `tpsgate check` arguments.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The config.
+    #[command(flatten)]
+    pub config: ConfigArg,
+    /// Treat every environment variable the config names as set: lint a config in CI, where
+    /// its secrets are not.
+    #[arg(long)]
+    pub no_env: bool,
 }
 
 /// `tpsgate sim` arguments: a fleet file, or one backend described by flags.
@@ -213,7 +232,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let threads = cli.threads;
     let code = match cli.command {
         Command::Serve(args) => block_on(threads, serve(args.config)),
-        Command::Check(args) => check(&args.config),
+        Command::Check(args) => check(&args.config.config, args.no_env),
         Command::Demo(args) => block_on(threads, crate::demo::run(args)),
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
@@ -356,7 +375,7 @@ fn is_sim_fleet(file: &std::path::Path) -> bool {
         .is_some_and(|first| first.get("listen").is_some() && first.get("url").is_none())
 }
 
-fn check(file: &std::path::Path) -> ExitCode {
+fn check(file: &std::path::Path, no_env: bool) -> ExitCode {
     if is_sim_fleet(file) {
         return match yaml::from_file::<FleetRaw>(file)
             .and_then(|f| f.validate().map_err(|e| e.in_file(file)))
@@ -379,14 +398,27 @@ fn check(file: &std::path::Path) -> ExitCode {
             }
         };
     }
-    let config = match crate::config::load(file) {
+    let loaded = if no_env {
+        crate::config::load_with(file, |_| Some("set-by-check".to_owned()))
+    } else {
+        crate::config::load(file)
+    };
+    let config = match loaded {
         Ok(config) => config,
         Err(err) => {
             eprintln!("{err}");
+            if err.count() > 1 {
+                eprintln!("{} errors", err.count());
+            }
             return ExitCode::FAILURE;
         }
     };
-    say(&format!("{}: ok", file.display()));
+    let unchecked = if no_env {
+        " (environment variables not read: --no-env)"
+    } else {
+        ""
+    };
+    say(&format!("{}: ok{unchecked}", file.display()));
     let scheme = if config.tls.is_some() {
         "https"
     } else {

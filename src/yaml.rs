@@ -21,6 +21,8 @@ pub struct ConfigError {
     pub path: String,
     /// What is wrong and, where there is one, the fix.
     pub message: String,
+    /// The other errors found in the same run, each shown on a line of its own.
+    pub also: Vec<ConfigError>,
 }
 
 impl ConfigError {
@@ -31,14 +33,24 @@ impl ConfigError {
             location: None,
             path: path.into(),
             message: message.into(),
+            also: Vec::new(),
         }
     }
 
-    /// The same error, attributed to `file`.
+    /// The same error (and those it carries), attributed to `file`.
     #[must_use]
     pub fn in_file(mut self, file: &Path) -> Self {
         self.file = Some(file.to_path_buf());
+        self.also = std::mem::take(&mut self.also)
+            .into_iter()
+            .map(|e| e.in_file(file))
+            .collect();
         self
+    }
+
+    /// How many errors this one stands for (itself and those it carries).
+    pub fn count(&self) -> usize {
+        1 + self.also.len()
     }
 }
 
@@ -55,7 +67,11 @@ impl fmt::Display for ConfigError {
         if !self.path.is_empty() {
             write!(f, ": {}", self.path)?;
         }
-        write!(f, ": {}", self.message)
+        write!(f, ": {}", self.message)?;
+        for other in &self.also {
+            write!(f, "\n{other}")?;
+        }
+        Ok(())
     }
 }
 
@@ -73,6 +89,7 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
             location,
             path,
             message: strip_location(&inner.to_string()),
+            also: Vec::new(),
         }
     })
 }
@@ -95,10 +112,15 @@ pub fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
 }
 
 /// Attaches the file and the position of `err.path` in `text` to an error found after parsing.
-pub fn place(err: ConfigError, file: &Path, text: &str) -> ConfigError {
+pub fn place(mut err: ConfigError, file: &Path, text: &str) -> ConfigError {
+    let also = std::mem::take(&mut err.also)
+        .into_iter()
+        .map(|e| place(e, file, text))
+        .collect();
     let location = err.location.or_else(|| locate(text, &err.path));
     ConfigError {
         location,
+        also,
         ..err.in_file(file)
     }
 }

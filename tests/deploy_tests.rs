@@ -260,7 +260,10 @@ fn the_grafana_dashboard_queries_metrics_the_gateway_exports() {
                 exported.iter().any(|m| expr.contains(m)),
                 "panel {title}: {expr}"
             );
-            assert!(expr.contains("instance=~\"$instance\""), "panel {title}: {expr}");
+            assert!(
+                expr.contains("instance=~\"$instance\""),
+                "panel {title}: {expr}"
+            );
             assert!(
                 !expr.contains("rate(") || expr.contains("[$__rate_interval]"),
                 "panel {title}: rates over $__rate_interval, not a fixed window: {expr}"

@@ -337,11 +337,15 @@ pub struct Routing {
 /// Reads, parses and validates a config file, reading API keys from the process environment.
 /// Relative paths in it (`prior.bench_file`) are relative to the file's directory.
 pub fn load(file: &Path) -> Result<Config, ConfigError> {
+    load_with(file, |name| std::env::var(name).ok())
+}
+
+/// [`load`], with `env` looking up environment variables.
+pub fn load_with(file: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(file)
         .map_err(|err| ConfigError::at("", format!("cannot read the file: {err}")).in_file(file))?;
     let dir = file.parent().unwrap_or_else(|| Path::new("."));
-    parse_in(&text, |name| std::env::var(name).ok(), dir)
-        .map_err(|err| yaml::place(err, file, &text))
+    parse_in(&text, env, dir).map_err(|err| yaml::place(err, file, &text))
 }
 
 /// Parses and validates config text; `env` looks up environment variables; relative paths are

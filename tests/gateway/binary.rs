@@ -81,6 +81,100 @@ fn broken_configs_print_file_line_column_and_field() {
     }
 }
 
+#[test]
+fn check_names_every_error_of_a_config_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.yaml");
+    std::fs::write(
+        &file,
+        "backends:\n  - {name: a, url: ftp://x, dialect: openai, models: {m: m}}\n  - {name: b, url: http://127.0.0.1:1, dialect: openai, models: {m: m}, max_concurrency: 0}\ndefault_backend: c\n",
+    )
+    .unwrap();
+    let out = tpsgate()
+        .arg("check")
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    assert!(
+        lines[0].contains("gw.yaml:2:") && lines[0].contains("backends[0].url"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].contains("gw.yaml:3:") && lines[1].contains("backends[1].max_concurrency"),
+        "{stderr}"
+    );
+    assert!(
+        lines[2].contains("gw.yaml:4:") && lines[2].contains("default_backend"),
+        "{stderr}"
+    );
+    assert_eq!(lines[3], "3 errors");
+}
+
+#[test]
+fn check_no_env_lints_a_config_whose_secrets_are_elsewhere() {
+    let providers = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/providers.yaml");
+    let plain = tpsgate()
+        .args(["check", "--config"])
+        .arg(&providers)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(plain.status.code(), Some(1), "without the keys it fails");
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("is not set"));
+    let linted = tpsgate()
+        .args(["check", "--no-env", "--config"])
+        .arg(&providers)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        linted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&linted.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&linted.stdout)
+            .contains("ok (environment variables not read: --no-env)")
+    );
+}
+
+#[test]
+fn the_config_path_can_come_from_tpsgate_config() {
+    let gateway = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gateway.yaml");
+    let out = tpsgate()
+        .arg("check")
+        .env("TPSGATE_CONFIG", &gateway)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("gateway.yaml: ok"));
+}
+
+#[test]
+fn global_flags_are_listed_apart_from_a_commands_own() {
+    let out = tpsgate().args(["check", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    let global = help
+        .find("Global options:")
+        .unwrap_or_else(|| panic!("{help}"));
+    let own = help.find("--no-env").unwrap();
+    assert!(own < global, "the command's own flags first:\n{help}");
+    assert!(help[global..].contains("--log-format") && help[global..].contains("--threads"));
+    assert!(
+        help.contains("TPSGATE_CONFIG"),
+        "the variable is named in --help:\n{help}"
+    );
+}
+
 /// Serves one streamed request through `tpsgate serve` (JSON logs, `RUST_LOG` as given, the
 /// backend's key from `TPSGATE_TEST_KEY`), then stops it with SIGTERM: the headers the backend
 /// received and what the gateway wrote to stderr. (Not SIGKILL: the request's line is written

@@ -105,7 +105,10 @@ async fn the_demo_shows_a_curve_for_every_backend_within_a_minute_and_stops_clea
     .unwrap();
     assert!(exit.success(), "{exit:?}");
     // The screen keeps its URLs: no line per request in the log, a status line instead.
-    assert!(!log.contains("tpsgate::request"), "request lines in the demo's log:\n{log}");
+    assert!(
+        !log.contains("tpsgate::request"),
+        "request lines in the demo's log:\n{log}"
+    );
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     let traffic = rest

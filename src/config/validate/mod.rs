@@ -18,222 +18,174 @@ use backend::backend;
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
+/// Every error of a config, gathered so that one run names them all: each section and each
+/// entry is checked on its own, and one that fails is left out of what depends on it (a route
+/// naming a class that failed is not judged again).
+#[derive(Default)]
+struct Errors(Vec<ConfigError>);
+
+impl Errors {
+    /// The value, or `None` with its error kept.
+    fn keep<T>(&mut self, result: Result<T>) -> Option<T> {
+        result.map_err(|e| self.0.push(e)).ok()
+    }
+
+    /// The first error, carrying the others; `None` when there were none.
+    fn into_error(self) -> Option<ConfigError> {
+        let mut all = self.0.into_iter();
+        let mut first = all.next()?;
+        first.also = all.collect();
+        Some(first)
+    }
+}
+
 /// Validates the whole config; `env` looks up environment variables (API keys); relative paths
-/// are relative to `dir`.
+/// are relative to `dir`. The error names every problem found (the first, and the rest in its
+/// `also`).
 pub fn validate(
     raw: &RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
     dir: &Path,
 ) -> Result<Config> {
-    let listen = socket_addr("listen.address", &raw.listen.address)?;
-    let tls = match &raw.listen.tls {
-        Some(tls) => {
-            readable("listen.tls.cert_file", &tls.cert_file)?;
-            readable("listen.tls.key_file", &tls.key_file)?;
-            Some(TlsFiles {
-                cert_file: tls.cert_file.clone(),
-                key_file: tls.key_file.clone(),
-            })
-        }
-        None => None,
-    };
-    let admin_listen = socket_addr("admin.listen", &raw.admin.listen)?;
-    if admin_listen == listen && listen.port() != 0 {
-        return Err(ConfigError::at(
-            "admin.listen",
-            format!("{admin_listen} is also listen.address; give the admin plane its own port"),
-        ));
-    }
-    let limits = limits(raw)?;
-    let admin_token = match &raw.admin.token_env {
-        None => None,
-        Some(var) => match env(var) {
-            Some(token) if !token.is_empty() => Some(Secret::new(token)),
-            _ => {
-                return Err(ConfigError::at(
-                    "admin.token_env",
-                    format!(
-                        "environment variable {var} is not set (or empty); export it, or remove token_env"
-                    ),
-                ));
-            }
-        },
-    };
+    let mut errors = Errors::default();
+    let listen = errors.keep(socket_addr("listen.address", &raw.listen.address));
+    let tls = errors.keep(tls(raw)).flatten();
+    let admin_listen = errors.keep(admin_listen(raw, listen));
+    let limits = errors.keep(limits(raw));
+    let admin_token = errors
+        .keep(secret_from(
+            env,
+            raw.admin.token_env.as_deref(),
+            "admin.token_env",
+            "remove token_env",
+        ))
+        .flatten();
+    let admin_hosts = errors.keep(admin_hosts(raw));
 
     if raw.backends.is_empty() {
-        return Err(ConfigError::at(
+        errors.0.push(ConfigError::at(
             "backends",
             "no backends: list at least one upstream (name, url, dialect, models)",
         ));
     }
     let mut backends: Vec<BackendConfig> = Vec::with_capacity(raw.backends.len());
+    // Names of every entry, valid or not: a default or a route naming a backend whose entry
+    // failed is not a second error.
+    let named = |name: &str| raw.backends.iter().any(|b| b.name == name);
     for (i, b) in raw.backends.iter().enumerate() {
         let at = format!("backends[{i}]");
-        let backend = backend(&at, b, env, dir)?;
+        let Some(backend) = errors.keep(backend(&at, b, env, dir)) else {
+            continue;
+        };
         if backends.iter().any(|other| other.name == backend.name) {
-            return Err(ConfigError::at(
+            errors.0.push(ConfigError::at(
                 format!("{at}.name"),
                 format!(
                     "duplicate backend name `{}`: names must be unique",
                     backend.name
                 ),
             ));
+            continue;
         }
         backends.push(backend);
     }
-    let default_backend =
-        match &raw.default_backend {
-            None => None,
-            Some(name) => Some(backends.iter().position(|b| &*b.name == name).ok_or_else(
-                || {
-                    ConfigError::at(
-                        "default_backend",
-                        format!(
-                            "no backend is called `{name}`; use one of: {}",
-                            names(&backends)
-                        ),
-                    )
-                },
-            )?),
-        };
+    let backend_index = |at: &str, name: &str| -> Result<Option<usize>> {
+        match backends.iter().position(|b| &*b.name == name) {
+            Some(i) => Ok(Some(i)),
+            None if named(name) => Ok(None),
+            None => Err(ConfigError::at(
+                at,
+                format!(
+                    "no backend is called `{name}`; use one of: {}",
+                    names(&backends)
+                ),
+            )),
+        }
+    };
+    let default_backend = match &raw.default_backend {
+        None => None,
+        Some(name) => errors
+            .keep(backend_index("default_backend", name))
+            .flatten(),
+    };
 
-    let routing = routing(raw)?;
+    let routing = errors.keep(routing(raw));
+    let policy = routing.map_or(Policy::Headroom, |r| r.policy);
     let mut classes: Vec<ClassConfig> = Vec::with_capacity(raw.classes.len());
     for (i, c) in raw.classes.iter().enumerate() {
         let at = format!("classes[{i}]");
         if classes.iter().any(|other| *other.name == *c.name) {
-            return Err(ConfigError::at(
+            errors.0.push(ConfigError::at(
                 format!("{at}.name"),
                 format!("duplicate class `{}`", c.name),
             ));
+            continue;
         }
-        classes.push(class(&at, c, routing.policy)?);
+        if let Some(class) = errors.keep(class(&at, c, policy)) {
+            classes.push(class);
+        }
     }
-    let class_index = |at: &str, name: &str| {
-        classes
-            .iter()
-            .position(|c| &*c.name == name)
-            .ok_or_else(|| {
-                ConfigError::at(
-                    at,
-                    format!("no class is called `{name}`; define it under classes"),
-                )
-            })
+    let class_named = |name: &str| raw.classes.iter().any(|c| c.name == name);
+    let class_index = |at: &str, name: &str| -> Result<Option<usize>> {
+        match classes.iter().position(|c| &*c.name == name) {
+            Some(i) => Ok(Some(i)),
+            None if class_named(name) => Ok(None),
+            None => Err(ConfigError::at(
+                at,
+                format!("no class is called `{name}`; define it under classes"),
+            )),
+        }
     };
     let default_class = match &raw.default_class {
         None => (!classes.is_empty()).then_some(0),
-        Some(name) => Some(class_index("default_class", name)?),
+        Some(name) => errors.keep(class_index("default_class", name)).flatten(),
     };
     let mut routes = Vec::with_capacity(raw.routes.len());
     for (i, r) in raw.routes.iter().enumerate() {
-        let at = format!("routes[{i}]");
-        if r.path.is_none() && r.model.is_none() {
-            return Err(ConfigError::at(
-                &at,
-                "a rule matches on path, model or both: give at least one",
-            ));
+        if let Some(rule) = errors.keep(route(
+            &format!("routes[{i}]"),
+            r,
+            &class_index,
+            &backend_index,
+        )) {
+            routes.push(rule);
         }
-        let class = match &r.class {
-            Some(name) => Some(class_index(&format!("{at}.class"), name)?),
-            None => None,
-        };
-        let backend = match &r.backend {
-            None => None,
-            Some(name) => {
-                if r.path.is_none() || r.model.is_some() {
-                    return Err(ConfigError::at(
-                        format!("{at}.backend"),
-                        "picks where bodies naming no model go, by path: give path and no model",
-                    ));
-                }
-                Some(
-                    backends
-                        .iter()
-                        .position(|b| &*b.name == name)
-                        .ok_or_else(|| {
-                            ConfigError::at(
-                                format!("{at}.backend"),
-                                format!(
-                                    "no backend is called `{name}`; use one of: {}",
-                                    names(&backends)
-                                ),
-                            )
-                        })?,
-                )
-            }
-        };
-        if class.is_none() && backend.is_none() {
-            return Err(ConfigError::at(
-                &at,
-                "a rule gives a class, a backend (for bodies naming no model), or both: give at least one",
-            ));
-        }
-        routes.push(RouteRule {
-            path: r.path.clone(),
-            model: r.model.clone(),
-            class,
-            backend,
-        });
     }
     let mut api_keys = Vec::with_capacity(raw.api_keys.len());
     for (i, k) in raw.api_keys.iter().enumerate() {
-        let at = format!("api_keys[{i}]");
-        let key = match env(&k.key_env) {
-            Some(key) if !key.is_empty() => Secret::new(key),
-            _ => {
-                return Err(ConfigError::at(
-                    format!("{at}.key_env"),
-                    format!(
-                        "environment variable {} is not set (or empty); export it before starting, or remove this key",
-                        k.key_env
-                    ),
-                ));
-            }
-        };
-        let class = match &k.class {
-            Some(name) => Some(class_index(&format!("{at}.class"), name)?),
-            None => None,
-        };
-        // Its own class always; others only where listed.
-        let mut classes: Vec<usize> = class.into_iter().collect();
-        for (j, name) in k.classes.iter().flatten().enumerate() {
-            let index = class_index(&format!("{at}.classes[{j}]"), name)?;
-            if !classes.contains(&index) {
-                classes.push(index);
-            }
+        if let Some(key) = errors.keep(api_key(&format!("api_keys[{i}]"), k, env, &class_index)) {
+            api_keys.push(key);
         }
-        let grant = Arc::new(KeyGrant {
-            classes,
-            slo_overrides: k.slo_overrides,
-        });
-        api_keys.push(ApiKey { key, class, grant });
     }
-    within("curves.half_life_s", raw.curves.half_life_s, 7.0 * DAY_S)?;
+    errors.keep(within(
+        "curves.half_life_s",
+        raw.curves.half_life_s,
+        7.0 * DAY_S,
+    ));
     let cluster = match &raw.cluster {
-        Some(c) => Some(cluster(c, env)?),
+        Some(c) => errors.keep(cluster(c, env)),
         None => None,
     };
-    let admin_hosts: Vec<String> = raw
-        .admin
-        .allowed_hosts
-        .iter()
-        .map(|h| h.trim().to_ascii_lowercase())
-        .collect();
-    if let Some(bad) = admin_hosts.iter().find(|h| {
-        h.is_empty()
-            || !h
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
-    }) {
-        return Err(ConfigError::at(
-            "admin.allowed_hosts",
-            format!(
-                "`{bad}` is not a host name: give names only (letters, digits, `-`, `.`), no port"
-            ),
-        ));
+    let cors = match &raw.cors {
+        Some(c) => errors.keep(cors(c)),
+        None => None,
+    };
+    let resolver = match &raw.resolver {
+        Some(r) => errors.keep(resolver(r)),
+        None => None,
+    };
+    if let Some(error) = errors.into_error() {
+        return Err(error);
     }
-    let cors = raw.cors.as_ref().map(cors).transpose()?;
-    let resolver = raw.resolver.as_ref().map(resolver).transpose()?;
+    // No error: every section validated, so each is there.
+    let (Some(listen), Some(admin_listen), Some(limits), Some(admin_hosts), Some(routing)) =
+        (listen, admin_listen, limits, admin_hosts, routing)
+    else {
+        return Err(ConfigError::at(
+            "",
+            "internal error: a section validated without a value",
+        ));
+    };
     Ok(Config {
         cors,
         resolver,
@@ -253,6 +205,150 @@ pub fn validate(
         routing,
         cluster,
     })
+}
+
+/// `listen.tls`: both files readable.
+fn tls(raw: &RawConfig) -> Result<Option<TlsFiles>> {
+    let Some(tls) = &raw.listen.tls else {
+        return Ok(None);
+    };
+    readable("listen.tls.cert_file", &tls.cert_file)?;
+    readable("listen.tls.key_file", &tls.key_file)?;
+    Ok(Some(TlsFiles {
+        cert_file: tls.cert_file.clone(),
+        key_file: tls.key_file.clone(),
+    }))
+}
+
+/// `admin.listen`: an address other than the client-facing one.
+fn admin_listen(raw: &RawConfig, listen: Option<SocketAddr>) -> Result<SocketAddr> {
+    let admin = socket_addr("admin.listen", &raw.admin.listen)?;
+    if Some(admin) == listen && admin.port() != 0 {
+        return Err(ConfigError::at(
+            "admin.listen",
+            format!("{admin} is also listen.address; give the admin plane its own port"),
+        ));
+    }
+    Ok(admin)
+}
+
+/// `admin.allowed_hosts`: host names, lowercase.
+fn admin_hosts(raw: &RawConfig) -> Result<Vec<String>> {
+    let hosts: Vec<String> = raw
+        .admin
+        .allowed_hosts
+        .iter()
+        .map(|h| h.trim().to_ascii_lowercase())
+        .collect();
+    if let Some(bad) = hosts.iter().find(|h| {
+        h.is_empty()
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+    }) {
+        return Err(ConfigError::at(
+            "admin.allowed_hosts",
+            format!(
+                "`{bad}` is not a host name: give names only (letters, digits, `-`, `.`), no port"
+            ),
+        ));
+    }
+    Ok(hosts)
+}
+
+/// The secret in the environment variable `var` (at field `at`), if one is named; a named
+/// variable unset or empty is an error whose fix is to export it or to `instead`.
+fn secret_from(
+    env: &dyn Fn(&str) -> Option<String>,
+    var: Option<&str>,
+    at: &str,
+    instead: &str,
+) -> Result<Option<Secret>> {
+    let Some(var) = var else {
+        return Ok(None);
+    };
+    match env(var) {
+        Some(value) if !value.is_empty() => Ok(Some(Secret::new(value))),
+        _ => Err(ConfigError::at(
+            at,
+            format!("environment variable {var} is not set (or empty); export it, or {instead}"),
+        )),
+    }
+}
+
+/// One `routes[]` rule.
+fn route(
+    at: &str,
+    r: &crate::config::raw::RawRouteRule,
+    class_index: &dyn Fn(&str, &str) -> Result<Option<usize>>,
+    backend_index: &dyn Fn(&str, &str) -> Result<Option<usize>>,
+) -> Result<RouteRule> {
+    if r.path.is_none() && r.model.is_none() {
+        return Err(ConfigError::at(
+            at,
+            "a rule matches on path, model or both: give at least one",
+        ));
+    }
+    let class = match &r.class {
+        Some(name) => class_index(&format!("{at}.class"), name)?,
+        None => None,
+    };
+    let backend = match &r.backend {
+        None => None,
+        Some(_) if r.path.is_none() || r.model.is_some() => {
+            return Err(ConfigError::at(
+                format!("{at}.backend"),
+                "picks where bodies naming no model go, by path: give path and no model",
+            ));
+        }
+        Some(name) => backend_index(&format!("{at}.backend"), name)?,
+    };
+    if r.class.is_none() && r.backend.is_none() {
+        return Err(ConfigError::at(
+            at,
+            "a rule gives a class, a backend (for bodies naming no model), or both: give at least one",
+        ));
+    }
+    Ok(RouteRule {
+        path: r.path.clone(),
+        model: r.model.clone(),
+        class,
+        backend,
+    })
+}
+
+/// One `api_keys[]` entry: its key from the environment, its class and what it may claim.
+fn api_key(
+    at: &str,
+    k: &crate::config::raw::RawApiKey,
+    env: &dyn Fn(&str) -> Option<String>,
+    class_index: &dyn Fn(&str, &str) -> Result<Option<usize>>,
+) -> Result<ApiKey> {
+    let key = secret_from(
+        env,
+        Some(&k.key_env),
+        &format!("{at}.key_env"),
+        "remove this key",
+    )?
+    .unwrap_or_else(|| Secret::new(String::new()));
+    let class = match &k.class {
+        Some(name) => class_index(&format!("{at}.class"), name)?,
+        None => None,
+    };
+    // Its own class always; others only where listed.
+    let mut classes: Vec<usize> = class.into_iter().collect();
+    for (j, name) in k.classes.iter().flatten().enumerate() {
+        if let Some(index) = class_index(&format!("{at}.classes[{j}]"), name)?
+            && !classes.contains(&index)
+        {
+            classes.push(index);
+        }
+    }
+    let grant = Arc::new(KeyGrant {
+        classes,
+        slo_overrides: k.slo_overrides,
+    });
+    Ok(ApiKey { key, class, grant })
 }
 
 /// `resolver:`: at least one nameserver, each an IP address with an optional port.

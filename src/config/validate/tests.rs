@@ -440,3 +440,31 @@ fn a_key_header_needs_a_key_and_a_header_the_gateway_does_not_own() {
         assert!(err.message.contains(says), "{}", err.message);
     }
 }
+
+#[test]
+fn one_run_names_every_error_each_at_its_line() {
+    let text = "listen: {address: nowhere}\nbackends:\n  - name: a\n    url: http://127.0.0.1:9101\n    dialect: openai\n    models: {m: m}\n    max_concurrency: 0\n  - name: b\n    url: ftp://x\n    dialect: openai\n    models: {m: m}\nclasses:\n  - {name: chat, min_tps: -1}\nroutes:\n  - {path: /v1/x, class: nope}\n  - {path: /v1/y, class: chat}\n";
+    let err = parse(text, no_env).unwrap_err();
+    let paths: Vec<&str> = std::iter::once(err.path.as_str())
+        .chain(err.also.iter().map(|e| e.path.as_str()))
+        .collect();
+    // A route naming a class whose entry failed (chat) is not a second error.
+    assert_eq!(
+        paths,
+        [
+            "listen.address",
+            "backends[0].max_concurrency",
+            "backends[1].url",
+            "classes[0].min_tps",
+            "routes[0].class"
+        ]
+    );
+    let placed = crate::yaml::place(err, Path::new("gw.yaml"), text).to_string();
+    let lines: Vec<&str> = placed.lines().collect();
+    assert_eq!(lines.len(), 5, "{placed}");
+    assert!(
+        lines[1].starts_with("gw.yaml:7:22: backends[0].max_concurrency"),
+        "{placed}"
+    );
+    assert!(lines[4].starts_with("gw.yaml:15:"), "{placed}");
+}
