@@ -55,6 +55,8 @@ pub enum Command {
     Bench(BenchArgs),
     /// Run simulated backends, the gateway in front of them and traffic; watch the dashboard.
     Demo(crate::demo::DemoArgs),
+    /// Take a running gateway's curves away: the dashboard's picture as SVG, the numbers as CSV.
+    Curves(CurvesArgs),
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         /// The shell.
@@ -68,6 +70,27 @@ pub struct ConfigArg {
     /// Gateway config file (YAML).
     #[arg(long, short, env = "TPSGATE_CONFIG")]
     pub config: PathBuf,
+}
+
+/// `tpsgate curves` arguments.
+#[derive(Debug, Args)]
+pub struct CurvesArgs {
+    /// The gateway's admin plane, e.g. http://127.0.0.1:9090.
+    #[arg(long)]
+    pub url: String,
+    /// Write the picture (the dashboard's charts) to this SVG file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Write the points and fits to this CSV file (without --svg or --csv: CSV on stdout).
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// The environment variable holding the admin token, when the gateway has one
+    /// (admin.token_env).
+    #[arg(long)]
+    pub token_env: Option<String>,
+    /// Extra PEM roots for an https:// admin URL.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `tpsgate check` arguments.
@@ -243,6 +266,7 @@ pub fn run(cli: Cli) -> ExitCode {
         }
         Command::Sim(args) => block_on(threads, sim(args)),
         Command::Bench(args) => block_on(threads, run_bench(args)),
+        Command::Curves(args) => block_on(threads, curves(args)),
     };
     crate::logging::flush();
     code
@@ -582,6 +606,68 @@ async fn sim(args: SimArgs) -> Result<(), String> {
     }
     stop.await;
     running.stop().await;
+    Ok(())
+}
+
+// === curves ===
+
+/// Fetches `/admin/curves` and writes the picture and the numbers.
+async fn curves(args: CurvesArgs) -> Result<(), String> {
+    use http_body_util::BodyExt as _;
+    let base = args.url.trim_end_matches('/');
+    let uri: http::Uri = format!("{base}/admin/curves")
+        .parse()
+        .map_err(|e| format!("--url: `{}` is not a URL: {e}", args.url))?;
+    let mut request = http::Request::get(uri);
+    if let Some(var) = &args.token_env {
+        let token = std::env::var(var)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                format!("--token-env: environment variable {var} is not set (or empty)")
+            })?;
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .map_err(|e| format!("--url: {e}"))?;
+    let client = bench::http_client(args.ca_file.as_deref())?;
+    let response = client
+        .request(request)
+        .await
+        .map_err(|e| format!("{base}: {e}"))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{base}: the answer broke: {e}"))?
+        .to_bytes();
+    if !status.is_success() {
+        let hint = if status == http::StatusCode::UNAUTHORIZED {
+            " (the admin plane wants its token: --token-env VAR)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "{base}/admin/curves answered {status}{hint}: {}",
+            String::from_utf8_lossy(&body).trim()
+        ));
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| format!("{base}/admin/curves is not a tpsgate admin plane ({e})"))?;
+    let write = |file: &std::path::Path, text: String| {
+        std::fs::write(file, text).map_err(|e| format!("{}: {e}", file.display()))
+    };
+    if let Some(file) = &args.svg {
+        write(file, crate::admin::export::svg(&doc))?;
+    }
+    if let Some(file) = &args.csv {
+        write(file, crate::admin::export::csv(&doc))?;
+    }
+    if args.svg.is_none() && args.csv.is_none() {
+        say(crate::admin::export::csv(&doc).trim_end());
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! `/admin/backends`, `/admin/curves`, `/admin/cluster`, `/admin/reload` and the dashboard at
 //! `/`.
 
+pub mod export;
 pub mod metrics;
 
 use std::convert::Infallible;
@@ -138,6 +139,25 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         );
         return resp;
     }
+    let export: Option<(fn(&serde_json::Value) -> String, &'static str)> = match req.uri().path() {
+        "/admin/curves.svg" => Some((export::svg, "image/svg+xml")),
+        "/admin/curves.csv" => Some((export::csv, "text/csv; charset=utf-8")),
+        _ => None,
+    };
+    if let Some((make, kind)) = export {
+        let doc = curves(&state.live.load().router);
+        let mut resp = Response::new(Full::new(Bytes::from(make(&doc))));
+        let name = if kind.starts_with("image") {
+            "attachment; filename=\"tpsgate-curves.svg\""
+        } else {
+            "attachment; filename=\"tpsgate-curves.csv\""
+        };
+        let headers = resp.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
+        // A file to keep, not a page to open here (an SVG opened in place could run script).
+        headers.insert(header::CONTENT_DISPOSITION, HeaderValue::from_static(name));
+        return resp;
+    }
     if req.uri().path() == "/metrics" {
         let mut resp = Response::new(Full::new(Bytes::from(metrics::render(
             &state.live.load().router,
@@ -166,7 +186,7 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         }
         _ => (
             StatusCode::NOT_FOUND,
-            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves, /admin/cluster, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
+            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves (.svg, .csv), /admin/cluster, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));

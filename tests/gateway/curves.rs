@@ -271,3 +271,95 @@ async fn a_non_stream_response_read_to_its_end_is_counted_as_completed() {
         "{requests:?}"
     );
 }
+
+/// `tpsgate curves` takes a gateway's curves away as the dashboard draws them (SVG) and as
+/// numbers (CSV); the dashboard's download buttons fetch the same files from the admin plane,
+/// behind its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_curves_can_be_taken_away_as_svg_and_csv() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(2.0, 0.1, 8)).await;
+    let gw = support::gateway(&format!(
+        "admin: {{listen: 127.0.0.1:0, token_env: ADMIN}}\nbackends:\n{}",
+        support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
+    ))
+    .await;
+    assert_eq!(level(gw.addr(), 2, 8).await.errors, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let (svg, csv) = (dir.path().join("c.svg"), dir.path().join("c.csv"));
+    let admin = format!("http://{}", gw.admin_addr());
+    let run = |token: Option<&str>| {
+        let mut command = support::tpsgate();
+        command.args(["curves", "--url", &admin, "--token-env", "TOKEN", "--svg"]);
+        command.arg(&svg).arg("--csv").arg(&csv);
+        match token {
+            Some(t) => command.env("TOKEN", t),
+            None => command.env("TOKEN", "wrong"),
+        };
+        command.output().unwrap()
+    };
+    let refused = run(None);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("401"),
+        "{refused:?}"
+    );
+    // support::gateway answers `key-of-NAME` for every variable NAME.
+    let out = run(Some("key-of-ADMIN"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(picture.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert!(
+        picture.contains("sim · m") && picture.contains("<circle"),
+        "{picture}"
+    );
+    let numbers = std::fs::read_to_string(&csv).unwrap();
+    let rows: Vec<&str> = numbers.lines().collect();
+    assert!(rows[0].starts_with("backend,model,concurrency,"));
+    assert!(
+        rows.len() >= 2 && rows[1..].iter().all(|r| r.starts_with("sim,m,")),
+        "{numbers}"
+    );
+
+    // The dashboard's buttons: the same files from the admin plane, as downloads.
+    for (path, kind, starts) in [
+        ("/admin/curves.svg", "image/svg+xml", "<svg"),
+        (
+            "/admin/curves.csv",
+            "text/csv; charset=utf-8",
+            "backend,model",
+        ),
+    ] {
+        let ex = support::send(
+            &tpsgate::bench::http_client(None).unwrap(),
+            gw.admin_addr(),
+            http::Method::GET,
+            path,
+            None,
+            &[("authorization", "Bearer key-of-ADMIN")],
+        )
+        .await;
+        assert_eq!(ex.status, 200, "{path}");
+        assert_eq!(ex.headers["content-type"], kind);
+        assert!(
+            ex.headers["content-disposition"]
+                .to_str()
+                .unwrap()
+                .starts_with("attachment")
+        );
+        assert!(
+            String::from_utf8(ex.body()).unwrap().starts_with(starts),
+            "{path}"
+        );
+    }
+    let page = String::from_utf8(
+        support::exchange(gw.admin_addr(), http::Method::GET, "/", None)
+            .await
+            .body(),
+    )
+    .unwrap();
+    assert!(page.contains("id=\"save-svg\"") && page.contains("\"/admin/curves.\" + kind"));
+}
