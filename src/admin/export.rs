@@ -29,6 +29,51 @@ const ACCENT: &str = "#4cc2ff";
 const FIT: &str = "#f5b544";
 const SLO: &str = "#ff6b6b";
 
+/// A file the curves are taken away as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// The dashboard's picture.
+    Svg,
+    /// The numbers.
+    Csv,
+}
+
+impl Format {
+    /// The format an admin path asks for (`/admin/curves.svg`, `/admin/curves.csv`).
+    pub fn of_path(path: &str) -> Option<Self> {
+        match path {
+            "/admin/curves.svg" => Some(Self::Svg),
+            "/admin/curves.csv" => Some(Self::Csv),
+            _ => None,
+        }
+    }
+
+    /// The file, from an `/admin/curves` document.
+    pub fn render(self, doc: &Value) -> String {
+        match self {
+            Self::Svg => svg(doc),
+            Self::Csv => csv(doc),
+        }
+    }
+
+    /// Its `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Self::Svg => "image/svg+xml",
+            Self::Csv => "text/csv; charset=utf-8",
+        }
+    }
+
+    /// Its `Content-Disposition`: a file to keep, not a page to open in place (an SVG opened
+    /// in place could run script).
+    pub fn disposition(self) -> &'static str {
+        match self {
+            Self::Svg => "attachment; filename=\"tpsgate-curves.svg\"",
+            Self::Csv => "attachment; filename=\"tpsgate-curves.csv\"",
+        }
+    }
+}
+
 /// The CSV's columns: one row per curve point.
 const CSV_HEADER: &str = "backend,model,concurrency,samples,per_user_tps_p50,per_user_tps_p10,ttft_p50_s,ttft_p90_s,fit_per_user_tps,fit_ttft_s";
 
@@ -297,8 +342,11 @@ fn points(curve: &Value) -> impl Iterator<Item = &Value> {
     curve["points"].as_array().into_iter().flatten()
 }
 
+/// SLO lines: a class's name and its target.
+type Targets = Vec<(String, f64)>;
+
 /// Each class's speed and TTFT targets, by name.
-fn slos(doc: &Value) -> (Vec<(String, f64)>, Vec<(String, f64)>) {
+fn slos(doc: &Value) -> (Targets, Targets) {
     let classes = doc["classes"].as_array().into_iter().flatten();
     let pick = |key: &str| {
         classes

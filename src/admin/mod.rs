@@ -139,23 +139,18 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         );
         return resp;
     }
-    let export: Option<(fn(&serde_json::Value) -> String, &'static str)> = match req.uri().path() {
-        "/admin/curves.svg" => Some((export::svg, "image/svg+xml")),
-        "/admin/curves.csv" => Some((export::csv, "text/csv; charset=utf-8")),
-        _ => None,
-    };
-    if let Some((make, kind)) = export {
+    if let Some(format) = export::Format::of_path(req.uri().path()) {
         let doc = curves(&state.live.load().router);
-        let mut resp = Response::new(Full::new(Bytes::from(make(&doc))));
-        let name = if kind.starts_with("image") {
-            "attachment; filename=\"tpsgate-curves.svg\""
-        } else {
-            "attachment; filename=\"tpsgate-curves.csv\""
-        };
+        let mut resp = Response::new(Full::new(Bytes::from(format.render(&doc))));
         let headers = resp.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(kind));
-        // A file to keep, not a page to open here (an SVG opened in place could run script).
-        headers.insert(header::CONTENT_DISPOSITION, HeaderValue::from_static(name));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(format.content_type()),
+        );
+        headers.insert(
+            header::CONTENT_DISPOSITION,
+            HeaderValue::from_static(format.disposition()),
+        );
         return resp;
     }
     if req.uri().path() == "/metrics" {
