@@ -131,7 +131,7 @@ impl Connection {
             // it, from a buggy backend) would be taken for the answer to this request: the
             // connection is given up before a byte is written, and the request handed back
             // unsent. Bytes that come once the request is out cannot be told from its answer
-            // (README, "Backends that misbehave").
+            // (docs/gateway.md, "Backends that misbehave").
             if !self.is_open() {
                 let unsent = Request::from_parts(parts, UpstreamBody::new(body));
                 return Err((Error::Unasked, Some(unsent)));
