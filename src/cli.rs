@@ -631,7 +631,7 @@ async fn curves(args: CurvesArgs) -> Result<(), String> {
     let request = request
         .body(http_body_util::Full::new(bytes::Bytes::new()))
         .map_err(|e| format!("--url: {e}"))?;
-    let client = bench::http_client(args.ca_file.as_deref())?;
+    let client = crate::tls::http_client(args.ca_file.as_deref())?;
     let response = client
         .request(request)
         .await

@@ -80,8 +80,15 @@ impl Gateway {
         let mut found = crate::discovery::Found::default();
         crate::discovery::resolve(&resolver, crate::discovery::discovered(config), &mut found)
             .await;
+        let tracing = match &config.tracing {
+            Some(t) => Some(crate::otel::Tracing::start(
+                t,
+                tokio::runtime::Handle::current(),
+            )?),
+            None => None,
+        };
         let live = Arc::new(ArcSwap::from_pointee(Live::build(
-            config, found, None, &drained, outbox,
+            config, found, None, &drained, outbox, tracing,
         )?));
         let tls = match &config.tls {
             Some(files) => Some(crate::tls::acceptor(&files.cert_file, &files.key_file)?),
@@ -261,6 +268,11 @@ impl Gateway {
         let _ = self.cluster_stop.send(true);
         if let Some(task) = self.cluster.take() {
             let _ = task.await;
+        }
+        // The spans still buffered go out; the exporter sends on this runtime, so it waits
+        // off it.
+        if let Some(tracing) = self.admin.live.load().tracing.clone() {
+            let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
         }
     }
 

@@ -32,6 +32,7 @@ pub mod gateway;
 pub mod listen;
 pub mod live;
 pub mod logging;
+pub mod otel;
 pub mod proxy;
 pub mod router;
 pub mod signal;

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::discovery::{self, Found, Resolver};
 use crate::fleet::{Backend, Line, Outbox};
+use crate::otel::Tracing;
 use crate::router::{PassThrough, Router};
 use crate::signal::Signal;
 use crate::stack::{self, Stack};
@@ -42,6 +43,8 @@ pub struct Live {
     /// Where the backends' samples and health events go for the other replicas (in a
     /// cluster).
     outbox: Option<Outbox>,
+    /// The span exporter, when `tracing:` is configured (kept across reloads).
+    pub tracing: Option<Tracing>,
 }
 
 impl Live {
@@ -55,6 +58,7 @@ impl Live {
         old: Option<&Live>,
         drained: &Signal,
         outbox: Option<Outbox>,
+        tracing: Option<Tracing>,
     ) -> Result<Self, String> {
         let classes_same = old.is_some_and(|o| o.config.classes == config.classes);
         // Waiters are woken by releases on any backend: reused backends keep waking the line
@@ -103,13 +107,19 @@ impl Live {
             config.routing,
             line,
         ));
-        let stack = stack::build(config, Arc::clone(&router), drained.clone());
+        let stack = stack::build(
+            config,
+            Arc::clone(&router),
+            drained.clone(),
+            tracing.as_ref(),
+        );
         Ok(Self {
             stack,
             router,
             config: config.clone(),
             found,
             outbox,
+            tracing,
         })
     }
 }
@@ -224,6 +234,9 @@ impl Reloader {
             if config.resolver != old.resolver {
                 return Err("resolver applies at start only: restart to change it".to_owned());
             }
+            if config.tracing != old.tracing {
+                return Err("tracing applies at start only: restart to change it".to_owned());
+            }
         }
         let mut fresh = Found::default();
         let known = self.live.load_full();
@@ -237,6 +250,7 @@ impl Reloader {
             Some(&current),
             &self.drained,
             current.outbox.clone(),
+            current.tracing.clone(),
         )?;
         self.live.store(Arc::new(next));
         Ok(())
@@ -289,6 +303,7 @@ impl Reloader {
             Some(&current),
             &self.drained,
             current.outbox.clone(),
+            current.tracing.clone(),
         ) {
             Ok(next) => {
                 tracing::info!(%changes, "discovered backends changed");

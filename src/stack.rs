@@ -9,6 +9,7 @@ use tower::util::Either;
 use tower_http::cors::{AllowOrigin, Any, Cors, CorsLayer};
 
 use crate::config::{self, Config};
+use crate::otel::Tracing;
 use crate::proxy::auth::{Auth, AuthLayer};
 use crate::proxy::classify::{BodyPace, Classes, Classify, ClassifyLayer};
 use crate::proxy::forward::Forward;
@@ -19,6 +20,7 @@ use crate::proxy::rescue::{Rescue, RescueLayer};
 use crate::proxy::retry::{Retry, RetryBudget, RetryLayer};
 use crate::proxy::rewrite::{Rewrite, RewriteLayer};
 use crate::proxy::route::{Route, RouteLayer};
+use crate::proxy::trace::{Trace, TraceLayer};
 use crate::router::Router;
 use crate::signal::Signal;
 
@@ -26,11 +28,19 @@ use crate::signal::Signal;
 pub type Stack = RequestIdService<Either<Cors<Inner>, Inner>>;
 
 /// Below the optional CORS layer.
-pub type Inner = Rescue<HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>;
+pub type Inner = Rescue<Either<Trace<Checked>, Checked>>;
+
+/// Below the optional trace layer.
+pub type Checked = HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`; `drained` ends the streams
-/// still open at the drain deadline.
-pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
+/// still open at the drain deadline; `tracing` makes a span of each request.
+pub fn build(
+    config: &Config,
+    router: Arc<Router>,
+    drained: Signal,
+    tracing: Option<&Tracing>,
+) -> Stack {
     let classes = Classes::new(
         config.classes.clone(),
         config.default_class,
@@ -45,6 +55,9 @@ pub fn build(config: &Config, router: Arc<Router>, drained: Signal) -> Stack {
         .option_layer(config.cors.as_ref().map(cors))
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
+        // Traces, when configured: every request a span, errors included, continuing the
+        // client's trace.
+        .option_layer(tracing.cloned().map(TraceLayer::new))
         // The head within its limit (431), on HTTP/1.1 and HTTP/2 alike, before anything reads it.
         .layer(HeadLimitLayer::new(config.limits.max_header_bytes))
         // Gateway API keys, when configured (401 without one); a key may carry a class.

@@ -60,3 +60,30 @@ pub fn acceptor(cert_file: &Path, key_file: &Path) -> Result<TlsAcceptor, String
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
+
+/// A pooled client for `http://` and `https://` servers (HTTP/1.1, Nagle off): what bench, the
+/// trace exporter and `tpsgate curves` send with.
+pub type HttpClient = hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// Builds an [`HttpClient`]: HTTPS with the platform's roots (as the gateway trusts them) and,
+/// if given, the certificates in `ca_file`; plain HTTP as well.
+pub fn http_client(ca_file: Option<&Path>) -> Result<HttpClient, String> {
+    let tls = client_config(ca_file, "--ca-file")?;
+    let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
+    connector.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(std::time::Duration::from_secs(30))
+            .build(https),
+    )
+}

@@ -102,6 +102,13 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         "the cluster link syncs the fleet's state beside the request path, never in it",
     ),
     (
+        "otel",
+        &[
+            "proxy", "router", "fleet", "upstream", "live", "gateway", "admin", "stack",
+        ],
+        "the tracer knows spans and OTLP, nothing of the request path that makes them",
+    ),
+    (
         "discovery",
         &[
             "proxy", "router", "fleet", "upstream", "live", "gateway", "admin", "stack",

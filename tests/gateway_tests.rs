@@ -36,5 +36,7 @@ mod resilience;
 mod routing;
 #[path = "gateway/sdk.rs"]
 mod sdk;
+#[path = "gateway/traces.rs"]
+mod traces;
 #[path = "gateway/transport.rs"]
 mod transport;

@@ -11,15 +11,9 @@
 //! decoding, hosted APIs) the usual formula overstates speed by `(T - 1) / (T - k)`, 10% for 32
 //! tokens in chunks of 4.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt, Full};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -201,26 +195,7 @@ impl Sample {
     }
 }
 
-/// A pooled client for `http://` and `https://` servers (HTTP/1.1, Nagle off).
-pub type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
-
-/// Builds the client bench uses: HTTPS with the platform's roots (as the gateway trusts them)
-/// and, if given, the certificates in `ca_file`; plain HTTP as well.
-pub fn http_client(ca_file: Option<&std::path::Path>) -> Result<HttpClient, String> {
-    let tls = crate::tls::client_config(ca_file, "--ca-file")?;
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    connector.enforce_http(false);
-    let https = HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(connector);
-    Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(https))
-}
+pub use crate::tls::{HttpClient, http_client};
 
 /// Sends one request and times its stream.
 pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
@@ -400,6 +375,8 @@ impl StreamTimer {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

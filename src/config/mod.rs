@@ -60,6 +60,19 @@ pub struct Config {
     pub cors: Option<Cors>,
     /// The nameservers `discovery: dns` asks; `None`: the system's (`/etc/resolv.conf`).
     pub resolver: Option<ResolverConfig>,
+    /// OpenTelemetry traces, if configured.
+    pub tracing: Option<TracingConfig>,
+}
+
+/// `tracing:` validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TracingConfig {
+    /// The OTLP/HTTP traces endpoint.
+    pub otlp_endpoint: String,
+    /// `service.name`.
+    pub service_name: String,
+    /// Share of root traces sampled.
+    pub sample_ratio: f64,
 }
 
 /// `resolver:` validated.

@@ -51,6 +51,33 @@ pub struct RawConfig {
     /// The DNS resolver of `backends[].discovery: dns`; default: the system's.
     #[serde(default)]
     pub resolver: Option<RawResolver>,
+    /// OpenTelemetry traces: a span per request, exported over OTLP; off when absent.
+    #[serde(default)]
+    pub tracing: Option<RawTracing>,
+}
+
+/// `tracing:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    /// Where spans go: an OTLP/HTTP traces endpoint, e.g.
+    /// `http://otel-collector:4318/v1/traces` (protobuf).
+    pub otlp_endpoint: String,
+    /// `service.name` of the spans; default `tpsgate`.
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+    /// Share of traces started here that are sampled (0 to 1; a client's own decision, in its
+    /// `traceparent`, is kept); default 1.
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+fn default_service_name() -> String {
+    "tpsgate".to_owned()
+}
+
+fn default_sample_ratio() -> f64 {
+    1.0
 }
 
 /// `resolver:`.

@@ -48,6 +48,8 @@ pub struct RequestEnd {
     outcome: Outcome,
     /// The end was written.
     written: bool,
+    /// The request's span, when traced: ended with the end.
+    span: Option<crate::otel::RequestSpan>,
 }
 
 /// Who a request was, for its [`RequestEnd`].
@@ -63,6 +65,8 @@ pub struct Request {
     pub prompt_estimate: u64,
     /// When the gateway received it.
     pub start: Instant,
+    /// Its span, when traced.
+    pub span: Option<crate::otel::RequestSpan>,
 }
 
 impl RequestEnd {
@@ -83,6 +87,7 @@ impl RequestEnd {
             bytes: 0,
             outcome: Outcome::Cancelled,
             written: false,
+            span: request.span,
         }
     }
 
@@ -181,6 +186,9 @@ impl RequestEnd {
             Outcome::Failed => "upstream_error",
         };
         let timing = meter.map(|m| &m.timing);
+        if let Some(span) = self.span.take() {
+            self.end_span(&span, timing, outcome, now);
+        }
         crate::logging::request_line(&RequestLine {
             request_id: self.id.to_str().unwrap_or("-"),
             backend: &self.backend,
@@ -193,6 +201,64 @@ impl RequestEnd {
             bytes: self.bytes,
             total: now - self.start,
         });
+    }
+}
+
+impl RequestEnd {
+    /// Ends the request's span with what the stream measured, named and attributed after the
+    /// GenAI semantic conventions, the gateway's own facts under `tpsgate.*`.
+    fn end_span(
+        &self,
+        span: &crate::otel::RequestSpan,
+        timing: Option<&crate::curve::StreamTiming>,
+        outcome: &'static str,
+        now: Instant,
+    ) {
+        use opentelemetry::KeyValue;
+        let mut attributes = vec![
+            KeyValue::new("http.response.status_code", i64::from(self.status)),
+            KeyValue::new("tpsgate.outcome", outcome),
+            KeyValue::new("tpsgate.duration_s", (now - self.start).as_secs_f64()),
+        ];
+        if let Some(model) = &self.model {
+            attributes.push(KeyValue::new("gen_ai.operation.name", "chat"));
+            attributes.push(KeyValue::new("gen_ai.request.model", model.clone()));
+        }
+        if let Some(class) = &self.class {
+            attributes.push(KeyValue::new("tpsgate.class", class.to_string()));
+        }
+        if let Some(t) = timing {
+            let count = |n: Option<u64>| i64::try_from(n.unwrap_or(0)).unwrap_or(i64::MAX);
+            if t.output_tokens.is_some() {
+                attributes.push(KeyValue::new(
+                    "gen_ai.usage.output_tokens",
+                    count(t.output_tokens),
+                ));
+            }
+            if t.prompt_tokens.is_some() {
+                attributes.push(KeyValue::new(
+                    "gen_ai.usage.input_tokens",
+                    count(t.prompt_tokens),
+                ));
+            }
+            if let Some(first) = t.first_content {
+                // The client's TTFT (from receipt) and the backend's (from sending).
+                attributes.push(KeyValue::new(
+                    "tpsgate.ttft_s",
+                    (first - self.start).as_secs_f64(),
+                ));
+                attributes.push(KeyValue::new(
+                    "tpsgate.backend_ttft_s",
+                    (first - self.sent).as_secs_f64(),
+                ));
+            }
+        }
+        let failed = self.status >= 500 || self.outcome == Outcome::Failed;
+        span.end(
+            self.model.as_ref().map(|m| format!("chat {m}")),
+            attributes,
+            failed.then_some("upstream_error"),
+        );
     }
 }
 

@@ -89,6 +89,16 @@ impl Service<Request<UpstreamBody>> for Forward {
             }
             None => (None, None, None, 0),
         };
+        let span = req.extensions_mut().remove::<crate::otel::RequestSpan>();
+        if let Some(span) = &span {
+            span.set([
+                opentelemetry::KeyValue::new(
+                    "tpsgate.backend",
+                    routed.backend.config.name.to_string(),
+                ),
+                opentelemetry::KeyValue::new("tpsgate.route.reason", routed.reason.label()),
+            ]);
+        }
         let inner = Box::pin(Arc::clone(&routed.backend.pool).send(req));
         // A backend's timeouts run from when the request is sent to it, not from its arrival
         // (time spent waiting in a queue line is not the backend's).
@@ -108,6 +118,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                     class,
                     prompt_estimate: prompt_tokens,
                     start,
+                    span,
                 },
                 stream,
                 deadlines,

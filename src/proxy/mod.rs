@@ -21,3 +21,4 @@ pub mod route;
 pub mod skim;
 #[cfg(test)]
 mod testing;
+pub mod trace;

@@ -61,6 +61,8 @@ pub struct SeenRequest {
     pub anthropic_version: Option<String>,
     /// The `x-request-id` header.
     pub request_id: Option<String>,
+    /// The W3C `traceparent` header.
+    pub traceparent: Option<String>,
     /// Every header name received, in order.
     pub header_names: Vec<String>,
 }
@@ -195,6 +197,7 @@ impl SimBackend {
             x_api_key: header("x-api-key"),
             anthropic_version: header("anthropic-version"),
             request_id: header("x-request-id"),
+            traceparent: header("traceparent"),
             header_names: req
                 .headers()
                 .keys()

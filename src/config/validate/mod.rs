@@ -174,6 +174,10 @@ pub fn validate(
         Some(r) => errors.keep(resolver(r)),
         None => None,
     };
+    let tracing = match &raw.tracing {
+        Some(t) => errors.keep(tracing(t)),
+        None => None,
+    };
     if let Some(error) = errors.into_error() {
         return Err(error);
     }
@@ -187,6 +191,7 @@ pub fn validate(
         ));
     };
     Ok(Config {
+        tracing,
         cors,
         resolver,
         admin_hosts,
@@ -349,6 +354,40 @@ fn api_key(
         slo_overrides: k.slo_overrides,
     });
     Ok(ApiKey { key, class, grant })
+}
+
+/// `tracing:`: an http(s) endpoint, a service name, a ratio.
+fn tracing(raw: &crate::config::raw::RawTracing) -> Result<crate::config::TracingConfig> {
+    let endpoint = raw.otlp_endpoint.trim();
+    let url = endpoint.parse::<http::Uri>().ok();
+    if !url
+        .as_ref()
+        .is_some_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some())
+    {
+        return Err(ConfigError::at(
+            "tracing.otlp_endpoint",
+            format!(
+                "`{endpoint}` is not an OTLP/HTTP endpoint: write http://HOST:4318/v1/traces (a collector's)"
+            ),
+        ));
+    }
+    if raw.service_name.trim().is_empty() {
+        return Err(ConfigError::at(
+            "tracing.service_name",
+            "give the service's name (default: tpsgate)",
+        ));
+    }
+    if !(0.0..=1.0).contains(&raw.sample_ratio) {
+        return Err(ConfigError::at(
+            "tracing.sample_ratio",
+            format!("{} is out of range: give 0 to 1", raw.sample_ratio),
+        ));
+    }
+    Ok(crate::config::TracingConfig {
+        otlp_endpoint: endpoint.to_owned(),
+        service_name: raw.service_name.trim().to_owned(),
+        sample_ratio: raw.sample_ratio,
+    })
 }
 
 /// `resolver:`: at least one nameserver, each an IP address with an optional port.

@@ -20,6 +20,7 @@ fn request() -> end::Request {
         class: None,
         prompt_estimate: 10,
         start: Instant::now(),
+        span: None,
     }
 }
 
