@@ -72,9 +72,9 @@ impl Service<Request<UpstreamBody>> for Forward {
     }
 
     fn call(&mut self, mut req: Request<UpstreamBody>) -> ForwardFuture {
-        let (start, id) = req.extensions().get::<Received>().map_or_else(
-            || (Instant::now(), HeaderValue::from_static("-")),
-            |r| (r.at, r.id.clone()),
+        let (start, id, span) = req.extensions().get::<Received>().map_or_else(
+            || (Instant::now(), HeaderValue::from_static("-"), None),
+            |r| (r.at, r.id.clone(), r.span.clone()),
         );
         let Some(routed) = req.extensions_mut().remove::<Routed>() else {
             return ForwardFuture::failed(Error::internal("forward: the request has no route"));
@@ -89,8 +89,10 @@ impl Service<Request<UpstreamBody>> for Forward {
             }
             None => (None, None, None, 0),
         };
-        let span = req.extensions_mut().remove::<crate::otel::RequestSpan>();
+        // Traced: the backend's work is a child of this request's span (untraced, a client's
+        // own `traceparent` passes as it came).
         if let Some(span) = &span {
+            span.inject(req.headers_mut());
             span.set([
                 opentelemetry::KeyValue::new(
                     "tpsgate.backend",

@@ -23,6 +23,9 @@ pub struct Received {
     pub id: HeaderValue,
     /// The moment the head arrived.
     pub at: tokio::time::Instant,
+    /// Its span, when traced (the trace layer puts it here: no entry of its own, so that an
+    /// untraced request looks nothing up).
+    pub span: Option<crate::otel::RequestSpan>,
 }
 
 /// Adds [`Received`] to requests and `x-request-id` to responses.
@@ -104,6 +107,7 @@ where
         req.extensions_mut().insert(Received {
             id: id.clone(),
             at: tokio::time::Instant::now(),
+            span: None,
         });
         RequestIdFuture {
             inner: self.inner.call(req),

@@ -86,11 +86,6 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     parts.uri = upstream_uri(backend, &parts.uri)?;
     // The version stays the client's: the pool sets its connection's own.
     rewrite_headers(&mut parts.headers, backend, body.len());
-    // Traced: the backend's work is a child of this request's span (the client's own
-    // `traceparent`, untraced, passes as it came).
-    if let Some(span) = parts.extensions.get::<crate::otel::RequestSpan>() {
-        span.inject(&mut parts.headers);
-    }
     Ok(Request::from_parts(parts, UpstreamBody::new(body)))
 }
 

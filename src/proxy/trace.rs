@@ -14,6 +14,7 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use super::body::ProxyBody;
+use super::request_id::Received;
 use crate::error::Error;
 use crate::otel::{RequestSpan, Tracing};
 
@@ -64,7 +65,9 @@ where
         let span =
             self.tracing
                 .start_request(req.headers(), req.method().as_str(), req.uri().path());
-        req.extensions_mut().insert(span.clone());
+        if let Some(received) = req.extensions_mut().get_mut::<Received>() {
+            received.span = Some(span.clone());
+        }
         TraceFuture {
             inner: self.inner.call(req),
             span,
