@@ -100,20 +100,11 @@ async fn sim_at(name: &str, ip: Ipv4Addr, port: u16) -> (Fleet, u16) {
 const POD_A: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
 const POD_B: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 3);
 
-async fn names(admin: SocketAddr) -> Vec<String> {
-    support::get_json(admin, "/admin/backends").await["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["name"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// Waits (up to 5 s) until the admin plane lists exactly `want`.
 async fn until_backends(admin: SocketAddr, want: &[&str]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let now = names(admin).await;
+        let now = support::backend_names(admin).await;
         if now == want {
             return;
         }
@@ -164,7 +155,7 @@ async fn each_address_of_a_name_is_a_backend_that_joins_cold_and_drains_when_it_
     let (proxy, admin) = (gw.addr(), gw.admin_addr());
 
     // One address: one backend, named after it, reached under the name.
-    assert_eq!(names(admin).await, ["pods/127.0.0.2"]);
+    assert_eq!(support::backend_names(admin).await, ["pods/127.0.0.2"]);
     let (backend, _) = chat_once(proxy, 4).await;
     assert_eq!(backend, "pods/127.0.0.2");
     let seen = support::seen(sim_a.addr("a").unwrap()).await;
@@ -227,13 +218,19 @@ async fn a_resolver_that_stops_answering_leaves_the_backends_as_they_were() {
     let (_sim_b, _) = sim_at("b", POD_B, port).await;
     let gw = support::gateway(&config(dns.addr, port)).await;
     let admin = gw.admin_addr();
-    assert_eq!(names(admin).await, ["pods/127.0.0.2", "pods/127.0.0.3"]);
+    assert_eq!(
+        support::backend_names(admin).await,
+        ["pods/127.0.0.2", "pods/127.0.0.3"]
+    );
 
     dns.silent.store(true, Ordering::Relaxed);
     dns.answer(&[]);
     // Several refreshes time out (0.2 s apart, 0.3 s each): nothing changes.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(names(admin).await, ["pods/127.0.0.2", "pods/127.0.0.3"]);
+    assert_eq!(
+        support::backend_names(admin).await,
+        ["pods/127.0.0.2", "pods/127.0.0.3"]
+    );
     assert_eq!(chat_once(gw.addr(), 2).await.1.status, 200);
 
     // A name with no address left is an answer: its backends drain away.
@@ -244,28 +241,8 @@ async fn a_resolver_that_stops_answering_leaves_the_backends_as_they_were() {
 #[tokio::test]
 async fn tls_to_a_discovered_address_verifies_the_configured_name() {
     let dir = tempfile::tempdir().unwrap();
-    let cert = rcgen::generate_simple_self_signed(vec!["pods.tpsgate.test".to_owned()]).unwrap();
-    let (cert_file, key_file) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
-    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    let spec = BackendRaw {
-        name: "a".into(),
-        listen: format!("{POD_A}:0"),
-        models: vec!["m".into()],
-        tls: Some(tpsgate::sim::config::SimTls {
-            cert_file: cert_file.clone(),
-            key_file,
-        }),
-        engine: EngineRaw {
-            step_base_ms: 1.0,
-            ..EngineRaw::default()
-        },
-        stream: StreamRaw::default(),
-        faults: vec![],
-    }
-    .validate("test")
-    .unwrap();
-    let sim = Fleet::start(&[spec]).await.unwrap();
+    let (sim, _cert, cert_file) =
+        support::tls_sim("a", &format!("{POD_A}:0"), "pods.tpsgate.test", dir.path()).await;
     let port = sim.addr("a").unwrap().port();
     let dns = StubDns::start(&[POD_A]).await;
     let gw = support::gateway(&format!(

@@ -28,15 +28,6 @@ fn parse(text: &str) -> tpsgate::config::Config {
     tpsgate::config::parse(&full, |_| None).unwrap()
 }
 
-async fn backend_names(admin: SocketAddr) -> Vec<String> {
-    support::get_json(admin, "/admin/backends").await["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["name"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 /// The listeners of a served config file, on free ports.
 const HEAD: &str = "listen: {address: 127.0.0.1:0}\nadmin: {listen: 127.0.0.1:0}\n";
 
@@ -104,7 +95,7 @@ async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_cur
     gw.reload(&parse(&config_text(&[("a", a), ("b", b)])))
         .await
         .unwrap();
-    assert_eq!(backend_names(gw.admin_addr()).await, ["a", "b"]);
+    assert_eq!(support::backend_names(gw.admin_addr()).await, ["a", "b"]);
 
     let rest = body.collect().await.unwrap().to_bytes();
     let text = String::from_utf8_lossy(&rest);
@@ -134,7 +125,7 @@ async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_cur
     .unwrap();
     let err = gw.reload(&moved).await.unwrap_err();
     assert!(err.contains("restart"), "{err}");
-    assert_eq!(backend_names(gw.admin_addr()).await, ["a", "b"]);
+    assert_eq!(support::backend_names(gw.admin_addr()).await, ["a", "b"]);
     let status = support::get_json(gw.admin_addr(), "/admin/reload").await;
     assert_eq!(status["applied"], 1);
     assert_eq!(status["refused"], 1);
@@ -163,7 +154,7 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
         (Some(0), Some(1)),
         "{s}"
     );
-    assert_eq!(backend_names(admin).await, ["one"]);
+    assert_eq!(support::backend_names(admin).await, ["one"]);
 
     // The finished write is the next change: applied, once.
     std::fs::write(
@@ -179,7 +170,7 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
         (Some(1), Some(1)),
         "{s}"
     );
-    assert_eq!(backend_names(admin).await, ["one", "two"]);
+    assert_eq!(support::backend_names(admin).await, ["one", "two"]);
 
     // SIGHUP reloads even without a change.
     let killed = std::process::Command::new("kill")
@@ -232,7 +223,7 @@ async fn an_absurd_number_in_a_reloaded_file_is_refused_by_name_and_reloading_go
         support::get_json(admin, "/admin/reload").await["applied"],
         1
     );
-    assert_eq!(backend_names(admin).await, ["one", "two"]);
+    assert_eq!(support::backend_names(admin).await, ["one", "two"]);
 }
 
 #[tokio::test]

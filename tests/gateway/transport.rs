@@ -5,8 +5,6 @@ use http::{Method, Request, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tpsgate::sim::Fleet;
-use tpsgate::sim::config::{BackendRaw, EngineRaw, SimTls, StreamRaw};
 
 use crate::support;
 
@@ -44,44 +42,11 @@ async fn h2c_clients_are_served() {
     assert!(body.ends_with(b"data: [DONE]\n\n"), "{body:?}");
 }
 
-/// A simulator named `name` serving HTTPS with a fresh self-signed certificate for `localhost`,
-/// written to `dir` (cert.pem, key.pem): the fleet, the certificate and its file.
-async fn tls_sim(
-    name: &str,
-    dir: &std::path::Path,
-) -> (
-    Fleet,
-    rcgen::CertifiedKey<rcgen::KeyPair>,
-    std::path::PathBuf,
-) {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
-    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
-    let sim = BackendRaw {
-        name: name.into(),
-        listen: "127.0.0.1:0".into(),
-        models: vec!["m".into()],
-        tls: Some(SimTls {
-            cert_file: cert_file.clone(),
-            key_file,
-        }),
-        engine: EngineRaw {
-            step_base_ms: 1.0,
-            ..EngineRaw::default()
-        },
-        stream: StreamRaw::default(),
-        faults: vec![],
-    }
-    .validate("test")
-    .unwrap();
-    (Fleet::start(&[sim]).await.unwrap(), cert, cert_file)
-}
-
 #[tokio::test]
 async fn tls_works_on_both_sides_and_alpn_picks_h2_or_http1() {
     let dir = tempfile::tempdir().unwrap();
-    let (fleet, cert, cert_file) = tls_sim("secure", dir.path()).await;
+    let (fleet, cert, cert_file) =
+        support::tls_sim("secure", "127.0.0.1:0", "localhost", dir.path()).await;
     let key_file = dir.path().join("key.pem");
     let sim_port = fleet.addr("secure").unwrap().port();
     let (cert_path, key_path) = (cert_file.display(), key_file.display());
@@ -184,7 +149,8 @@ async fn connections_beyond_the_limit_wait_until_one_closes_and_oversized_heads_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_measures_an_https_server_with_its_roots_and_a_key_from_the_environment() {
     let dir = tempfile::tempdir().unwrap();
-    let (fleet, _cert, cert_file) = tls_sim("hosted", dir.path()).await;
+    let (fleet, _cert, cert_file) =
+        support::tls_sim("hosted", "127.0.0.1:0", "localhost", dir.path()).await;
     let addr = fleet.addr("hosted").unwrap();
     let url = format!("https://localhost:{}", addr.port());
     let run = move |extra: Vec<String>| {

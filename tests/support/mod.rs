@@ -640,3 +640,50 @@ pub fn venv_program(name: &str) -> std::path::PathBuf {
     );
     program
 }
+
+/// The names of the backends the admin plane at `admin` lists, in its order.
+pub async fn backend_names(admin: SocketAddr) -> Vec<String> {
+    get_json(admin, "/admin/backends").await["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A simulator named `name` on `listen` serving HTTPS with a fresh self-signed certificate for
+/// the host name `host`, written to `dir` (cert.pem, key.pem): the fleet, the certificate and
+/// its file.
+pub async fn tls_sim(
+    name: &str,
+    listen: &str,
+    host: &str,
+    dir: &std::path::Path,
+) -> (
+    Fleet,
+    rcgen::CertifiedKey<rcgen::KeyPair>,
+    std::path::PathBuf,
+) {
+    let cert = rcgen::generate_simple_self_signed(vec![host.to_owned()]).unwrap();
+    let (cert_file, key_file) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.signing_key.serialize_pem()).unwrap();
+    let sim = BackendRaw {
+        name: name.into(),
+        listen: listen.into(),
+        models: vec!["m".into()],
+        tls: Some(tpsgate::sim::config::SimTls {
+            cert_file: cert_file.clone(),
+            key_file,
+        }),
+        engine: EngineRaw {
+            step_base_ms: 1.0,
+            ..EngineRaw::default()
+        },
+        stream: StreamRaw::default(),
+        faults: vec![],
+    }
+    .validate("test")
+    .unwrap();
+    (Fleet::start(&[sim]).await.unwrap(), cert, cert_file)
+}
