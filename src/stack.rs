@@ -28,9 +28,9 @@ use crate::signal::Signal;
 pub type Stack = RequestIdService<Either<Cors<Inner>, Inner>>;
 
 /// Below the optional CORS layer.
-pub type Inner = Rescue<Either<Trace<Checked>, Checked>>;
+pub type Inner = Rescue<Trace<Checked>>;
 
-/// Below the optional trace layer.
+/// Below the trace layer.
 pub type Checked = HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`; `drained` ends the streams
@@ -55,9 +55,9 @@ pub fn build(
         .option_layer(config.cors.as_ref().map(cors))
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
-        // Traces, when configured: every request a span, errors included, continuing the
-        // client's trace.
-        .option_layer(tracing.cloned().map(TraceLayer::new))
+        // Traces, when configured (else a pass-through): every request a span, errors
+        // included, continuing the client's trace.
+        .layer(TraceLayer::new(tracing.cloned()))
         // The head within its limit (431), on HTTP/1.1 and HTTP/2 alike, before anything reads it.
         .layer(HeadLimitLayer::new(config.limits.max_header_bytes))
         // Gateway API keys, when configured (401 without one); a key may carry a class.

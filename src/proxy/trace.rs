@@ -1,8 +1,11 @@
 //! Traces, when `tracing:` is configured: each request gets a span ([`crate::otel`]) that
-//! continues the client's `traceparent`. Below it, `rewrite` tells the backend the span's
+//! continues the client's `traceparent`. Below it, `forward` tells the backend the span's
 //! context and the request's end (`end.rs`) ends it with what the stream measured; an answer
-//! the gateway gives itself (an error, `/v1/models`) ends it here. Without `tracing:` this
-//! layer is not in the stack.
+//! the gateway gives itself (an error, `/v1/models`) ends it here.
+//!
+//! Without `tracing:` the layer passes requests and responses through untouched. It stays in
+//! the stack all the same: an optional layer (an `Either` in the stack's type) cost every
+//! request 600 instructions more than this pass-through (BENCHMARKS.md, "Traces").
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,12 +24,12 @@ use crate::otel::{RequestSpan, Tracing};
 /// Adds [`Trace`].
 #[derive(Debug, Clone)]
 pub struct TraceLayer {
-    tracing: Tracing,
+    tracing: Option<Tracing>,
 }
 
 impl TraceLayer {
-    /// Spans from `tracing`.
-    pub fn new(tracing: Tracing) -> Self {
+    /// Spans from `tracing`, if configured.
+    pub fn new(tracing: Option<Tracing>) -> Self {
         Self { tracing }
     }
 }
@@ -46,7 +49,7 @@ impl<S> Layer<S> for TraceLayer {
 #[derive(Debug, Clone)]
 pub struct Trace<S> {
     inner: S,
-    tracing: Tracing,
+    tracing: Option<Tracing>,
 }
 
 impl<S, B> Service<Request<B>> for Trace<S>
@@ -62,12 +65,14 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let span =
-            self.tracing
-                .start_request(req.headers(), req.method().as_str(), req.uri().path());
-        if let Some(received) = req.extensions_mut().get_mut::<Received>() {
-            received.span = Some(span.clone());
-        }
+        let span = self.tracing.as_ref().map(|tracing| {
+            let span =
+                tracing.start_request(req.headers(), req.method().as_str(), req.uri().path());
+            if let Some(received) = req.extensions_mut().get_mut::<Received>() {
+                received.span = Some(span.clone());
+            }
+            span
+        });
         TraceFuture {
             inner: self.inner.call(req),
             span,
@@ -80,7 +85,7 @@ pin_project! {
     pub struct TraceFuture<F> {
         #[pin]
         inner: F,
-        span: RequestSpan,
+        span: Option<RequestSpan>,
     }
 }
 
@@ -92,11 +97,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
+        let Some(span) = this.span.as_ref() else {
+            return this.inner.poll(cx);
+        };
         let result = std::task::ready!(this.inner.poll(cx));
         match &result {
             // A backend's body carries the span to the request's end.
             Ok(resp) if matches!(resp.body(), ProxyBody::Upstream { .. }) => {}
-            Ok(resp) => this.span.end(
+            Ok(resp) => span.end(
                 None,
                 [KeyValue::new(
                     "http.response.status_code",
@@ -104,7 +112,7 @@ where
                 )],
                 None,
             ),
-            Err(err) => this.span.end(
+            Err(err) => span.end(
                 None,
                 [KeyValue::new(
                     "http.response.status_code",
