@@ -4,9 +4,9 @@
 //! client's W3C `traceparent` and passed on to the backend, exported over OTLP/HTTP by the SDK's
 //! batch processor. Off unless configured, and then free: no layer in the stack, no header read.
 //!
-//! The request path holds a [`RequestSpan`] in the request's extensions: the trace layer
-//! (`proxy::trace`) starts it, `rewrite` tells the backend its context, and whoever ends the
-//! request (its `RequestEnd`, or the trace layer for an answer of the gateway's own) ends it.
+//! The request path holds a [`RequestSpan`] in the request's `Received` entry: the request-id
+//! layer starts it, `forward` tells the backend its context, and whoever ends the request (its
+//! `RequestEnd`, or the request-id layer for an answer of the gateway's own) ends it.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};

@@ -20,7 +20,6 @@ use crate::proxy::rescue::{Rescue, RescueLayer};
 use crate::proxy::retry::{Retry, RetryBudget, RetryLayer};
 use crate::proxy::rewrite::{Rewrite, RewriteLayer};
 use crate::proxy::route::{Route, RouteLayer};
-use crate::proxy::trace::{Trace, TraceLayer};
 use crate::router::Router;
 use crate::signal::Signal;
 
@@ -28,10 +27,7 @@ use crate::signal::Signal;
 pub type Stack = RequestIdService<Either<Cors<Inner>, Inner>>;
 
 /// Below the optional CORS layer.
-pub type Inner = Rescue<Trace<Checked>>;
-
-/// Below the trace layer.
-pub type Checked = HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>;
+pub type Inner = Rescue<HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`; `drained` ends the streams
 /// still open at the drain deadline; `tracing` makes a span of each request.
@@ -48,16 +44,14 @@ pub fn build(
     );
     let budget = RetryBudget::new(config.routing.retry_budget);
     ServiceBuilder::new()
-        // Outermost: every response, errors included, carries the request id.
-        .layer(RequestIdLayer::new())
+        // Outermost: every response, errors included, carries the request id; with tracing:,
+        // every request a span (errors included) continuing the client's trace.
+        .layer(RequestIdLayer::new(tracing.cloned()))
         // Browser clients, when configured: preflights answered here (no key needed), and every
         // response, errors included, readable by an allowed origin.
         .option_layer(config.cors.as_ref().map(cors))
         // Errors from any layer below become one response, shaped for the client's dialect.
         .layer(RescueLayer::new())
-        // Traces, when configured (else a pass-through): every request a span, errors
-        // included, continuing the client's trace.
-        .layer(TraceLayer::new(tracing.cloned()))
         // The head within its limit (431), on HTTP/1.1 and HTTP/2 alike, before anything reads it.
         .layer(HeadLimitLayer::new(config.limits.max_header_bytes))
         // Gateway API keys, when configured (401 without one); a key may carry a class.

@@ -278,6 +278,10 @@ impl Future for ForwardFuture {
         let stream = pending
             .stream
             .filter(|_| parts.status.is_success() && is_sse);
+        // A traced request's span now rides in the body to the request's end.
+        if pending.request.span.is_some() {
+            parts.extensions.insert(super::request_id::CarriesSpan);
+        }
         let end = RequestEnd::new(
             pending.request,
             parts.status.as_u16(),

@@ -21,4 +21,3 @@ pub mod route;
 pub mod skim;
 #[cfg(test)]
 mod testing;
-pub mod trace;

@@ -12,6 +12,8 @@ use http::{HeaderName, HeaderValue, Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
+use crate::otel::{RequestSpan, Tracing};
+
 /// `x-request-id`.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -28,14 +30,21 @@ pub struct Received {
     pub span: Option<crate::otel::RequestSpan>,
 }
 
-/// Adds [`Received`] to requests and `x-request-id` to responses.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct RequestIdLayer;
+/// Adds [`Received`] to requests and `x-request-id` to responses; with `tracing:`, starts each
+/// request's span (a request's trace context is part of who it is) and ends the span of an
+/// answer the gateway gave itself. A span a backend's body carries ends with the request
+/// (`end.rs`). Kept in this layer rather than one of its own: an extra layer around the whole
+/// stack cost every request about 700 instructions even as a pass-through (BENCHMARKS.md,
+/// "Traces").
+#[derive(Debug, Clone, Default)]
+pub struct RequestIdLayer {
+    tracing: Option<Tracing>,
+}
 
 impl RequestIdLayer {
-    /// The layer.
-    pub const fn new() -> Self {
-        Self
+    /// The layer; `tracing`, when configured, makes a span of each request.
+    pub fn new(tracing: Option<Tracing>) -> Self {
+        Self { tracing }
     }
 }
 
@@ -43,7 +52,10 @@ impl<S> Layer<S> for RequestIdLayer {
     type Service = RequestIdService<S>;
 
     fn layer(&self, inner: S) -> RequestIdService<S> {
-        RequestIdService { inner }
+        RequestIdService {
+            inner,
+            tracing: self.tracing.clone(),
+        }
     }
 }
 
@@ -51,7 +63,17 @@ impl<S> Layer<S> for RequestIdLayer {
 #[derive(Debug, Clone)]
 pub struct RequestIdService<S> {
     inner: S,
+    tracing: Option<Tracing>,
 }
+
+/// On a response: its body carries the request's span to the request's end (put there by
+/// `forward`, only when traced).
+#[derive(Debug, Clone, Copy)]
+pub struct CarriesSpan;
+
+/// On an error response the gateway made: the error's code (`rescue`), for the span.
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
 
 /// Ids minted here: a per-process random prefix and a counter, so they are unique without a
 /// random draw per request.
@@ -104,14 +126,18 @@ where
                 id
             }
         };
+        let span = self.tracing.as_ref().map(|tracing| {
+            tracing.start_request(req.headers(), req.method().as_str(), req.uri().path())
+        });
         req.extensions_mut().insert(Received {
             id: id.clone(),
             at: tokio::time::Instant::now(),
-            span: None,
+            span: span.clone(),
         });
         RequestIdFuture {
             inner: self.inner.call(req),
             id: Some(id),
+            span,
         }
     }
 }
@@ -123,6 +149,7 @@ pin_project! {
         #[pin]
         inner: F,
         id: Option<HeaderValue>,
+        span: Option<RequestSpan>,
     }
 }
 
@@ -138,8 +165,27 @@ where
         if let Some(id) = this.id.take() {
             resp.headers_mut().insert(X_REQUEST_ID, id);
         }
+        if let Some(span) = this.span.take()
+            && resp.extensions().get::<CarriesSpan>().is_none()
+        {
+            end_local(&span, &resp);
+        }
         Poll::Ready(Ok(resp))
     }
+}
+
+/// Ends the span of an answer the gateway gave itself: its status, and as an error its code.
+fn end_local<R>(span: &RequestSpan, resp: &Response<R>) {
+    let status = resp.status();
+    let code = resp.extensions().get::<ErrorCode>().map(|c| c.0);
+    span.end(
+        None,
+        [opentelemetry::KeyValue::new(
+            "http.response.status_code",
+            i64::from(status.as_u16()),
+        )],
+        code.or((status.is_client_error() || status.is_server_error()).then_some("http_error")),
+    );
 }
 
 #[cfg(test)]

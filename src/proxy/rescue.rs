@@ -111,6 +111,8 @@ pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
     };
     let mut resp = Response::new(ProxyBody::full(Bytes::from(body.to_string())));
     *resp.status_mut() = kind.status();
+    resp.extensions_mut()
+        .insert(super::request_id::ErrorCode(kind.code()));
     let headers = resp.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
