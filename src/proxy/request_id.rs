@@ -34,8 +34,8 @@ pub struct Received {
 /// request's span (a request's trace context is part of who it is) and ends the span of an
 /// answer the gateway gave itself. A span a backend's body carries ends with the request
 /// (`end.rs`). Kept in this layer rather than one of its own: an extra layer around the whole
-/// stack cost every request about 700 instructions even as a pass-through (BENCHMARKS.md,
-/// "Traces").
+/// stack cost every request hundreds of instructions even as a pass-through (BENCHMARKS.md,
+/// "Traces and discovery off").
 #[derive(Debug, Clone, Default)]
 pub struct RequestIdLayer {
     tracing: Option<Tracing>,
