@@ -258,7 +258,7 @@ impl Router {
         if members.is_empty() {
             return Err(Error::new(
                 ErrorKind::InvalidRequest,
-                "the body names no `model`, and neither a route for its path nor default_backend names a backend (or none of its addresses has been found)",
+                "the body names no `model` and there is no default_backend for it (nor a routes[] rule naming a backend for this path; or none of its addresses has been found)",
             ));
         }
         let members = members.iter().copied();
