@@ -25,7 +25,7 @@ use crate::config::Config;
 use crate::discovery::{self, Found, Resolver};
 use crate::fleet::{Backend, Line, Outbox};
 use crate::otel::Tracing;
-use crate::router::{PassThrough, Router};
+use crate::router::{Entries, Router};
 use crate::signal::Signal;
 use crate::stack::{self, Stack};
 
@@ -69,12 +69,19 @@ impl Live {
         };
         let (configs, of_entry) = discovery::expand(config, &found);
         let members = |entry: usize| of_entry.get(entry).cloned().unwrap_or_default().collect();
-        let pass_through = PassThrough {
+        let entries = Entries {
             default: config.default_backend.map(members).unwrap_or_default(),
             by_path: config
                 .routes
                 .iter()
                 .filter_map(|r| Some((r.path.clone()?, members(r.backend?))))
+                .collect(),
+            vacant: config
+                .backends
+                .iter()
+                .zip(&of_entry)
+                .filter(|(b, range)| b.discovery.is_some() && range.is_empty())
+                .map(|(b, _)| (Arc::clone(&b.name), b.dialect, b.models.clone()))
                 .collect(),
         };
         let mut backends = Vec::with_capacity(configs.len());
@@ -102,7 +109,7 @@ impl Live {
         }
         let router = Arc::new(Router::new(
             backends,
-            pass_through,
+            entries,
             config.classes.clone(),
             config.routing,
             line,

@@ -28,7 +28,7 @@ use metrics::Counter;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::config::{BackendDialect, ClassConfig, OnMiss, Policy, Routing, Slo};
+use crate::config::{BackendDialect, ClassConfig, ModelMap, OnMiss, Policy, Routing, Slo};
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
 use crate::fleet::{Backend, InFlightGuard, Line};
@@ -129,21 +129,25 @@ pub struct Decision {
     pub reason: Reason,
 }
 
-/// Where bodies naming no model go (uploads, transcriptions): backends by index, each list one
-/// backend or a discovered entry's members.
+/// What the config's entries say beyond the backends themselves: where bodies naming no model
+/// go (uploads, transcriptions; backends by index, each list one backend or a discovered
+/// entry's members), and the discovered entries that stand for no backend at the moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PassThrough {
+pub struct Entries {
     /// `default_backend`'s.
     pub default: Vec<usize>,
     /// A `routes[]` rule's, by exact path (first match wins).
     pub by_path: Vec<(String, Vec<usize>)>,
+    /// Discovered entries whose host resolves to no address now, each with its dialect and
+    /// models: their models are there, their backends are not (503, not 404).
+    pub vacant: Vec<(Arc<str>, BackendDialect, ModelMap)>,
 }
 
 /// The backends, the classes and the policies' shared state.
 #[derive(Debug)]
 pub struct Router {
     backends: Vec<Arc<Backend>>,
-    pass_through: PassThrough,
+    entries: Entries,
     classes: Vec<ClassConfig>,
     routing: Routing,
     line: Arc<Line>,
@@ -157,10 +161,11 @@ pub struct Router {
 
 impl Router {
     /// A router over `backends` (built with [`Router::line`] shared) for `classes`;
-    /// `pass_through` says where requests naming no model go.
+    /// `entries` says where requests naming no model go, and which discovered entries have
+    /// no backend now.
     pub fn new(
         backends: Vec<Arc<Backend>>,
-        pass_through: PassThrough,
+        entries: Entries,
         classes: Vec<ClassConfig>,
         routing: Routing,
         line: Arc<Line>,
@@ -184,7 +189,7 @@ impl Router {
         ));
         Self {
             backends,
-            pass_through,
+            entries,
             classes,
             routing,
             line,
@@ -250,11 +255,11 @@ impl Router {
     /// occupied that admits it).
     pub fn route_default(&self, path: &str) -> Result<Decision, Error> {
         let members = self
-            .pass_through
+            .entries
             .by_path
             .iter()
             .find(|(p, _)| p == path)
-            .map_or(&self.pass_through.default, |(_, members)| members);
+            .map_or(&self.entries.default, |(_, members)| members);
         if members.is_empty() {
             return Err(Error::new(
                 ErrorKind::InvalidRequest,
@@ -293,6 +298,17 @@ impl Router {
     pub fn route(&self, ask: &Ask<'_>) -> Result<Option<Decision>, Error> {
         let served = self.serving(ask).count();
         if served == 0 {
+            if let Some((entry, _, _)) = self.entries.vacant.iter().find(|(_, dialect, models)| {
+                *dialect == ask.dialect && models.upstream(ask.model).is_some()
+            }) {
+                return Err(Error::new(
+                    ErrorKind::NoBackendAvailable,
+                    format!(
+                        "model `{}` is served by `{entry}`, whose host resolves to no address now (discovery: dns); try again shortly",
+                        ask.model
+                    ),
+                ));
+            }
             return Err(Error::new(
                 ErrorKind::ModelNotFound,
                 format!(

@@ -233,9 +233,24 @@ async fn a_resolver_that_stops_answering_leaves_the_backends_as_they_were() {
     );
     assert_eq!(chat_once(gw.addr(), 2).await.1.status, 200);
 
-    // A name with no address left is an answer: its backends drain away.
+    // A name with no address left is an answer: its backends drain away, and its model is
+    // there without a backend: a 503 to retry, not a 404.
     dns.silent.store(false, Ordering::Relaxed);
     until_backends(admin, &[]).await;
+    let ex = support::exchange(
+        gw.addr(),
+        Method::POST,
+        "/v1/chat/completions",
+        Some(&chat(2)),
+    )
+    .await;
+    assert_eq!(ex.status, 503, "{}", String::from_utf8_lossy(&ex.body()));
+    let message = ex.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("`pods`") && message.contains("no address"),
+        "{message}"
+    );
+    assert!(ex.headers.contains_key("retry-after"));
 }
 
 #[tokio::test]
