@@ -89,6 +89,21 @@ fn the_gateway_configs_the_manifests_carry_are_valid() {
 /// `kubectl kustomize` of one overlay: its manifests.
 fn rendered(overlay: &str) -> (String, Vec<serde_yaml::Value>) {
     support::tool("kubectl", "kubernetes-client");
+    // Components and `labels:` need kustomize 4 (kubectl 1.21 and later); Debian bookworm's
+    // kubernetes-client is 1.20.
+    let version = Command::new("kubectl")
+        .args(["version", "--client", "-o", "json"])
+        .output()
+        .unwrap();
+    let version: serde_json::Value = serde_json::from_slice(&version.stdout).unwrap_or_default();
+    let minor: u32 = version["clientVersion"]["minor"]
+        .as_str()
+        .and_then(|m| m.trim_end_matches('+').parse().ok())
+        .unwrap_or(0);
+    assert!(
+        minor >= 21,
+        "kubectl 1.21 or later is needed (kustomize 4: components, labels); this one: {version}"
+    );
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(deploy().join("k8s/overlays").join(overlay))
