@@ -245,6 +245,25 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
     ]
 };
 
+/// A gauge not set for this long leaves the page (see [`prometheus`]).
+pub const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The last reload: when (Unix seconds) and whether it was applied, for its gauges.
+static LAST_RELOAD: std::sync::Mutex<Option<(f64, bool)>> = std::sync::Mutex::new(None);
+
+/// Sets again the gauges nothing else refreshes (the build, the last reload), so that the idle
+/// timeout keeps them: call before rendering the page.
+pub fn refresh_standing() {
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    let last = *LAST_RELOAD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((at, applied)) = last {
+        metrics::gauge!(CONFIG_LAST_RELOAD).set(at);
+        metrics::gauge!(CONFIG_LAST_RELOAD_OK).set(if applied { 1.0 } else { 0.0 });
+    }
+}
+
 /// Process metrics (CPU, memory, open files, threads), collected when `/metrics` is read.
 fn process() -> &'static metrics_process::Collector {
     static COLLECTOR: OnceLock<metrics_process::Collector> = OnceLock::new();
@@ -284,8 +303,10 @@ pub fn count_reload(applied: bool, at_unix_s: f64) {
     let _ = prometheus();
     let result = if applied { "applied" } else { "refused" };
     counter!(CONFIG_RELOADS, "result" => result).increment(1);
-    metrics::gauge!(CONFIG_LAST_RELOAD).set(at_unix_s);
-    metrics::gauge!(CONFIG_LAST_RELOAD_OK).set(if applied { 1.0 } else { 0.0 });
+    *LAST_RELOAD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((at_unix_s, applied));
+    refresh_standing();
 }
 
 /// Buckets for LLM latencies. TTFT: from a cached prompt on a fast GPU (25 ms) to a long queue
@@ -319,9 +340,16 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
                 (MAX_CHUNK_GAP, GAP_BUCKETS),
             ]
             .into_iter()
-            .try_fold(PrometheusBuilder::new(), |b, (name, buckets)| {
-                b.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
-            });
+            .try_fold(
+                // Gauges not set for a while go: those of a backend discovery let go (or of a
+                // curve bucket that decayed away) would otherwise show their last value for
+                // ever. Every gauge that stands is set again before each page is rendered.
+                PrometheusBuilder::new()
+                    .idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(GAUGE_IDLE)),
+                |b, (name, buckets)| {
+                    b.set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
+                },
+            );
             match builder.and_then(PrometheusBuilder::install_recorder) {
                 Ok(handle) => {
                     describe();

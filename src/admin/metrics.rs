@@ -57,6 +57,7 @@ pub fn render(router: &Router) -> String {
     }
     gauge!(QUEUE_WAITING).set(router.waiting() as f64);
     crate::telemetry::collect_process();
+    crate::telemetry::refresh_standing();
     handle.run_upkeep();
     handle.render()
 }

@@ -273,3 +273,42 @@ async fn tls_to_a_discovered_address_verifies_the_configured_name() {
     assert_eq!(backend, "pods/127.0.0.2");
     assert_eq!(ex.data_events().last().map(String::as_str), Some("[DONE]"));
 }
+
+/// A pod that left is not left standing on the metrics page: its gauges (in flight, health)
+/// go once they have not been set for `GAUGE_IDLE`, while those that stand (the build, live
+/// backends) are set again at every scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gauges_of_a_pod_that_left_leave_the_metrics_page() {
+    let dns = StubDns::start(&[POD_A, POD_B]).await;
+    let (_sim_a, port) = sim_at("a", POD_A, 0).await;
+    let (_sim_b, _) = sim_at("b", POD_B, port).await;
+    let gw = support::gateway(&config(dns.addr, port)).await;
+    let admin = gw.admin_addr();
+    let page = || async {
+        String::from_utf8(
+            support::exchange(admin, Method::GET, "/metrics", None)
+                .await
+                .body(),
+        )
+        .unwrap()
+    };
+    let gone = "tpsgate_in_flight{backend=\"pods/127.0.0.2\"}";
+    assert!(page().await.contains(gone));
+    dns.answer(&[POD_B]);
+    until_backends(admin, &["pods/127.0.0.3"]).await;
+    let deadline =
+        tokio::time::Instant::now() + tpsgate::telemetry::GAUGE_IDLE + Duration::from_secs(15);
+    loop {
+        let text = page().await;
+        if !text.contains(gone) {
+            assert!(text.contains("tpsgate_in_flight{backend=\"pods/127.0.0.3\"}"));
+            assert!(text.contains("tpsgate_build_info{"), "standing gauges stay");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still listed:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
