@@ -1,5 +1,5 @@
 //! Any text as a gateway config, and as a simulator fleet: an error or a config, never a panic;
-//! and every error's field path can be looked up in the text.
+//! and every error's field path (the first and those it carries) can be looked up in the text.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,7 +9,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     if let Err(err) = tpsgate::config::parse(text, |_| Some("key".to_owned())) {
-        let _ = tpsgate::yaml::locate(text, &err.path);
+        let _ = tpsgate::yaml::place(err, std::path::Path::new("fuzz.yaml"), text).to_string();
     }
     if let Ok(fleet) = tpsgate::yaml::from_str::<tpsgate::sim::FleetRaw>(text) {
         let _ = fleet.validate();
