@@ -189,19 +189,27 @@ async fn each_address_of_a_name_is_a_backend_that_joins_cold_and_drains_when_it_
     assert!(!support::seen(sim_b.addr("b").unwrap()).await.is_empty());
 
     // The first pod vanishes with streams open on it: they finish; nothing new goes there.
-    let long: Vec<_> = (0..4).map(|_| tokio::spawn(chat_once(proxy, 40))).collect();
+    // (The streams are put on it by answering with it alone first.)
+    dns.answer(&[POD_A]);
+    until_backends(admin, &["pods/127.0.0.2"]).await;
+    let started = tokio::time::Instant::now();
+    let long: Vec<_> = (0..4).map(|_| tokio::spawn(chat_once(proxy, 100))).collect();
     tokio::time::sleep(Duration::from_millis(150)).await;
     let a_before = support::seen(sim_a.addr("a").unwrap()).await.len();
     dns.answer(&[POD_B]);
     until_backends(admin, &["pods/127.0.0.3"]).await;
-    let mut finished_on_a = 0;
+    let gone = started.elapsed();
     for task in long {
         let (backend, ex) = task.await.unwrap();
+        assert_eq!(backend, "pods/127.0.0.2");
+        let last = ex.frames.last().map(|(at, _)| *at).unwrap_or_default();
+        assert!(
+            last > gone,
+            "the stream ended ({last:?}) before its pod left ({gone:?})"
+        );
         assert_eq!(ex.data_events().last().map(String::as_str), Some("[DONE]"));
         assert!(ex.error.is_none(), "{:?}", ex.error);
-        finished_on_a += usize::from(backend == "pods/127.0.0.2");
     }
-    assert!(finished_on_a > 0, "no stream was open on the pod that left");
     for _ in 0..4 {
         assert_eq!(chat_once(proxy, 2).await.0, "pods/127.0.0.3");
     }
