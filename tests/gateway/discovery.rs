@@ -193,7 +193,9 @@ async fn each_address_of_a_name_is_a_backend_that_joins_cold_and_drains_when_it_
     dns.answer(&[POD_A]);
     until_backends(admin, &["pods/127.0.0.2"]).await;
     let started = tokio::time::Instant::now();
-    let long: Vec<_> = (0..4).map(|_| tokio::spawn(chat_once(proxy, 100))).collect();
+    let long: Vec<_> = (0..4)
+        .map(|_| tokio::spawn(chat_once(proxy, 100)))
+        .collect();
     tokio::time::sleep(Duration::from_millis(150)).await;
     let a_before = support::seen(sim_a.addr("a").unwrap()).await.len();
     dns.answer(&[POD_B]);
