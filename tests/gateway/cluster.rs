@@ -5,9 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::Method;
-use http_body_util::BodyExt as _;
 use serde_json::{Value, json};
-use tpsgate::bench::http_client;
 use tpsgate::sim::config::{FaultKindRaw, FaultRaw, StreamRaw};
 
 use crate::support::{self, Redis};
@@ -48,22 +46,6 @@ fn backend(all: &Value) -> &Value {
     &all["backends"][0]
 }
 
-/// Opens a stream through `gw` that lasts (a thousand tokens at 20 ms each) and waits for its
-/// first frame; dropping the returned body ends it.
-async fn open_stream(gw: SocketAddr) -> hyper::body::Incoming {
-    let request = http::Request::post(format!("http://{gw}/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(
-            json!({"model": "m", "messages": [], "max_tokens": 1000, "stream": true}).to_string(),
-        )))
-        .unwrap();
-    let resp = http_client(None).unwrap().request(request).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut body = resp.into_body();
-    body.frame().await.unwrap().unwrap();
-    body
-}
-
 /// A short completed stream through `gw`.
 async fn short_stream(gw: SocketAddr) {
     let ex = support::post(
@@ -82,9 +64,9 @@ async fn requests_through_one_replica_count_in_the_others_view_of_the_backend() 
     let a = support::gateway(&config(sim, "", &redis)).await;
     let b = support::gateway(&config(sim, "", &redis)).await;
     let streams = [
-        open_stream(a.addr()).await,
-        open_stream(a.addr()).await,
-        open_stream(a.addr()).await,
+        support::open_stream(a.addr(), "m", 1000).await,
+        support::open_stream(a.addr(), "m", 1000).await,
+        support::open_stream(a.addr(), "m", 1000).await,
     ];
     let seen = until(
         b.admin_addr(),
@@ -119,7 +101,10 @@ async fn max_concurrency_holds_across_replicas() {
     let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
     let a = support::gateway(&config(sim, "    max_concurrency: 2\n", &redis)).await;
     let b = support::gateway(&config(sim, "    max_concurrency: 2\n", &redis)).await;
-    let _streams = [open_stream(a.addr()).await, open_stream(a.addr()).await];
+    let _streams = [
+        support::open_stream(a.addr(), "m", 1000).await,
+        support::open_stream(a.addr(), "m", 1000).await,
+    ];
     until(
         b.admin_addr(),
         "/admin/backends",
@@ -301,7 +286,7 @@ async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it
         "{back}"
     );
     // And B's view of A's streams is fleet-wide again.
-    let _stream = open_stream(a.addr).await;
+    let _stream = support::open_stream(a.addr, "m", 1000).await;
     let seen = until(b_admin, "/admin/backends", Duration::from_secs(2), |v| {
         backend(v)["in_flight"] == 1
     })

@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tpsgate::bench;
 use tpsgate::sim::config::{EngineRaw, StreamRaw};
 
 use crate::support::curves::{OUTPUT, PROMPT, curve, level, point};
@@ -14,19 +13,8 @@ async fn a_client_that_leaves_mid_stream_cancels_upstream_frees_its_slot_and_lea
     let (_fleet, sim) = support::start_engine("sim", support::engine(5.0, 0.0, 8)).await;
     let gw = support::gateway_for(sim, "openai", "    models: {m: m}\n").await;
     use http_body_util::BodyExt;
-    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            br#"{"model":"m","messages":[],"max_tokens":100000,"stream":true}"#,
-        )))
-        .unwrap();
-    let mut body = bench::http_client(None)
-        .unwrap()
-        .request(request)
-        .await
-        .unwrap()
-        .into_body();
-    for _ in 0..3 {
+    let mut body = support::open_stream(gw.addr(), "m", 100_000).await;
+    for _ in 0..2 {
         body.frame().await.unwrap().unwrap();
     }
     assert_eq!(curve_in_flight(&gw).await, 1);

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use http_body_util::BodyExt;
 use tpsgate::bench::http_client;
 use tpsgate::sim::config::{FaultKindRaw, FaultRaw, StreamRaw};
 
@@ -247,18 +246,7 @@ async fn an_unreachable_upstream_is_a_502() {
 #[tokio::test]
 async fn a_full_backend_is_a_503_with_retry_after_until_its_stream_ends() {
     let (_fleet, _sim, gw) = one_backend("    max_concurrency: 1\n", "").await;
-    let long = br#"{"model":"small","messages":[],"max_tokens":100000,"stream":true}"#;
-    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(long)))
-        .unwrap();
-    let mut held = http_client(None)
-        .unwrap()
-        .request(request)
-        .await
-        .unwrap()
-        .into_body();
-    held.frame().await.unwrap().unwrap();
+    let held = support::open_stream(gw.addr(), "small", 100_000).await;
 
     let short = br#"{"model":"small","messages":[],"max_tokens":2}"#;
     let ex = support::exchange(gw.addr(), Method::POST, "/v1/chat/completions", Some(short)).await;

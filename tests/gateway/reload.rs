@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use http_body_util::BodyExt;
 use serde_json::Value;
-use tpsgate::bench::http_client;
 
 use crate::support;
 
@@ -77,20 +76,7 @@ async fn a_reload_swaps_backends_without_touching_a_running_stream_and_keeps_cur
     assert_eq!(ex.status, http::StatusCode::OK);
 
     // A stream of 40 tokens at 20 ms each is running while the config changes.
-    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            br#"{"model":"m","messages":[],"max_tokens":40,"stream":true}"#,
-        )))
-        .unwrap();
-    let mut body = http_client(None)
-        .unwrap()
-        .request(request)
-        .await
-        .unwrap()
-        .into_body();
-    let first = body.frame().await.unwrap().unwrap();
-    assert!(first.is_data());
+    let body = support::open_stream(gw.addr(), "m", 40).await;
 
     gw.reload(&parse(&config_text(&[("a", a), ("b", b)])))
         .await

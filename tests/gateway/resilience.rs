@@ -640,19 +640,7 @@ async fn streams_still_open_at_the_drain_deadline_end_with_an_error_event() {
         support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
     ))
     .await;
-    let request = http::Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            br#"{"model":"m","messages":[],"max_tokens":200,"stream":true}"#,
-        )))
-        .unwrap();
-    let mut body = http_client(None)
-        .unwrap()
-        .request(request)
-        .await
-        .unwrap()
-        .into_body();
-    body.frame().await.unwrap().unwrap();
+    let body = support::open_stream(gw.addr(), "m", 200).await;
     let started = tokio::time::Instant::now();
     let stopping = tokio::spawn(gw.stop());
     let rest = body.collect().await.unwrap().to_bytes();

@@ -687,3 +687,18 @@ pub async fn tls_sim(
     .unwrap();
     (Fleet::start(&[sim]).await.unwrap(), cert, cert_file)
 }
+
+/// A chat stream through the gateway at `gw` for `model`, of `max_tokens`, held open: its
+/// status checked (200) and its first frame read.
+pub async fn open_stream(gw: SocketAddr, model: &str, max_tokens: u32) -> hyper::body::Incoming {
+    let body = serde_json::json!({"model": model, "messages": [], "max_tokens": max_tokens, "stream": true});
+    let request = Request::post(format!("http://{gw}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = http_client(None).unwrap().request(request).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    assert!(body.frame().await.unwrap().unwrap().is_data());
+    body
+}
