@@ -70,7 +70,7 @@ impl Live {
         let (configs, of_entry) = discovery::expand(config, &found);
         let members = |entry: usize| of_entry.get(entry).cloned().unwrap_or_default().collect();
         let entries = Entries {
-            default: config.default_backend.map(members).unwrap_or_default(),
+            default: config.default_backend.map(members),
             by_path: config
                 .routes
                 .iter()

@@ -532,7 +532,8 @@ where
 impl Classified {
     /// A request whose body is not read for a model: `GET /v1/models`, a pass-through without a
     /// body or with one that is not JSON (a `multipart/form-data` upload to `/v1/audio/*` or
-    /// `/v1/files`), which goes to `default_backend` unchanged.
+    /// `/v1/files`), which goes unchanged to the backend a route names for its path, else to
+    /// `default_backend`.
     fn unread(endpoint: Endpoint) -> Self {
         Self {
             endpoint,

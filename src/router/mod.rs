@@ -134,8 +134,8 @@ pub struct Decision {
 /// entry's members), and the discovered entries that stand for no backend at the moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Entries {
-    /// `default_backend`'s.
-    pub default: Vec<usize>,
+    /// `default_backend`'s, if one is configured.
+    pub default: Option<Vec<usize>>,
     /// A `routes[]` rule's, by exact path (first match wins).
     pub by_path: Vec<(String, Vec<usize>)>,
     /// Discovered entries whose host resolves to no address now, each with its dialect and
@@ -259,11 +259,19 @@ impl Router {
             .by_path
             .iter()
             .find(|(p, _)| p == path)
-            .map_or(&self.entries.default, |(_, members)| members);
+            .map(|(_, members)| members)
+            .or(self.entries.default.as_ref())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    "the body names no `model` and there is no default_backend (nor a routes[] rule naming a backend for this path)",
+                )
+            })?;
         if members.is_empty() {
+            // A discovered entry whose host has no address now: there, but not yet.
             return Err(Error::new(
-                ErrorKind::InvalidRequest,
-                "the body names no `model` and there is no default_backend for it (nor a routes[] rule naming a backend for this path; or none of its addresses has been found)",
+                ErrorKind::NoBackendAvailable,
+                "the backend for requests naming no model has no address now (discovery: dns); try again shortly",
             ));
         }
         let members = members.iter().copied();

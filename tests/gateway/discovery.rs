@@ -141,7 +141,7 @@ async fn chat_once(gw: SocketAddr, max_tokens: u32) -> (String, support::Exchang
 
 fn config(dns: SocketAddr, port: u16) -> String {
     format!(
-        "resolver: {{nameservers: [\"{dns}\"], timeout_ms: 300}}\n\
+        "resolver: {{nameservers: [\"{dns}\"], timeout_ms: 300}}\ndefault_backend: pods\n\
          backends:\n  - name: pods\n    url: http://pods.tpsgate.test:{port}\n    dialect: openai\n    models: {{m: m}}\n    discovery: dns\n    refresh_s: 0.2\n"
     )
 }
@@ -261,6 +261,22 @@ async fn a_resolver_that_stops_answering_leaves_the_backends_as_they_were() {
         "{message}"
     );
     assert!(ex.headers.contains_key("retry-after"));
+    // So does a body naming no model, bound for the entry as default_backend.
+    let upload = support::send(
+        &tpsgate::bench::http_client(None).unwrap(),
+        gw.addr(),
+        Method::POST,
+        "/v1/files",
+        Some(b"--b\r\n\r\nx\r\n--b--\r\n"),
+        &[("content-type", "multipart/form-data; boundary=b")],
+    )
+    .await;
+    assert_eq!(
+        upload.status,
+        503,
+        "{}",
+        String::from_utf8_lossy(&upload.body())
+    );
 }
 
 #[tokio::test]
