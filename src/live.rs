@@ -200,12 +200,12 @@ impl Reloader {
     }
 
     fn record(&self, error: Option<String>) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        crate::telemetry::count_reload(error.is_none(), now.as_secs_f64());
+        crate::telemetry::count_reload(error.is_none());
         let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
-        status.last_at_unix_s = Some(now.as_secs());
+        status.last_at_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_secs());
         status.last_ok = Some(error.is_none());
         if error.is_some() {
             status.refused += 1;

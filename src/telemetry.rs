@@ -248,18 +248,13 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
 /// A gauge not set for this long leaves the page (see [`prometheus`]).
 pub const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The last reload: when (Unix seconds) and whether it was applied, for its gauges.
-static LAST_RELOAD: std::sync::Mutex<Option<(f64, bool)>> = std::sync::Mutex::new(None);
-
-/// Sets again the gauges nothing else refreshes (the build, the last reload), so that the idle
-/// timeout keeps them: call before rendering the page.
-pub fn refresh_standing() {
+/// Sets the gauges that stand between events (the build; the last reload, when there was one:
+/// Unix seconds and whether it was applied), so that the idle timeout keeps them: call before
+/// rendering the page.
+pub fn refresh_standing(last_reload: Option<(u64, bool)>) {
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
-    let last = *LAST_RELOAD
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((at, applied)) = last {
-        metrics::gauge!(CONFIG_LAST_RELOAD).set(at);
+    if let Some((at, applied)) = last_reload {
+        metrics::gauge!(CONFIG_LAST_RELOAD).set(at as f64);
         metrics::gauge!(CONFIG_LAST_RELOAD_OK).set(if applied { 1.0 } else { 0.0 });
     }
 }
@@ -282,7 +277,6 @@ fn describe() {
         }
     }
     process().describe();
-    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     for result in ["applied", "refused"] {
         counter!(CONFIG_RELOADS, "result" => result).absolute(0);
     }
@@ -298,15 +292,12 @@ pub fn collect_process() {
     process().collect();
 }
 
-/// Counts one config reload and when it was tried.
-pub fn count_reload(applied: bool, at_unix_s: f64) {
+/// Counts one config reload (its time and outcome are the reload status's, read at the next
+/// scrape).
+pub fn count_reload(applied: bool) {
     let _ = prometheus();
     let result = if applied { "applied" } else { "refused" };
     counter!(CONFIG_RELOADS, "result" => result).increment(1);
-    *LAST_RELOAD
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((at_unix_s, applied));
-    refresh_standing();
 }
 
 /// Buckets for LLM latencies. TTFT: from a cached prompt on a fast GPU (25 ms) to a long queue

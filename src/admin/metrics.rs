@@ -9,8 +9,9 @@ use crate::telemetry::{
     SLO_ATTAINMENT, prometheus,
 };
 
-/// Renders `/metrics`: refreshes the in-flight and curve gauges, then the exposition text.
-pub fn render(router: &Router) -> String {
+/// Renders `/metrics`: refreshes the in-flight, curve, process and standing gauges (with the
+/// last reload's time and outcome, if there was one), then the exposition text.
+pub fn render(router: &Router, last_reload: Option<(u64, bool)>) -> String {
     let Some(handle) = prometheus() else {
         return String::new();
     };
@@ -57,7 +58,7 @@ pub fn render(router: &Router) -> String {
     }
     gauge!(QUEUE_WAITING).set(router.waiting() as f64);
     crate::telemetry::collect_process();
-    crate::telemetry::refresh_standing();
+    crate::telemetry::refresh_standing(last_reload);
     handle.run_upkeep();
     handle.render()
 }

@@ -154,8 +154,14 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         return resp;
     }
     if req.uri().path() == "/metrics" {
+        let last_reload = state
+            .reload
+            .lock()
+            .ok()
+            .and_then(|s| s.last_at_unix_s.zip(s.last_ok));
         let mut resp = Response::new(Full::new(Bytes::from(metrics::render(
             &state.live.load().router,
+            last_reload,
         ))));
         resp.headers_mut().insert(
             header::CONTENT_TYPE,

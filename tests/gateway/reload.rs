@@ -141,6 +141,28 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
         "{s}"
     );
     assert_eq!(support::backend_names(admin).await, ["one"]);
+    // An alert can see it: the last reload failed, and when.
+    let metrics = async || {
+        String::from_utf8(
+            support::exchange(admin, http::Method::GET, "/metrics", None)
+                .await
+                .body(),
+        )
+        .unwrap()
+    };
+    let page = metrics().await;
+    assert!(
+        page.contains("tpsgate_config_last_reload_successful 0"),
+        "{page}"
+    );
+    assert!(
+        page.contains("tpsgate_config_reload_total{result=\"refused\"} 1"),
+        "{page}"
+    );
+    assert!(
+        page.contains("tpsgate_config_last_reload_timestamp_seconds 1"),
+        "{page}"
+    );
 
     // The finished write is the next change: applied, once.
     std::fs::write(
@@ -157,6 +179,11 @@ async fn serve_reloads_once_per_file_change_rejects_half_written_files_and_obeys
         "{s}"
     );
     assert_eq!(support::backend_names(admin).await, ["one", "two"]);
+    assert!(
+        metrics()
+            .await
+            .contains("tpsgate_config_last_reload_successful 1")
+    );
 
     // SIGHUP reloads even without a change.
     let killed = std::process::Command::new("kill")
