@@ -14,7 +14,7 @@ use crate::bench::{self, BenchDialect, Lengths, LevelReport, Mix, RequestSpec, S
 use crate::console::say;
 use crate::logging::LogFormat;
 use crate::signal::{received, shutdown_signal};
-use crate::sim::config::{BackendRaw, EngineRaw, Mode, StreamRaw, UsageStyle};
+use crate::sim::config::{BackendRaw, EngineRaw, Mode, PrefixCacheRaw, StreamRaw, UsageStyle};
 use crate::sim::{Fleet, FleetRaw};
 use crate::yaml;
 
@@ -166,6 +166,13 @@ pub struct EngineFlags {
     /// End OpenAI streams after the finish chunk, without `data: [DONE]` (transformers serve).
     #[arg(long)]
     pub no_done: bool,
+    /// Keep a prefix cache of this many prompt tokens: a prompt whose leading blocks it holds
+    /// prefills only the rest, and usage reports the cached tokens [default: no cache].
+    #[arg(long)]
+    pub prefix_cache_tokens: Option<u32>,
+    /// Tokens per prefix-cache block.
+    #[arg(long, default_value_t = 16, requires = "prefix_cache_tokens")]
+    pub prefix_block_tokens: u32,
 }
 
 /// `tpsgate bench` arguments.
@@ -585,6 +592,10 @@ impl SimArgs {
                 engine,
                 stream,
                 faults: Vec::new(),
+                prefix_cache: f.prefix_cache_tokens.map(|tokens| PrefixCacheRaw {
+                    tokens,
+                    block_tokens: f.prefix_block_tokens,
+                }),
             }],
         })
     }

@@ -33,6 +33,7 @@ pub mod listen;
 pub mod live;
 pub mod logging;
 pub mod otel;
+pub mod prefix;
 pub mod proxy;
 pub mod router;
 pub mod signal;

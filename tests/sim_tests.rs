@@ -15,5 +15,7 @@ mod binary;
 mod control;
 #[path = "sim/faults.rs"]
 mod faults;
+#[path = "sim/prefix_cache.rs"]
+mod prefix_cache;
 #[path = "sim/wire.rs"]
 mod wire;

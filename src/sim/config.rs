@@ -38,6 +38,58 @@ pub struct BackendRaw {
     /// Injected failures.
     #[serde(default)]
     pub faults: Vec<FaultRaw>,
+    /// A prefix cache (vLLM's automatic prefix caching): prompts whose leading blocks it holds
+    /// prefill only the rest. Absent: every prompt prefills whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCacheRaw>,
+}
+
+/// `backends[].prefix_cache` of a fleet file.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixCacheRaw {
+    /// Prompt tokens the cache holds, across every prompt (the KV memory left for it).
+    pub tokens: u32,
+    /// Tokens per cached block; default 16 (vLLM's block size).
+    #[serde(default = "default_block_tokens")]
+    pub block_tokens: u32,
+}
+
+fn default_block_tokens() -> u32 {
+    16
+}
+
+/// A validated prefix cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixCacheSpec {
+    /// Blocks held at most.
+    pub blocks: usize,
+    /// Tokens per block.
+    pub block_tokens: u32,
+}
+
+impl PrefixCacheRaw {
+    fn validate(&self, at: &str) -> Result<PrefixCacheSpec, ConfigError> {
+        if !(1..=4096).contains(&self.block_tokens) {
+            return Err(ConfigError::at(
+                format!("{at}.block_tokens"),
+                format!("{} is out of range: use 1 to 4096", self.block_tokens),
+            ));
+        }
+        if self.tokens < self.block_tokens {
+            return Err(ConfigError::at(
+                format!("{at}.tokens"),
+                format!(
+                    "{} holds not one block of {} tokens: give at least block_tokens",
+                    self.tokens, self.block_tokens
+                ),
+            ));
+        }
+        Ok(PrefixCacheSpec {
+            blocks: (self.tokens / self.block_tokens) as usize,
+            block_tokens: self.block_tokens,
+        })
+    }
 }
 
 /// `backends[].tls` of a fleet file.
@@ -294,6 +346,8 @@ pub struct BackendSpec {
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// Runtime-changeable parameters.
     pub params: Params,
+    /// Its prefix cache, if it has one.
+    pub prefix_cache: Option<PrefixCacheSpec>,
     /// The raw form, kept so that runtime patches merge into what was configured.
     pub raw: BackendRaw,
 }
@@ -368,6 +422,10 @@ impl BackendRaw {
                 .as_ref()
                 .map(|t| (t.cert_file.clone(), t.key_file.clone())),
             params: self.params(at)?,
+            prefix_cache: self
+                .prefix_cache
+                .map(|c| c.validate(&format!("{at}.prefix_cache")))
+                .transpose()?,
             raw: self.clone(),
         })
     }

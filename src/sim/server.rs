@@ -14,11 +14,12 @@ use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::json;
 
-use super::config::{BackendRaw, BackendSpec, FaultAction, Params, merge_json};
+use super::config::{BackendRaw, BackendSpec, FaultAction, Params, PrefixCacheSpec, merge_json};
 use super::engine::{Engine, StatsSnapshot, TokenRx};
 use super::faults::FaultPlan;
 use super::truth;
 use super::wire::{Dialect, Finish, Framer, GenRequest, complete_body};
+use crate::prefix::Held;
 
 /// Response body of the simulator.
 pub type SimBody = UnsyncBoxBody<Bytes, io::Error>;
@@ -35,6 +36,62 @@ pub struct SimBackend {
     live: ArcSwap<Live>,
     ids: AtomicU64,
     seen: std::sync::Mutex<std::collections::VecDeque<SeenRequest>>,
+    cache: Option<PrefixCache>,
+}
+
+/// The engine's prefix cache: which prompt blocks it holds, and what it has served from them.
+#[derive(Debug)]
+struct PrefixCache {
+    block_tokens: u32,
+    held: std::sync::Mutex<Held>,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+}
+
+/// An engine's cached block stays until memory pushes it out: no age limit.
+const SIM_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(365 * 86_400);
+
+impl PrefixCache {
+    fn new(spec: PrefixCacheSpec) -> Self {
+        Self {
+            block_tokens: spec.block_tokens,
+            held: std::sync::Mutex::new(Held::new(spec.blocks, SIM_CACHE_TTL)),
+            prompt_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+        }
+    }
+
+    /// Looks `req`'s prompt up and holds it from now on; returns the tokens served from cache.
+    /// Whole blocks only, and never the prompt's last token, which the engine must compute to
+    /// produce the first output (vLLM recomputes a fully cached prompt's last block).
+    fn admit(&self, req: &GenRequest) -> u32 {
+        let now = tokio::time::Instant::now();
+        let matched = match self.held.lock() {
+            Ok(mut held) => {
+                let matched = held.longest(&req.prefix, now);
+                held.insert(req.prefix.iter().copied(), now);
+                matched
+            }
+            Err(_) => 0,
+        };
+        let most = req.prompt_tokens.saturating_sub(1) / self.block_tokens;
+        let cached = u32::try_from(matched).unwrap_or(u32::MAX).min(most) * self.block_tokens;
+        self.prompt_tokens
+            .fetch_add(u64::from(req.prompt_tokens), Ordering::Relaxed);
+        self.cached_tokens
+            .fetch_add(u64::from(cached), Ordering::Relaxed);
+        cached
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let blocks = self.held.lock().map_or(0, |h| h.len());
+        json!({
+            "blocks": blocks,
+            "block_tokens": self.block_tokens,
+            "prompt_tokens": self.prompt_tokens.load(Ordering::Relaxed),
+            "cached_tokens": self.cached_tokens.load(Ordering::Relaxed),
+        })
+    }
 }
 
 /// What a generation request looked like on arrival, for `GET /sim/requests`: tests read it to
@@ -51,6 +108,8 @@ pub struct SeenRequest {
     pub model: Option<String>,
     /// The prompt's size, tokens (bytes of text over 4), if the body parsed.
     pub prompt_tokens: Option<u32>,
+    /// Of those, served from the prefix cache (with one).
+    pub cached_tokens: Option<u32>,
     /// Its `max_tokens`, if it set one.
     pub max_tokens: Option<u32>,
     /// The `authorization` header.
@@ -99,6 +158,7 @@ impl SimBackend {
             live: ArcSwap::from_pointee(Live::new(spec.params.clone(), spec.raw.clone())),
             ids: AtomicU64::new(0),
             seen: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(SEEN_KEPT)),
+            cache: spec.prefix_cache.map(PrefixCache::new),
         })
     }
 
@@ -150,7 +210,8 @@ impl SimBackend {
             (&Method::GET, "/sim/truth", _) => self.truth(req.uri().query().unwrap_or("")),
             (&Method::GET, "/sim/stats", _) => json_response(
                 StatusCode::OK,
-                &json!({"backend": self.name, "stats": self.engine.stats()}),
+                &json!({"backend": self.name, "stats": self.engine.stats(),
+                        "prefix_cache": self.cache.as_ref().map(PrefixCache::stats)}),
             ),
             (&Method::GET, "/sim/params", _) => self.params_response(),
             (&Method::GET, "/sim/requests", _) => {
@@ -192,6 +253,7 @@ impl SimBackend {
             host: header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
             model: None,
             prompt_tokens: None,
+            cached_tokens: None,
             max_tokens: None,
             authorization: header("authorization"),
             x_api_key: header("x-api-key"),
@@ -216,7 +278,15 @@ impl SimBackend {
                 );
             }
         };
-        let parsed = dialect.parse(&body);
+        let block_bytes = self.cache.as_ref().map(|c| c.block_tokens as usize * 4);
+        let mut parsed = dialect.parse_for_cache(&body, block_bytes);
+        if let (Ok(r), Some(cache)) = (&mut parsed, &self.cache)
+            && self.models.contains(&r.model)
+        {
+            r.cached_tokens = cache.admit(r);
+            r.reports_cache = true;
+            seen.cached_tokens = Some(r.cached_tokens);
+        }
         if let Ok(r) = &parsed {
             seen.model = Some(r.model.clone());
             seen.prompt_tokens = Some(r.prompt_tokens);
@@ -274,7 +344,11 @@ impl SimBackend {
         };
         let tokens = self
             .engine
-            .submit_after(timing.extra_ttft, gen_req.prompt_tokens, target);
+            .submit_after(
+                timing.extra_ttft,
+                gen_req.prompt_tokens - gen_req.cached_tokens,
+                target,
+            );
         // A client's x-request-id becomes the response id, so that two runs of the same request
         // can be compared byte for byte.
         let id = request_id

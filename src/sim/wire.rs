@@ -35,6 +35,13 @@ pub struct GenRequest {
     pub include_usage: bool,
     /// Estimated prompt tokens.
     pub prompt_tokens: u32,
+    /// Of those, served from the prefix cache (0 without one).
+    pub cached_tokens: u32,
+    /// Whether usage reports cached tokens (the backend has a prefix cache).
+    pub reports_cache: bool,
+    /// The chained hashes of the prompt text's whole blocks ([`crate::prefix::Chain`]), when
+    /// parsed for a prefix cache.
+    pub prefix: Vec<u64>,
 }
 
 /// Why a request body was refused; becomes a 400.
@@ -61,13 +68,33 @@ struct RawStreamOptions {
 impl Dialect {
     /// Parses a request body of this dialect.
     pub fn parse(self, body: &[u8]) -> Result<GenRequest, BadRequest> {
+        self.parse_for_cache(body, None)
+    }
+
+    /// Parses a request body of this dialect and, given the bytes of a prefix-cache block
+    /// (tokens per block times the 4 bytes a token is taken for), hashes the prompt text in
+    /// such blocks: the system prompt, then each message's text, as the engine would see the
+    /// tokens (the model seeds the chain).
+    pub fn parse_for_cache(
+        self,
+        body: &[u8],
+        block_bytes: Option<usize>,
+    ) -> Result<GenRequest, BadRequest> {
         let raw: RawRequest = serde_json::from_slice(body)
             .map_err(|e| BadRequest(format!("invalid JSON body: {e}")))?;
         let model = raw
             .model
             .filter(|m| !m.is_empty())
             .ok_or_else(|| BadRequest("missing required field `model`".into()))?;
-        let text_bytes = match self {
+        let mut chain = block_bytes.map(|b| crate::prefix::Chain::new(model.as_bytes(), b));
+        let mut text_bytes = 0;
+        let mut text = |t: &str| {
+            text_bytes += t.len();
+            if let Some(chain) = &mut chain {
+                chain.feed(t.as_bytes());
+            }
+        };
+        match self {
             Self::Chat | Self::Messages => {
                 let messages = raw
                     .messages
@@ -75,20 +102,20 @@ impl Dialect {
                 let Value::Array(list) = &messages else {
                     return Err(BadRequest("`messages` must be an array".into()));
                 };
-                let system = raw.system.as_ref().map_or(0, content_bytes);
-                system
-                    + list
-                        .iter()
-                        .map(|m| m.get("content").map_or(0, content_bytes))
-                        .sum::<usize>()
+                if let Some(system) = &raw.system {
+                    content_text(system, &mut text);
+                }
+                for content in list.iter().filter_map(|m| m.get("content")) {
+                    content_text(content, &mut text);
+                }
             }
             Self::Completions => {
                 let prompt = raw
                     .prompt
                     .ok_or_else(|| BadRequest("missing required field `prompt`".into()))?;
-                content_bytes(&prompt)
+                content_text(&prompt, &mut text);
             }
-        };
+        }
         let max_tokens = raw.max_completion_tokens.or(raw.max_tokens);
         if self == Self::Messages && max_tokens.is_none() {
             return Err(BadRequest("missing required field `max_tokens`".into()));
@@ -107,6 +134,9 @@ impl Dialect {
             max_tokens,
             include_usage,
             prompt_tokens: u32::try_from(text_bytes.div_ceil(4)).unwrap_or(u32::MAX),
+            cached_tokens: 0,
+            reports_cache: false,
+            prefix: chain.map(crate::prefix::Chain::finish).unwrap_or_default(),
         })
     }
 
@@ -122,21 +152,24 @@ impl Dialect {
     }
 }
 
-/// UTF-8 bytes of a content value: a string, or text parts (`[{"type":"text","text":...}]`).
-fn content_bytes(value: &Value) -> usize {
+/// The text of a content value, in order: a string, or text parts
+/// (`[{"type":"text","text":...}]`).
+fn content_text(value: &Value, text: &mut impl FnMut(&str)) {
     match value {
-        Value::String(s) => s.len(),
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| match p {
-                Value::String(s) => s.len(),
-                other => other
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .map_or(0, str::len),
-            })
-            .sum(),
-        _ => 0,
+        Value::String(s) => text(s),
+        Value::Array(parts) => {
+            for part in parts {
+                match part {
+                    Value::String(s) => text(s),
+                    other => {
+                        if let Some(t) = other.get("text").and_then(Value::as_str) {
+                            text(t);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -197,6 +230,8 @@ pub struct Framer {
     include_usage: bool,
     send_done: bool,
     prompt_tokens: u32,
+    cached_tokens: u32,
+    reports_cache: bool,
 }
 
 impl Framer {
@@ -239,13 +274,23 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
                 && (dialect == Dialect::Messages || usage != UsageStyle::Never),
             send_done: stream.send_done,
             prompt_tokens: req.prompt_tokens,
+            cached_tokens: req.cached_tokens,
+            reports_cache: req.reports_cache,
         }
     }
 
     fn usage_json(&self, output_tokens: u32) -> String {
         let p = self.prompt_tokens;
+        let details = if self.reports_cache {
+            format!(
+                r#","prompt_tokens_details":{{"cached_tokens":{}}}"#,
+                self.cached_tokens
+            )
+        } else {
+            String::new()
+        };
         format!(
-            r#""usage":{{"prompt_tokens":{p},"total_tokens":{},"completion_tokens":{output_tokens}}}"#,
+            r#""usage":{{"prompt_tokens":{p},"total_tokens":{},"completion_tokens":{output_tokens}{details}}}"#,
             p + output_tokens
         )
     }
@@ -260,10 +305,11 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             ))),
             Dialect::Completions => None,
             Dialect::Messages => Some(Bytes::from(format!(
-                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{{},\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{},\"output_tokens\":1}}}}}}\n\n\
+                "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{{},\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":1}}}}}}\n\n\
                  event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
                  event: ping\ndata: {{\"type\":\"ping\"}}\n\n",
-                self.envelope, self.prompt_tokens
+                self.envelope,
+                anthropic_input(self.prompt_tokens, self.cached_tokens, self.reports_cache)
             ))),
         }
     }
@@ -337,6 +383,25 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
     }
 }
 
+/// Anthropic's input fields: `input_tokens` counts only what was not read from the cache, and
+/// `cache_read_input_tokens` the rest (Anthropic's prompt caching reports it so).
+fn anthropic_input(prompt: u32, cached: u32, reports_cache: bool) -> String {
+    if reports_cache {
+        format!(
+            r#""input_tokens":{},"cache_creation_input_tokens":0,"cache_read_input_tokens":{cached}"#,
+            prompt - cached.min(prompt)
+        )
+    } else {
+        format!(r#""input_tokens":{prompt}"#)
+    }
+}
+
+fn anthropic_usage_value(req: &GenRequest, output_tokens: u32) -> Value {
+    let input = anthropic_input(req.prompt_tokens, req.cached_tokens, req.reports_cache);
+    serde_json::from_str(&format!(r#"{{{input},"output_tokens":{output_tokens}}}"#))
+        .unwrap_or(Value::Null)
+}
+
 /// The whole non-streamed response body.
 pub fn complete_body(
     dialect: Dialect,
@@ -348,7 +413,10 @@ pub fn complete_body(
 ) -> Bytes {
     let text = token_text(0, output_tokens);
     let p = req.prompt_tokens;
-    let usage = json!({"prompt_tokens": p, "completion_tokens": output_tokens, "total_tokens": p + output_tokens});
+    let mut usage = json!({"prompt_tokens": p, "completion_tokens": output_tokens, "total_tokens": p + output_tokens});
+    if req.reports_cache {
+        usage["prompt_tokens_details"] = json!({"cached_tokens": req.cached_tokens});
+    }
     let body = match dialect {
         Dialect::Chat => json!({
             "id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": created,
@@ -367,7 +435,7 @@ pub fn complete_body(
             "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": req.model,
             "content": [{"type": "text", "text": text}],
             "stop_reason": finish.anthropic(), "stop_sequence": null,
-            "usage": {"input_tokens": p, "output_tokens": output_tokens},
+            "usage": anthropic_usage_value(req, output_tokens),
         }),
     };
     Bytes::from(body.to_string())

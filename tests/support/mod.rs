@@ -34,6 +34,7 @@ pub fn spec(
         engine,
         stream,
         faults,
+        prefix_cache: None,
     }
     .validate("test")
     .expect("test backend is valid")
@@ -682,6 +683,7 @@ pub async fn tls_sim(
         },
         stream: StreamRaw::default(),
         faults: vec![],
+        prefix_cache: None,
     }
     .validate("test")
     .unwrap();

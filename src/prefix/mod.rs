@@ -1,0 +1,194 @@
+//! Prefix caches as chained block hashes: the simulator's truth of what an engine holds and
+//! the gateway's estimate of it are the same two pieces.
+//!
+//! An engine with prefix caching (vLLM's automatic prefix caching, SGLang's radix cache) keeps
+//! the KV blocks of prompts it has prefilled, keyed by the hash of the block's tokens chained
+//! with the hash of everything before it (vLLM `vllm/v1/core/kv_cache_utils.py`,
+//! `hash_block_tokens`). A block's hash therefore stands for the whole prefix up to its end, and
+//! a new prompt is served from cache for as many leading blocks as the cache holds.
+//!
+//! - [`Chain`] cuts a byte stream into fixed-size blocks and hashes each with the previous
+//!   block's hash as the seed (XXH3, whose output is specified, so that replicas of different
+//!   builds agree). Only whole blocks are hashed: an engine caches whole blocks.
+//! - [`Held`] is a bounded LRU of block hashes with an age limit. Blocks are touched last to
+//!   first, so a prefix's first block is always at least as recent as any block after it and
+//!   eviction takes the tails first (vLLM frees a request's blocks in reverse for the same
+//!   reason). What is held is then prefix-closed, and [`Held::longest`] finds the held length
+//!   by binary search instead of a walk.
+//!
+//! Pure: no I/O, time comes in as an argument.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use lru::LruCache;
+use tokio::time::Instant;
+use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
+
+/// The hashes of the whole blocks of one prompt, in order; `hashes[k]` stands for the prefix
+/// of `k + 1` blocks.
+#[derive(Debug, Clone)]
+pub struct Chain {
+    block_bytes: usize,
+    partial: Vec<u8>,
+    prev: u64,
+    hashes: Vec<u64>,
+}
+
+impl Chain {
+    /// A chain of `block_bytes`-byte blocks (at least 1) whose first block is seeded by `seed`
+    /// (the model: blocks of two models never match).
+    pub fn new(seed: &[u8], block_bytes: usize) -> Self {
+        Self {
+            block_bytes: block_bytes.max(1),
+            partial: Vec::new(),
+            prev: xxh3_64(seed),
+            hashes: Vec::new(),
+        }
+    }
+
+    /// Appends `bytes` to the stream. Whole blocks inside `bytes` are hashed where they lie;
+    /// only a block split across two calls is copied.
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        let size = self.block_bytes;
+        if !self.partial.is_empty() {
+            let take = (size - self.partial.len()).min(bytes.len());
+            self.partial.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.partial.len() < size {
+                return;
+            }
+            let block = std::mem::take(&mut self.partial);
+            self.push(&block);
+            self.partial = block;
+            self.partial.clear();
+        }
+        let mut blocks = bytes.chunks_exact(size);
+        for block in blocks.by_ref() {
+            self.push(block);
+        }
+        self.partial.extend_from_slice(blocks.remainder());
+    }
+
+    fn push(&mut self, block: &[u8]) {
+        self.prev = xxh3_64_with_seed(block, self.prev);
+        self.hashes.push(self.prev);
+    }
+
+    /// The hashes of the whole blocks fed; a trailing partial block is not cached by engines
+    /// and is left out.
+    pub fn finish(self) -> Vec<u64> {
+        self.hashes
+    }
+}
+
+/// Every how many blocks a replica tells its peers what it routed: the peers learn a prefix at
+/// this granularity, and what a routed prompt costs on the wire falls by this factor.
+pub const SHARE_STEP: usize = 4;
+
+/// The positions of `hashes` worth telling a peer: every [`SHARE_STEP`]-th block and the last.
+pub fn coarse(hashes: &[u64]) -> impl DoubleEndedIterator<Item = u64> + '_ {
+    let last = hashes.len().checked_sub(1);
+    hashes
+        .iter()
+        .enumerate()
+        .filter(move |(k, _)| (k + 1) % SHARE_STEP == 0 || Some(*k) == last)
+        .map(|(_, h)| *h)
+}
+
+/// A bounded set of block hashes, least recently used out first, each held for at most a
+/// time-to-live since it was last touched.
+#[derive(Debug)]
+pub struct Held {
+    blocks: LruCache<u64, Instant>,
+    ttl: Duration,
+    evicted: u64,
+}
+
+impl Held {
+    /// Holds up to `capacity` blocks (at least 1) for `ttl` each.
+    pub fn new(capacity: usize, ttl: Duration) -> Self {
+        Self {
+            blocks: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+            ttl,
+            evicted: 0,
+        }
+    }
+
+    /// Blocks held now (expired ones included until they are evicted or looked at).
+    pub fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Nothing held.
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
+    /// The most blocks held.
+    pub fn capacity(&self) -> usize {
+        self.blocks.cap().get()
+    }
+
+    /// Blocks pushed out by newer ones, ever.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Changes the most blocks held, evicting the least recent beyond it.
+    pub fn resize(&mut self, capacity: usize) {
+        let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        let before = self.blocks.len();
+        self.blocks.resize(cap);
+        self.evicted += (before - self.blocks.len()) as u64;
+    }
+
+    fn holds(&self, hash: u64, now: Instant) -> bool {
+        self.blocks
+            .peek(&hash)
+            .is_some_and(|touched| now.saturating_duration_since(*touched) < self.ttl)
+    }
+
+    /// How many leading blocks of `hashes` are held at `now`, without touching them. Held sets
+    /// are prefix-closed (see the module docs), so a binary search over every
+    /// [`SHARE_STEP`]-th position finds the last coarse block held, and at most
+    /// `SHARE_STEP - 1` more lookups the exact end: `O(log n)` lookups for a prompt of `n`
+    /// blocks. A peer's prefix, learned at the coarse positions only, is found to within a step.
+    pub fn longest(&self, hashes: &[u64], now: Instant) -> usize {
+        let Some(&last) = hashes.last() else {
+            return 0;
+        };
+        if self.holds(last, now) {
+            return hashes.len();
+        }
+        // Coarse position m (1-based) is block m * STEP - 1; find the largest m held.
+        let (mut lo, mut hi) = (0, hashes.len() / SHARE_STEP);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if self.holds(hashes[mid * SHARE_STEP - 1], now) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let mut held = lo * SHARE_STEP;
+        while held < hashes.len() && self.holds(hashes[held], now) {
+            held += 1;
+        }
+        held
+    }
+
+    /// Holds every hash of `hashes` as touched at `now`, the first one most recently.
+    pub fn insert(&mut self, hashes: impl DoubleEndedIterator<Item = u64>, now: Instant) {
+        for hash in hashes.rev() {
+            if let Some((old, _)) = self.blocks.push(hash, now)
+                && old != hash
+            {
+                self.evicted += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
