@@ -42,6 +42,12 @@ pub const ROUTE_DECISIONS: &str = "tpsgate_route_decisions_total";
 pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
 /// Recent share of a backend's completed requests that met their class's SLO, per class.
 pub const SLO_ATTAINMENT: &str = "tpsgate_slo_attainment";
+/// Blocks a backend's prefix index holds, and the most it may hold (calibrated), by `kind`
+/// (`held`, `capacity`).
+pub const PREFIX_INDEX_BLOCKS: &str = "tpsgate_prefix_index_blocks";
+/// Recent share of prompt tokens found in a backend's prefix cache, by `source`: `estimated`
+/// (the index, at routing) or `reported` (the backend's usage).
+pub const PREFIX_HIT_RATIO: &str = "tpsgate_prefix_cache_hit_ratio";
 /// 1 while a backend is healthy, 0 while it is failing.
 pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
 /// Streams (or responses) cut by a timeout, by backend and kind (`first_token`, `stall`,
@@ -157,6 +163,18 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
             G,
             N,
             "The derived concurrency cap per backend, model and class",
+        ),
+        (
+            PREFIX_INDEX_BLOCKS,
+            G,
+            N,
+            "Blocks a backend's prefix index holds (held) and may hold (capacity)",
+        ),
+        (
+            PREFIX_HIT_RATIO,
+            G,
+            N,
+            "Recent share of prompt tokens in a backend's prefix cache, estimated or reported",
         ),
         (
             SLO_ATTAINMENT,

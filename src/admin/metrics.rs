@@ -5,8 +5,8 @@ use metrics::gauge;
 
 use crate::router::Router;
 use crate::telemetry::{
-    BACKEND_HEALTHY, CONCURRENCY_CAP, CURVE_TPS, CURVE_TTFT, IN_FLIGHT, QUEUE_WAITING,
-    SLO_ATTAINMENT, prometheus,
+    BACKEND_HEALTHY, CONCURRENCY_CAP, CURVE_TPS, CURVE_TTFT, IN_FLIGHT, PREFIX_HIT_RATIO,
+    PREFIX_INDEX_BLOCKS, QUEUE_WAITING, SLO_ATTAINMENT, prometheus,
 };
 
 /// Renders `/metrics`: refreshes the in-flight, curve, process and standing gauges (with the
@@ -24,6 +24,22 @@ pub fn render(router: &Router, last_reload: Option<(u64, bool)>) -> String {
         } else {
             0.0
         });
+        if let Some(index) = &b.prefix {
+            let view = index.view();
+            for (kind, n) in [("held", view.blocks), ("capacity", view.capacity_blocks)] {
+                gauge!(PREFIX_INDEX_BLOCKS, "backend" => backend.clone(), "kind" => kind)
+                    .set(n as f64);
+            }
+            for (source, rate) in [
+                ("estimated", view.estimated_hit_rate),
+                ("reported", view.reported_hit_rate),
+            ] {
+                if let Some(rate) = rate {
+                    gauge!(PREFIX_HIT_RATIO, "backend" => backend.clone(), "source" => source)
+                        .set(rate);
+                }
+            }
+        }
         for entry in &b.curves {
             let model = entry.key().to_string();
             for class in router.classes().iter().filter(|c| !c.slo.is_batch()) {

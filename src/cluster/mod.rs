@@ -42,7 +42,7 @@ use crate::config::{ClusterConfig, without_password};
 use crate::fleet::{Event, Inbox};
 use crate::live::Live;
 use peers::{PeerInfo, Peers};
-use wire::{BackendLoad, Clock, HealthNote, Sample, Snapshot};
+use wire::{BackendLoad, Clock, HealthNote, Routed, Sample, Snapshot};
 
 /// The stream keeps about this many entries (each holds one round's samples of one replica).
 const STREAM_ENTRIES: usize = 4096;
@@ -249,6 +249,7 @@ pub fn start(
         seq: 0,
         cursor: None,
         pending: Vec::new(),
+            routed: Vec::new(),
         dropped: 0,
         health_out: HashMap::new(),
         health_seen: HashMap::new(),
@@ -274,6 +275,8 @@ struct Sync {
     cursor: Option<String>,
     /// Samples not yet sent (Redis away), oldest first.
     pending: Vec<Sample>,
+    /// Prompts routed since the last round that went through, for the peers' prefix indexes.
+    routed: Vec<Routed>,
     /// Samples the outbox had dropped as of the last look.
     dropped: u64,
     /// Health notes not yet sent, per backend.
@@ -389,7 +392,20 @@ impl Sync {
                     let note = self.health_out.entry(backend.to_string()).or_default();
                     note.cooling_until_ms = note.cooling_until_ms.max(clock.wall(until));
                 }
+                Event::Routed {
+                    backend,
+                    hashes,
+                    hint,
+                } => self.routed.push(Routed {
+                    backend: backend.to_string(),
+                    hashes,
+                    hint,
+                }),
             }
+        }
+        if self.routed.len() > PENDING_SAMPLES {
+            let extra = self.routed.len() - PENDING_SAMPLES;
+            self.routed.drain(..extra);
         }
         if self.pending.len() > PENDING_SAMPLES {
             let extra = self.pending.len() - PENDING_SAMPLES;
@@ -440,8 +456,10 @@ impl Sync {
         clock: &Clock,
     ) -> redis::RedisResult<Round> {
         let snapshot = serde_json::to_string(&self.snapshot(clock.now())).unwrap_or_default();
-        let samples = (!self.pending.is_empty())
+        let samples = (!self.pending.is_empty() || !self.routed.is_empty())
             .then(|| serde_json::to_string(&self.pending).unwrap_or_default());
+        let routed = (!self.routed.is_empty())
+            .then(|| serde_json::to_string(&self.routed).unwrap_or_default());
         let mut pipe = redis::pipe();
         pipe.cmd("HSET")
             .arg(&self.keys.occupancy)
@@ -462,8 +480,11 @@ impl Sync {
                 .arg("r")
                 .arg(&self.replica)
                 .arg("s")
-                .arg(samples)
-                .ignore();
+                .arg(samples);
+            if let Some(routed) = &routed {
+                pipe.arg("p").arg(routed);
+            }
+            pipe.ignore();
         }
         match &self.cursor {
             // The first round: the recent samples, newest first.
@@ -516,6 +537,7 @@ impl Sync {
             .fetch_add(self.pending.len() as u64, Ordering::Relaxed);
         crate::telemetry::count_cluster_samples("sent", self.pending.len() as u64);
         self.pending.clear();
+        self.routed.clear();
         self.health_out.clear();
         self.gone.clear();
         Ok(Round {
@@ -558,6 +580,20 @@ impl Sync {
             self.cursor = Some(entry.id.clone());
             if entry.get::<String>("r").as_deref() == Some(self.replica.as_str()) {
                 continue;
+            }
+            if let Some(routed) = entry
+                .get::<String>("p")
+                .and_then(|p| serde_json::from_str::<Vec<Routed>>(&p).ok())
+            {
+                for r in routed {
+                    if let Some(index) = backends
+                        .iter()
+                        .find(|b| *b.config.name == *r.backend)
+                        .and_then(|b| b.prefix.as_ref())
+                    {
+                        index.learned(&r.hashes, r.hint, now);
+                    }
+                }
             }
             let Some(samples) = entry
                 .get::<String>("s")

@@ -41,6 +41,23 @@ pub struct BackendLoad {
     pub classes: BTreeMap<String, u32>,
 }
 
+/// A prompt routed to a backend, as it travels (in the stream entry's field `p`, beside the
+/// samples in `s`, so that a replica of an earlier version reads its samples as before): its
+/// coarse block hashes ([`crate::prefix::coarse`]) and its hint. The hashes are already
+/// seeded by the model, so no model travels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Routed {
+    /// Backend name.
+    #[serde(rename = "b")]
+    pub backend: String,
+    /// The coarse block hashes.
+    #[serde(rename = "h")]
+    pub hashes: Box<[u64]>,
+    /// The conversation hint's hash.
+    #[serde(rename = "i", default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<u64>,
+}
+
 /// One curve sample, as it travels.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sample {

@@ -248,6 +248,8 @@ pub struct BackendConfig {
     /// The address connections go to instead of the URL's host (one found by discovery); the
     /// host still names the server for TLS and the `Host` header.
     pub dial: Option<std::net::IpAddr>,
+    /// Its prefix index, unless `prefix_cache.enabled` is false.
+    pub prefix_index: Option<PrefixIndexSize>,
 }
 
 /// How long a backend may take, past connecting.
@@ -345,6 +347,35 @@ pub struct Routing {
     pub max_attempts: u32,
     /// Retries as a share of requests.
     pub retry_budget: f64,
+    /// Prefix-cache-aware routing, unless `prefix_cache.enabled` is false.
+    pub prefix: Option<PrefixRouting>,
+}
+
+/// `prefix_cache:` as routing uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixRouting {
+    /// Tokens per indexed block.
+    pub block_tokens: u32,
+    /// A backend holds a request's prefix from this many tokens on.
+    pub min_match_tokens: u64,
+}
+
+impl PrefixRouting {
+    /// Request bytes per block ([`crate::prefix::Chain`] cuts bytes; a token is taken as 4).
+    pub fn block_bytes(&self) -> usize {
+        self.block_tokens as usize * 4
+    }
+}
+
+/// One backend's prefix index: how much it may hold and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefixIndexSize {
+    /// Blocks held at most (before calibration lowers it).
+    pub blocks: usize,
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// A block not sent for this long is taken as gone.
+    pub ttl: Duration,
 }
 
 /// Reads, parses and validates a config file, reading API keys from the process environment.

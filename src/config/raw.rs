@@ -54,6 +54,38 @@ pub struct RawConfig {
     /// OpenTelemetry traces: a span per request, exported over OTLP; off when absent.
     #[serde(default)]
     pub tracing: Option<RawTracing>,
+    /// The gateway's estimate of what each backend's prefix cache holds, and routing by it.
+    #[serde(default)]
+    pub prefix_cache: RawPrefixCache,
+}
+
+/// `prefix_cache:`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPrefixCache {
+    /// Keep the index and route by it; default true.
+    pub enabled: bool,
+    /// Tokens per indexed block (a token taken as 4 bytes of the request); default 64.
+    pub block_tokens: u32,
+    /// A backend counts as holding a request's prefix from this many tokens on; default 256.
+    pub min_match_tokens: u32,
+    /// What a backend's cache is believed to hold before its reports say otherwise, tokens;
+    /// default 1,048,576 (`backends[].prefix_cache_tokens` sets one backend's).
+    pub capacity_tokens: u64,
+    /// A prefix not sent to a backend for this long is taken as gone, seconds; default 600.
+    pub ttl_s: f64,
+}
+
+impl Default for RawPrefixCache {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            block_tokens: 64,
+            min_match_tokens: 256,
+            capacity_tokens: 1 << 20,
+            ttl_s: 600.0,
+        }
+    }
 }
 
 /// `tracing:`.
@@ -350,6 +382,10 @@ pub struct RawBackend {
     /// With `discovery`, how often the host is resolved again, seconds; default 5.
     #[serde(default)]
     pub refresh_s: Option<f64>,
+    /// Prompt tokens this backend's prefix cache holds, if known (e.g. its KV cache memory);
+    /// default `prefix_cache.capacity_tokens`.
+    #[serde(default)]
+    pub prefix_cache_tokens: Option<u64>,
 }
 
 /// `backends[].ejection`.
@@ -508,6 +544,10 @@ pub enum Policy {
     P2cPeakEwma,
     /// Baseline: lowest recent TTFT.
     LowestTtft,
+    /// Baseline: session affinity, blind to load: the prompt's first block (or its
+    /// `prompt_cache_key` / `x-session-id`) hashed onto the backends, as consistent-hash
+    /// routers pin a conversation or a shared system prompt to one replica.
+    PrefixHash,
     /// Benchmark only: `headroom` with the simulator's true curves (`/sim/truth`).
     Oracle,
 }

@@ -63,6 +63,8 @@ pub struct StreamTiming {
     pub output_tokens: Option<u64>,
     /// Prompt tokens from usage.
     pub prompt_tokens: Option<u64>,
+    /// Of those, served from the backend's prefix cache, from usage.
+    pub cached_tokens: Option<u64>,
     /// The event that ended the generation (a finish reason, a stop reason, a completion).
     pub finished: Option<Instant>,
 }

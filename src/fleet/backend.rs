@@ -10,6 +10,8 @@ use tokio::time::Instant;
 
 use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
+use super::prefix::PrefixIndex;
+use crate::prefix::RequestPrefix;
 use super::waiters::Line;
 use crate::config::BackendConfig;
 use crate::curve::{Admitted, Curve, FirstToken, Model, Observation, Occupancy, Outcome};
@@ -55,6 +57,8 @@ pub struct Backend {
     ttft_peak_ewma: AtomicU64,
     /// Told when a slot frees, for requests waiting in line.
     line: Arc<Line>,
+    /// What its prefix cache is believed to hold (unless `prefix_cache.enabled` is false).
+    pub prefix: Option<PrefixIndex>,
 }
 
 /// The name models beyond a backend's `max_models` are tracked under.
@@ -86,6 +90,7 @@ impl Backend {
                 curves.insert(Arc::from(model.as_str()), prior.clone());
             }
         }
+        let prefix = config.prefix_index.map(PrefixIndex::new);
         Ok(Arc::new(Self {
             name_header: http::HeaderValue::from_str(&config.name).ok(),
             config,
@@ -102,6 +107,7 @@ impl Backend {
             ttft_ewma: AtomicU64::new(0),
             ttft_peak_ewma: AtomicU64::new(0),
             line,
+            prefix,
         }))
     }
 
@@ -267,6 +273,21 @@ impl Backend {
                 curve.refresh_due(now);
             }),
         };
+    }
+
+    /// A prompt with `prefix` was routed here: the peers' indexes learn it too, at the coarse
+    /// step (a cluster's replicas route one conversation's turns wherever the load balancer
+    /// sends them).
+    pub fn share_prefix(&self, prefix: &RequestPrefix) {
+        if let Some(outbox) = &self.outbox
+            && !(prefix.hashes.is_empty() && prefix.hint.is_none())
+        {
+            outbox.send(Event::Routed {
+                backend: Arc::clone(&self.config.name),
+                hashes: crate::prefix::coarse(&prefix.hashes).collect(),
+                hint: prefix.hint,
+            });
+        }
     }
 
     fn share(&self, model: Arc<str>, learned: Learned) {

@@ -21,6 +21,10 @@ pub struct InFlightGuard {
     /// waits for the prefills admitted right after it).
     waiting_at_first_token: u32,
     class: Option<usize>,
+    /// Uncached prompt tokens counted in the backend's waiting prefill until the first token.
+    prefill: u64,
+    /// Prompt tokens the backend was expected to hold of this request.
+    expected_cached: u64,
 }
 
 impl InFlightGuard {
@@ -37,7 +41,31 @@ impl InFlightGuard {
             waiting: true,
             waiting_at_first_token: 0,
             class,
+            prefill: 0,
+            expected_cached: 0,
         })
+    }
+
+    /// The request is expected to find `cached` of its `prompt_tokens` in the backend's prefix
+    /// cache: the rest counts as prefill waiting there until its first token.
+    pub fn expect_prefill(&mut self, prompt_tokens: u64, cached: u64) {
+        self.expected_cached = cached;
+        if let Some(index) = &self.backend.prefix {
+            self.prefill = prompt_tokens.saturating_sub(cached);
+            index.prefill_sent(self.prefill);
+        }
+    }
+
+    /// Prompt tokens the backend was expected to hold of this request.
+    pub fn expected_cached(&self) -> u64 {
+        self.expected_cached
+    }
+
+    fn prefill_done(&mut self) {
+        if let (Some(index), tokens @ 1..) = (&self.backend.prefix, std::mem::take(&mut self.prefill))
+        {
+            index.prefill_done(tokens);
+        }
     }
 
     /// The backend this request was admitted to.
@@ -60,6 +88,7 @@ impl InFlightGuard {
 
     /// It will have no first token (not a stream): no longer waiting for one.
     pub fn stop_waiting(&mut self) {
+        self.prefill_done();
         if std::mem::take(&mut self.waiting) {
             self.backend.occupancy.stop_waiting(self.admitted);
         }
@@ -67,6 +96,7 @@ impl InFlightGuard {
 
     /// Its first token came at `now`: no longer waiting; the occupancy integral as of then.
     pub fn first_token(&mut self, now: Instant) -> Reading {
+        self.prefill_done();
         if std::mem::take(&mut self.waiting) {
             let (reading, others) = self.backend.occupancy.first_token(self.admitted, now);
             self.waiting_at_first_token = others;
@@ -79,6 +109,7 @@ impl InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        self.prefill_done();
         let waiting_since = std::mem::take(&mut self.waiting).then_some(self.admitted);
         self.backend.release(waiting_since, self.class);
     }

@@ -12,9 +12,11 @@ pub mod backend;
 pub mod health;
 pub mod in_flight;
 pub mod outbox;
+pub mod prefix;
 pub mod waiters;
 
 pub use backend::{Backend, ByModel};
 pub use in_flight::InFlightGuard;
 pub use outbox::{Event, Inbox, Learned, Outbox};
+pub use prefix::{Hit, PrefixIndex};
 pub use waiters::Line;

@@ -43,6 +43,16 @@ pub enum Event {
         /// The end of the ejection.
         until: Instant,
     },
+    /// A prompt was routed to `backend`: its prefix cache holds the prompt's blocks now.
+    Routed {
+        /// The backend's name.
+        backend: Arc<str>,
+        /// Every [`SHARE_STEP`](crate::prefix::SHARE_STEP)-th block hash of the prompt and
+        /// its last ([`crate::prefix::coarse`]).
+        hashes: Box<[u64]>,
+        /// The conversation's hint, if it had one.
+        hint: Option<u64>,
+    },
     /// `backend` answered 429: it cools down until `until`.
     Cooling {
         /// The backend's name.

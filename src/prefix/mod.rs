@@ -190,5 +190,88 @@ impl Held {
     }
 }
 
+/// A request's prefix as routing sees it: its prompt's block hashes and, when the client
+/// named its conversation (`prompt_cache_key`, `x-session-id`), that name's hash.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestPrefix {
+    /// [`Chain`] hashes of the prompt.
+    pub hashes: Vec<u64>,
+    /// The hint's hash, seeded like the chain (a hint of one model is not another's).
+    pub hint: Option<u64>,
+}
+
+impl RequestPrefix {
+    /// The hash a hint is held under: apart from every block hash by a domain tag.
+    pub fn hint_hash(model: &[u8], hint: &[u8]) -> u64 {
+        xxh3_64_with_seed(hint, xxh3_64(model) ^ HINT_DOMAIN)
+    }
+}
+
+/// Keeps hint hashes apart from block hashes.
+const HINT_DOMAIN: u64 = 0x6869_6e74_6b65_7921;
+
+/// Reports read before a calibration step.
+pub const CALIBRATION_WINDOW: u32 = 16;
+
+/// Fits an index's capacity to what its backend reports it served from cache.
+///
+/// The index is learned from what was routed, so it holds what the backend was sent, not what
+/// the backend kept: a backend whose cache is smaller than the index believes reports fewer
+/// cached tokens than the index expected. Every [`CALIBRATION_WINDOW`] reports that expected
+/// or reported a hit, the reported share of the expected decides: below 80%, the capacity
+/// shrinks by that share (at most halved); from 95% on, with reports of hits the index had not
+/// expected (it forgot what the backend kept), it grows by a quarter, never past what was
+/// configured. A multiplicative step each way, as TCP's window moves: quick to fall, careful
+/// to rise.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    expected: f64,
+    reported: f64,
+    reports: u32,
+    configured: usize,
+}
+
+impl Calibration {
+    /// Calibrates an index configured to hold `configured` blocks.
+    pub fn new(configured: usize) -> Self {
+        Self {
+            expected: 0.0,
+            reported: 0.0,
+            reports: 0,
+            configured,
+        }
+    }
+
+    /// One request's expected and reported cached tokens; `Some(blocks)` when the capacity
+    /// (now `capacity` blocks) should change.
+    pub fn observe(&mut self, expected: u64, reported: u64, capacity: usize) -> Option<usize> {
+        if expected == 0 && reported == 0 {
+            return None;
+        }
+        self.expected += expected as f64;
+        self.reported += reported as f64;
+        self.reports += 1;
+        if self.reports < CALIBRATION_WINDOW {
+            return None;
+        }
+        let (expected, reported) = (self.expected, self.reported);
+        *self = Self::new(self.configured);
+        if expected <= 0.0 {
+            // Hits the index knew nothing of: it forgot what the backend kept.
+            return (capacity < self.configured)
+                .then(|| (capacity + capacity / 4 + 1).min(self.configured));
+        }
+        let share = reported / expected;
+        if share < 0.8 {
+            let smaller = (capacity as f64 * share.max(0.5)) as usize;
+            Some(smaller.max(1))
+        } else if share >= 0.95 && capacity < self.configured && reported > expected {
+            Some((capacity + capacity / 4 + 1).min(self.configured))
+        } else {
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

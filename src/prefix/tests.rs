@@ -108,3 +108,40 @@ fn a_prefix_learned_at_the_coarse_positions_is_found_to_within_a_step() {
     assert_eq!(held.longest(&a, now), 16);
     assert_eq!(held.longest(&a[..18], now), 18, "the whole of what was told");
 }
+
+#[test]
+fn a_backend_that_reports_fewer_hits_than_expected_shrinks_its_index() {
+    let mut c = Calibration::new(1000);
+    let mut capacity = 1000;
+    for _ in 0..CALIBRATION_WINDOW - 1 {
+        assert_eq!(c.observe(2000, 600, capacity), None, "a window first");
+    }
+    capacity = c.observe(2000, 600, capacity).unwrap();
+    assert_eq!(capacity, 500, "a share of 30% halves it at most");
+    for _ in 0..CALIBRATION_WINDOW {
+        if let Some(n) = c.observe(1000, 700, capacity) {
+            capacity = n;
+        }
+    }
+    assert_eq!(capacity, 350);
+    // Reports that match what the index expects leave it alone.
+    for _ in 0..3 * CALIBRATION_WINDOW {
+        assert_eq!(c.observe(1000, 1000, capacity), None);
+    }
+}
+
+#[test]
+fn hits_the_index_forgot_grow_it_back_but_never_past_its_configured_size() {
+    let mut c = Calibration::new(100);
+    let mut capacity = 40;
+    for _ in 0..10 * CALIBRATION_WINDOW {
+        if let Some(n) = c.observe(0, 500, capacity) {
+            capacity = n;
+        }
+    }
+    assert_eq!(capacity, 100);
+    // Requests that neither expected nor got a hit say nothing.
+    for _ in 0..CALIBRATION_WINDOW {
+        assert_eq!(c.observe(0, 0, 60), None);
+    }
+}

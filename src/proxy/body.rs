@@ -328,8 +328,8 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                 this.end.ended(Outcome::Completed);
             }
             if first_content {
-                let prompt = meter.timing.prompt_tokens;
-                this.end.first_token(now, prompt);
+                let (prompt, cached) = (meter.timing.prompt_tokens, meter.timing.cached_tokens);
+                this.end.first_token(now, prompt, cached);
             }
             if !out.is_empty() {
                 return Poll::Ready(Some(Ok(Frame::data(out))));

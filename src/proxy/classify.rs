@@ -45,6 +45,11 @@ pub struct Classified {
     pub max_tokens: Option<u32>,
     /// Prompt size estimated from the body: a token per [`BYTES_PER_TOKEN`] bytes.
     pub prompt_tokens: u64,
+    /// The bytes of the prompt's parts, in a fixed order whatever the body's (`system`,
+    /// `instructions`, `tools`, `messages`, `prompt`, `input`): what the prefix index hashes.
+    pub prompt_spans: [Option<Range<usize>>; PROMPT_FIELDS],
+    /// The `prompt_cache_key` string (quotes included), a hint joining requests to one prefix.
+    pub cache_key_span: Option<Range<usize>>,
 }
 
 impl Classified {
@@ -75,7 +80,7 @@ pub struct StreamOptions {
 }
 
 /// The top-level keys classify reads; [`find`] returns their spans in this order.
-const FIELDS: [&str; 6] = [
+const FIELDS: [&str; 13] = [
     "model",
     "stream",
     "stream_options",
@@ -83,7 +88,18 @@ const FIELDS: [&str; 6] = [
     "max_tokens",
     "max_completion_tokens",
     "max_output_tokens",
+    // The prompt, in the order its prefix is hashed (PROMPT_FIELDS), and its hint.
+    "system",
+    "instructions",
+    "tools",
+    "messages",
+    "prompt",
+    "input",
+    "prompt_cache_key",
 ];
+
+/// How many of [`FIELDS`] carry the prompt: the spans in [`Classified::prompt_spans`].
+pub const PROMPT_FIELDS: usize = 6;
 
 #[derive(Deserialize)]
 struct RawStreamOptions {
@@ -546,6 +562,8 @@ impl Classified {
             stream_options: None,
             max_tokens: None,
             prompt_tokens: 0,
+            prompt_spans: Default::default(),
+            cache_key_span: None,
         }
     }
 }
@@ -584,6 +602,13 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         max_tokens,
         max_completion_tokens,
         max_output_tokens,
+        system,
+        instructions,
+        tools,
+        messages,
+        prompt,
+        input,
+        cache_key_span,
     ] = find(body)?;
     let model = model_span
         .clone()
@@ -636,6 +661,8 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
             .flatten()
             .find_map(|span| std::str::from_utf8(&body[span]).ok()?.parse::<u32>().ok()),
         prompt_tokens: body.len() as u64 / BYTES_PER_TOKEN,
+        prompt_spans: [system, instructions, tools, messages, prompt, input],
+        cache_key_span: cache_key_span.filter(|span| body[span.start] == b'"'),
     })
 }
 

@@ -111,13 +111,22 @@ impl RequestEnd {
     }
 
     /// The first content event arrived at `now`: the curve learns this request's TTFT at once,
-    /// and the occupancy integral starts for its experienced concurrency. `prompt_tokens`: the
-    /// count the stream reported, if it did by now.
-    pub fn first_token(&mut self, now: Instant, prompt_tokens: Option<u64>) {
+    /// and the occupancy integral starts for its experienced concurrency. `prompt_tokens` and
+    /// `cached_tokens`: the counts the stream reported, if it did by now (Anthropic's
+    /// `message_start`). The sample's prompt is what the backend had to prefill: the prompt
+    /// less its cached tokens, as reported, else as the prefix index expected.
+    pub fn first_token(
+        &mut self,
+        now: Instant,
+        prompt_tokens: Option<u64>,
+        cached_tokens: Option<u64>,
+    ) {
         let Some(slot) = &mut self.slot else {
             return;
         };
         self.first_reading = Some(slot.first_token(now));
+        let prompt = prompt_tokens.unwrap_or(self.prompt_estimate);
+        let uncached = prompt - cached_tokens.unwrap_or(slot.expected_cached()).min(prompt);
         let backend = slot.backend();
         if let Some(model) = &self.model
             && (200..300).contains(&self.status)
@@ -127,7 +136,7 @@ impl RequestEnd {
                 &FirstToken {
                     at: now,
                     ttft: (now - self.sent).as_secs_f64(),
-                    prompt_tokens: Some(prompt_tokens.unwrap_or(self.prompt_estimate)),
+                    prompt_tokens: Some(uncached),
                     admitted_with: f64::from(slot.admitted_with().max(1)),
                     queued_with: slot.queued_with(),
                 },
@@ -166,6 +175,12 @@ impl RequestEnd {
                             now,
                         );
                         backend.record(model, &obs);
+                        if let (Some(index), Some(cached), Outcome::Completed) =
+                            (&backend.prefix, meter.timing.cached_tokens, self.outcome)
+                        {
+                            let prompt = meter.timing.prompt_tokens.unwrap_or(self.prompt_estimate);
+                            index.reported(slot.expected_cached(), cached, prompt);
+                        }
                         Some((obs, meter.max_gap_s))
                     }
                     _ => None,

@@ -259,6 +259,9 @@ pub fn read_event(
     if let Some(p) = u.usage.prompt_tokens.filter(plausible) {
         t.prompt_tokens = Some(p);
     }
+    if let Some(c) = u.usage.cached_tokens.filter(plausible) {
+        t.cached_tokens = Some(c);
+    }
     if let Some(o) = u.usage.output_tokens.filter(plausible) {
         t.output_tokens = Some(o);
     }

@@ -24,7 +24,9 @@ use super::classify::Classified;
 use super::request_id::Received;
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
+use crate::config::PrefixRouting;
 use crate::fleet::{Backend, InFlightGuard};
+use crate::prefix::{Chain, RequestPrefix};
 use crate::router::{Ask, Decision, Reason, Router};
 
 /// The routing decision, in the request's extensions.
@@ -65,14 +67,16 @@ impl Tried {
 }
 
 /// What the router needs to know of a classified request for `model`, received at `received`,
-/// avoiding `avoid`.
+/// avoiding `avoid`, its prompt's prefix `prefix` (when the index is on).
 pub fn ask<'a>(
     c: &'a Classified,
     model: &'a str,
     received: Instant,
     avoid: &'a [usize],
+    prefix: Option<&'a RequestPrefix>,
 ) -> Ask<'a> {
     Ask {
+        prefix,
         model,
         dialect: c.endpoint.dialect(),
         prompt_tokens: c.prompt_tokens,
@@ -81,6 +85,38 @@ pub fn ask<'a>(
         slo: c.slo,
         received,
         avoid,
+    }
+}
+
+/// `x-session-id`: a client's name for its conversation, a hint that joins its requests to one
+/// prefix (as OpenAI's `prompt_cache_key` in the body does).
+pub const X_SESSION_ID: http::HeaderName = http::HeaderName::from_static("x-session-id");
+
+/// The prefix of `req`'s prompt for `model`: the prompt's parts in their fixed order, cut into
+/// blocks of `routing.block_tokens` and hashed in a chain seeded by the model (each part's
+/// JSON bytes as the client sent them: a client re-sends its history byte for byte), and
+/// the hint (`prompt_cache_key`, else `x-session-id`). One pass over the prompt's bytes.
+pub fn prefix_of(
+    req: &Request<Bytes>,
+    c: &Classified,
+    model: &str,
+    routing: PrefixRouting,
+) -> RequestPrefix {
+    let body = req.body();
+    let mut chain = Chain::new(model.as_bytes(), routing.block_bytes());
+    for span in c.prompt_spans.iter().flatten() {
+        chain.feed(&body[span.clone()]);
+    }
+    let hint = c
+        .cache_key_span
+        .as_ref()
+        .map(|span| &body[span.start + 1..span.end - 1])
+        .or_else(|| req.headers().get(&X_SESSION_ID).map(|v| v.as_bytes()))
+        .filter(|h| !h.is_empty())
+        .map(|h| RequestPrefix::hint_hash(model.as_bytes(), h));
+    RequestPrefix {
+        hashes: chain.finish(),
+        hint,
     }
 }
 
@@ -186,9 +222,20 @@ where
             .map(Tried::backends)
             .unwrap_or_default();
         let retrying = !avoid.is_empty();
+        let prefix = classified
+            .model
+            .as_deref()
+            .zip(self.router.prefix_routing())
+            .map(|(model, routing)| prefix_of(&req, classified, model, routing));
         let decided = match classified.model.as_deref() {
             None => self.router.route_default(req.uri().path()).map(Some),
-            Some(model) => self.router.route(&ask(classified, model, received, &avoid)),
+            Some(model) => self.router.route(&ask(
+                classified,
+                model,
+                received,
+                &avoid,
+                prefix.as_ref(),
+            )),
         };
         match decided {
             Ok(Some(decision)) => {
@@ -211,7 +258,9 @@ where
                         let (Some(c), Some(model)) = (c, c.and_then(|c| c.model.as_deref())) else {
                             return Err(Error::internal("route: a queued request lost its model"));
                         };
-                        router.wait_in_line(&ask(c, model, received, &[])).await?
+                        router
+                            .wait_in_line(&ask(c, model, received, &[], prefix.as_ref()))
+                            .await?
                     };
                     forward(&mut inner, req, decision).await
                 }))

@@ -12,7 +12,7 @@ use super::oracle::Oracle;
 use super::{Ask, Router, choose};
 use crate::config::Policy;
 use crate::curve::{Model, Prediction};
-use crate::fleet::Backend;
+use crate::fleet::{Backend, Hit};
 
 /// One candidate backend as the router sees it for one request.
 #[derive(Debug, Clone, Copy)]
@@ -37,6 +37,11 @@ pub struct Candidate<'r> {
     /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
     /// only (0 for a latency request, and without a prediction).
     pub marginal_tps: f64,
+    /// Leading prompt tokens its prefix cache is expected to hold (0 without the index).
+    pub cached_tokens: u64,
+    /// It holds the request's prefix: at least `prefix_cache.min_match_tokens` of it, or the
+    /// conversation's hint. Among the feasible, such a backend is preferred.
+    pub holds_prefix: bool,
 }
 
 impl Candidate<'_> {
@@ -68,10 +73,17 @@ impl Router {
             .any(|(_, b)| under_limit(b) && b.is_healthy(now));
         let predicts = !choose::is_baseline(policy);
         let slo = ask.slo_at(now);
+        let min_match = self.routing.prefix.map_or(u64::MAX, |p| p.min_match_tokens);
         self.serving(ask)
             .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
             .map(|(index, backend)| {
                 let joining = backend.in_flight() + 1;
+                let hit = match (&backend.prefix, ask.prefix) {
+                    (Some(index), Some(prefix)) => index.expected(prefix, now),
+                    _ => Hit::default(),
+                };
+                let cached_tokens = hit.cached_tokens.min(ask.prompt_tokens);
+                let holds_prefix = hit.hint || cached_tokens >= min_match;
                 if !predicts {
                     return Candidate {
                         index,
@@ -82,10 +94,12 @@ impl Router {
                         keeps_others: true,
                         leaves_room: true,
                         marginal_tps: 0.0,
+                        cached_tokens,
+                        holds_prefix,
                     };
                 }
                 let n = f64::from(joining);
-                let predictor = self.predictor(index, backend, ask, policy, now);
+                let predictor = self.predictor(index, backend, ask, policy, now, cached_tokens);
                 let prediction = predictor.at(n);
                 let batch = policy == Policy::Throughput || ask.slo.is_batch();
                 let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
@@ -115,13 +129,17 @@ impl Router {
                     } else {
                         0.0
                     },
+                    cached_tokens,
+                    holds_prefix,
                 }
             })
             .collect()
     }
 
-    /// Where `backend`'s predictions come from for `ask`: the oracle, or its curve's model
-    /// (looked up once per request, whatever the number of concurrencies asked about).
+    /// Where `backend`'s predictions come from for `ask`, which should find `cached_tokens` of
+    /// its prompt in the backend's prefix cache: the oracle, or its curve's model (looked up
+    /// once per request, whatever the number of concurrencies asked about), pricing only the
+    /// uncached tokens as prefill.
     fn predictor(
         &self,
         index: usize,
@@ -129,14 +147,16 @@ impl Router {
         ask: &Ask<'_>,
         policy: Policy,
         now: Instant,
+        cached_tokens: u64,
     ) -> Predictor<'_> {
         if policy == Policy::Oracle {
             Predictor::Oracle(self.oracle.as_ref(), index)
         } else {
             Predictor::Curve {
                 model: backend.model(ask.model),
-                prompt_tokens: ask.prompt_tokens,
+                prompt_tokens: ask.prompt_tokens - cached_tokens,
                 queue_s: backend.occupancy.waited(now),
+                prefill_waiting: backend.prefix.as_ref().map_or(0, |i| i.prefill_waiting()),
             }
         }
     }
@@ -168,12 +188,16 @@ enum Predictor<'r> {
     Curve {
         /// Its fitted model (none before the first observation).
         model: Option<Arc<Model>>,
-        /// This request's prompt size.
+        /// This request's prompt tokens the backend must prefill (its prefix cache's expected
+        /// hit taken off).
         prompt_tokens: u64,
         /// How long the requests there still waiting for a first token have waited
         /// ([`Occupancy::waited`](crate::curve::Occupancy::waited)): a joining request waits
         /// behind them, which the curve learns only when their first tokens come.
         queue_s: f64,
+        /// Uncached prompt tokens sent to the backend and not yet at a first token: prefill
+        /// this request waits behind, whatever the curve says of the occupancy.
+        prefill_waiting: u64,
     },
     /// The simulator's truth for backend `usize`.
     Oracle(Option<&'r Oracle>, usize),
@@ -187,11 +211,22 @@ impl Predictor<'_> {
                 model,
                 prompt_tokens,
                 queue_s,
+                prefill_waiting,
             } => {
-                let mut p = model.as_ref()?.predict(concurrency, *prompt_tokens);
+                let model = model.as_ref()?;
+                let mut p = model.predict(concurrency, *prompt_tokens);
                 if concurrency > 1.0 {
                     p.ttft_p50_s = p.ttft_p50_s.max(*queue_s);
                     p.ttft_p90_s = p.ttft_p90_s.max(*queue_s);
+                }
+                // Prefills run one after another (a queue of prefills, as engines schedule
+                // them): this one's first token comes after the waiting ones' and its own.
+                if *prefill_waiting > 0
+                    && let Some(rate) = model.fit.prefill_tokens_per_s
+                {
+                    let behind = (*prefill_waiting + *prompt_tokens) as f64 / rate;
+                    p.ttft_p50_s = p.ttft_p50_s.max(behind);
+                    p.ttft_p90_s = p.ttft_p90_s.max(behind);
                 }
                 Some(p)
             }

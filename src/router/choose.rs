@@ -16,19 +16,37 @@ pub const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
 pub fn is_baseline(policy: Policy) -> bool {
     matches!(
         policy,
-        Policy::RoundRobin | Policy::LeastInflight | Policy::P2cPeakEwma | Policy::LowestTtft
+        Policy::RoundRobin
+            | Policy::LeastInflight
+            | Policy::P2cPeakEwma
+            | Policy::LowestTtft
+            | Policy::PrefixHash
     )
 }
 
-/// Among the feasible (or, failing those, cold backends taking a lone request), by policy:
-/// `headroom` the most slack, `pack` the least, `cheapest` the lowest price then the most slack.
-/// `oracle` decides as `headroom` does.
+/// Among the feasible (or, failing those, cold backends taking a lone request): the one that
+/// holds the longest prefix of the prompt, where any holds one (at least `min_match_tokens`,
+/// or the request's conversation hint; more cached tokens first, then the policy's order);
+/// else by policy: `headroom` the most slack, `pack` the least, `cheapest` the lowest price
+/// then the most slack. `oracle` decides as `headroom` does. With no holder among the
+/// feasible, `headroom` spreads new prefixes; a holder that cannot meet the SLO is passed
+/// over, and the backend chosen instead holds the prefix from then on.
 pub fn among_feasible(
     policy: Policy,
     candidates: &[Candidate<'_>],
     ask: &Ask<'_>,
 ) -> Option<usize> {
     let feasible = || candidates.iter().enumerate().filter(|(_, c)| c.feasible());
+    let holder = feasible()
+        .filter(|(_, c)| c.holds_prefix)
+        .max_by(|(_, a), (_, b)| {
+            a.cached_tokens
+                .cmp(&b.cached_tokens)
+                .then_with(|| order(policy, ask, a, b))
+        });
+    if let Some((i, _)) = holder {
+        return Some(i);
+    }
     let pick = match policy {
         Policy::Pack => feasible().min_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)),
         Policy::Cheapest => feasible().min_by(|(_, a), (_, b)| {
@@ -40,6 +58,22 @@ pub fn among_feasible(
     };
     pick.or_else(|| candidates.iter().enumerate().find(|(_, c)| c.cold_start()))
         .map(|(i, _)| i)
+}
+
+/// The policy's preference between two feasible candidates (`Greater`: `a` is better).
+fn order(
+    policy: Policy,
+    ask: &Ask<'_>,
+    a: &Candidate<'_>,
+    b: &Candidate<'_>,
+) -> std::cmp::Ordering {
+    match policy {
+        Policy::Pack => b.slack.total_cmp(&a.slack),
+        Policy::Cheapest => price(b, ask)
+            .total_cmp(&price(a, ask))
+            .then(a.slack.total_cmp(&b.slack)),
+        _ => a.slack.total_cmp(&b.slack),
+    }
 }
 
 /// Price of the request on a candidate, USD per million tokens times tokens; unpriced backends
@@ -113,7 +147,14 @@ pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usi
 /// load measure of Finagle, linkerd and tower's `PeakEwma`, with TTFT as the latency because a
 /// stream's head arrives before its first token). `lowest_ttft`: the lowest recent TTFT (what
 /// latency-based routers do).
-pub fn baseline(policy: Policy, candidates: &[Candidate<'_>], turn: &AtomicUsize) -> Option<usize> {
+/// `prefix_hash`: the backend (by router index) `pinned` holds the request's key, and is
+/// taken while it is a candidate (in turn when it is not, or the request has no key).
+pub fn baseline(
+    policy: Policy,
+    candidates: &[Candidate<'_>],
+    turn: &AtomicUsize,
+    pinned: Option<usize>,
+) -> Option<usize> {
     if candidates.is_empty() {
         return None;
     }
@@ -132,6 +173,9 @@ pub fn baseline(policy: Policy, candidates: &[Candidate<'_>], turn: &AtomicUsize
             };
             Some(if cost(b) < cost(a) { b } else { a })
         }
+        Policy::PrefixHash => pinned
+            .and_then(|index| candidates.iter().position(|c| c.index == index))
+            .or(Some(start)),
         Policy::LowestTtft => in_turn.min_by(|&a, &b| {
             candidates[a]
                 .backend

@@ -28,10 +28,13 @@ use metrics::Counter;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::config::{BackendDialect, ClassConfig, ModelMap, OnMiss, Policy, Routing, Slo};
+use crate::config::{
+    BackendDialect, ClassConfig, ModelMap, OnMiss, Policy, PrefixRouting, Routing, Slo,
+};
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::fleet::{Backend, InFlightGuard, Line};
+use crate::fleet::{Backend, Hit, InFlightGuard, Line};
+use crate::prefix::RequestPrefix;
 pub use candidates::Candidate;
 pub use caps::Cap;
 use oracle::Oracle;
@@ -55,6 +58,8 @@ pub struct Ask<'a> {
     pub received: Instant,
     /// Backends (by index) not to use: a retry avoids those that failed it.
     pub avoid: &'a [usize],
+    /// Its prompt's prefix, when the prefix index is on.
+    pub prefix: Option<&'a RequestPrefix>,
 }
 
 impl Ask<'_> {
@@ -300,6 +305,12 @@ impl Router {
             })
     }
 
+    /// Prefix-cache-aware routing's settings, unless it is off: the stack hashes requests'
+    /// prompts with them.
+    pub fn prefix_routing(&self) -> Option<PrefixRouting> {
+        self.routing.prefix
+    }
+
     /// Decides for `ask` now. `Ok(None)`: its class queues and nothing is feasible yet, so
     /// [`Router::wait_in_line`] next. Errors: 404 when no backend serves the model, 503 when all
     /// that do are at their hard limit, 429 with Retry-After when the class sheds.
@@ -329,7 +340,10 @@ impl Router {
         let policy = self.policy(ask);
         if choose::is_baseline(policy) {
             let candidates = self.candidates(ask, policy);
-            return choose::baseline(policy, &candidates, &self.turn)
+            let pinned = (policy == Policy::PrefixHash)
+                .then(|| self.pinned(ask, served))
+                .flatten();
+            return choose::baseline(policy, &candidates, &self.turn, pinned)
                 .and_then(|c| self.admit(ask, &candidates[c], Reason::Baseline))
                 .or_else(|| self.any_admissible(ask, &candidates))
                 .map(Some)
@@ -442,8 +456,17 @@ impl Router {
 
     /// Takes a slot on candidate `c`, counting and logging the decision.
     fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
-        let guard = InFlightGuard::try_admit(c.backend, ask.class)?;
+        let mut guard = InFlightGuard::try_admit(c.backend, ask.class)?;
         self.count(ask, reason);
+        guard.expect_prefill(ask.prompt_tokens, c.cached_tokens);
+        if let (Some(index), Some(prefix)) = (&c.backend.prefix, ask.prefix) {
+            let hit = Hit {
+                cached_tokens: c.cached_tokens,
+                hint: c.holds_prefix,
+            };
+            index.routed(prefix, hit, ask.prompt_tokens, Instant::now());
+            c.backend.share_prefix(prefix);
+        }
         tracing::debug!(
             backend = &*c.backend.config.name,
             class = ask
@@ -455,6 +478,7 @@ impl Router {
             predicted_tps = c.prediction.map(|p| p.per_user_tps_p50),
             predicted_ttft_ms = c.prediction.map(|p| p.ttft_p50_s * 1e3),
             slack = c.slack,
+            cached_tokens = c.cached_tokens,
             "routed"
         );
         Some(Decision {
@@ -508,6 +532,16 @@ impl Router {
             format!("{why}; retry after {retry_after} s{or_batch}"),
         )
         .retry_after(retry_after)
+    }
+
+    /// `prefix_hash`'s backend for `ask`: its key (the hint, else the prompt's first block)
+    /// over the `served` backends that serve its model, so that a key keeps its backend
+    /// whatever the load.
+    fn pinned(&self, ask: &Ask<'_>, served: usize) -> Option<usize> {
+        let prefix = ask.prefix?;
+        let key = prefix.hint.or_else(|| prefix.hashes.first().copied())?;
+        let nth = usize::try_from(key % served.max(1) as u64).ok()?;
+        self.serving(ask).nth(nth).map(|(index, _)| index)
     }
 
     /// Backends that serve `model` in `dialect`: with more than one, a failed attempt can be

@@ -92,6 +92,11 @@ pub struct Usage {
     pub prompt_tokens: Option<u64>,
     /// Output tokens, when reported (Anthropic's `message_start` reports input tokens only).
     pub output_tokens: Option<u64>,
+    /// Of the prompt tokens, those the backend served from its prefix cache, when reported:
+    /// OpenAI's `prompt_tokens_details.cached_tokens` (vLLM and SGLang send it too), the
+    /// responses API's `input_tokens_details.cached_tokens`, Anthropic's
+    /// `cache_read_input_tokens`.
+    pub cached_tokens: Option<u64>,
 }
 
 /// What a usage-bearing event says.
@@ -113,6 +118,12 @@ struct OpenAiChunk {
 struct OpenAiUsage {
     prompt_tokens: Option<u64>,
     completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<CachedDetails>,
+}
+
+#[derive(Deserialize)]
+struct CachedDetails {
+    cached_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -130,6 +141,8 @@ struct AnthropicMessage {
 struct AnthropicUsage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -146,6 +159,7 @@ struct ResponsesBody {
 struct ResponsesUsage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    input_tokens_details: Option<CachedDetails>,
 }
 
 /// Usage carried by this event, if any: OpenAI's usage chunk (or usage on the finish chunk),
@@ -161,6 +175,7 @@ pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageE
                 usage: Usage {
                     prompt_tokens: u.prompt_tokens,
                     output_tokens: Some(u.completion_tokens?),
+                    cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
                 },
                 usage_only: chunk.choices.is_some_and(|c| c.is_empty()),
             })
@@ -173,10 +188,18 @@ pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageE
             } else {
                 None
             };
+            // Anthropic's input_tokens leave out what was read from or written to the cache.
+            let cached = u.cache_read_input_tokens;
+            let prompt = u.input_tokens.map(|input| {
+                input
+                    .saturating_add(cached.unwrap_or(0))
+                    .saturating_add(u.cache_creation_input_tokens.unwrap_or(0))
+            });
             Some(UsageEvent {
                 usage: Usage {
-                    prompt_tokens: u.input_tokens,
+                    prompt_tokens: prompt,
                     output_tokens: output,
+                    cached_tokens: cached,
                 },
                 usage_only: false,
             })
@@ -188,6 +211,7 @@ pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageE
                 usage: Usage {
                     prompt_tokens: u.input_tokens,
                     output_tokens: Some(u.output_tokens?),
+                    cached_tokens: u.input_tokens_details.and_then(|d| d.cached_tokens),
                 },
                 usage_only: false,
             })
@@ -256,7 +280,8 @@ mod tests {
             UsageEvent {
                 usage: Usage {
                     prompt_tokens: Some(2),
-                    output_tokens: Some(3)
+                    output_tokens: Some(3),
+                    cached_tokens: None,
                 },
                 usage_only: true
             }
@@ -305,7 +330,8 @@ mod tests {
             done.usage,
             Usage {
                 prompt_tokens: Some(5),
-                output_tokens: Some(7)
+                output_tokens: Some(7),
+                cached_tokens: None,
             }
         );
     }
@@ -347,5 +373,34 @@ mod tests {
         ));
         assert!(finish(Responses, "response.completed", "{}"));
         assert!(!finish(Responses, "response.output_text.delta", "{}"));
+    }
+
+    #[test]
+    fn cached_prompt_tokens_are_read_in_every_dialect() {
+        let openai = usage(
+            StreamDialect::OpenAi,
+            b"",
+            br#"{"choices":[],"usage":{"prompt_tokens":900,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":768}}}"#,
+        )
+        .unwrap();
+        assert_eq!(openai.usage.cached_tokens, Some(768));
+        // Anthropic's input_tokens leave the cache out: the prompt is all three together.
+        let anthropic = usage(
+            StreamDialect::Anthropic,
+            b"message_start",
+            br#"{"type":"message_start","message":{"usage":{"input_tokens":12,"cache_read_input_tokens":2000,"cache_creation_input_tokens":100,"output_tokens":1}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (anthropic.usage.prompt_tokens, anthropic.usage.cached_tokens),
+            (Some(2112), Some(2000))
+        );
+        let responses = usage(
+            StreamDialect::Responses,
+            b"response.completed",
+            br#"{"response":{"usage":{"input_tokens":50,"output_tokens":7,"input_tokens_details":{"cached_tokens":32}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(responses.usage.cached_tokens, Some(32));
     }
 }

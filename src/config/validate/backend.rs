@@ -9,11 +9,12 @@ use std::time::Duration;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Uri};
 
-use super::super::raw::{RawBackend, RawDiscovery, RawPrior};
+use super::super::raw::{RawBackend, RawDiscovery, RawPrefixCache, RawPrior};
 use super::super::{
+    PrefixIndexSize,
     BackendConfig, BackendDialect, Cost, Discovery, Ejection, ModelMap, PriorPoint, Timeouts,
 };
-use super::{DAY_MS, HUGE, Result, readable, within};
+use super::{DAY_MS, DAY_S, HUGE, Result, readable, within};
 use crate::yaml::ConfigError;
 
 /// The longest timeout a backend may be given, ms: a day.
@@ -36,6 +37,7 @@ fn reserved(name: &HeaderName) -> bool {
 pub(super) fn backend(
     at: &str,
     b: &RawBackend,
+    prefix: &RawPrefixCache,
     env: &dyn Fn(&str) -> Option<String>,
     dir: &Path,
 ) -> Result<BackendConfig> {
@@ -220,6 +222,7 @@ pub(super) fn backend(
     let (path_prefix, query) = provider_paths(at, b)?;
     let discovery = discovery(at, b, &url)?;
     Ok(BackendConfig {
+        prefix_index: prefix_index(at, b, prefix)?,
         discovery,
         dial: None,
         prior,
@@ -252,6 +255,33 @@ pub(super) fn backend(
         },
         anthropic_version,
     })
+}
+
+/// The backend's prefix index from `prefix_cache:` and its own `prefix_cache_tokens`: at
+/// least one block (the section itself is checked once, by `prefix_routing`).
+fn prefix_index(
+    at: &str,
+    b: &RawBackend,
+    prefix: &RawPrefixCache,
+) -> Result<Option<PrefixIndexSize>> {
+    let tokens = b.prefix_cache_tokens.unwrap_or(prefix.capacity_tokens);
+    let block = u64::from(prefix.block_tokens.max(1));
+    if b.prefix_cache_tokens.is_some() && tokens < block {
+        return Err(ConfigError::at(
+            format!("{at}.prefix_cache_tokens"),
+            format!(
+                "{tokens} holds not one block of {block} tokens: give at least prefix_cache.block_tokens"
+            ),
+        ));
+    }
+    if !prefix.enabled || !(prefix.ttl_s.is_finite() && prefix.ttl_s > 0.0) {
+        return Ok(None);
+    }
+    Ok(Some(PrefixIndexSize {
+        blocks: usize::try_from((tokens / block).max(1)).unwrap_or(usize::MAX),
+        block_tokens: prefix.block_tokens.max(1),
+        ttl: Duration::from_secs_f64(prefix.ttl_s.min(DAY_S)),
+    }))
 }
 
 /// `discovery` and `refresh_s`: a host name to resolve (an address has nothing to discover),

@@ -5,10 +5,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::raw::{OnMiss, RawClass, RawCluster, RawConfig};
+use super::raw::{OnMiss, RawClass, RawCluster, RawConfig, RawPrefixCache};
 use super::{
-    ApiKey, BackendConfig, ClassConfig, ClusterConfig, Config, KeyGrant, Limits, Policy, RouteRule,
-    Routing, Secret, Slo, TlsFiles,
+    ApiKey, BackendConfig, ClassConfig, ClusterConfig, Config, KeyGrant, Limits, Policy,
+    PrefixRouting, RouteRule, Routing, Secret, Slo, TlsFiles,
 };
 use crate::yaml::ConfigError;
 
@@ -74,7 +74,7 @@ pub fn validate(
     let named = |name: &str| raw.backends.iter().any(|b| b.name == name);
     for (i, b) in raw.backends.iter().enumerate() {
         let at = format!("backends[{i}]");
-        let Some(backend) = errors.keep(backend(&at, b, env, dir)) else {
+        let Some(backend) = errors.keep(backend(&at, b, &raw.prefix_cache, env, dir)) else {
             continue;
         };
         if backends.iter().any(|other| other.name == backend.name) {
@@ -601,12 +601,50 @@ fn routing(raw: &RawConfig) -> Result<Routing> {
         ));
     }
     Ok(Routing {
+        prefix: prefix_routing(&raw.prefix_cache)?,
         max_attempts: r.max_attempts,
         retry_budget: r.retry_budget,
         policy: r.policy,
         exploration: r.exploration,
         oracle_shape: (r.oracle.prompt_tokens, r.oracle.output_tokens),
     })
+}
+
+/// `prefix_cache:`: blocks of 1 to 4,096 tokens, a match of at least one block, a capacity of
+/// at least one block, an age limit of at most a day.
+fn prefix_routing(p: &RawPrefixCache) -> Result<Option<PrefixRouting>> {
+    if !(1..=4096).contains(&p.block_tokens) {
+        return Err(ConfigError::at(
+            "prefix_cache.block_tokens",
+            format!(
+                "{} is out of range: use 1 to 4096 (engines cache blocks of 16 to 256)",
+                p.block_tokens
+            ),
+        ));
+    }
+    if p.min_match_tokens < p.block_tokens {
+        return Err(ConfigError::at(
+            "prefix_cache.min_match_tokens",
+            format!(
+                "{} is less than one block ({}): give at least block_tokens",
+                p.min_match_tokens, p.block_tokens
+            ),
+        ));
+    }
+    if p.capacity_tokens < u64::from(p.block_tokens) {
+        return Err(ConfigError::at(
+            "prefix_cache.capacity_tokens",
+            format!(
+                "{} holds not one block of {} tokens: give at least block_tokens",
+                p.capacity_tokens, p.block_tokens
+            ),
+        ));
+    }
+    within("prefix_cache.ttl_s", p.ttl_s, DAY_S)?;
+    Ok(p.enabled.then_some(PrefixRouting {
+        block_tokens: p.block_tokens,
+        min_match_tokens: u64::from(p.min_match_tokens),
+    }))
 }
 
 fn class(at: &str, c: &RawClass, default_policy: Policy) -> Result<ClassConfig> {

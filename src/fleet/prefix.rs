@@ -1,0 +1,251 @@
+//! A backend's prefix index: the gateway's estimate of which prompt prefixes the backend's
+//! prefix cache holds, learned from what was routed there (here and, in a cluster, by the
+//! peers), sized by calibration against the cached tokens the backend reports, and the prefill
+//! work it has been sent that has not reached a first token yet.
+//!
+//! An estimate, not the engine's state: the engine may have evicted what the index still
+//! holds (calibration shrinks the index when its reports say so), and a backend that reports
+//! nothing is never corrected.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::config::PrefixIndexSize;
+use crate::prefix::{Calibration, Held, RequestPrefix};
+
+/// Weight of one request in the hit-rate averages.
+const RATE_ALPHA: f64 = 0.02;
+
+/// What a backend is expected to hold of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Hit {
+    /// Leading prompt tokens expected in its cache.
+    pub cached_tokens: u64,
+    /// It served the request's conversation before (the hint is held).
+    pub hint: bool,
+}
+
+/// One backend's index. Every method takes its lock once, briefly; none awaits.
+#[derive(Debug)]
+pub struct PrefixIndex {
+    size: PrefixIndexSize,
+    state: Mutex<State>,
+    /// Uncached prompt tokens of requests sent here that have no first token yet.
+    prefill_waiting: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    held: Held,
+    calibration: Calibration,
+    /// Decayed estimated cached share of routed prompts.
+    estimated: Share,
+    /// Decayed reported cached share of completed prompts.
+    reported: Share,
+}
+
+/// A decayed ratio of two token counts.
+#[derive(Debug, Clone, Copy, Default)]
+struct Share {
+    cached: f64,
+    prompt: f64,
+}
+
+impl Share {
+    fn add(&mut self, cached: u64, prompt: u64) {
+        self.cached += RATE_ALPHA * (cached as f64 - self.cached);
+        self.prompt += RATE_ALPHA * (prompt as f64 - self.prompt);
+    }
+
+    fn rate(self) -> Option<f64> {
+        (self.prompt > 0.0).then(|| (self.cached / self.prompt).clamp(0.0, 1.0))
+    }
+}
+
+/// The index as `/admin/backends` and the metrics show it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct IndexView {
+    /// Blocks held now.
+    pub blocks: usize,
+    /// Blocks held at most: configured, then calibrated.
+    pub capacity_blocks: usize,
+    /// Tokens per block.
+    pub block_tokens: u32,
+    /// Recent share of routed prompt tokens the index expected the backend to hold.
+    pub estimated_hit_rate: Option<f64>,
+    /// Recent share of prompt tokens the backend reported served from its cache.
+    pub reported_hit_rate: Option<f64>,
+    /// Uncached prompt tokens sent here and not yet at a first token.
+    pub prefill_waiting_tokens: u64,
+}
+
+impl PrefixIndex {
+    /// An empty index of `size`.
+    pub fn new(size: PrefixIndexSize) -> Self {
+        Self {
+            size,
+            state: Mutex::new(State {
+                held: Held::new(size.blocks, size.ttl),
+                calibration: Calibration::new(size.blocks),
+                estimated: Share::default(),
+                reported: Share::default(),
+            }),
+            prefill_waiting: AtomicU64::new(0),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut state)
+    }
+
+    /// What this backend is expected to hold of `prefix` at `now` (nothing is touched).
+    pub fn expected(&self, prefix: &RequestPrefix, now: Instant) -> Hit {
+        self.with(|s| Hit {
+            cached_tokens: s.held.longest(&prefix.hashes, now) as u64
+                * u64::from(self.size.block_tokens),
+            hint: prefix
+                .hint
+                .is_some_and(|h| s.held.longest(&[h], now) == 1),
+        })
+    }
+
+    /// A request with `prefix` was sent here at `now`, expected to find `hit` of its
+    /// `prompt_tokens` cached: the backend holds its prefix from now on.
+    pub fn routed(&self, prefix: &RequestPrefix, hit: Hit, prompt_tokens: u64, now: Instant) {
+        self.with(|s| {
+            s.held.insert(prefix.hashes.iter().copied(), now);
+            if let Some(h) = prefix.hint {
+                s.held.insert(std::iter::once(h), now);
+            }
+            s.estimated.add(hit.cached_tokens.min(prompt_tokens), prompt_tokens);
+        });
+    }
+
+    /// A peer routed a prompt whose coarse hashes are `hashes` (and hint `hint`) here.
+    pub fn learned(&self, hashes: &[u64], hint: Option<u64>, now: Instant) {
+        self.with(|s| {
+            s.held.insert(hashes.iter().copied(), now);
+            if let Some(h) = hint {
+                s.held.insert(std::iter::once(h), now);
+            }
+        });
+    }
+
+    /// A completed request's usage: `reported` of its `prompt_tokens` came from the cache where
+    /// the index expected `expected`. Reports move the reported hit rate and calibrate the
+    /// index's capacity.
+    pub fn reported(&self, expected: u64, reported: u64, prompt_tokens: u64) {
+        self.with(|s| {
+            s.reported.add(reported.min(prompt_tokens), prompt_tokens);
+            let capacity = s.held.capacity();
+            if let Some(blocks) = s.calibration.observe(expected, reported, capacity) {
+                tracing::debug!(from = capacity, to = blocks, "prefix index recalibrated");
+                s.held.resize(blocks);
+            }
+        });
+    }
+
+    /// `tokens` of prefill were sent here (uncached prompt tokens of a request admitted now).
+    pub fn prefill_sent(&self, tokens: u64) {
+        self.prefill_waiting.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// A request's `tokens` of prefill are done (its first token came, or it ended first).
+    pub fn prefill_done(&self, tokens: u64) {
+        let _ = self
+            .prefill_waiting
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                Some(w.saturating_sub(tokens))
+            });
+    }
+
+    /// Uncached prompt tokens sent here that have no first token yet.
+    pub fn prefill_waiting(&self) -> u64 {
+        self.prefill_waiting.load(Ordering::Relaxed)
+    }
+
+    /// The index as the admin plane shows it.
+    pub fn view(&self) -> IndexView {
+        self.with(|s| IndexView {
+            blocks: s.held.len(),
+            capacity_blocks: s.held.capacity(),
+            block_tokens: self.size.block_tokens,
+            estimated_hit_rate: s.estimated.rate(),
+            reported_hit_rate: s.reported.rate(),
+            prefill_waiting_tokens: self.prefill_waiting(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::prefix::{CALIBRATION_WINDOW, Chain};
+
+    fn index(blocks: usize) -> PrefixIndex {
+        PrefixIndex::new(PrefixIndexSize {
+            blocks,
+            block_tokens: 64,
+            ttl: Duration::from_secs(600),
+        })
+    }
+
+    fn prompt(fill: u8, bytes: usize, hint: Option<&str>) -> RequestPrefix {
+        let mut chain = Chain::new(b"m", 256);
+        chain.feed(&vec![fill; bytes]);
+        RequestPrefix {
+            hashes: chain.finish(),
+            hint: hint.map(|h| RequestPrefix::hint_hash(b"m", h.as_bytes())),
+        }
+    }
+
+    #[test]
+    fn a_routed_prompt_is_expected_whole_next_time_and_its_hint_with_it() {
+        let now = Instant::now();
+        let idx = index(1000);
+        let first = prompt(1, 8000, Some("conv-1"));
+        assert_eq!(idx.expected(&first, now), Hit::default());
+        idx.routed(&first, Hit::default(), 2000, now);
+        // 8,000 bytes: 31 whole blocks of 256 bytes (64 tokens).
+        assert_eq!(
+            idx.expected(&first, now),
+            Hit {
+                cached_tokens: 31 * 64,
+                hint: true
+            }
+        );
+        let other = prompt(2, 8000, Some("conv-2"));
+        assert_eq!(idx.expected(&other, now), Hit::default());
+    }
+
+    #[test]
+    fn reports_short_of_the_estimate_shrink_the_index() {
+        let idx = index(1000);
+        for _ in 0..CALIBRATION_WINDOW {
+            idx.reported(2000, 1000, 2100);
+        }
+        let view = idx.view();
+        assert_eq!(view.capacity_blocks, 500);
+        assert!(view.reported_hit_rate.unwrap() > 0.0);
+    }
+
+    #[test]
+    fn prefill_waiting_counts_what_was_sent_until_it_is_done() {
+        let idx = index(10);
+        idx.prefill_sent(3000);
+        idx.prefill_sent(500);
+        idx.prefill_done(3000);
+        assert_eq!(idx.prefill_waiting(), 500);
+        idx.prefill_done(1000);
+        assert_eq!(idx.prefill_waiting(), 0, "never below zero");
+    }
+}
