@@ -113,6 +113,7 @@ fn route(c: &mut Criterion) {
                     slo,
                     received: Instant::now(),
                     avoid: &[],
+                    prefix: None,
                 };
                 // The decision (and the slot it took) is dropped at once.
                 black_box(router.route(&ask).expect("a decision"))

@@ -201,6 +201,17 @@ pub struct BenchArgs {
     /// each record's first user turn, drawn at random.
     #[arg(long)]
     pub prompts: Option<PathBuf>,
+    /// Requests that share system prompts: `groups=G,system=S,question=Q[,hot=H]` (G system
+    /// prompts of S tokens, each request one of them and a question of Q tokens of its own;
+    /// `hot`: group 0 takes that share). Per level, the share of prompt tokens the server
+    /// reported served from its cache.
+    #[arg(long, conflicts_with_all = ["prompts", "prompt_tokens"])]
+    pub shared_prefix: Option<bench::conversation::SharedPrefix>,
+    /// Each arrival a conversation: `turns=T,think_s=X` (T turns, each re-sending the whole
+    /// history, X seconds after the previous reply). Open loop only (`--rate`): the rate is of
+    /// conversations.
+    #[arg(long, requires = "rate")]
+    pub conversation: Option<bench::conversation::Conversation>,
     /// API dialect.
     #[arg(long, value_enum, default_value = "openai")]
     pub dialect: BenchDialect,
@@ -743,6 +754,8 @@ impl BenchArgs {
             output: self.max_tokens,
             prompts,
             seed: self.seed,
+            shared: self.shared_prefix.clone(),
+            conversation: self.conversation,
         })
     }
 }

@@ -28,6 +28,8 @@ mod errors;
 mod hardening;
 #[path = "gateway/passthrough.rs"]
 mod passthrough;
+#[path = "gateway/prefix.rs"]
+mod prefix;
 #[path = "gateway/reload.rs"]
 mod reload;
 #[path = "gateway/resilience.rs"]

@@ -11,6 +11,8 @@
 //! decoding, hosted APIs) the usual formula overstates speed by `(T - 1) / (T - k)`, 10% for 32
 //! tokens in chunks of 4.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Uri, header};
 use http_body_util::{BodyExt, Full};
@@ -107,12 +109,26 @@ impl RequestSpec {
     /// The same request with `prompt` and `max_tokens` of output.
     #[must_use]
     pub fn with_shape(&self, prompt: Prompt, max_tokens: u32) -> Self {
-        let text = match &prompt {
-            Prompt::Words(n) => "word".repeat(*n as usize),
-            Prompt::Text(text) => text.to_string(),
+        let (system, turns) = match &prompt {
+            Prompt::Words(n) => (None, vec!["word".repeat(*n as usize)]),
+            Prompt::Text(text) => (None, vec![text.to_string()]),
+            Prompt::Chat { system, turns } => (
+                system.as_deref(),
+                turns.iter().map(|t| t.to_string()).collect(),
+            ),
         };
-        let messages = json!([{"role": "user", "content": text}]);
-        let body = match (self.dialect, self.stream) {
+        let mut messages: Vec<Value> = turns
+            .into_iter()
+            .enumerate()
+            .map(|(i, text)| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                json!({"role": role, "content": text})
+            })
+            .collect();
+        if let (Some(system), BenchDialect::Openai) = (system, self.dialect) {
+            messages.insert(0, json!({"role": "system", "content": system}));
+        }
+        let mut body = match (self.dialect, self.stream) {
             (BenchDialect::Openai, true) => json!({
                 "model": self.model, "messages": messages, "max_tokens": max_tokens,
                 "stream": true, "stream_options": {"include_usage": true},
@@ -121,6 +137,9 @@ impl RequestSpec {
                 "model": self.model, "messages": messages, "max_tokens": max_tokens, "stream": stream,
             }),
         };
+        if let (Some(system), BenchDialect::Anthropic) = (system, self.dialect) {
+            body["system"] = json!(system);
+        }
         Self {
             body: Bytes::from(body.to_string()),
             max_tokens,
@@ -131,10 +150,35 @@ impl RequestSpec {
 
     /// The prompt's size in tokens, as sent (a text's estimated at 4 bytes a token).
     pub fn prompt_tokens(&self) -> u32 {
-        match &self.prompt {
-            Prompt::Words(n) => *n,
-            Prompt::Text(text) => u32::try_from(text.len().div_ceil(4)).unwrap_or(u32::MAX),
-        }
+        let bytes = match &self.prompt {
+            Prompt::Words(n) => return *n,
+            Prompt::Text(text) => text.len(),
+            Prompt::Chat { system, turns } => {
+                system.as_ref().map_or(0, |s| s.len()) + turns.iter().map(|t| t.len()).sum::<usize>()
+            }
+        };
+        u32::try_from(bytes.div_ceil(4)).unwrap_or(u32::MAX)
+    }
+
+    /// The conversation's next turn: this request's prompt, the reply it got (`reply_tokens`
+    /// long; a placeholder of that length, since what a prefix cache sees is that the next
+    /// turn re-sends the same bytes), and `question`.
+    #[must_use]
+    pub fn next_turn(&self, reply_tokens: u32, question: String) -> Self {
+        let (system, mut turns) = match &self.prompt {
+            Prompt::Chat { system, turns } => (system.clone(), turns.to_vec()),
+            Prompt::Words(n) => (None, vec![Arc::from("word".repeat(*n as usize))]),
+            Prompt::Text(text) => (None, vec![Arc::clone(text)]),
+        };
+        turns.push(Arc::from("said".repeat(reply_tokens.max(1) as usize)));
+        turns.push(Arc::from(question));
+        self.with_shape(
+            Prompt::Chat {
+                system,
+                turns: turns.into(),
+            },
+            self.max_tokens,
+        )
     }
 }
 
@@ -144,7 +188,14 @@ pub enum Prompt {
     /// `n` repetitions of a four-byte word: about `n` tokens.
     Words(u32),
     /// A text, e.g. the first user turn of a recorded conversation.
-    Text(std::sync::Arc<str>),
+    Text(Arc<str>),
+    /// A system prompt and the turns of a conversation, user first and last.
+    Chat {
+        /// The system prompt, if any.
+        system: Option<Arc<str>>,
+        /// User and assistant turns, alternating.
+        turns: Arc<[Arc<str>]>,
+    },
 }
 
 /// What one request measured.
@@ -177,6 +228,10 @@ pub struct Sample {
     pub prompt_tokens: u32,
     /// The output asked for (`max_tokens`).
     pub max_tokens: u32,
+    /// Prompt tokens as the server's usage reported them.
+    pub reported_prompt_tokens: Option<u32>,
+    /// Of those, served from the server's prefix cache, as its usage reported.
+    pub cached_tokens: Option<u32>,
 }
 
 impl Sample {
@@ -368,6 +423,8 @@ impl StreamTimer {
             estimated: t.output_tokens.is_none(),
             gaps: self.gaps,
             total: (end - self.start).as_secs_f64(),
+            reported_prompt_tokens: t.prompt_tokens.and_then(|n| u32::try_from(n).ok()),
+            cached_tokens: t.cached_tokens.and_then(|n| u32::try_from(n).ok()),
             ..Sample::default()
         }
     }

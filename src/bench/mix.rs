@@ -13,6 +13,7 @@ use rand::rngs::SmallRng;
 use serde_json::Value;
 
 use super::client::{Prompt, RequestSpec};
+use super::conversation::{Conversation, SharedPrefix, words};
 
 /// How many tokens: one length, or a distribution of them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -151,6 +152,10 @@ pub struct Mix {
     pub prompts: Option<(Arc<[Arc<str>]>, String)>,
     /// The seed of the draws, if given.
     pub seed: Option<u64>,
+    /// System prompts that requests share (`--shared-prefix`).
+    pub shared: Option<SharedPrefix>,
+    /// Each arrival a conversation of several turns (`--conversation`).
+    pub conversation: Option<Conversation>,
 }
 
 impl Mix {
@@ -161,12 +166,17 @@ impl Mix {
             output: Lengths::Fixed(output),
             prompts: None,
             seed: None,
+            shared: None,
+            conversation: None,
         }
     }
 
     /// Whether every request is the same (nothing to draw).
     pub fn is_fixed(&self) -> bool {
-        self.prompts.is_none() && self.prompt.is_fixed() && self.output.is_fixed()
+        self.prompts.is_none()
+            && self.shared.is_none()
+            && self.prompt.is_fixed()
+            && self.output.is_fixed()
     }
 
     /// The same mix with every output `max_tokens` long.
@@ -183,11 +193,15 @@ impl Mix {
         if self.is_fixed() {
             return spec.clone();
         }
-        let prompt = match &self.prompts {
-            Some((prompts, _)) => {
+        let prompt = match (&self.shared, &self.prompts) {
+            (Some(shared), _) => Prompt::Chat {
+                system: Some(shared.system(shared.group(rng))),
+                turns: Arc::new([Arc::from(words(shared.question_tokens, rng))]),
+            },
+            (None, Some((prompts, _))) => {
                 Prompt::Text(Arc::clone(&prompts[rng.random_range(0..prompts.len())]))
             }
-            None => Prompt::Words(self.prompt.draw(rng)),
+            (None, None) => Prompt::Words(self.prompt.draw(rng)),
         };
         spec.with_shape(prompt, self.output.draw(rng))
     }
@@ -195,9 +209,15 @@ impl Mix {
 
 impl fmt::Display for Mix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.prompts {
-            Some((prompts, file)) => write!(f, "prompts from {file} ({} of them)", prompts.len())?,
-            None => write!(f, "prompt tokens {}", self.prompt)?,
+        match (&self.shared, &self.prompts) {
+            (Some(shared), _) => write!(f, "shared prefix {shared}")?,
+            (None, Some((prompts, file))) => {
+                write!(f, "prompts from {file} ({} of them)", prompts.len())?;
+            }
+            (None, None) => write!(f, "prompt tokens {}", self.prompt)?,
+        }
+        if let Some(conversation) = &self.conversation {
+            write!(f, ", conversations {conversation}")?;
         }
         write!(f, ", output tokens {}", self.output)?;
         if let Some(seed) = self.seed {
@@ -328,6 +348,8 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let mix = Mix {
+            shared: None,
+            conversation: None,
             prompt: Lengths::Uniform { min: 1, max: 1000 },
             output: Lengths::Uniform { min: 1, max: 1000 },
             prompts: None,

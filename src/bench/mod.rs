@@ -16,6 +16,7 @@
 //! Per-request definitions are in [`client`].
 
 pub mod client;
+pub mod conversation;
 pub mod mix;
 pub mod stats;
 
@@ -200,17 +201,42 @@ pub async fn open_loop(
             })
             .unwrap_or(arms.len().saturating_sub(1));
         tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
-        let Some(spec) = arms.get(arm).map(|a| a.mix.draw(&a.spec, &mut shapes)) else {
+        let Some((spec, mix)) = arms
+            .get(arm)
+            .map(|a| (a.mix.draw(&a.spec, &mut shapes), a.mix.clone()))
+        else {
             break;
         };
         let (client, progress) = (client.clone(), progress.clone());
+        // A conversation's later questions come from draws of its own, seeded from the
+        // shapes' stream so that a seeded run repeats.
+        let mut own = draws(mix.seed.map(|_| shapes.random()), 0);
         inflight.spawn(async move {
-            let sample = timed(&client, &spec, limit).await;
-            progress.inc(1);
-            (arm, sample)
+            let Some(conversation) = mix.conversation else {
+                let sample = timed(&client, &spec, limit).await;
+                progress.inc(1);
+                return vec![(arm, sample)];
+            };
+            let question = mix.shared.as_ref().map_or(mix.prompt.typical(), |s| s.question_tokens);
+            let mut turns = Vec::with_capacity(conversation.turns as usize);
+            let mut spec = spec;
+            for turn in 0..conversation.turns {
+                if turn > 0 {
+                    tokio::time::sleep(conversation.think).await;
+                }
+                let sample = timed(&client, &spec, limit).await;
+                progress.inc(1);
+                let (failed, reply) = (sample.error.is_some(), sample.output_tokens);
+                turns.push((arm, sample));
+                if failed {
+                    break;
+                }
+                spec = spec.next_turn(reply, conversation::words(question, &mut own));
+            }
+            turns
         });
     }
-    let samples = inflight.join_all().await;
+    let samples: Vec<(usize, Sample)> = inflight.join_all().await.into_iter().flatten().collect();
     let wall = (Instant::now() - start).as_secs_f64().max(1e-9);
     arms.iter()
         .enumerate()
@@ -258,7 +284,7 @@ pub fn progress_bar(len: u64, label: String) -> ProgressBar {
 }
 
 /// The human table's header line.
-pub const TABLE_HEADER: &str = "level        reqs  err  ttft_p50  ttft_p90  ttft_p99 | tps_p10  tps_p50  tps_p90 | sys_tps  gap_p99   slo_ok  goodput";
+pub const TABLE_HEADER: &str = "level        reqs  err  ttft_p50  ttft_p90  ttft_p99 | tps_p10  tps_p50  tps_p90 | sys_tps  gap_p99   slo_ok  goodput   cached";
 
 /// One row of the human table.
 pub fn table_row(r: &LevelReport) -> String {
@@ -275,7 +301,7 @@ pub fn table_row(r: &LevelReport) -> String {
     let num = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"));
     let pct = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |x| format!("{:.1}%", x * 100.0));
     format!(
-        "{level:<12} {:>4} {:>4} {:>9} {:>9} {:>9} | {:>7} {:>8} {:>8} | {:>7.1} {:>8} {:>8} {:>8}",
+        "{level:<12} {:>4} {:>4} {:>9} {:>9} {:>9} | {:>7} {:>8} {:>8} | {:>7.1} {:>8} {:>8} {:>8} {:>8}",
         r.requests,
         r.errors,
         ms(r.ttft_p50_s),
@@ -288,5 +314,6 @@ pub fn table_row(r: &LevelReport) -> String {
         ms(r.chunk_gap_p99_s),
         pct(r.slo_attainment),
         num(r.goodput_rps),
+        pct(r.cached_share),
     )
 }

@@ -104,6 +104,10 @@ pub struct LevelReport {
     pub max_tokens_mean: Option<f64>,
     /// Mean output received, tokens, over the requests that completed.
     pub output_tokens_mean: Option<f64>,
+    /// Share of prompt tokens the server reported served from its prefix cache, over the
+    /// requests whose usage said (absent when none did).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_share: Option<f64>,
 }
 
 impl LevelReport {
@@ -118,7 +122,13 @@ impl LevelReport {
             let (sum, n) = values.fold((0.0, 0_usize), |(sum, n), v| (sum + f64::from(v), n + 1));
             (n > 0).then(|| sum / n as f64)
         };
+        let (cached, prompt) = ok()
+            .filter_map(|s| Some((s.cached_tokens?, s.reported_prompt_tokens?)))
+            .fold((0.0, 0.0), |(c, p), (sc, sp)| {
+                (c + f64::from(sc), p + f64::from(sp))
+            });
         Self {
+            cached_share: (prompt > 0.0).then(|| cached / prompt),
             mix: None,
             prompt_tokens_mean: mean(&mut samples.iter().map(|s| s.prompt_tokens)),
             max_tokens_mean: mean(&mut samples.iter().map(|s| s.max_tokens)),

@@ -37,6 +37,7 @@ pub struct Prediction {
 struct TtftSummary {
     weight: f64,
     mean_admitted: f64,
+    mean_prompt: f64,
     p50: f64,
     p90: f64,
 }
@@ -50,8 +51,9 @@ pub struct Model {
     buckets: [Option<Summary>; BUCKETS.len()],
     /// TTFT by occupancy at admission ([`TTFT_LEVELS`]).
     starts: [Option<TtftSummary>; TTFT_LEVELS.len()],
-    /// Per TTFT bucket, the highest p50 and p90 of the trusted buckets at or below it: more
-    /// requests ahead never bring the first token sooner, so a prediction never goes below them.
+    /// Per TTFT bucket, the highest p50 and p90 of the trusted buckets at or below it, less
+    /// the prefill of each bucket's mean prompt: more requests ahead never bring the first
+    /// token sooner, so a prediction never goes below them (plus its own prompt's prefill).
     floors: [(f64, f64); TTFT_LEVELS.len()],
     /// Highest experienced concurrency among speed buckets holding at least one sample's weight.
     pub speed_seen: f64,
@@ -110,6 +112,7 @@ impl Model {
             s.map(|s| TtftSummary {
                 weight: s.weight * factor,
                 mean_admitted: s.mean_admitted,
+                mean_prompt: s.mean_prompt,
                 p50: s.p50,
                 p90: s.p90,
             })
@@ -138,7 +141,7 @@ impl Model {
             },
             buckets,
             starts,
-            floors: floors(&starts),
+            floors: floors(&starts, prefill_tokens_per_s),
             speed_seen,
             ttft_seen,
             mean_duration_s,
@@ -174,29 +177,37 @@ impl Model {
                 (tps, 0.9 * tps)
             }
         };
+        let prefill_of = |tokens: f64| fit.prefill_tokens_per_s.map_or(0.0, |r| tokens / r);
         let (ttft_p50, ttft_p90) = match self.starts[j] {
             Some(s) if s.weight >= MIN_BUCKET_WEIGHT => {
-                let later = queue_at(concurrency) - queue_at(s.mean_admitted);
+                // Moved along the fit to this concurrency, and by the prefill of this prompt's
+                // tokens against the bucket's mean (a prompt mostly in the prefix cache is
+                // quicker than the bucket's mix of hits and misses says).
+                let later = queue_at(concurrency) - queue_at(s.mean_admitted)
+                    + prefill_of(prompt_tokens as f64 - s.mean_prompt);
                 ((s.p50 + later).max(0.0), (s.p90 + later).max(0.0))
             }
             sparse => {
-                let prefill = fit
-                    .prefill_tokens_per_s
-                    .map_or(0.0, |r| prompt_tokens as f64 / r);
+                let prefill = prefill_of(prompt_tokens as f64);
                 let ttft = queue_at(concurrency) + prefill;
                 // Bad news is believed before it is certain: a first token at this very
                 // occupancy, within about a half-life, that came later than the fit says is
                 // how a queue past a batch limit first shows (the fit, drawn mostly through
                 // the levels below it, cannot bend there).
                 let seen = sparse.filter(|s| s.weight >= SPARSE_TTFT_WEIGHT);
+                let shift = |s: &TtftSummary| prefill_of(prompt_tokens as f64 - s.mean_prompt);
                 (
-                    seen.map_or(ttft, |s| ttft.max(s.p50)),
-                    seen.map_or(1.25 * ttft, |s| (1.25 * ttft).max(s.p90)),
+                    seen.map_or(ttft, |s| ttft.max(s.p50 + shift(&s))),
+                    seen.map_or(1.25 * ttft, |s| (1.25 * ttft).max(s.p90 + shift(&s))),
                 )
             }
         };
         let (floor_p50, floor_p90) = self.floors[j];
-        let (ttft_p50, ttft_p90) = (ttft_p50.max(floor_p50), ttft_p90.max(floor_p90));
+        let own = prefill_of(prompt_tokens as f64);
+        let (ttft_p50, ttft_p90) = (
+            ttft_p50.max(floor_p50 + own),
+            ttft_p90.max(floor_p90 + own),
+        );
         Prediction {
             per_user_tps_p50: tps_p50,
             per_user_tps_p10: tps_p10,
@@ -286,13 +297,21 @@ fn prompts_spread(xx: &[[f64; 3]; 3]) -> bool {
     spread >= MIN_PROMPT_SPREAD_TOKENS && spread >= MIN_PROMPT_SPREAD_SHARE * mean_p
 }
 
-/// Running maxima of the trusted TTFT buckets' quantiles, from the lowest occupancy up.
-fn floors(starts: &[Option<TtftSummary>; TTFT_LEVELS.len()]) -> [(f64, f64); TTFT_LEVELS.len()] {
+/// Running maxima of the trusted TTFT buckets' quantiles less their mean prompt's prefill at
+/// `rate` (none without one), from the lowest occupancy up.
+fn floors(
+    starts: &[Option<TtftSummary>; TTFT_LEVELS.len()],
+    rate: Option<f64>,
+) -> [(f64, f64); TTFT_LEVELS.len()] {
     let mut floors = [(0.0, 0.0); TTFT_LEVELS.len()];
     let mut floor = (0.0_f64, 0.0_f64);
     for (out, start) in floors.iter_mut().zip(starts) {
         if let Some(s) = start.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
-            floor = (floor.0.max(s.p50), floor.1.max(s.p90));
+            let prefill = rate.map_or(0.0, |r| s.mean_prompt / r);
+            floor = (
+                floor.0.max((s.p50 - prefill).max(0.0)),
+                floor.1.max((s.p90 - prefill).max(0.0)),
+            );
         }
         *out = floor;
     }

@@ -167,6 +167,7 @@ mod tests {
         // 10 content events carrying 20 tokens from 100 ms to 280 ms: the first event's 2
         // tokens came before it, so 18 tokens in 180 ms.
         let timing = StreamTiming {
+            cached_tokens: None,
             first_content: Some(ms(100)),
             last_content: Some(ms(280)),
             content_events: 10,
@@ -193,6 +194,7 @@ mod tests {
         // 64 tokens at 10 ms each from 100 ms: the engine showed text for 26 of them (one
         // event each), held back the other 38 and finished at 730 ms.
         let timing = StreamTiming {
+            cached_tokens: None,
             first_content: Some(ms(100)),
             last_content: Some(ms(350)),
             content_events: 26,
@@ -220,6 +222,7 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let timing = StreamTiming {
+            cached_tokens: None,
             first_content: Some(ms(50)),
             last_content: Some(ms(150)),
             content_events: 11,
@@ -240,6 +243,7 @@ mod tests {
         let t0 = Instant::now();
         let at = t0 + Duration::from_millis(40);
         let timing = StreamTiming {
+            cached_tokens: None,
             first_content: Some(at),
             last_content: Some(at),
             content_events: 1,

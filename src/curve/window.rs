@@ -195,6 +195,8 @@ pub struct StartSummary {
     pub weight: f64,
     /// Weighted mean occupancy at admission.
     pub mean_admitted: f64,
+    /// Weighted mean prompt tokens prefilled (0 where unknown).
+    pub mean_prompt: f64,
     /// TTFT median, seconds.
     pub p50: f64,
     /// TTFT 90th percentile, seconds.
@@ -419,9 +421,11 @@ impl Summarize for FirstToken {
         let mut xy = [0.0; 3];
         let mut with_prompt = true;
         let mut admitted = 0.0;
+        let mut prompt = 0.0;
         for (w, s) in window.weighted() {
             with_prompt &= s.prompt_tokens.is_some();
             admitted += w * s.admitted_with;
+            prompt += w * s.prompt_tokens.unwrap_or(0) as f64;
             // The fit describes joining with no queue ahead; a queue now is seen live.
             let w = if s.queued_with > 0 {
                 w * QUEUE_FIT_WEIGHT
@@ -439,6 +443,7 @@ impl Summarize for FirstToken {
         Some(StartSummary {
             weight: total,
             mean_admitted: admitted / total,
+            mean_prompt: prompt / total,
             p50,
             p90,
             xx,

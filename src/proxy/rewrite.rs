@@ -304,6 +304,8 @@ mod tests {
             stream_options: None,
             max_tokens: None,
             prompt_tokens: 0,
+            prompt_spans: Default::default(),
+            cache_key_span: None,
         };
         assert_eq!(
             rewrite_body(&Bytes::new(), &empty, None, true),

@@ -105,6 +105,8 @@ pub(crate) fn chat(router: &crate::router::Router, class: Option<usize>) -> http
         stream_options: None,
         max_tokens: None,
         prompt_tokens: 3,
+        prompt_spans: Default::default(),
+        cache_key_span: None,
     });
     req
 }

@@ -107,6 +107,7 @@ fn ask(router: &Router, class: usize) -> Ask<'static> {
         slo: router.classes[class].slo,
         received: Instant::now(),
         avoid: &[],
+        prefix: None,
     }
 }
 
