@@ -179,3 +179,56 @@ async fn with_the_index_off_no_backend_keeps_one() {
     let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
     assert!(backends["backends"][0]["prefix_index"].is_null());
 }
+
+/// Waits up to two seconds for `check` to hold on what `admin` says of its backends.
+async fn until_backends(admin: SocketAddr, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let got = support::get_json(admin, "/admin/backends").await;
+        if check(&got) || tokio::time::Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_sends_the_next_turn_where_another_replica_sent_the_first() {
+    let redis = support::Redis::start().await;
+    let (fa, a) = pod("a", 100_000).await;
+    let (fb, b) = pod("b", 100_000).await;
+    let _fleets = support::FleetGuard(vec![fa, fb]);
+    let cluster = format!(
+        "cluster: {{redis_url: '{}', key_prefix: prefix, sync_interval_ms: 20}}\n",
+        redis.url()
+    );
+    let one = support::gateway(&gateway_config(a, b, &cluster)).await;
+    let two = support::gateway(&gateway_config(a, b, &cluster)).await;
+    let client = http_client(None).unwrap();
+    // Curves from both pods, learned through replica one and shared with replica two.
+    for system in ['x', 'y', 'z', 'w'] {
+        send(&client, one.addr(), &turn(system, &["warm up"], 4)).await;
+    }
+    let (first, _) = send(&client, one.addr(), &turn('c', &["q1"], 4)).await;
+    let blocks = |all: &Value| {
+        all["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == first.as_str())
+            .and_then(|b| b["prefix_index"]["blocks"].as_u64())
+            .unwrap()
+    };
+    // Each prompt is 31 blocks of 64 tokens; a peer learns every fourth and the last: 8.
+    let routed_by_one = blocks(&support::get_json(one.admin_addr(), "/admin/backends").await);
+    assert_eq!(routed_by_one % 31, 0);
+    // Replica two learns where replica one sent the conversation...
+    let learned = until_backends(two.admin_addr(), |v| blocks(v) == routed_by_one / 31 * 8).await;
+    assert_eq!(blocks(&learned), routed_by_one / 31 * 8, "{learned}");
+    // ...and sends the second turn there, to the history in its cache.
+    for q in ["q2", "q3"] {
+        let (backend, cached) = send(&client, two.addr(), &turn('c', &["q1", q], 4)).await;
+        assert_eq!(backend, first);
+        assert!(cached >= 1900, "{cached}");
+    }
+}

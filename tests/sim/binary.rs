@@ -132,7 +132,7 @@ async fn bench_prints_one_json_object_per_level() {
 }
 
 /// Runs `tpsgate bench ARGS --json` to completion; one JSON object per line it printed.
-async fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
+pub(crate) async fn bench_json(args: &[&str]) -> Vec<serde_json::Value> {
     let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
     let out = tokio::task::spawn_blocking(move || {
         tpsgate()

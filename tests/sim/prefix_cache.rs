@@ -117,3 +117,43 @@ async fn anthropic_usage_reports_cache_reads_apart_from_input_tokens() {
     assert_eq!(usage["cache_read_input_tokens"], 2000);
     assert_eq!(usage["input_tokens"], 1, "the 2,001-token prompt less what was read");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_sends_conversations_that_re_send_their_history_and_reports_the_cached_share() {
+    let (_fleet, addr) = cached_backend(1_000_000).await;
+    let url = support::base(addr);
+    let args = [
+        "--url",
+        url.as_str(),
+        "--model",
+        "m",
+        "--rate",
+        "4",
+        "--duration",
+        "1",
+        "--seed",
+        "7",
+        "--max-tokens",
+        "4",
+        "--shared-prefix",
+        "groups=2,system=400,question=20",
+        "--conversation",
+        "turns=3,think_s=0.05",
+    ];
+    let level = crate::binary::bench_json(&args).await.remove(0);
+    let requests = level["requests"].as_u64().unwrap();
+    assert!(requests >= 3 && requests % 3 == 0, "three turns a conversation: {level}");
+    assert_eq!(level["errors"], 0, "{level}");
+    // Two system prompts shared by every conversation, and each turn's history: most of
+    // the prompt tokens come from the cache.
+    let cached = level["cached_share"].as_f64().unwrap();
+    assert!(cached > 0.5, "{level}");
+    assert!(level["mix"].as_str().unwrap().contains("conversations turns=3"), "{level}");
+    // The last turns re-sent the history: the simulator saw prompts grow within a conversation.
+    let sizes: Vec<u64> = support::seen(addr)
+        .await
+        .iter()
+        .filter_map(|r| r["prompt_tokens"].as_u64())
+        .collect();
+    assert!(sizes.iter().any(|&p| p > 420 + 20), "{sizes:?}");
+}
