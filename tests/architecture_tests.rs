@@ -74,6 +74,21 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         "the SSE parser is pure",
     ),
     (
+        "prefix",
+        &[
+            "config",
+            "proxy",
+            "router",
+            "fleet",
+            "upstream",
+            "curve",
+            "telemetry",
+            "sim",
+            "live",
+        ],
+        "prefix hashing and its LRU are pure, shared by the simulator's truth and the index",
+    ),
+    (
         "telemetry",
         &["proxy", "router", "fleet", "upstream", "live", "admin"],
         "metric names and handles sit below everything that records them",

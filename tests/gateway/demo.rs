@@ -165,6 +165,19 @@ async fn dashboard_renders_in_a_browser(admin: SocketAddr, backends: &[String]) 
         assert_eq!(card.matches("<svg").count(), 2, "{backend}: both charts");
         assert!(card.contains("<circle"), "{backend}: measured points drawn");
     }
+    // The prefix caches' card: every backend's index in its table, the hit-rate chart drawn.
+    let prefix = dom
+        .split("id=\"prefix\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap();
+    assert!(prefix.contains("<svg"), "the hit-rate chart:\n{prefix}");
+    for backend in backends {
+        assert!(
+            prefix.contains(&format!("<td>{backend}</td>")),
+            "{backend} in the prefix table:\n{prefix}"
+        );
+    }
     let shot = run(vec![format!("--screenshot={}", screenshot.display())])
         .await
         .unwrap();
