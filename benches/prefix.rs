@@ -75,6 +75,19 @@ fn prefix(c: &mut Criterion) {
         });
     }
     lookup.finish();
+    // What the chosen backend pays: its index touches every block of the prompt, last first.
+    let mut routed = c.benchmark_group("prefix_routed");
+    for (kb, prompt) in &lookup_cases {
+        let index = PrefixIndex::new(PrefixIndexSize {
+            blocks: 1 << 16,
+            block_tokens: 64,
+            ttl: Duration::from_secs(600),
+        });
+        routed.bench_with_input(BenchmarkId::from_parameter(format!("{kb}KB")), kb, |b, _| {
+            b.iter(|| index.routed(prompt, Hit::default(), 0, tokio::time::Instant::now()));
+        });
+    }
+    routed.finish();
 }
 
 criterion_group!(benches, prefix);

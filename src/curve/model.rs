@@ -255,21 +255,41 @@ const MIN_PROMPT_SPREAD_SHARE: f64 = 0.1;
 ///
 /// Every parameter stays physically possible: no negative base, no negative slope, no
 /// negative or infinite rate. The prefill rate is fitted only where prompt sizes really spread
-/// (`with_prompt`: every sample knew its size); otherwise, or where that fit is impossible, the
-/// occupancy-only line; where that has a negative base, a line through the origin; where it
-/// falls with occupancy, the mean.
+/// (`with_prompt`: every sample knew its size). Where the full fit puts one of the other two
+/// out of bounds, that one is pinned at 0 and the rest fitted again (a base of a few
+/// milliseconds, the decode step, comes out slightly negative in noise; a prefix cache's hits
+/// and misses spread the prompt sizes widely): a line through the origin in occupancy and
+/// prompt, or a base plus prefill. Failing those, the occupancy-only line; where that has a
+/// negative base, a line through the origin; where it falls with occupancy, the mean.
 fn fit_ttft(xx: &[[f64; 3]; 3], xy: &[f64; 3], with_prompt: bool) -> (f64, f64, Option<f64>) {
     let n = xx[0][0];
     if n <= 0.0 {
         return (0.0, 0.0, None);
     }
     let mean_ttft = (xy[0] / n).max(0.0);
-    let three = (with_prompt && prompts_spread(xx))
-        .then(|| fit::solve(*xx, *xy))
-        .flatten()
-        .filter(|[t0, t1, k]| *t0 >= 0.0 && *t1 >= 0.0 && *k > 0.0 && (1.0 / k).is_finite());
-    if let Some([t0, t1, k]) = three {
-        return (t0, t1, Some(1.0 / k));
+    let rate_ok = |k: f64| k > 0.0 && (1.0 / k).is_finite();
+    if with_prompt && prompts_spread(xx) {
+        if let Some([t0, t1, k]) = fit::solve(*xx, *xy)
+            && t0 >= 0.0
+            && t1 >= 0.0
+            && rate_ok(k)
+        {
+            return (t0, t1, Some(1.0 / k));
+        }
+        // Pinned base: the (occupancy, prompt) columns alone.
+        if let Some([t1, k]) = fit::solve([[xx[1][1], xx[1][2]], [xx[2][1], xx[2][2]]], [xy[1], xy[2]])
+            && t1 >= 0.0
+            && rate_ok(k)
+        {
+            return (0.0, t1, Some(1.0 / k));
+        }
+        // Pinned slope: the (1, prompt) columns alone.
+        if let Some([t0, k]) = fit::solve([[xx[0][0], xx[0][2]], [xx[2][0], xx[2][2]]], [xy[0], xy[2]])
+            && t0 >= 0.0
+            && rate_ok(k)
+        {
+            return (t0, 0.0, Some(1.0 / k));
+        }
     }
     match fit::solve([[xx[0][0], xx[0][1]], [xx[1][0], xx[1][1]]], [xy[0], xy[1]]) {
         Some([t0, t1]) if t1 >= 0.0 && t0 >= 0.0 => (t0, t1, None),
@@ -316,4 +336,44 @@ fn floors(
         *out = floor;
     }
     floors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The normal equations of TTFT samples `(occupancy, prompt, ttft)`.
+    fn sums(samples: &[(f64, f64, f64)]) -> ([[f64; 3]; 3], [f64; 3]) {
+        let mut xx = [[0.0; 3]; 3];
+        let mut xy = [0.0; 3];
+        for &(c, p, ttft) in samples {
+            let x = [1.0, c, p];
+            for i in 0..3 {
+                xy[i] += x[i] * ttft;
+                for j in 0..3 {
+                    xx[i][j] += x[i] * x[j];
+                }
+            }
+        }
+        (xx, xy)
+    }
+
+    #[test]
+    fn a_base_that_fits_below_zero_is_pinned_and_the_prefill_rate_kept() {
+        // Prefix-cache hits (150 uncached tokens) and misses (2,300) at 8,000 tokens/s, with
+        // a base a little under zero, as noise about a base of a few milliseconds makes it.
+        let samples: Vec<(f64, f64, f64)> = (0..40)
+            .map(|i| {
+                let c = f64::from(i % 6 + 1);
+                let p = if i % 3 == 0 { 2300.0 } else { 150.0 };
+                (c, p, -0.004 + 0.003 * c + p / 8000.0)
+            })
+            .collect();
+        let (xx, xy) = sums(&samples);
+        let (t0, t1, rate) = fit_ttft(&xx, &xy, true);
+        assert_eq!(t0, 0.0);
+        assert!(t1 > 0.0);
+        let rate = rate.unwrap();
+        assert!((rate - 8000.0).abs() < 800.0, "rate {rate}");
+    }
 }

@@ -35,6 +35,8 @@ pub struct PrefixIndex {
     state: Mutex<State>,
     /// Uncached prompt tokens of requests sent here that have no first token yet.
     prefill_waiting: AtomicU64,
+    /// The backend has reported cached tokens in a usage.
+    reports: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -94,7 +96,13 @@ impl PrefixIndex {
                 reported: Share::default(),
             }),
             prefill_waiting: AtomicU64::new(0),
+            reports: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// The backend has reported cached tokens in a usage (so it will again).
+    pub fn has_reports(&self) -> bool {
+        self.reports.load(Ordering::Relaxed)
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
@@ -142,10 +150,11 @@ impl PrefixIndex {
     /// the index expected `expected`. Reports move the reported hit rate and calibrate the
     /// index's capacity.
     pub fn reported(&self, expected: u64, reported: u64, prompt_tokens: u64) {
+        self.reports.store(true, Ordering::Relaxed);
         self.with(|s| {
             s.reported.add(reported.min(prompt_tokens), prompt_tokens);
-            let capacity = s.held.capacity();
-            if let Some(blocks) = s.calibration.observe(expected, reported, capacity) {
+            let (capacity, held) = (s.held.capacity(), s.held.len());
+            if let Some(blocks) = s.calibration.observe(expected, reported, capacity, held) {
                 tracing::debug!(from = capacity, to = blocks, "prefix index recalibrated");
                 s.held.resize(blocks);
             }
@@ -230,11 +239,16 @@ mod tests {
     #[test]
     fn reports_short_of_the_estimate_shrink_the_index() {
         let idx = index(1000);
+        let now = Instant::now();
+        for fill in 0..10 {
+            idx.routed(&prompt(fill, 8000, None), Hit::default(), 2000, now);
+        }
+        assert_eq!(idx.view().blocks, 310);
         for _ in 0..CALIBRATION_WINDOW {
             idx.reported(2000, 1000, 2100);
         }
         let view = idx.view();
-        assert_eq!(view.capacity_blocks, 500);
+        assert_eq!((view.capacity_blocks, view.blocks), (155, 155));
         assert!(view.reported_hit_rate.unwrap() > 0.0);
     }
 

@@ -210,6 +210,9 @@ impl RequestPrefix {
 /// Keeps hint hashes apart from block hashes.
 const HINT_DOMAIN: u64 = 0x6869_6e74_6b65_7921;
 
+/// Calibration never shrinks an index below this many blocks (or its configured size).
+pub const MIN_CALIBRATED_BLOCKS: usize = 16;
+
 /// Reports read before a calibration step.
 pub const CALIBRATION_WINDOW: u32 = 16;
 
@@ -218,10 +221,11 @@ pub const CALIBRATION_WINDOW: u32 = 16;
 /// The index is learned from what was routed, so it holds what the backend was sent, not what
 /// the backend kept: a backend whose cache is smaller than the index believes reports fewer
 /// cached tokens than the index expected. Every [`CALIBRATION_WINDOW`] reports that expected
-/// or reported a hit, the reported share of the expected decides: below 80%, the capacity
-/// shrinks by that share (at most halved); from 95% on, with reports of hits the index had not
-/// expected (it forgot what the backend kept), it grows by a quarter, never past what was
-/// configured. A multiplicative step each way, as TCP's window moves: quick to fall, careful
+/// or reported a hit, the reported share of the expected decides: below 80%, the index is
+/// shrunk to that share (at most halved) of what it holds now — not of its capacity, which a
+/// young index is far from filling, so that shrinking it evicts at once; from 95% on, with
+/// reports of hits the index had not expected (it forgot what the backend kept), it grows by a
+/// quarter, never past what was configured. A multiplicative step each way, as TCP's window moves: quick to fall, careful
 /// to rise.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
@@ -243,8 +247,14 @@ impl Calibration {
     }
 
     /// One request's expected and reported cached tokens; `Some(blocks)` when the capacity
-    /// (now `capacity` blocks) should change.
-    pub fn observe(&mut self, expected: u64, reported: u64, capacity: usize) -> Option<usize> {
+    /// (now `capacity` blocks, of which `held` are in use) should change.
+    pub fn observe(
+        &mut self,
+        expected: u64,
+        reported: u64,
+        capacity: usize,
+        held: usize,
+    ) -> Option<usize> {
         if expected == 0 && reported == 0 {
             return None;
         }
@@ -263,8 +273,8 @@ impl Calibration {
         }
         let share = reported / expected;
         if share < 0.8 {
-            let smaller = (capacity as f64 * share.max(0.5)) as usize;
-            Some(smaller.max(1))
+            let smaller = (capacity.min(held) as f64 * share.max(0.5)) as usize;
+            Some(smaller.max(MIN_CALIBRATED_BLOCKS.min(self.configured)))
         } else if share >= 0.95 && capacity < self.configured && reported > expected {
             Some((capacity + capacity / 4 + 1).min(self.configured))
         } else {

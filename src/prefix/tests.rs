@@ -114,20 +114,32 @@ fn a_backend_that_reports_fewer_hits_than_expected_shrinks_its_index() {
     let mut c = Calibration::new(1000);
     let mut capacity = 1000;
     for _ in 0..CALIBRATION_WINDOW - 1 {
-        assert_eq!(c.observe(2000, 600, capacity), None, "a window first");
+        assert_eq!(c.observe(2000, 600, capacity, 1000), None, "a window first");
     }
-    capacity = c.observe(2000, 600, capacity).unwrap();
+    capacity = c.observe(2000, 600, capacity, 1000).unwrap();
     assert_eq!(capacity, 500, "a share of 30% halves it at most");
     for _ in 0..CALIBRATION_WINDOW {
-        if let Some(n) = c.observe(1000, 700, capacity) {
+        if let Some(n) = c.observe(1000, 700, capacity, 500) {
             capacity = n;
         }
     }
     assert_eq!(capacity, 350);
     // Reports that match what the index expects leave it alone.
     for _ in 0..3 * CALIBRATION_WINDOW {
-        assert_eq!(c.observe(1000, 1000, capacity), None);
+        assert_eq!(c.observe(1000, 1000, capacity, 350), None);
     }
+}
+
+#[test]
+fn a_young_index_far_from_full_shrinks_below_what_it_holds() {
+    // Configured for a million blocks, holding 600: a share of 60% must evict, not merely
+    // lower a capacity nothing reaches.
+    let mut c = Calibration::new(1 << 20);
+    let mut got = None;
+    for _ in 0..CALIBRATION_WINDOW {
+        got = c.observe(1000, 600, 1 << 20, 600).or(got);
+    }
+    assert_eq!(got, Some(360));
 }
 
 #[test]
@@ -135,13 +147,13 @@ fn hits_the_index_forgot_grow_it_back_but_never_past_its_configured_size() {
     let mut c = Calibration::new(100);
     let mut capacity = 40;
     for _ in 0..10 * CALIBRATION_WINDOW {
-        if let Some(n) = c.observe(0, 500, capacity) {
+        if let Some(n) = c.observe(0, 500, capacity, capacity) {
             capacity = n;
         }
     }
     assert_eq!(capacity, 100);
     // Requests that neither expected nor got a hit say nothing.
     for _ in 0..CALIBRATION_WINDOW {
-        assert_eq!(c.observe(0, 0, 60), None);
+        assert_eq!(c.observe(0, 0, 60, 60), None);
     }
 }

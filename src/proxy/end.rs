@@ -42,6 +42,10 @@ pub struct RequestEnd {
     slot: Option<InFlightGuard>,
     /// Occupancy integral at the first content event.
     first_reading: Option<Reading>,
+    /// A first token whose prompt the prefix index expected partly cached, on a backend that
+    /// reports its cached tokens at the end of a stream: learned at the end, with the count
+    /// the backend reported.
+    deferred_start: Option<FirstToken>,
     /// Bytes forwarded to the client.
     bytes: u64,
     /// How the response ended, as far as known; `Cancelled` until it ends otherwise.
@@ -84,6 +88,7 @@ impl RequestEnd {
             prompt_estimate: request.prompt_estimate,
             slot: None,
             first_reading: None,
+            deferred_start: None,
             bytes: 0,
             outcome: Outcome::Cancelled,
             written: false,
@@ -115,6 +120,12 @@ impl RequestEnd {
     /// `cached_tokens`: the counts the stream reported, if it did by now (Anthropic's
     /// `message_start`). The sample's prompt is what the backend had to prefill: the prompt
     /// less its cached tokens, as reported, else as the prefix index expected.
+    ///
+    /// Except where the index expected a hit on a backend that reports its hits only at the end
+    /// (OpenAI's usage chunk): an estimate that is wrong there (the engine evicted what the index
+    /// still holds) teaches the fit a cold prefill at a cached prompt's size, so that sample waits
+    /// for the reported count. The queue such a request saw still shows at once, in the
+    /// occupancy's count of requests waiting for a first token.
     pub fn first_token(
         &mut self,
         now: Instant,
@@ -126,21 +137,27 @@ impl RequestEnd {
         };
         self.first_reading = Some(slot.first_token(now));
         let prompt = prompt_tokens.unwrap_or(self.prompt_estimate);
-        let uncached = prompt - cached_tokens.unwrap_or(slot.expected_cached()).min(prompt);
+        let expected = slot.expected_cached();
+        let uncached = prompt - cached_tokens.unwrap_or(expected).min(prompt);
         let backend = slot.backend();
         if let Some(model) = &self.model
             && (200..300).contains(&self.status)
         {
-            backend.first_token(
-                model,
-                &FirstToken {
-                    at: now,
-                    ttft: (now - self.sent).as_secs_f64(),
-                    prompt_tokens: Some(uncached),
-                    admitted_with: f64::from(slot.admitted_with().max(1)),
-                    queued_with: slot.queued_with(),
-                },
-            );
+            let start = FirstToken {
+                at: now,
+                ttft: (now - self.sent).as_secs_f64(),
+                prompt_tokens: Some(uncached),
+                admitted_with: f64::from(slot.admitted_with().max(1)),
+                queued_with: slot.queued_with(),
+            };
+            let reports_later = cached_tokens.is_none()
+                && expected > 0
+                && backend.prefix.as_ref().is_some_and(|i| i.has_reports());
+            if reports_later {
+                self.deferred_start = Some(start);
+            } else {
+                backend.first_token(model, &start);
+            }
         }
     }
 
@@ -163,6 +180,17 @@ impl RequestEnd {
         match (&self.slot, &self.model) {
             (Some(slot), Some(model)) => {
                 let backend = slot.backend();
+                if let Some(mut start) = self.deferred_start.take() {
+                    let timing = meter.map(|m| &m.timing);
+                    let prompt = timing
+                        .and_then(|t| t.prompt_tokens)
+                        .unwrap_or(self.prompt_estimate);
+                    let cached = timing
+                        .and_then(|t| t.cached_tokens)
+                        .unwrap_or(slot.expected_cached());
+                    start.prompt_tokens = Some(prompt - cached.min(prompt));
+                    backend.first_token(model, &start);
+                }
                 let timed = match meter {
                     Some(meter) if success => {
                         let end = backend.occupancy.read(now);

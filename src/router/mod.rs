@@ -478,6 +478,8 @@ impl Router {
             predicted_tps = c.prediction.map(|p| p.per_user_tps_p50),
             predicted_ttft_ms = c.prediction.map(|p| p.ttft_p50_s * 1e3),
             slack = c.slack,
+            beyond_evidence = c.prediction.map(|p| p.beyond_evidence),
+            keeps_others = c.keeps_others,
             cached_tokens = c.cached_tokens,
             "routed"
         );
