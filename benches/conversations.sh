@@ -27,7 +27,12 @@ cargo build --release --quiet
 bin=target/release/tpsgate
 out=target/conversations
 mkdir -p "$out"
-rm -f "$out/results.jsonl"
+# Given arms re-measure just those: their old rows go, the others stay.
+if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
+  for arm in $arms; do sed -i "/\"arm\":\"$arm\"/d" "$out/results.jsonl"; done
+else
+  rm -f "$out/results.jsonl"
+fi
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 trap stop EXIT

@@ -51,6 +51,14 @@ impl Candidate<'_> {
             .is_some_and(|p| !p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
     }
 
+    /// Predicted to meet the SLO and keep every class there, but beyond the concurrency its
+    /// curve has seen: what exploration would try (see
+    /// [`choose::exploration_target`](super::choose::exploration_target)).
+    pub(super) fn may_stretch(&self) -> bool {
+        self.prediction
+            .is_some_and(|p| p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
+    }
+
     /// Never observed, and would take its first request alone.
     pub(super) fn cold_start(&self) -> bool {
         self.prediction.is_none() && self.joining == 1

@@ -30,15 +30,20 @@ pub fn is_baseline(policy: Policy) -> bool {
 /// else by policy: `headroom` the most slack, `pack` the least, `cheapest` the lowest price
 /// then the most slack. `oracle` decides as `headroom` does. With no holder among the
 /// feasible, `headroom` spreads new prefixes; a holder that cannot meet the SLO is passed
-/// over, and the backend chosen instead holds the prefix from then on.
+/// over, and the backend chosen instead holds the prefix from then on. A holder beyond the
+/// concurrency its curve has seen still counts where its prediction meets the SLO and keeps
+/// every class there ([`Candidate::may_stretch`]): it is what exploration would try, and going
+/// elsewhere costs a cold prefill.
 pub fn among_feasible(
     policy: Policy,
     candidates: &[Candidate<'_>],
     ask: &Ask<'_>,
 ) -> Option<usize> {
     let feasible = || candidates.iter().enumerate().filter(|(_, c)| c.feasible());
-    let holder = feasible()
-        .filter(|(_, c)| c.holds_prefix)
+    let holder = candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.holds_prefix && (c.feasible() || c.may_stretch()))
         .max_by(|(_, a), (_, b)| {
             a.cached_tokens
                 .cmp(&b.cached_tokens)
@@ -101,17 +106,30 @@ pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// `on_miss: best_effort`: the least predicted violation (for a batch request, the most added
-/// throughput); without any prediction, the fewest in flight.
+/// `on_miss: best_effort`: for a latency request whose prompt some backend holds, that backend
+/// (the longest prefix, then the least violation): a request that misses its SLO anyway costs
+/// the fleet least where its prefill is cached, while a cold prefill elsewhere stalls every
+/// stream decoding there and evicts what that backend held. Otherwise the least predicted
+/// violation (for a batch request, the most added throughput); without any prediction, the
+/// fewest in flight.
 pub fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
-    let predicted = candidates
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.prediction.is_some());
+    let predicted = || {
+        candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.prediction.is_some())
+    };
     let pick = if slo.is_batch() {
-        predicted.max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
+        predicted().max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
     } else {
-        predicted.max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack))
+        predicted()
+            .filter(|(_, c)| c.holds_prefix)
+            .max_by(|(_, a), (_, b)| {
+                a.cached_tokens
+                    .cmp(&b.cached_tokens)
+                    .then(a.slack.total_cmp(&b.slack))
+            })
+            .or_else(|| predicted().max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)))
     };
     pick.or_else(|| candidates.iter().enumerate().min_by_key(|(_, c)| c.joining))
         .map(|(i, _)| i)

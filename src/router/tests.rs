@@ -313,3 +313,80 @@ fn a_retry_avoids_every_backend_that_failed_it_however_many_there_are() {
     }
     assert_eq!(router.serving_count("m", BackendDialect::Openai), 70);
 }
+
+/// A prompt of 40 blocks (2,560 tokens) held by backend `i`'s prefix index.
+fn held_by(router: &Router, i: usize) -> RequestPrefix {
+    let prefix = RequestPrefix {
+        hashes: (1..=40).collect(),
+        hint: None,
+    };
+    let index = router.backends[i].prefix.as_ref().unwrap();
+    index.routed(&prefix, Hit::default(), 0, Instant::now());
+    prefix
+}
+
+#[test]
+fn the_feasible_backend_holding_the_prompt_wins_over_more_headroom_elsewhere() {
+    let router = router_over(&["a", "b"]);
+    teach(&router, 0, 0.5);
+    teach(&router, 1, 0.5);
+    let prefix = held_by(&router, 0);
+    // a is busier: headroom alone prefers b.
+    let _busy = occupy(&router, 0, 1, 3);
+    let blind = Ask {
+        prompt_tokens: 4000,
+        ..ask(&router, 1)
+    };
+    assert_eq!(router.route(&blind).unwrap().unwrap().index, 1);
+    let with_prefix = Ask {
+        prefix: Some(&prefix),
+        ..blind
+    };
+    let decision = router.route(&with_prefix).unwrap().unwrap();
+    assert_eq!(decision.index, 0, "the holder, while it meets the SLO");
+    assert_eq!(decision.reason, Reason::Feasible);
+}
+
+#[test]
+fn a_holder_that_cannot_meet_the_slo_is_passed_over_and_the_other_holds_the_prompt_then() {
+    let router = router_over(&["a", "b"]);
+    teach(&router, 0, 3.0);
+    teach(&router, 1, 3.0);
+    let prefix = held_by(&router, 0);
+    // 41 tok/s needs TPOT <= 24.4 ms: at most 4 requests on either.
+    let _full = occupy(&router, 0, 0, 4);
+    let ask = Ask {
+        prompt_tokens: 4000,
+        prefix: Some(&prefix),
+        ..ask(&router, 0)
+    };
+    let decision = router.route(&ask).unwrap().unwrap();
+    assert_eq!(decision.index, 1);
+    let b = router.backends[1].prefix.as_ref().unwrap();
+    assert_eq!(b.expected(&prefix, Instant::now()).cached_tokens, 40 * 64);
+}
+
+#[test]
+fn with_no_backend_meeting_the_slo_best_effort_sends_the_prompt_where_it_is_cached() {
+    let router = router_over(&["a", "b"]);
+    teach(&router, 0, 3.0);
+    teach(&router, 1, 3.0);
+    let prefix = held_by(&router, 0);
+    // Both past 4 requests; a further past it than b (more violation there).
+    let _a = occupy(&router, 0, 0, 6);
+    let _b = occupy(&router, 1, 0, 5);
+    let ask = Ask {
+        prompt_tokens: 4000,
+        prefix: Some(&prefix),
+        ..ask(&router, 0)
+    };
+    let candidates = router.candidates(&ask, Policy::Headroom);
+    assert!(candidates.iter().all(|c| !c.feasible()));
+    assert_eq!(choose::best_effort(&ask.slo, &candidates), Some(0));
+    let blind = Ask {
+        prefix: None,
+        ..ask
+    };
+    let candidates = router.candidates(&blind, Policy::Headroom);
+    assert_eq!(choose::best_effort(&blind.slo, &candidates), Some(1));
+}
