@@ -55,9 +55,13 @@ fn prefix(c: &mut Criterion) {
         let classified = peek(Endpoint::Chat, &body).expect("a valid request");
         let req = http::Request::new(body.clone());
         hash.throughput(Throughput::Bytes(body.len() as u64));
-        hash.bench_with_input(BenchmarkId::from_parameter(format!("{kb}KB")), &kb, |b, _| {
-            b.iter(|| black_box(prefix_of(&req, &classified, "m", routing)));
-        });
+        hash.bench_with_input(
+            BenchmarkId::from_parameter(format!("{kb}KB")),
+            &kb,
+            |b, _| {
+                b.iter(|| black_box(prefix_of(&req, &classified, "m", routing)));
+            },
+        );
         lookup_cases.push((kb, prefix_of(&req, &classified, "m", routing)));
     }
     hash.finish();
@@ -70,9 +74,13 @@ fn prefix(c: &mut Criterion) {
         });
         let now = tokio::time::Instant::now();
         index.routed(prompt, Hit::default(), 0, now);
-        lookup.bench_with_input(BenchmarkId::from_parameter(format!("{kb}KB")), kb, |b, _| {
-            b.iter(|| black_box(index.expected(prompt, tokio::time::Instant::now())));
-        });
+        lookup.bench_with_input(
+            BenchmarkId::from_parameter(format!("{kb}KB")),
+            kb,
+            |b, _| {
+                b.iter(|| black_box(index.expected(prompt, tokio::time::Instant::now())));
+            },
+        );
     }
     lookup.finish();
     // What the chosen backend pays: its index touches every block of the prompt, last first.
@@ -83,9 +91,13 @@ fn prefix(c: &mut Criterion) {
             block_tokens: 64,
             ttl: Duration::from_secs(600),
         });
-        routed.bench_with_input(BenchmarkId::from_parameter(format!("{kb}KB")), kb, |b, _| {
-            b.iter(|| index.routed(prompt, Hit::default(), 0, tokio::time::Instant::now()));
-        });
+        routed.bench_with_input(
+            BenchmarkId::from_parameter(format!("{kb}KB")),
+            kb,
+            |b, _| {
+                b.iter(|| index.routed(prompt, Hit::default(), 0, tokio::time::Instant::now()));
+            },
+        );
     }
     routed.finish();
 }

@@ -52,7 +52,7 @@ pub enum Command {
     /// Serve simulated LLM backends (OpenAI and Anthropic APIs) with a known curve.
     Sim(SimArgs),
     /// Measure TTFT, per-user TPS and goodput of a server, closed or open loop.
-    Bench(BenchArgs),
+    Bench(Box<BenchArgs>),
     /// Run simulated backends, the gateway in front of them and traffic; watch the dashboard.
     Demo(crate::demo::DemoArgs),
     /// Take a running gateway's curves away: the dashboard's picture as SVG, the numbers as CSV.
@@ -283,7 +283,7 @@ pub fn run(cli: Cli) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Sim(args) => block_on(threads, sim(args)),
-        Command::Bench(args) => block_on(threads, run_bench(args)),
+        Command::Bench(args) => block_on(threads, run_bench(*args)),
         Command::Curves(args) => block_on(threads, curves(args)),
     };
     crate::logging::flush();

@@ -154,7 +154,8 @@ impl RequestSpec {
             Prompt::Words(n) => return *n,
             Prompt::Text(text) => text.len(),
             Prompt::Chat { system, turns } => {
-                system.as_ref().map_or(0, |s| s.len()) + turns.iter().map(|t| t.len()).sum::<usize>()
+                system.as_ref().map_or(0, |s| s.len())
+                    + turns.iter().map(|t| t.len()).sum::<usize>()
             }
         };
         u32::try_from(bytes.div_ceil(4)).unwrap_or(u32::MAX)

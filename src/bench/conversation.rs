@@ -73,8 +73,12 @@ impl FromStr for SharedPrefix {
             let v = fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
             match v {
                 Some(v) if v >= min && v.fract() == 0.0 && v <= 1e6 => Ok(v as u32),
-                Some(v) => Err(format!("--shared-prefix: {name}={v}: give a whole number of at least {min}")),
-                None => Err(format!("--shared-prefix: `{name}=` is missing; write groups=G,system=S,question=Q[,hot=H]")),
+                Some(v) => Err(format!(
+                    "--shared-prefix: {name}={v}: give a whole number of at least {min}"
+                )),
+                None => Err(format!(
+                    "--shared-prefix: `{name}=` is missing; write groups=G,system=S,question=Q[,hot=H]"
+                )),
             }
         };
         let hot = match fields.iter().find(|(k, _)| k == "hot") {
@@ -86,8 +90,11 @@ impl FromStr for SharedPrefix {
             }
             None => None,
         };
-        let (groups, system_tokens, question_tokens) =
-            (count("groups", 1.0)?, count("system", 1.0)?, count("question", 0.0)?);
+        let (groups, system_tokens, question_tokens) = (
+            count("groups", 1.0)?,
+            count("system", 1.0)?,
+            count("question", 0.0)?,
+        );
         // The same system prompts for every run with these numbers.
         let mut rng = rand::SeedableRng::seed_from_u64(0x7379_7374_656d);
         let systems = (0..groups)
@@ -144,7 +151,11 @@ impl FromStr for Conversation {
         };
         let think = match get("think_s").unwrap_or(0.0) {
             s if (0.0..=3600.0).contains(&s) => Duration::from_secs_f64(s),
-            s => return Err(format!("--conversation: think_s={s}: give 0 to 3600 seconds")),
+            s => {
+                return Err(format!(
+                    "--conversation: think_s={s}: give 0 to 3600 seconds"
+                ));
+            }
         };
         Ok(Self { turns, think })
     }
@@ -190,11 +201,17 @@ mod tests {
 
     #[test]
     fn shared_prefixes_parse_and_draw_their_groups_with_the_hot_share() {
-        let shared: SharedPrefix = "groups=16,system=2000,question=100,hot=0.5".parse().unwrap();
+        let shared: SharedPrefix = "groups=16,system=2000,question=100,hot=0.5"
+            .parse()
+            .unwrap();
         assert_eq!(shared.system(3).len(), 8000);
         assert_ne!(shared.system(3)[..8], shared.system(4)[..8]);
         let again: SharedPrefix = "groups=16,system=2000,question=100".parse().unwrap();
-        assert_eq!(shared.system(5), again.system(5), "the same prompts every run");
+        assert_eq!(
+            shared.system(5),
+            again.system(5),
+            "the same prompts every run"
+        );
         let mut rng = SmallRng::seed_from_u64(1);
         let zeros = (0..4000).filter(|_| shared.group(&mut rng) == 0).count();
         assert!((1800..2200).contains(&zeros), "{zeros}");
@@ -204,7 +221,9 @@ mod tests {
     fn bad_shapes_say_how_to_write_them() {
         let err = "groups=4,system=10".parse::<SharedPrefix>().unwrap_err();
         assert!(err.contains("`question=` is missing"), "{err}");
-        let err = "groups=4,sys=10,question=1".parse::<SharedPrefix>().unwrap_err();
+        let err = "groups=4,sys=10,question=1"
+            .parse::<SharedPrefix>()
+            .unwrap_err();
         assert!(err.contains("unknown key `sys`"), "{err}");
         let err = "turns=0".parse::<Conversation>().unwrap_err();
         assert!(err.contains("give 1 to 1000"), "{err}");

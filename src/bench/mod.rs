@@ -217,7 +217,10 @@ pub async fn open_loop(
                 progress.inc(1);
                 return vec![(arm, sample)];
             };
-            let question = mix.shared.as_ref().map_or(mix.prompt.typical(), |s| s.question_tokens);
+            let question = mix
+                .shared
+                .as_ref()
+                .map_or(mix.prompt.typical(), |s| s.question_tokens);
             let mut turns = Vec::with_capacity(conversation.turns as usize);
             let mut spec = spec;
             for turn in 0..conversation.turns {

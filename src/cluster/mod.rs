@@ -249,7 +249,7 @@ pub fn start(
         seq: 0,
         cursor: None,
         pending: Vec::new(),
-            routed: Vec::new(),
+        routed: Vec::new(),
         dropped: 0,
         health_out: HashMap::new(),
         health_seen: HashMap::new(),

@@ -204,10 +204,7 @@ impl Model {
         };
         let (floor_p50, floor_p90) = self.floors[j];
         let own = prefill_of(prompt_tokens as f64);
-        let (ttft_p50, ttft_p90) = (
-            ttft_p50.max(floor_p50 + own),
-            ttft_p90.max(floor_p90 + own),
-        );
+        let (ttft_p50, ttft_p90) = (ttft_p50.max(floor_p50 + own), ttft_p90.max(floor_p90 + own));
         Prediction {
             per_user_tps_p50: tps_p50,
             per_user_tps_p10: tps_p10,
@@ -277,14 +274,16 @@ fn fit_ttft(xx: &[[f64; 3]; 3], xy: &[f64; 3], with_prompt: bool) -> (f64, f64, 
             return (t0, t1, Some(1.0 / k));
         }
         // Pinned base: the (occupancy, prompt) columns alone.
-        if let Some([t1, k]) = fit::solve([[xx[1][1], xx[1][2]], [xx[2][1], xx[2][2]]], [xy[1], xy[2]])
+        if let Some([t1, k]) =
+            fit::solve([[xx[1][1], xx[1][2]], [xx[2][1], xx[2][2]]], [xy[1], xy[2]])
             && t1 >= 0.0
             && rate_ok(k)
         {
             return (0.0, t1, Some(1.0 / k));
         }
         // Pinned slope: the (1, prompt) columns alone.
-        if let Some([t0, k]) = fit::solve([[xx[0][0], xx[0][2]], [xx[2][0], xx[2][2]]], [xy[0], xy[2]])
+        if let Some([t0, k]) =
+            fit::solve([[xx[0][0], xx[0][2]], [xx[2][0], xx[2][2]]], [xy[0], xy[2]])
             && t0 >= 0.0
             && rate_ok(k)
         {

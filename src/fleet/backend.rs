@@ -11,10 +11,10 @@ use tokio::time::Instant;
 use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
 use super::prefix::PrefixIndex;
-use crate::prefix::RequestPrefix;
 use super::waiters::Line;
 use crate::config::BackendConfig;
 use crate::curve::{Admitted, Curve, FirstToken, Model, Observation, Occupancy, Outcome};
+use crate::prefix::RequestPrefix;
 use crate::telemetry::ModelMetrics;
 use crate::upstream::Pool;
 

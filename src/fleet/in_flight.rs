@@ -62,7 +62,8 @@ impl InFlightGuard {
     }
 
     fn prefill_done(&mut self) {
-        if let (Some(index), tokens @ 1..) = (&self.backend.prefix, std::mem::take(&mut self.prefill))
+        if let (Some(index), tokens @ 1..) =
+            (&self.backend.prefix, std::mem::take(&mut self.prefill))
         {
             index.prefill_done(tokens);
         }

@@ -118,9 +118,7 @@ impl PrefixIndex {
         self.with(|s| Hit {
             cached_tokens: s.held.longest(&prefix.hashes, now) as u64
                 * u64::from(self.size.block_tokens),
-            hint: prefix
-                .hint
-                .is_some_and(|h| s.held.longest(&[h], now) == 1),
+            hint: prefix.hint.is_some_and(|h| s.held.longest(&[h], now) == 1),
         })
     }
 
@@ -132,7 +130,8 @@ impl PrefixIndex {
             if let Some(h) = prefix.hint {
                 s.held.insert(std::iter::once(h), now);
             }
-            s.estimated.add(hit.cached_tokens.min(prompt_tokens), prompt_tokens);
+            s.estimated
+                .add(hit.cached_tokens.min(prompt_tokens), prompt_tokens);
         });
     }
 

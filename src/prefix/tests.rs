@@ -19,7 +19,11 @@ fn a_prompt_that_extends_another_shares_its_whole_blocks_and_nothing_after_they_
     let other = chain(b"system prompt.. other question", 4);
     assert_eq!(other[..4], first[..4]);
     assert_ne!(other[4], first[4]);
-    assert_ne!(other[5..], first[5..7], "after a difference every later hash differs");
+    assert_ne!(
+        other[5..],
+        first[5..7],
+        "after a difference every later hash differs"
+    );
 }
 
 #[test]
@@ -92,7 +96,11 @@ async fn a_block_not_touched_within_its_time_to_live_is_not_held() {
     held.insert(a.iter().copied(), start);
     held.insert(a[..3].iter().copied(), start + Duration::from_secs(50));
     let later = start + Duration::from_secs(70);
-    assert_eq!(held.longest(&a, later), 3, "the prefix touched again is still held");
+    assert_eq!(
+        held.longest(&a, later),
+        3,
+        "the prefix touched again is still held"
+    );
     assert_eq!(held.longest(&a, start + Duration::from_secs(200)), 0);
 }
 
@@ -106,7 +114,11 @@ fn a_prefix_learned_at_the_coarse_positions_is_found_to_within_a_step() {
     let mut held = Held::new(100, HOUR);
     held.insert(told.into_iter(), now);
     assert_eq!(held.longest(&a, now), 16);
-    assert_eq!(held.longest(&a[..18], now), 18, "the whole of what was told");
+    assert_eq!(
+        held.longest(&a[..18], now),
+        18,
+        "the whole of what was told"
+    );
 }
 
 #[test]

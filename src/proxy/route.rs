@@ -22,9 +22,9 @@ use tower::{Layer, Service};
 use super::body::ProxyBody;
 use super::classify::Classified;
 use super::request_id::Received;
+use crate::config::PrefixRouting;
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::config::PrefixRouting;
 use crate::fleet::{Backend, InFlightGuard};
 use crate::prefix::{Chain, RequestPrefix};
 use crate::router::{Ask, Decision, Reason, Router};
@@ -229,13 +229,10 @@ where
             .map(|(model, routing)| prefix_of(&req, classified, model, routing));
         let decided = match classified.model.as_deref() {
             None => self.router.route_default(req.uri().path()).map(Some),
-            Some(model) => self.router.route(&ask(
-                classified,
-                model,
-                received,
-                &avoid,
-                prefix.as_ref(),
-            )),
+            Some(model) => {
+                self.router
+                    .route(&ask(classified, model, received, &avoid, prefix.as_ref()))
+            }
         };
         match decided {
             Ok(Some(decision)) => {

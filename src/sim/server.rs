@@ -342,13 +342,11 @@ impl SimBackend {
             Some(n) => (n, Finish::Length),
             None => (timing.default_max_tokens, Finish::Stop),
         };
-        let tokens = self
-            .engine
-            .submit_after(
-                timing.extra_ttft,
-                gen_req.prompt_tokens - gen_req.cached_tokens,
-                target,
-            );
+        let tokens = self.engine.submit_after(
+            timing.extra_ttft,
+            gen_req.prompt_tokens - gen_req.cached_tokens,
+            target,
+        );
         // A client's x-request-id becomes the response id, so that two runs of the same request
         // can be compared byte for byte.
         let id = request_id

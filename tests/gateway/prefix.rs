@@ -116,7 +116,10 @@ async fn a_conversation_stays_on_the_backend_holding_its_history_until_that_back
         history.push(q);
         let (backend, cached) = send(&client, gw.addr(), &turn('c', &history, 4)).await;
         assert_eq!(backend, first, "turn {} follows its history", history.len());
-        assert!(cached >= 2000, "the backend served the history from cache: {cached}");
+        assert!(
+            cached >= 2000,
+            "the backend served the history from cache: {cached}"
+        );
     }
 
     // The holder fills up (max_concurrency 2) with the conversation's own long turns...
@@ -170,12 +173,7 @@ async fn with_the_index_off_no_backend_keeps_one() {
     let (fa, a) = pod("a", 100_000).await;
     let (fb, b) = pod("b", 100_000).await;
     let _fleets = support::FleetGuard(vec![fa, fb]);
-    let gw = support::gateway(&gateway_config(
-        a,
-        b,
-        "prefix_cache: {enabled: false}\n",
-    ))
-    .await;
+    let gw = support::gateway(&gateway_config(a, b, "prefix_cache: {enabled: false}\n")).await;
     let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
     assert!(backends["backends"][0]["prefix_index"].is_null());
 }

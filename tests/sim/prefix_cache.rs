@@ -70,7 +70,9 @@ async fn a_second_turn_prefills_only_what_the_cache_lacks_and_usage_says_what_wa
     assert_eq!(first["prompt_tokens_details"]["cached_tokens"], 0);
     let (warm, second) = turn(addr, &chat('a', &["what is a gateway?", "and a cache?"])).await;
     let prompt = second["prompt_tokens"].as_u64().unwrap();
-    let cached = second["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = second["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     // The first turn's whole blocks: its 2,005 tokens hold 125 blocks of 16.
     assert_eq!(cached, 2000, "usage: {second}");
     assert!(prompt > cached);
@@ -115,7 +117,10 @@ async fn anthropic_usage_reports_cache_reads_apart_from_input_tokens() {
     let ex = support::post(addr, "/v1/messages", &body("two")).await;
     let usage = &ex.json()["usage"];
     assert_eq!(usage["cache_read_input_tokens"], 2000);
-    assert_eq!(usage["input_tokens"], 1, "the 2,001-token prompt less what was read");
+    assert_eq!(
+        usage["input_tokens"], 1,
+        "the 2,001-token prompt less what was read"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,13 +147,22 @@ async fn bench_sends_conversations_that_re_send_their_history_and_reports_the_ca
     ];
     let level = crate::binary::bench_json(&args).await.remove(0);
     let requests = level["requests"].as_u64().unwrap();
-    assert!(requests >= 3 && requests % 3 == 0, "three turns a conversation: {level}");
+    assert!(
+        requests >= 3 && requests % 3 == 0,
+        "three turns a conversation: {level}"
+    );
     assert_eq!(level["errors"], 0, "{level}");
     // Two system prompts shared by every conversation, and each turn's history: most of
     // the prompt tokens come from the cache.
     let cached = level["cached_share"].as_f64().unwrap();
     assert!(cached > 0.5, "{level}");
-    assert!(level["mix"].as_str().unwrap().contains("conversations turns=3"), "{level}");
+    assert!(
+        level["mix"]
+            .as_str()
+            .unwrap()
+            .contains("conversations turns=3"),
+        "{level}"
+    );
     // The last turns re-sent the history: the simulator saw prompts grow within a conversation.
     let sizes: Vec<u64> = support::seen(addr)
         .await

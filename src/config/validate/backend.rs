@@ -11,8 +11,8 @@ use http::{HeaderMap, HeaderValue, Uri};
 
 use super::super::raw::{RawBackend, RawDiscovery, RawPrefixCache, RawPrior};
 use super::super::{
-    PrefixIndexSize,
-    BackendConfig, BackendDialect, Cost, Discovery, Ejection, ModelMap, PriorPoint, Timeouts,
+    BackendConfig, BackendDialect, Cost, Discovery, Ejection, ModelMap, PrefixIndexSize,
+    PriorPoint, Timeouts,
 };
 use super::{DAY_MS, DAY_S, HUGE, Result, readable, within};
 use crate::yaml::ConfigError;
@@ -274,7 +274,7 @@ fn prefix_index(
             ),
         ));
     }
-    if !prefix.enabled || !(prefix.ttl_s.is_finite() && prefix.ttl_s > 0.0) {
+    if !(prefix.enabled && prefix.ttl_s.is_finite() && prefix.ttl_s > 0.0) {
         return Ok(None);
     }
     Ok(Some(PrefixIndexSize {
