@@ -3,8 +3,10 @@ runs of the turns' SLO attainment and the share of prompt tokens served from cac
 conversation rate, and the highest rate at 95% attainment (linear between measured rates)."""
 import collections
 import json
-import statistics
 import sys
+
+import tables
+from tables import med
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 att = collections.defaultdict(list)
@@ -20,20 +22,10 @@ workloads = list(dict.fromkeys(row["workload"] for row in rows))
 arms = list(dict.fromkeys(row["arm"] for row in rows))
 rates = sorted({k[2] for k in att})
 runs = len({row["run"] for row in rows})
-med = lambda xs: statistics.median(xs) if xs else float("nan")
 
 
 def at95(workload, arm):
-    pts = [(rate, med(att[(workload, arm, rate)])) for rate in rates]
-    best = 0.0
-    for (r0, a0), (r1, a1) in zip([(0.0, 1.0)] + pts, pts):
-        if a1 >= 0.95:
-            best = r1
-        elif a0 >= 0.95:
-            return r0 + (r1 - r0) * (a0 - 0.95) / (a0 - a1)
-        else:
-            break
-    return best
+    return tables.at95([(rate, med(att[(workload, arm, rate)])) for rate in rates])
 
 
 print(f"Median of {runs} run(s). Per conversation arrival rate (4 turns each): the turns' SLO "

@@ -3,8 +3,10 @@ attainment and batch system TPS at each rate, and the highest rate at 95% attain
 (interpolated linearly between measured rates)."""
 import collections
 import json
-import statistics
 import sys
+
+import tables
+from tables import med
 
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 att = collections.defaultdict(list)    # (policy, rate) -> [attainment]
@@ -20,20 +22,10 @@ for row in rows:
 policies = list(dict.fromkeys(row["policy"] for row in rows))
 rates = sorted({k[1] for k in att})
 runs = len({row["run"] for row in rows})
-med = lambda xs: statistics.median(xs) if xs else float("nan")
 
 
 def at95(policy):
-    pts = [(rate, med(att[(policy, rate)])) for rate in rates]
-    best = 0.0
-    for (r0, a0), (r1, a1) in zip([(0.0, 1.0)] + pts, pts):
-        if a1 >= 0.95:
-            best = r1
-        elif a0 >= 0.95:
-            return r0 + (r1 - r0) * (a0 - 0.95) / (a0 - a1)
-        else:
-            break
-    return best
+    return tables.at95([(rate, med(att[(policy, rate)])) for rate in rates])
 
 
 print(f"Median of {runs} run(s). Interactive SLO attainment (TTFT <= 1 s and per-user TPS >= 25) "

@@ -31,6 +31,20 @@ async fn pod(name: &str, cache_tokens: u32) -> (tpsgate::sim::Fleet, SocketAddr)
     support::start(spec.raw.validate("test").unwrap()).await
 }
 
+/// Two such pods, each with room for 100,000 prompt tokens.
+async fn two_pods() -> (support::FleetGuard, SocketAddr, SocketAddr) {
+    let (fa, a) = pod("a", 100_000).await;
+    let (fb, b) = pod("b", 100_000).await;
+    (support::FleetGuard(vec![fa, fb]), a, b)
+}
+
+/// Both pods' curves, learned from conversations of their own through `gw`.
+async fn warm(client: &HttpClient, gw: SocketAddr) {
+    for system in ['x', 'y', 'z', 'w'] {
+        send(client, gw, &turn(system, &["warm up"], 4)).await;
+    }
+}
+
 fn gateway_config(a: SocketAddr, b: SocketAddr, extra: &str) -> String {
     let backend = "    models: {m: m}\n    max_concurrency: 2\n";
     format!(
@@ -59,13 +73,25 @@ fn turn(system: char, turns: &[&str], max_tokens: u32) -> Vec<u8> {
 
 /// Sends one turn to its end: the backend that served it and the cached tokens it reported.
 async fn send(client: &HttpClient, gw: SocketAddr, body: &[u8]) -> (String, u64) {
+    send_with(client, gw, body, &[]).await
+}
+
+/// [`send`] with more headers.
+async fn send_with(
+    client: &HttpClient,
+    gw: SocketAddr,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) -> (String, u64) {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
     let ex = support::send(
         client,
         gw,
         Method::POST,
         "/v1/chat/completions",
         Some(body),
-        &[("content-type", "application/json")],
+        &all,
     )
     .await;
     assert_eq!(ex.status, StatusCode::OK);
@@ -99,15 +125,10 @@ async fn hold(gw: SocketAddr, body: Vec<u8>) -> (String, hyper::body::Incoming) 
 
 #[tokio::test]
 async fn a_conversation_stays_on_the_backend_holding_its_history_until_that_backend_is_full() {
-    let (fa, a) = pod("a", 100_000).await;
-    let (fb, b) = pod("b", 100_000).await;
-    let _fleets = support::FleetGuard(vec![fa, fb]);
+    let (_fleets, a, b) = two_pods().await;
     let gw = support::gateway(&gateway_config(a, b, "")).await;
     let client = http_client(None).unwrap();
-    // Both backends learn their curves from conversations of their own.
-    for system in ['x', 'y', 'z', 'w'] {
-        send(&client, gw.addr(), &turn(system, &["warm up"], 4)).await;
-    }
+    warm(&client, gw.addr()).await;
 
     let (first, cached) = send(&client, gw.addr(), &turn('c', &["q1"], 4)).await;
     assert_eq!(cached, 0, "a new system prompt is cold everywhere");
@@ -147,14 +168,10 @@ async fn a_conversation_stays_on_the_backend_holding_its_history_until_that_back
 
 #[tokio::test]
 async fn prompt_cache_key_joins_requests_whose_prompts_are_too_short_to_match() {
-    let (fa, a) = pod("a", 100_000).await;
-    let (fb, b) = pod("b", 100_000).await;
-    let _fleets = support::FleetGuard(vec![fa, fb]);
+    let (_fleets, a, b) = two_pods().await;
     let gw = support::gateway(&gateway_config(a, b, "")).await;
     let client = http_client(None).unwrap();
-    for system in ['x', 'y', 'z', 'w'] {
-        send(&client, gw.addr(), &turn(system, &["warm up"], 4)).await;
-    }
+    warm(&client, gw.addr()).await;
     let short = |key: &str, q: &str| {
         json!({"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": 4,
                "stream": true, "stream_options": {"include_usage": true}, "prompt_cache_key": key})
@@ -169,10 +186,28 @@ async fn prompt_cache_key_joins_requests_whose_prompts_are_too_short_to_match() 
 }
 
 #[tokio::test]
+async fn an_x_session_id_header_joins_requests_as_prompt_cache_key_does() {
+    let (_fleets, a, b) = two_pods().await;
+    let gw = support::gateway(&gateway_config(a, b, "")).await;
+    let client = http_client(None).unwrap();
+    warm(&client, gw.addr()).await;
+    let short = |q: &str| {
+        json!({"model": "m", "messages": [{"role": "user", "content": q}], "max_tokens": 4,
+               "stream": true, "stream_options": {"include_usage": true}})
+        .to_string()
+        .into_bytes()
+    };
+    let session = [("x-session-id", "session-7")];
+    let (first, _) = send_with(&client, gw.addr(), &short("hello"), &session).await;
+    for q in ["a", "bb", "ccc", "dddd", "eeeee"] {
+        let (backend, _) = send_with(&client, gw.addr(), &short(q), &session).await;
+        assert_eq!(backend, first);
+    }
+}
+
+#[tokio::test]
 async fn with_the_index_off_no_backend_keeps_one() {
-    let (fa, a) = pod("a", 100_000).await;
-    let (fb, b) = pod("b", 100_000).await;
-    let _fleets = support::FleetGuard(vec![fa, fb]);
+    let (_fleets, a, b) = two_pods().await;
     let gw = support::gateway(&gateway_config(a, b, "prefix_cache: {enabled: false}\n")).await;
     let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
     assert!(backends["backends"][0]["prefix_index"].is_null());
@@ -193,9 +228,7 @@ async fn until_backends(admin: SocketAddr, check: impl Fn(&Value) -> bool) -> Va
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_sends_the_next_turn_where_another_replica_sent_the_first() {
     let redis = support::Redis::start().await;
-    let (fa, a) = pod("a", 100_000).await;
-    let (fb, b) = pod("b", 100_000).await;
-    let _fleets = support::FleetGuard(vec![fa, fb]);
+    let (_fleets, a, b) = two_pods().await;
     let cluster = format!(
         "cluster: {{redis_url: '{}', key_prefix: prefix, sync_interval_ms: 20}}\n",
         redis.url()
@@ -204,9 +237,7 @@ async fn a_replica_sends_the_next_turn_where_another_replica_sent_the_first() {
     let two = support::gateway(&gateway_config(a, b, &cluster)).await;
     let client = http_client(None).unwrap();
     // Curves from both pods, learned through replica one and shared with replica two.
-    for system in ['x', 'y', 'z', 'w'] {
-        send(&client, one.addr(), &turn(system, &["warm up"], 4)).await;
-    }
+    warm(&client, one.addr()).await;
     let (first, _) = send(&client, one.addr(), &turn('c', &["q1"], 4)).await;
     let blocks = |all: &Value| {
         all["backends"]
