@@ -98,29 +98,42 @@ fn route(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let _entered = runtime.enter();
-    let mut group = c.benchmark_group("route_decision");
-    for n in [4usize, 8, 64, 256] {
-        let (router, _held) = router(n);
-        let slo = router.classes()[0].slo;
-        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| {
-                let ask = Ask {
-                    model: "m",
-                    dialect: BackendDialect::Openai,
-                    prompt_tokens: 64,
-                    max_tokens: Some(128),
-                    class: Some(0),
-                    slo,
-                    received: Instant::now(),
-                    avoid: &[],
-                    prefix: None,
-                };
-                // The decision (and the slot it took) is dropped at once.
-                black_box(router.route(&ask).expect("a decision"))
+    // `no_prefix`: a 64-token prompt, no prefix asked about (as before the prefix index, or
+    // with `prefix_cache.enabled: false`). `prefix`: the default path, a 2,000-token prompt (31
+    // blocks of 64) whose every candidate's index is looked up; each decision holds the prompt
+    // on its backend, so later decisions find holders, as a conversation's turns do.
+    let prompt = tpsgate::prefix::RequestPrefix {
+        hashes: (1..=31).collect(),
+        hint: None,
+    };
+    for (name, prefix, prompt_tokens) in [
+        ("route_decision/no_prefix", None, 64),
+        ("route_decision/prefix", Some(&prompt), 2000),
+    ] {
+        let mut group = c.benchmark_group(name);
+        for n in [4usize, 8, 64, 256] {
+            let (router, _held) = router(n);
+            let slo = router.classes()[0].slo;
+            group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+                b.iter(|| {
+                    let ask = Ask {
+                        model: "m",
+                        dialect: BackendDialect::Openai,
+                        prompt_tokens,
+                        max_tokens: Some(128),
+                        class: Some(0),
+                        slo,
+                        received: Instant::now(),
+                        avoid: &[],
+                        prefix,
+                    };
+                    // The decision (and the slot it took) is dropped at once.
+                    black_box(router.route(&ask).expect("a decision"))
+                });
             });
-        });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group!(benches, route);

@@ -182,6 +182,33 @@ fn a_bad_cluster_field_is_named_with_the_fix() {
 }
 
 #[test]
+fn the_prefix_index_is_on_by_default_sized_per_backend_and_a_bad_field_is_named() {
+    let c = parse(BASE, no_env).unwrap();
+    let size = c.backends[0].prefix_index.unwrap();
+    assert_eq!((size.blocks, size.block_tokens), (16_384, 64));
+    assert_eq!(c.routing.prefix.map(|p| p.min_match_tokens), Some(256));
+    let own = parse(&format!("{BASE}    prefix_cache_tokens: 12800\n"), no_env).unwrap();
+    assert_eq!(own.backends[0].prefix_index.map(|s| s.blocks), Some(200));
+    let off = parse(&format!("{BASE}prefix_cache: {{enabled: false}}\n"), no_env).unwrap();
+    assert!(off.backends[0].prefix_index.is_none() && off.routing.prefix.is_none());
+    let bad = |text: String| {
+        let err = parse(&text, no_env).unwrap_err();
+        (err.path, err.message)
+    };
+    let (path, message) = bad(format!("{BASE}prefix_cache: {{block_tokens: 0}}\n"));
+    assert_eq!(path, "prefix_cache.block_tokens");
+    assert!(message.contains("1 to 4096"), "{message}");
+    let (path, message) = bad(format!("{BASE}prefix_cache: {{min_match_tokens: 16}}\n"));
+    assert_eq!(path, "prefix_cache.min_match_tokens");
+    assert!(message.contains("give at least block_tokens"), "{message}");
+    let (path, _) = bad(format!("{BASE}prefix_cache: {{ttl_s: 0}}\n"));
+    assert_eq!(path, "prefix_cache.ttl_s");
+    let (path, message) = bad(format!("{BASE}    prefix_cache_tokens: 10\n"));
+    assert_eq!(path, "backends[0].prefix_cache_tokens");
+    assert!(message.contains("not one block"), "{message}");
+}
+
+#[test]
 fn every_number_is_bounded_and_an_absurd_one_is_named_with_its_range() {
     let text = |extra: &str| format!("{extra}{BASE}");
     for (config, path) in [
