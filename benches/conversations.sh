@@ -14,11 +14,13 @@
 # offers every arm the same conversations (bench --seed k). Writes the table into BENCHMARKS.md
 # between the conversations markers (median over runs).
 #
-# Usage: benches/conversations.sh [RUNS=1] [RATES=2,4,6,8,12,16] [DURATION_S=20] [ARMS...]
+# Usage: [FIRST_RUN=1] benches/conversations.sh [RUNS=1] [RATES=2,4,6,8,12,16] [DURATION_S=20] [ARMS...]
+# FIRST_RUN=k with arms given measures runs k..RUNS of those arms and keeps their earlier runs.
 # Needs ports 8181, 9191 and 9111-9114 free. About a minute per rate per arm per workload.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-1}
+first=${FIRST_RUN:-1}
 rates=${2:-2,4,6,8,12,16}
 duration=${3:-20}
 shift $(( $# < 3 ? $# : 3 ))
@@ -29,7 +31,11 @@ out=target/conversations
 mkdir -p "$out"
 # Given arms re-measure just those: their old rows go, the others stay.
 if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
-  for arm in $arms; do sed -i "/\"arm\":\"$arm\"/d" "$out/results.jsonl"; done
+  for arm in $arms; do
+    for run in $(seq "$first" "$runs"); do
+      sed -i "/\"arm\": *\"$arm\", *\"workload\": *\"[a-z]*\", *\"run\": *$run,/d" "$out/results.jsonl"
+    done
+  done
 else
   rm -f "$out/results.jsonl"
 fi
@@ -42,7 +48,7 @@ bench() { # shared-prefix extra, then bench args...
     --shared-prefix "groups=16,system=2000,question=100$shared" \
     --conversation turns=4,think_s=1 --slo-tps 25 --slo-ttft-ms 1000 --timeout 30 "$@" 2>/dev/null
 }
-for run in $(seq "$runs"); do
+for run in $(seq "$first" "$runs"); do
   for workload in uniform hot; do
     shared=""; [ "$workload" = hot ] && shared=",hot=0.5"
     for arm in $arms; do

@@ -1,7 +1,8 @@
 //! Cost of the prefix index on the request path: hashing a request's prompt into chained
 //! blocks ([`tpsgate::proxy::route::prefix_of`]) at 1, 8, 32 and 128 KB prompts, and looking a
 //! prompt up in one backend's index that holds it whole (what each candidate costs a routing
-//! decision), beside the routing decision itself (`cargo bench --bench route`).
+//! decision), beside reading the same body (classify's peek, which every routed request pays)
+//! and the routing decision itself (`cargo bench --bench route`).
 //!
 //! Run: `cargo bench --bench prefix`. Results are in BENCHMARKS.md ("Prefix index").
 
@@ -48,6 +49,19 @@ fn prefix(c: &mut Criterion) {
         .build()
         .expect("a runtime");
     let _entered = runtime.enter();
+    let mut read = c.benchmark_group("prefix_peek");
+    for kb in [1usize, 8, 32, 128] {
+        let body = chat(kb * 1024);
+        read.throughput(Throughput::Bytes(body.len() as u64));
+        read.bench_with_input(
+            BenchmarkId::from_parameter(format!("{kb}KB")),
+            &kb,
+            |b, _| {
+                b.iter(|| black_box(peek(Endpoint::Chat, black_box(&body))));
+            },
+        );
+    }
+    read.finish();
     let mut hash = c.benchmark_group("prefix_hash");
     let mut lookup_cases = Vec::new();
     for kb in [1usize, 8, 32, 128] {
