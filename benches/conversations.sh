@@ -14,7 +14,7 @@
 # offers every arm the same conversations (bench --seed k). Writes the table into BENCHMARKS.md
 # between the conversations markers (median over runs).
 #
-# Usage: [FIRST_RUN=1] benches/conversations.sh [RUNS=1] [RATES=2,4,6,8,12,16] [DURATION_S=20] [ARMS...]
+# Usage: [BIN=path] [FIRST_RUN=1] benches/conversations.sh [RUNS=1] [RATES=2,4,6,8,12,16] [DURATION_S=20] [ARMS...]
 # FIRST_RUN=k with arms given measures runs k..RUNS of those arms and keeps their earlier runs.
 # Needs ports 8181, 9191 and 9111-9114 free. About a minute per rate per arm per workload.
 set -euo pipefail
@@ -25,8 +25,9 @@ rates=${2:-2,4,6,8,12,16}
 duration=${3:-20}
 shift $(( $# < 3 ? $# : 3 ))
 arms=${*:-blind index pinned rr}
-cargo build --release --quiet
-bin=target/release/tpsgate
+# BIN=path: a binary built beforehand (so that editing the tree meanwhile changes nothing).
+bin=${BIN:-target/release/tpsgate}
+[ -n "${BIN:-}" ] || cargo build --release --quiet
 out=target/conversations
 mkdir -p "$out"
 # Given arms re-measure just those: their old rows go, the others stay.

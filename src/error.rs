@@ -35,6 +35,10 @@ pub enum ErrorKind {
     /// 429: no backend is predicted to meet the request's SLO, and its class sheds (at once, or
     /// when its queue wait runs out).
     SloUnmet,
+    /// 429: the request's API key is over its requests, tokens or concurrency limit.
+    RateLimited,
+    /// 429: the request's API key has spent its budget for the period.
+    BudgetExhausted,
     /// 502: the upstream could not be reached, or broke before sending its response head.
     UpstreamUnreachable,
     /// 504: connecting to the upstream timed out, or a stream sent nothing before its
@@ -75,7 +79,9 @@ impl ErrorKind {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NoBackendAvailable => StatusCode::SERVICE_UNAVAILABLE,
-            Self::SloUnmet => StatusCode::TOO_MANY_REQUESTS,
+            Self::SloUnmet | Self::RateLimited | Self::BudgetExhausted => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout | Self::UpstreamResponseTimeout => StatusCode::GATEWAY_TIMEOUT,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -84,8 +90,10 @@ impl ErrorKind {
 
     /// OpenAI's `error.type` (Anthropic's `error.type` is derived from the status).
     pub fn openai_type(self) -> &'static str {
-        if self == Self::SloUnmet {
-            return "rate_limit_error";
+        match self {
+            Self::SloUnmet | Self::RateLimited => return "rate_limit_error",
+            Self::BudgetExhausted => return "insufficient_quota",
+            _ => {}
         }
         match self.fault() {
             Fault::Client => "invalid_request_error",
@@ -94,7 +102,7 @@ impl ErrorKind {
     }
 
     /// Every kind, so that each error counter exists (at zero) before its first error.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 18] = [
         Self::InvalidRequest,
         Self::NotFound,
         Self::ModelNotFound,
@@ -107,6 +115,8 @@ impl ErrorKind {
         Self::Forbidden,
         Self::NoBackendAvailable,
         Self::SloUnmet,
+        Self::RateLimited,
+        Self::BudgetExhausted,
         Self::UpstreamUnreachable,
         Self::UpstreamTimeout,
         Self::UpstreamResponseTimeout,
@@ -128,6 +138,8 @@ impl ErrorKind {
             Self::Forbidden => "claim_not_allowed",
             Self::NoBackendAvailable => "no_backend_available",
             Self::SloUnmet => "slo_unmet",
+            Self::RateLimited => "rate_limit_exceeded",
+            Self::BudgetExhausted => "insufficient_quota",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamTimeout | Self::UpstreamResponseTimeout => "upstream_timeout",
             Self::Internal => "internal_error",
@@ -146,7 +158,9 @@ impl ErrorKind {
             | Self::HeadersTooLarge
             | Self::RequestTimeout
             | Self::Unauthorized
-            | Self::Forbidden => Fault::Client,
+            | Self::Forbidden
+            | Self::RateLimited
+            | Self::BudgetExhausted => Fault::Client,
             Self::NoBackendAvailable | Self::SloUnmet => Fault::Gateway,
             Self::UpstreamUnreachable | Self::UpstreamTimeout | Self::UpstreamResponseTimeout => {
                 Fault::Upstream
@@ -162,6 +176,8 @@ pub struct Error {
     kind: ErrorKind,
     message: Cow<'static, str>,
     retry_after_s: Option<u32>,
+    /// Headers the response carries besides its own (a key's rate limits).
+    headers: Option<Box<http::HeaderMap>>,
 }
 
 impl Error {
@@ -171,6 +187,7 @@ impl Error {
             kind,
             message: message.into(),
             retry_after_s: None,
+            headers: None,
         }
     }
 
@@ -181,6 +198,21 @@ impl Error {
             retry_after_s: Some(seconds),
             ..self
         }
+    }
+
+    /// The same error, its response carrying `headers` too (added to any it carries).
+    #[must_use]
+    pub fn with_headers(mut self, headers: http::HeaderMap) -> Self {
+        match &mut self.headers {
+            Some(mine) => mine.extend(headers),
+            None => self.headers = Some(Box::new(headers)),
+        }
+        self
+    }
+
+    /// Headers its response carries besides its own.
+    pub fn headers(&self) -> Option<&http::HeaderMap> {
+        self.headers.as_deref()
     }
 
     /// Seconds the client should wait before retrying, if the error says.

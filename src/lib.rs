@@ -41,6 +41,7 @@ pub mod sim;
 pub mod sse;
 pub mod stack;
 pub mod telemetry;
+pub mod tenant;
 pub mod tls;
 pub mod upstream;
 pub mod yaml;

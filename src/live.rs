@@ -5,7 +5,8 @@
 //! before anything changes; then the stack is swapped atomically (arc-swap). Each request takes
 //! the stack current when it arrives, so requests in flight finish on the one they started with.
 //! Backends whose config did not change are carried over as they are (in-flight counts, curves,
-//! health); a changed one gets a new client and keeps its curves.
+//! health); a changed one gets a new client and keeps its curves. API keys keep their usage by
+//! name, their limits changed in place; a key removed is refused from the swap on.
 //!
 //! Discovery (`crate::discovery`): the backends are the config's entries expanded by the
 //! addresses found in DNS. When an answer changes, the same config is built again over the new
@@ -28,6 +29,7 @@ use crate::otel::Tracing;
 use crate::router::{Entries, Router};
 use crate::signal::Signal;
 use crate::stack::{self, Stack};
+use crate::tenant::Tenants;
 
 /// What a reload may change: everything but the listeners.
 #[derive(Debug)]
@@ -45,6 +47,8 @@ pub struct Live {
     outbox: Option<Outbox>,
     /// The span exporter, when `tracing:` is configured (kept across reloads).
     pub tracing: Option<Tracing>,
+    /// Each API key's limits and usage (usage kept across reloads by the key's name).
+    pub tenants: Tenants,
 }
 
 impl Live {
@@ -114,9 +118,12 @@ impl Live {
             config.routing,
             line,
         ));
+        // Last, once nothing can fail: a kept key takes its new limits here.
+        let tenants = Tenants::build(&config.api_keys, old.map(|o| &o.tenants), Instant::now());
         let stack = stack::build(
             config,
             Arc::clone(&router),
+            &tenants,
             drained.clone(),
             tracing.as_ref(),
         );
@@ -127,6 +134,7 @@ impl Live {
             found,
             outbox,
             tracing,
+            tenants,
         })
     }
 }

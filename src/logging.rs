@@ -466,6 +466,22 @@ impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
 
 /// `2026-11-22T23:59:01.123456Z`; the part up to the second is computed once per second per
 /// thread.
+/// `unix_s` as an RFC 3339 date and time in UTC to the second, without the zone
+/// (`2026-11-25T12:00:00`); the epoch where out of the calendar's range.
+pub fn date_time(unix_s: i64) -> String {
+    let at = time::OffsetDateTime::from_unix_timestamp(unix_s)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
+    )
+}
+
 fn timestamp(out: &mut impl fmt::Write, now: SystemTime) -> fmt::Result {
     thread_local! {
         static SECOND: Cell<(u64, [u8; 19])> = const { Cell::new((u64::MAX, [0; 19])) };
@@ -474,21 +490,7 @@ fn timestamp(out: &mut impl fmt::Write, now: SystemTime) -> fmt::Result {
     let secs = since.as_secs();
     let (cached, mut text) = SECOND.get();
     if cached != secs {
-        let at = i64::try_from(secs)
-            .ok()
-            .and_then(|s| time::OffsetDateTime::from_unix_timestamp(s).ok())
-            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
-        let mut line = String::with_capacity(19);
-        write!(
-            line,
-            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
-            at.year(),
-            u8::from(at.month()),
-            at.day(),
-            at.hour(),
-            at.minute(),
-            at.second()
-        )?;
+        let line = date_time(i64::try_from(secs).unwrap_or(0));
         text.copy_from_slice(line.as_bytes().get(..19).ok_or(fmt::Error)?);
         SECOND.set((secs, text));
     }

@@ -15,6 +15,7 @@ use crate::proxy::classify::{BodyPace, Classes, Classify, ClassifyLayer};
 use crate::proxy::forward::Forward;
 use crate::proxy::limits::{HeadLimit, HeadLimitLayer};
 use crate::proxy::models::{Models, ModelsLayer};
+use crate::proxy::quota::{QuotaLayer, Quotas};
 use crate::proxy::request_id::{RequestIdLayer, RequestIdService};
 use crate::proxy::rescue::{Rescue, RescueLayer};
 use crate::proxy::retry::{Retry, RetryBudget, RetryLayer};
@@ -22,18 +23,21 @@ use crate::proxy::rewrite::{Rewrite, RewriteLayer};
 use crate::proxy::route::{Route, RouteLayer};
 use crate::router::Router;
 use crate::signal::Signal;
+use crate::tenant::Tenants;
 
 /// The gateway's request stack, outermost first.
 pub type Stack = RequestIdService<Either<Cors<Inner>, Inner>>;
 
 /// Below the optional CORS layer.
-pub type Inner = Rescue<HeadLimit<Auth<Classify<Models<Retry<Route<Rewrite<Forward>>>>>>>>;
+pub type Inner = Rescue<HeadLimit<Auth<Classify<Models<Quotas<Retry<Route<Rewrite<Forward>>>>>>>>>;
 
-/// The gateway's request stack for `config`, routing with `router`; `drained` ends the streams
-/// still open at the drain deadline; `tracing` makes a span of each request.
+/// The gateway's request stack for `config`, routing with `router`, holding its API keys to
+/// `tenants` (one per key, in order); `drained` ends the streams still open at the drain
+/// deadline; `tracing` makes a span of each request.
 pub fn build(
     config: &Config,
     router: Arc<Router>,
+    tenants: &Tenants,
     drained: Signal,
     tracing: Option<&Tracing>,
 ) -> Stack {
@@ -54,8 +58,9 @@ pub fn build(
         .layer(RescueLayer::new())
         // The head within its limit (431), on HTTP/1.1 and HTTP/2 alike, before anything reads it.
         .layer(HeadLimitLayer::new(config.limits.max_header_bytes))
-        // Gateway API keys, when configured (401 without one); a key may carry a class.
-        .layer(AuthLayer::new(config.api_keys.clone()))
+        // Gateway API keys, when configured (401 without one); a key may carry a class and
+        // limits.
+        .layer(AuthLayer::new(config.api_keys.clone(), tenants))
         // The body is read once, bounded; method, content type and JSON checked; model and
         // class found.
         .layer(ClassifyLayer::new(
@@ -68,6 +73,9 @@ pub fn build(
         ))
         // `GET /v1/models` is the gateway's own answer, from the backends it routes to.
         .layer(ModelsLayer::new(Arc::clone(&router)))
+        // Each key within its limits (429 over one), its rate limits in every answer; above
+        // Retry, so that a request counts once.
+        .layer(QuotaLayer)
         // Above Route: each attempt is routed afresh, avoiding the backends that failed it.
         .layer(RetryLayer::new(
             Arc::clone(&router),

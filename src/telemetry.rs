@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use metrics::{Counter, Histogram, counter, histogram};
+use metrics::{Counter, Gauge, Histogram, counter, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::config::Policy;
@@ -79,6 +79,18 @@ pub const CONFIG_LAST_RELOAD: &str = "tpsgate_config_last_reload_timestamp_secon
 /// 1 when the last reload was applied, 0 when it was refused.
 pub const CONFIG_LAST_RELOAD_OK: &str = "tpsgate_config_last_reload_successful";
 
+/// Requests admitted per API key, by `key` (the key's configured name, never the key).
+pub const KEY_REQUESTS: &str = "tpsgate_key_requests_total";
+/// Tokens used per API key, by `key` and `token_type` (`input`, `output`).
+pub const KEY_TOKENS: &str = "tpsgate_key_tokens_total";
+/// Dollars an API key spent in its current budget period (priced by `backends[].cost`).
+pub const KEY_SPEND: &str = "tpsgate_key_spend_usd";
+/// Requests an API key's limits refused, by `key` and `limit` (`requests`, `tokens`,
+/// `concurrency`, `budget`).
+pub const KEY_LIMITED: &str = "tpsgate_key_limited_total";
+/// Requests in flight per API key.
+pub const KEY_IN_FLIGHT: &str = "tpsgate_key_in_flight";
+
 /// What a metric is, for its `# TYPE`.
 #[derive(Clone, Copy)]
 enum Kind {
@@ -128,6 +140,31 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
             N,
             "Requests answered by a backend, by backend, model, class, status and outcome",
         ),
+        (
+            KEY_REQUESTS,
+            C,
+            N,
+            "Requests admitted per API key (by its configured name)",
+        ),
+        (
+            KEY_TOKENS,
+            C,
+            N,
+            "Tokens used per API key, by token_type (input, output)",
+        ),
+        (
+            KEY_SPEND,
+            G,
+            N,
+            "Dollars an API key spent in its current budget period",
+        ),
+        (
+            KEY_LIMITED,
+            C,
+            N,
+            "Requests an API key's limits refused, by limit (requests, tokens, concurrency, budget)",
+        ),
+        (KEY_IN_FLIGHT, G, N, "Requests in flight per API key"),
         (
             GATEWAY_ERRORS,
             C,
@@ -525,6 +562,44 @@ pub fn count_ejection(backend: &str) {
 pub fn count_gateway_error(kind: crate::error::ErrorKind) {
     let _ = prometheus();
     counter!(GATEWAY_ERRORS, "code" => kind.code()).increment(1);
+}
+
+/// One API key's metric handles, built once so that a request costs atomic adds.
+#[derive(Debug)]
+pub struct KeyMetrics {
+    /// Requests admitted.
+    pub requests: Counter,
+    /// Prompt tokens used.
+    pub input_tokens: Counter,
+    /// Output tokens used.
+    pub output_tokens: Counter,
+    /// Spend this period.
+    pub spend: Gauge,
+    /// Requests in flight.
+    pub in_flight: Gauge,
+    /// Refusals, by limit in `tenant::Limit::ALL` order (requests, tokens, concurrency,
+    /// budget).
+    pub limited: [Counter; 4],
+}
+
+impl KeyMetrics {
+    /// The handles of the key named `key`; its refusal counters exist at zero from now.
+    pub fn new(key: &str) -> Self {
+        let _ = prometheus();
+        let limited = ["requests", "tokens", "concurrency", "budget"].map(|limit| {
+            let c = counter!(KEY_LIMITED, "key" => key.to_owned(), "limit" => limit);
+            c.increment(0);
+            c
+        });
+        Self {
+            requests: counter!(KEY_REQUESTS, "key" => key.to_owned()),
+            input_tokens: counter!(KEY_TOKENS, "key" => key.to_owned(), "token_type" => "input"),
+            output_tokens: counter!(KEY_TOKENS, "key" => key.to_owned(), "token_type" => "output"),
+            spend: metrics::gauge!(KEY_SPEND, "key" => key.to_owned()),
+            in_flight: metrics::gauge!(KEY_IN_FLIGHT, "key" => key.to_owned()),
+            limited,
+        }
+    }
 }
 
 /// The decision counters of one class (`""` for requests without one), one per reason label,

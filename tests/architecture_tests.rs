@@ -89,8 +89,17 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         "prefix hashing and its LRU are pure, shared by the simulator's truth and the index",
     ),
     (
+        "tenant",
+        &[
+            "proxy", "router", "fleet", "upstream", "live", "gateway", "admin", "stack",
+        ],
+        "a key's limits and usage are counts below the layer that checks them",
+    ),
+    (
         "telemetry",
-        &["proxy", "router", "fleet", "upstream", "live", "admin"],
+        &[
+            "proxy", "router", "fleet", "upstream", "live", "admin", "tenant",
+        ],
         "metric names and handles sit below everything that records them",
     ),
     (

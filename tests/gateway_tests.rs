@@ -26,6 +26,8 @@ mod discovery;
 mod errors;
 #[path = "gateway/hardening.rs"]
 mod hardening;
+#[path = "gateway/keys.rs"]
+mod keys;
 #[path = "gateway/passthrough.rs"]
 mod passthrough;
 #[path = "gateway/prefix.rs"]

@@ -154,6 +154,7 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         return resp;
     }
     if req.uri().path() == "/metrics" {
+        state.live.load().tenants.publish(crate::tenant::unix_now());
         let last_reload = state
             .reload
             .lock()
@@ -181,13 +182,14 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         "/admin/backends" => (StatusCode::OK, backends(&state.live.load().router)),
         "/admin/curves" => (StatusCode::OK, curves(&state.live.load().router)),
         "/admin/cluster" => (StatusCode::OK, cluster(state.cluster.as_deref())),
+        "/admin/keys" => (StatusCode::OK, keys(&state.live.load().tenants)),
         "/admin/reload" => {
             let status = state.reload.lock().map(|s| s.clone()).unwrap_or_default();
             (StatusCode::OK, json!(status))
         }
         _ => (
             StatusCode::NOT_FOUND,
-            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves (.svg, .csv), /admin/cluster, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
+            json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves (.svg, .csv), /admin/cluster, /admin/keys, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
@@ -285,6 +287,12 @@ fn predicted(curve: &crate::curve::Curve) -> Vec<serde_json::Value> {
             json!({"concurrency": n, "ttft_p50_s": p.ttft_p50_s, "per_user_tps_p50": p.per_user_tps_p50})
         })
         .collect()
+}
+
+/// `/admin/keys`: each API key by its name (never the key), its limits and what it used on
+/// this replica.
+fn keys(tenants: &crate::tenant::Tenants) -> serde_json::Value {
+    json!({"keys": tenants.usage(tokio::time::Instant::now(), crate::tenant::unix_now())})
 }
 
 /// `/admin/cluster`: this replica, its link to the cluster's Redis and its peers; or that it

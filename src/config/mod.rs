@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Uri};
 
-pub use raw::{BackendDialect, OnMiss, Policy};
+pub use raw::{BackendDialect, BudgetPeriod, OnMiss, Policy};
 pub use slo::Slo;
 pub use validate::{validate, without_password};
 
@@ -315,14 +315,47 @@ pub struct Cors {
 }
 
 /// A gateway API key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ApiKey {
     /// The key.
     pub key: Secret,
+    /// Its name, unique among the keys: what metrics, `/admin/keys` and logs show.
+    pub name: std::sync::Arc<str>,
     /// Index into `classes` of its requests' class, if it gives one.
     pub class: Option<usize>,
     /// What its requests may claim (shared with every request that carries the key).
     pub grant: std::sync::Arc<KeyGrant>,
+    /// What it may use.
+    pub limits: KeyLimits,
+}
+
+/// What one API key may use; `None`: no limit of that kind.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KeyLimits {
+    /// Requests per minute.
+    pub requests_per_minute: Option<u64>,
+    /// Prompt and output tokens per minute.
+    pub tokens_per_minute: Option<u64>,
+    /// Requests in flight at once.
+    pub max_concurrency: Option<u64>,
+    /// Spend per period.
+    pub budget: Option<Budget>,
+}
+
+impl KeyLimits {
+    /// No limit of any kind.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// A spend budget: US dollars per calendar period (UTC).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Budget {
+    /// Dollars per period.
+    pub usd: f64,
+    /// The period.
+    pub period: BudgetPeriod,
 }
 
 /// What a request with a given API key may claim: the most it may ask for.

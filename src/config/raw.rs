@@ -524,6 +524,19 @@ fn default_percentile() -> u8 {
     90
 }
 
+/// The calendar period a budget renews on (UTC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BudgetPeriod {
+    /// From each full hour.
+    Hour,
+    /// From each midnight.
+    #[default]
+    Day,
+    /// From each first of the month.
+    Month,
+}
+
 /// A routing policy. The first four use the curves; the rest are baselines kept for comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -614,6 +627,29 @@ pub struct RawApiKey {
     /// Whether its requests may set their own SLO (`x-tpsgate-slo-*`, `x-slo-*`); default false.
     #[serde(default)]
     pub slo_overrides: bool,
+    /// The key's name in metrics, `/admin/keys` and logs (never the key itself); default its
+    /// `key_env`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// What the key may use; none: no limit.
+    #[serde(default)]
+    pub limits: RawKeyLimits,
+}
+
+/// `api_keys[].limits`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKeyLimits {
+    /// Requests per minute.
+    pub requests_per_minute: Option<u64>,
+    /// Tokens (prompt and output) per minute.
+    pub tokens_per_minute: Option<u64>,
+    /// Requests in flight at once.
+    pub max_concurrency: Option<u64>,
+    /// Spend per `budget_period`, US dollars, priced by `backends[].cost`.
+    pub budget_usd: Option<f64>,
+    /// `hour`, `day` (default) or `month`, in UTC.
+    pub budget_period: Option<BudgetPeriod>,
 }
 
 /// `routing:`.

@@ -22,8 +22,8 @@ use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use lru::LruCache;
-use tokio::time::Instant;
 use rapidhash::v3::{DEFAULT_RAPID_SECRETS, RapidSecrets, rapidhash_v3, rapidhash_v3_seeded};
+use tokio::time::Instant;
 
 /// The hashes of the whole blocks of one prompt, in order; `hashes[k]` stands for the prefix
 /// of `k + 1` blocks.
@@ -51,7 +51,8 @@ impl Chain {
     /// only a block split across two calls is copied.
     pub fn feed(&mut self, mut bytes: &[u8]) {
         let size = self.block_bytes;
-        self.hashes.reserve((self.partial.len() + bytes.len()) / size);
+        self.hashes
+            .reserve((self.partial.len() + bytes.len()) / size);
         if !self.partial.is_empty() {
             let take = (size - self.partial.len()).min(bytes.len());
             self.partial.extend_from_slice(&bytes[..take]);

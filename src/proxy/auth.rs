@@ -1,8 +1,8 @@
 //! Auth: when gateway API keys are configured, a request must carry one (`Authorization: Bearer`
 //! or `x-api-key`, as the OpenAI and Anthropic SDKs send them), else 401. The key's class, if it
-//! has one, goes into the extensions for classify. Keys are compared in constant time, every
-//! configured key each time, so that timing tells nothing about how much of a key matched or
-//! which one.
+//! has one, goes into the extensions for classify, and its tenant (limits and usage) for quota.
+//! Keys are compared in constant time, every configured key each time, so that timing tells
+//! nothing about how much of a key matched or which one.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,6 +15,7 @@ use tower::{Layer, Service};
 use super::classify::KeyClass;
 use crate::config::ApiKey;
 use crate::error::{Error, ErrorKind};
+use crate::tenant::{Tenant, Tenants};
 
 /// `x-api-key`: Anthropic's credential header, which clients of either dialect may send.
 pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
@@ -22,13 +23,20 @@ pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key
 /// Checks gateway API keys.
 #[derive(Debug, Clone)]
 pub struct AuthLayer {
-    keys: Arc<[ApiKey]>,
+    keys: Arc<[(ApiKey, Option<Arc<Tenant>>)]>,
 }
 
 impl AuthLayer {
-    /// The layer; no keys means no check.
-    pub fn new(keys: Vec<ApiKey>) -> Self {
-        Self { keys: keys.into() }
+    /// The layer; no keys means no check. The `i`-th key's requests are charged to the
+    /// `i`-th of `tenants`.
+    pub fn new(keys: Vec<ApiKey>, tenants: &Tenants) -> Self {
+        Self {
+            keys: keys
+                .into_iter()
+                .enumerate()
+                .map(|(i, key)| (key, tenants.get(i).cloned()))
+                .collect(),
+        }
     }
 }
 
@@ -47,7 +55,7 @@ impl<S> Layer<S> for AuthLayer {
 #[derive(Debug, Clone)]
 pub struct Auth<S> {
     inner: S,
-    keys: Arc<[ApiKey]>,
+    keys: Arc<[(ApiKey, Option<Arc<Tenant>>)]>,
 }
 
 /// The key a request presents, if any.
@@ -88,12 +96,12 @@ where
             ))));
         };
         let mut found = None;
-        for key in self.keys.iter() {
-            if bool::from(key.key.expose().as_bytes().ct_eq(given)) {
-                found = Some(key);
+        for entry in self.keys.iter() {
+            if bool::from(entry.0.key.expose().as_bytes().ct_eq(given)) {
+                found = Some(entry);
             }
         }
-        let Some(key) = found else {
+        let Some((key, tenant)) = found else {
             return Either::Left(ready(Err(Error::new(
                 ErrorKind::Unauthorized,
                 "invalid API key",
@@ -103,6 +111,10 @@ where
             class: key.class,
             grant: Arc::clone(&key.grant),
         });
+        // The key's limits and usage, for quota (below classify, which sizes the request).
+        if let Some(tenant) = tenant {
+            req.extensions_mut().insert(Arc::clone(tenant));
+        }
         Either::Right(self.inner.call(req))
     }
 }
@@ -112,7 +124,7 @@ mod tests {
     use tower::{ServiceExt as _, service_fn};
 
     use super::*;
-    use crate::config::Secret;
+    use crate::config::{KeyLimits, Secret};
 
     /// Auth over a stand-in that answers with the class index the key gave (or none).
     async fn check(keys: Vec<ApiKey>, headers: &[(&str, &str)]) -> Result<Option<usize>, Error> {
@@ -126,20 +138,27 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        AuthLayer::new(keys).layer(inner).oneshot(req).await
+        AuthLayer::new(keys, &Tenants::default())
+            .layer(inner)
+            .oneshot(req)
+            .await
     }
 
     fn keys() -> Vec<ApiKey> {
         vec![
             ApiKey {
                 key: Secret::new("sk-batch".to_owned()),
+                name: "batch".into(),
                 class: Some(1),
                 grant: Arc::default(),
+                limits: KeyLimits::default(),
             },
             ApiKey {
                 key: Secret::new("sk-plain".to_owned()),
+                name: "plain".into(),
                 class: None,
                 grant: Arc::default(),
+                limits: KeyLimits::default(),
             },
         ]
     }

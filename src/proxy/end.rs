@@ -15,6 +15,7 @@ use super::meter::StreamMeter;
 use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::fleet::InFlightGuard;
 use crate::logging::RequestLine;
+use crate::tenant::Charge;
 
 /// One request's response on its way out: what its end will say and teach.
 #[derive(Debug)]
@@ -54,6 +55,8 @@ pub struct RequestEnd {
     written: bool,
     /// The request's span, when traced: ended with the end.
     span: Option<crate::otel::RequestSpan>,
+    /// Its API key's charge: settled at the end with the tokens used.
+    charge: Option<Arc<Charge>>,
 }
 
 /// Who a request was, for its [`RequestEnd`].
@@ -71,6 +74,8 @@ pub struct Request {
     pub start: Instant,
     /// Its span, when traced.
     pub span: Option<crate::otel::RequestSpan>,
+    /// Its API key's charge, when the key is counted.
+    pub charge: Option<Arc<Charge>>,
 }
 
 impl RequestEnd {
@@ -93,6 +98,7 @@ impl RequestEnd {
             outcome: Outcome::Cancelled,
             written: false,
             span: request.span,
+            charge: request.charge,
         }
     }
 
@@ -229,6 +235,9 @@ impl RequestEnd {
             Outcome::Failed => "upstream_error",
         };
         let timing = meter.map(|m| &m.timing);
+        if let Some(charge) = self.charge.take() {
+            self.settle(&charge, timing);
+        }
         if let Some(span) = self.span.take() {
             self.end_span(&span, timing, outcome, now);
         }
@@ -248,6 +257,27 @@ impl RequestEnd {
 }
 
 impl RequestEnd {
+    /// Settles the API key's charge: a stream by the usage it reported (its content events
+    /// where it reported none), a whole response at its estimate (its body's usage is not
+    /// read), priced by the backend's `cost`. A stream that sent nothing used nothing: the
+    /// charge, dropped unsettled, gives its estimate back.
+    fn settle(&self, charge: &Charge, timing: Option<&crate::curve::StreamTiming>) {
+        let cost = self
+            .slot
+            .as_ref()
+            .and_then(|s| s.backend().config.cost)
+            .map(|c| (c.input_per_1m, c.output_per_1m));
+        match timing {
+            Some(t) if t.content_events > 0 || t.output_tokens.is_some() => charge.settle(
+                Some(t.prompt_tokens.unwrap_or(self.prompt_estimate)),
+                Some(t.output_tokens.unwrap_or(u64::from(t.content_events))),
+                cost,
+            ),
+            None if (200..300).contains(&self.status) => charge.settle(None, None, cost),
+            _ => {}
+        }
+    }
+
     /// Ends the request's span with what the stream measured, named and attributed after the
     /// GenAI semantic conventions, the gateway's own facts under `tpsgate.*`.
     fn end_span(

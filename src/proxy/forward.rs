@@ -23,6 +23,7 @@ use crate::error::{Error, ErrorKind};
 use crate::fleet::Backend;
 use crate::signal::Signal;
 use crate::sse::events::StreamDialect;
+use crate::tenant::Charge;
 use crate::upstream::{PooledBody, SendError, UpstreamBody};
 
 /// `x-tpsgate-backend`: which backend answered.
@@ -80,6 +81,7 @@ impl Service<Request<UpstreamBody>> for Forward {
             return ForwardFuture::failed(Error::internal("forward: the request has no route"));
         };
         let classified = req.extensions_mut().remove::<Classified>();
+        let charge = req.extensions_mut().remove::<Arc<Charge>>();
         let (model, stream, class, prompt_tokens) = match classified {
             Some(c) => {
                 let stream = c
@@ -121,6 +123,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                     prompt_estimate: prompt_tokens,
                     start,
                     span,
+                    charge,
                 },
                 stream,
                 deadlines,

@@ -13,6 +13,7 @@ pub mod forward;
 pub mod limits;
 pub mod meter;
 pub mod models;
+pub mod quota;
 pub mod request_id;
 pub mod rescue;
 pub mod retry;

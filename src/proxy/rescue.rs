@@ -124,6 +124,9 @@ pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
     if let Some(seconds) = retry_after {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     }
+    if let Some(extra) = err.headers() {
+        headers.extend(extra.clone());
+    }
     resp
 }
 
@@ -138,7 +141,9 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
         ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::NoBackendAvailable => "overloaded_error",
-        ErrorKind::SloUnmet => "rate_limit_error",
+        ErrorKind::SloUnmet | ErrorKind::RateLimited | ErrorKind::BudgetExhausted => {
+            "rate_limit_error"
+        }
         ErrorKind::Unauthorized => "authentication_error",
         ErrorKind::Forbidden => "permission_error",
         ErrorKind::UpstreamUnreachable

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use super::raw::{OnMiss, RawClass, RawCluster, RawConfig, RawPrefixCache};
 use super::{
-    ApiKey, BackendConfig, ClassConfig, ClusterConfig, Config, KeyGrant, Limits, Policy,
-    PrefixRouting, RouteRule, Routing, Secret, Slo, TlsFiles,
+    ApiKey, BackendConfig, Budget, ClassConfig, ClusterConfig, Config, KeyGrant, KeyLimits, Limits,
+    Policy, PrefixRouting, RouteRule, Routing, Secret, Slo, TlsFiles,
 };
 use crate::yaml::ConfigError;
 
@@ -151,9 +151,21 @@ pub fn validate(
             routes.push(rule);
         }
     }
-    let mut api_keys = Vec::with_capacity(raw.api_keys.len());
+    let mut api_keys: Vec<ApiKey> = Vec::with_capacity(raw.api_keys.len());
     for (i, k) in raw.api_keys.iter().enumerate() {
-        if let Some(key) = errors.keep(api_key(&format!("api_keys[{i}]"), k, env, &class_index)) {
+        let at = format!("api_keys[{i}]");
+        if let Some(key) = errors.keep(api_key(&at, k, env, &class_index)) {
+            // Names key the usage kept across reloads and the metrics: one per key.
+            if api_keys.iter().any(|other| other.name == key.name) {
+                errors.0.push(ConfigError::at(
+                    format!("{at}.name"),
+                    format!(
+                        "another key is already named {:?}: give each key a name of its own",
+                        &*key.name
+                    ),
+                ));
+                continue;
+            }
             api_keys.push(key);
         }
     }
@@ -353,7 +365,59 @@ fn api_key(
         classes,
         slo_overrides: k.slo_overrides,
     });
-    Ok(ApiKey { key, class, grant })
+    let name = match &k.name {
+        Some(name) if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) => {
+            return Err(ConfigError::at(
+                format!("{at}.name"),
+                "a key's name is 1 to 64 printable characters (it labels metrics)",
+            ));
+        }
+        Some(name) => name.as_str(),
+        None => k.key_env.as_str(),
+    };
+    Ok(ApiKey {
+        key,
+        name: name.into(),
+        class,
+        grant,
+        limits: key_limits(&format!("{at}.limits"), &k.limits)?,
+    })
+}
+
+/// `api_keys[].limits`: each limit at least 1 where given; a period only with a budget.
+fn key_limits(at: &str, raw: &crate::config::raw::RawKeyLimits) -> Result<KeyLimits> {
+    let positive = |field: &str, value: Option<u64>| match value {
+        Some(0) => Err(ConfigError::at(
+            format!("{at}.{field}"),
+            "must be at least 1 (leave it out for no limit)",
+        )),
+        _ => Ok(value),
+    };
+    let budget = match (raw.budget_usd, raw.budget_period) {
+        (Some(usd), period) if usd.is_finite() && usd > 0.0 => Some(Budget {
+            usd,
+            period: period.unwrap_or_default(),
+        }),
+        (Some(_), _) => {
+            return Err(ConfigError::at(
+                format!("{at}.budget_usd"),
+                "must be a number of dollars above 0 (leave it out for no budget)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::at(
+                format!("{at}.budget_period"),
+                "a period needs a budget: set budget_usd, or remove budget_period",
+            ));
+        }
+        (None, None) => None,
+    };
+    Ok(KeyLimits {
+        requests_per_minute: positive("requests_per_minute", raw.requests_per_minute)?,
+        tokens_per_minute: positive("tokens_per_minute", raw.tokens_per_minute)?,
+        max_concurrency: positive("max_concurrency", raw.max_concurrency)?,
+        budget,
+    })
 }
 
 /// `tracing:`: an http(s) endpoint, a service name, a ratio.

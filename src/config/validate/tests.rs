@@ -310,6 +310,60 @@ fn a_key_may_claim_its_own_class_and_the_ones_it_lists_only() {
 }
 
 #[test]
+fn key_limits_name_the_field_and_the_fix() {
+    let env = |_: &str| Some("sk".to_owned());
+    let with = |keys: &str| parse(&format!("{BASE}api_keys:\n{keys}"), env);
+    let c = with("  - {key_env: A, limits: {requests_per_minute: 60, budget_usd: 5}}\n").unwrap();
+    let key = &c.api_keys[0];
+    assert_eq!(
+        &*key.name, "A",
+        "a key is named by its key_env unless named"
+    );
+    assert_eq!(key.limits.requests_per_minute, Some(60));
+    assert_eq!(
+        key.limits.budget.unwrap().period,
+        crate::config::BudgetPeriod::Day
+    );
+    for (keys, path, says) in [
+        (
+            "  - {key_env: A, name: x}\n  - {key_env: B, name: x}\n",
+            "api_keys[1].name",
+            "a name of its own",
+        ),
+        (
+            "  - {key_env: A, limits: {tokens_per_minute: 0}}\n",
+            "api_keys[0].limits.tokens_per_minute",
+            "at least 1",
+        ),
+        (
+            "  - {key_env: A, limits: {budget_period: month}}\n",
+            "api_keys[0].limits.budget_period",
+            "set budget_usd",
+        ),
+        (
+            "  - {key_env: A, limits: {budget_usd: -1}}\n",
+            "api_keys[0].limits.budget_usd",
+            "above 0",
+        ),
+        (
+            "  - {key_env: A, name: ''}\n",
+            "api_keys[0].name",
+            "1 to 64",
+        ),
+    ] {
+        let err = with(keys).unwrap_err();
+        assert_eq!(err.path, path, "{keys}");
+        assert!(err.message.contains(says), "{}", err.message);
+    }
+    let err = with("  - {key_env: A, limits: {rpm: 5}}\n").unwrap_err();
+    assert!(
+        err.message.contains("requests_per_minute"),
+        "{}",
+        err.message
+    );
+}
+
+#[test]
 fn cors_origins_are_origins_or_a_lone_star() {
     let with = |cors: &str| parse(&format!("{BASE}cors: {cors}\n"), no_env);
     let c =

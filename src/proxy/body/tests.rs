@@ -21,6 +21,7 @@ fn request() -> end::Request {
         prompt_estimate: 10,
         start: Instant::now(),
         span: None,
+        charge: None,
     }
 }
 

@@ -1,0 +1,91 @@
+//! A per-minute limit as a token bucket: it holds up to the limit, refills the limit over a
+//! minute, and is drawn at admission by an estimate that the request's end settles. Settling
+//! above the estimate may take it below zero: the debt is refilled before the key is admitted
+//! again, so that over any minute what a key used stays within its limit plus what was in
+//! flight.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A limit per minute, its level and when that was last brought up to date.
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket {
+    per_minute: f64,
+    level: f64,
+    at: Instant,
+}
+
+/// One limit's state for the response headers: the limit, what is left, and how long until
+/// the bucket is full again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Window {
+    /// Per minute.
+    pub limit: u64,
+    /// What may still be used now.
+    pub remaining: u64,
+    /// Until the full limit is available again.
+    #[serde(serialize_with = "seconds")]
+    pub reset: Duration,
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Bucket {
+    /// A full bucket of `per_minute`.
+    pub fn full(per_minute: u64, now: Instant) -> Self {
+        let per_minute = per_minute as f64;
+        Self {
+            per_minute,
+            level: per_minute,
+            at: now,
+        }
+    }
+
+    /// Refilled up to `now`.
+    fn refill(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.level = (self.level + elapsed * self.per_minute / 60.0).min(self.per_minute);
+        self.at = self.at.max(now);
+    }
+
+    /// How long until `amount` may be drawn (`None`: now). A draw larger than the whole limit
+    /// waits for a full bucket instead of for ever.
+    pub fn wait_for(&mut self, amount: u64, now: Instant) -> Option<Duration> {
+        self.refill(now);
+        let need = (amount as f64).min(self.per_minute);
+        (self.level < need)
+            .then(|| Duration::from_secs_f64((need - self.level) * 60.0 / self.per_minute))
+    }
+
+    /// Draws `amount` (after [`Bucket::wait_for`] said it fits).
+    pub fn draw(&mut self, amount: u64) {
+        self.level -= amount as f64;
+    }
+
+    /// Gives back `amount` (an estimate above what was used), or draws more where negative.
+    pub fn settle(&mut self, amount: f64, now: Instant) {
+        self.refill(now);
+        self.level = (self.level + amount).min(self.per_minute);
+    }
+
+    /// The limit changed to `per_minute`: what was used stays used.
+    pub fn resize(&mut self, per_minute: u64, now: Instant) {
+        self.refill(now);
+        let used = self.per_minute - self.level;
+        self.per_minute = per_minute as f64;
+        self.level = self.per_minute - used;
+    }
+
+    /// The state at `now`.
+    pub fn window(&mut self, now: Instant) -> Window {
+        self.refill(now);
+        Window {
+            limit: self.per_minute as u64,
+            remaining: self.level.max(0.0) as u64,
+            reset: Duration::from_secs_f64((self.per_minute - self.level) * 60.0 / self.per_minute),
+        }
+    }
+}

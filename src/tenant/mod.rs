@@ -1,0 +1,454 @@
+//! Tenants: what each API key may use and what it has used: requests and tokens per minute,
+//! requests in flight, spend per calendar period. Counted on this replica.
+//!
+//! A request is admitted against its key's limits with an estimate of its tokens (the prompt as
+//! classify sized it, plus its `max_tokens`) and leaves a [`Charge`]; the request's end settles
+//! the charge with the tokens the backend reported and their price (`backends[].cost`), and a
+//! request that never reached a backend gives its estimate back. Per-minute limits are token
+//! buckets ([`Bucket`]): a key may burst up to its limit, then use it at its rate.
+//!
+//! How far a key can go over: requests per minute and in flight, never (checked and taken under
+//! one lock); tokens per minute, by what its requests in flight used beyond their estimates
+//! (a request without `max_tokens` is estimated at 256 output tokens); spend, by what its
+//! requests in flight cost when the budget ran out (spend is known only at a request's end).
+//!
+//! A reload keeps each key's usage by its name; a key's limits may change in place.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::config::{ApiKey, BudgetPeriod, KeyLimits};
+use crate::telemetry::KeyMetrics;
+
+mod bucket;
+mod period;
+#[cfg(test)]
+mod tests;
+
+pub use bucket::{Bucket, Window};
+
+/// Which limit refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// `requests_per_minute`.
+    Requests,
+    /// `tokens_per_minute`.
+    Tokens,
+    /// `max_concurrency`.
+    Concurrency,
+    /// `budget_usd`.
+    Budget,
+}
+
+impl Limit {
+    /// Every limit, in the order of [`KeyMetrics::limited`].
+    pub const ALL: [Self; 4] = [
+        Self::Requests,
+        Self::Tokens,
+        Self::Concurrency,
+        Self::Budget,
+    ];
+
+    /// The `limit` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+            Self::Concurrency => "concurrency",
+            Self::Budget => "budget",
+        }
+    }
+}
+
+/// A key's per-minute limits after a decision, for the response's rate-limit headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// `requests_per_minute`, if set.
+    pub requests: Option<Window>,
+    /// `tokens_per_minute`, if set.
+    pub tokens: Option<Window>,
+}
+
+/// A request its key's limits refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// The limit it is over (the first found: in flight, budget, requests, tokens).
+    pub limit: Limit,
+    /// When it would be admitted, as far as can be told.
+    pub retry_after: Duration,
+    /// The key's limits as they stand.
+    pub quota: Quota,
+}
+
+/// One API key's limits and usage.
+#[derive(Debug)]
+pub struct Tenant {
+    name: Arc<str>,
+    state: Mutex<State>,
+    in_flight: AtomicU64,
+    totals: Totals,
+    metrics: KeyMetrics,
+}
+
+#[derive(Debug)]
+struct State {
+    limits: KeyLimits,
+    requests: Option<Bucket>,
+    tokens: Option<Bucket>,
+    spend: Spend,
+}
+
+/// Spend in the current period (of the budget's kind, a day without one).
+#[derive(Debug, Default)]
+struct Spend {
+    period: Option<(BudgetPeriod, i64)>,
+    usd: f64,
+}
+
+#[derive(Debug, Default)]
+struct Totals {
+    requests: AtomicU64,
+    input_tokens: AtomicU64,
+    output_tokens: AtomicU64,
+    limited: AtomicU64,
+}
+
+/// What a key has used and may still use, for `/admin/keys`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    /// The key's name.
+    pub name: String,
+    /// Requests in flight now.
+    pub in_flight: u64,
+    /// `max_concurrency`, if set.
+    pub max_concurrency: Option<u64>,
+    /// `requests_per_minute`: limit, remaining, seconds to full.
+    pub requests_per_minute: Option<Window>,
+    /// `tokens_per_minute`: limit, remaining, seconds to full.
+    pub tokens_per_minute: Option<Window>,
+    /// Dollars spent this period.
+    pub spent_usd: f64,
+    /// `budget_usd`, if set.
+    pub budget_usd: Option<f64>,
+    /// The period spend is counted over.
+    pub budget_period: BudgetPeriod,
+    /// Seconds until the period renews.
+    pub period_resets_in_s: i64,
+    /// Requests admitted since start.
+    pub requests_total: u64,
+    /// Prompt tokens used since start.
+    pub input_tokens_total: u64,
+    /// Output tokens used since start.
+    pub output_tokens_total: u64,
+    /// Requests refused by a limit since start.
+    pub limited_total: u64,
+}
+
+impl Tenant {
+    /// A key named `name` with `limits`, nothing used yet.
+    pub fn new(name: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
+        Arc::new(Self {
+            metrics: KeyMetrics::new(&name),
+            name,
+            state: Mutex::new(State {
+                limits,
+                requests: limits.requests_per_minute.map(|n| Bucket::full(n, now)),
+                tokens: limits.tokens_per_minute.map(|n| Bucket::full(n, now)),
+                spend: Spend::default(),
+            }),
+            in_flight: AtomicU64::new(0),
+            totals: Totals::default(),
+        })
+    }
+
+    /// The key's name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding it cannot leave the counts torn (each update is one
+        // assignment), so a poisoned lock is used as it is.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes the limits; what was used stays used.
+    pub fn set_limits(&self, limits: KeyLimits, now: Instant) {
+        let mut state = self.state();
+        let resize =
+            |bucket: &mut Option<Bucket>, limit: Option<u64>| match (bucket.as_mut(), limit) {
+                (Some(b), Some(n)) => b.resize(n, now),
+                (None, Some(n)) => *bucket = Some(Bucket::full(n, now)),
+                (_, None) => *bucket = None,
+            };
+        resize(&mut state.requests, limits.requests_per_minute);
+        resize(&mut state.tokens, limits.tokens_per_minute);
+        state.limits = limits;
+    }
+
+    /// Admits a request estimated at `prompt` + `output` tokens at `now` (`unix_s` for the
+    /// budget's calendar), or says which limit it is over and for how long.
+    pub fn admit(
+        self: &Arc<Self>,
+        prompt: u64,
+        output: u64,
+        now: Instant,
+        unix_s: i64,
+    ) -> Result<(Arc<Charge>, Quota), Refusal> {
+        let mut state = self.state();
+        let refused = self.refusal(&mut state, prompt + output, now, unix_s);
+        let quota = state.quota(now);
+        if let Some((limit, retry_after)) = refused {
+            drop(state);
+            self.totals.limited.fetch_add(1, Ordering::Relaxed);
+            self.metrics.limited[limit as usize].increment(1);
+            return Err(Refusal {
+                limit,
+                retry_after,
+                quota,
+            });
+        }
+        if let Some(b) = &mut state.requests {
+            b.draw(1);
+        }
+        if let Some(b) = &mut state.tokens {
+            b.draw(prompt + output);
+        }
+        let quota = state.quota(now);
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        drop(state);
+        self.totals.requests.fetch_add(1, Ordering::Relaxed);
+        self.metrics.requests.increment(1);
+        self.metrics.in_flight.increment(1.0);
+        let charge = Charge {
+            tenant: Arc::clone(self),
+            prompt,
+            output,
+            settled: AtomicBool::new(false),
+        };
+        Ok((Arc::new(charge), quota))
+    }
+
+    /// The first limit a request of `tokens` is over, and the wait; nothing taken.
+    fn refusal(
+        &self,
+        state: &mut State,
+        tokens: u64,
+        now: Instant,
+        unix_s: i64,
+    ) -> Option<(Limit, Duration)> {
+        if state
+            .limits
+            .max_concurrency
+            .is_some_and(|max| self.in_flight.load(Ordering::Relaxed) >= max)
+        {
+            // A slot frees when a request ends, which cannot be told: a second is a guess.
+            return Some((Limit::Concurrency, Duration::from_secs(1)));
+        }
+        let period_end = state.roll(unix_s);
+        if let Some(budget) = state.limits.budget
+            && state.spend.usd >= budget.usd
+        {
+            let wait = u64::try_from(period_end.saturating_sub(unix_s)).unwrap_or(0);
+            return Some((Limit::Budget, Duration::from_secs(wait.max(1))));
+        }
+        let requests = state.requests.as_mut().and_then(|b| b.wait_for(1, now));
+        let tokens = state.tokens.as_mut().and_then(|b| b.wait_for(tokens, now));
+        match (requests, tokens) {
+            (Some(r), Some(t)) if t > r => Some((Limit::Tokens, t)),
+            (Some(r), _) => Some((Limit::Requests, r)),
+            (None, Some(t)) => Some((Limit::Tokens, t)),
+            (None, None) => None,
+        }
+    }
+
+    /// A charge's end: `input` + `output` tokens used at `cost_usd`, against its estimate.
+    fn settle(&self, estimate: u64, input: u64, output: u64, cost_usd: f64) {
+        let now = Instant::now();
+        let mut state = self.state();
+        if let Some(b) = &mut state.tokens {
+            b.settle(estimate as f64 - (input + output) as f64, now);
+        }
+        state.roll(unix_now());
+        state.spend.usd += cost_usd;
+        let spent = state.spend.usd;
+        drop(state);
+        self.totals.input_tokens.fetch_add(input, Ordering::Relaxed);
+        self.totals
+            .output_tokens
+            .fetch_add(output, Ordering::Relaxed);
+        self.metrics.input_tokens.increment(input);
+        self.metrics.output_tokens.increment(output);
+        self.metrics.spend.set(spent);
+    }
+
+    /// A charge that used nothing: its estimate goes back.
+    fn refund(&self, estimate: u64) {
+        let now = Instant::now();
+        if let Some(b) = &mut self.state().tokens {
+            b.settle(estimate as f64, now);
+        }
+    }
+
+    /// Sets its gauges (spend this period, requests in flight) for a scrape: gauges not set
+    /// for a while leave the metrics page.
+    fn publish(&self, unix_s: i64) {
+        let mut state = self.state();
+        state.roll(unix_s);
+        self.metrics.spend.set(state.spend.usd);
+        drop(state);
+        self.metrics
+            .in_flight
+            .set(self.in_flight.load(Ordering::Relaxed) as f64);
+    }
+
+    /// What the key has used and may use at `now`.
+    pub fn usage(&self, now: Instant, unix_s: i64) -> Usage {
+        let mut state = self.state();
+        let period_end = state.roll(unix_s);
+        let quota = state.quota(now);
+        Usage {
+            name: self.name.to_string(),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            max_concurrency: state.limits.max_concurrency,
+            requests_per_minute: quota.requests,
+            tokens_per_minute: quota.tokens,
+            spent_usd: state.spend.usd,
+            budget_usd: state.limits.budget.map(|b| b.usd),
+            budget_period: state
+                .spend
+                .period
+                .map_or_else(BudgetPeriod::default, |p| p.0),
+            period_resets_in_s: period_end.saturating_sub(unix_s),
+            requests_total: self.totals.requests.load(Ordering::Relaxed),
+            input_tokens_total: self.totals.input_tokens.load(Ordering::Relaxed),
+            output_tokens_total: self.totals.output_tokens.load(Ordering::Relaxed),
+            limited_total: self.totals.limited.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl State {
+    /// See [`Spend::roll`].
+    fn roll(&mut self, unix_s: i64) -> i64 {
+        self.spend.roll(self.limits, unix_s)
+    }
+
+    fn quota(&mut self, now: Instant) -> Quota {
+        Quota {
+            requests: self.requests.as_mut().map(|b| b.window(now)),
+            tokens: self.tokens.as_mut().map(|b| b.window(now)),
+        }
+    }
+}
+
+impl Spend {
+    /// Starts a new period where `unix_s` is past this one; the second the period ends.
+    fn roll(&mut self, limits: KeyLimits, unix_s: i64) -> i64 {
+        let kind = limits
+            .budget
+            .map_or_else(BudgetPeriod::default, |b| b.period);
+        let (n, end) = period::of(kind, unix_s);
+        // A budget whose period changed kind on reload starts afresh too.
+        if self.period != Some((kind, n)) {
+            self.usd = 0.0;
+            self.period = Some((kind, n));
+        }
+        end
+    }
+}
+
+/// A request's hold on its key: in flight until dropped, its estimate drawn until settled.
+#[derive(Debug)]
+pub struct Charge {
+    tenant: Arc<Tenant>,
+    prompt: u64,
+    output: u64,
+    settled: AtomicBool,
+}
+
+impl Charge {
+    /// The key.
+    pub fn tenant(&self) -> &Arc<Tenant> {
+        &self.tenant
+    }
+
+    /// The request ended having used `input` and `output` tokens (`None`: unknown, the
+    /// estimate stands), priced at `per_1m` (input, output dollars per million tokens).
+    /// Only the first call counts.
+    pub fn settle(&self, input: Option<u64>, output: Option<u64>, per_1m: Option<(f64, f64)>) {
+        if self.settled.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let input = input.unwrap_or(self.prompt);
+        let output = output.unwrap_or(self.output);
+        let cost = per_1m.map_or(0.0, |(i, o)| (input as f64 * i + output as f64 * o) / 1e6);
+        self.tenant
+            .settle(self.prompt + self.output, input, output, cost);
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if !self.settled.swap(true, Ordering::Relaxed) {
+            self.tenant.refund(self.prompt + self.output);
+        }
+        self.tenant.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.tenant.metrics.in_flight.decrement(1.0);
+    }
+}
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Every configured key's tenant, in `api_keys` order.
+#[derive(Debug, Clone, Default)]
+pub struct Tenants {
+    keys: Vec<Arc<Tenant>>,
+}
+
+impl Tenants {
+    /// The tenants of `keys`; a key of the same name in `old` keeps its usage (its limits
+    /// changed to the new ones), a key gone from `keys` is gone.
+    pub fn build(keys: &[ApiKey], old: Option<&Self>, now: Instant) -> Self {
+        let keys = keys
+            .iter()
+            .map(|key| {
+                let kept = old.and_then(|o| o.keys.iter().find(|t| t.name == key.name));
+                match kept {
+                    Some(t) => {
+                        t.set_limits(key.limits, now);
+                        Arc::clone(t)
+                    }
+                    None => Tenant::new(Arc::clone(&key.name), key.limits, now),
+                }
+            })
+            .collect();
+        Self { keys }
+    }
+
+    /// The tenant of the `index`-th key.
+    pub fn get(&self, index: usize) -> Option<&Arc<Tenant>> {
+        self.keys.get(index)
+    }
+
+    /// Sets every key's gauges, before `/metrics` is rendered.
+    pub fn publish(&self, unix_s: i64) {
+        for t in &self.keys {
+            t.publish(unix_s);
+        }
+    }
+
+    /// Every key's usage at `now`.
+    pub fn usage(&self, now: Instant, unix_s: i64) -> Vec<Usage> {
+        self.keys.iter().map(|t| t.usage(now, unix_s)).collect()
+    }
+}

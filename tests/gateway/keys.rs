@@ -1,0 +1,311 @@
+//! API keys' limits (`api_keys[].limits`): requests and tokens per minute, requests in flight,
+//! spend per period; 429 in the client's dialect with `Retry-After` and the provider's
+//! rate-limit headers on every answer; usage in `/admin/keys` and `/metrics`, kept across a
+//! reload.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use serde_json::{Value, json};
+use tpsgate::bench::http_client;
+
+use crate::support;
+
+/// A gateway over one simulated backend (`dialect`, 20 ms a step) whose keys are `keys`
+/// (YAML list items under `api_keys:`); the key of `key_env: NAME` is `key-of-NAME`.
+async fn gateway(
+    dialect: &str,
+    backend_extra: &str,
+    keys: &str,
+) -> (tpsgate::sim::Fleet, tpsgate::gateway::Gateway) {
+    let (fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 8)).await;
+    let backend = support::backend_yaml(
+        "sim",
+        sim,
+        dialect,
+        &format!("    models: {{m: m}}\n{backend_extra}"),
+    );
+    let gw = support::gateway(&format!("backends:\n{backend}api_keys:\n{keys}")).await;
+    (fleet, gw)
+}
+
+/// A streamed chat completion with `key`, of `max_tokens`, its usage asked for.
+async fn chat(gw: SocketAddr, key: &str, max_tokens: u32) -> support::Exchange {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens, "stream": true, "stream_options": {"include_usage": true}});
+    let auth = format!("Bearer {key}");
+    support::send(
+        &http_client(None).unwrap(),
+        gw,
+        Method::POST,
+        "/v1/chat/completions",
+        Some(body.to_string().as_bytes()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
+    )
+    .await
+}
+
+fn header<'a>(ex: &'a support::Exchange, name: &str) -> Option<&'a str> {
+    ex.headers.get(name).map(|v| v.to_str().unwrap())
+}
+
+/// The key named `name` in `/admin/keys`.
+async fn usage(gw: &tpsgate::gateway::Gateway, name: &str) -> Value {
+    let keys = support::get_json(gw.admin_addr(), "/admin/keys").await;
+    keys["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|k| k["name"] == name)
+        .cloned()
+        .expect("the key is listed")
+}
+
+#[tokio::test]
+async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after_and_openai_headers() {
+    let (_fleet, gw) = gateway(
+        "openai",
+        "",
+        "  - {key_env: A, name: team-a, limits: {requests_per_minute: 2}}\n  - {key_env: B, name: team-b}\n",
+    )
+    .await;
+    for remaining in ["1", "0"] {
+        let ok = chat(gw.addr(), "key-of-A", 4).await;
+        assert_eq!(ok.status, 200);
+        assert_eq!(header(&ok, "x-ratelimit-limit-requests"), Some("2"));
+        assert_eq!(
+            header(&ok, "x-ratelimit-remaining-requests"),
+            Some(remaining)
+        );
+        assert!(
+            header(&ok, "x-ratelimit-reset-requests")
+                .unwrap()
+                .ends_with('s')
+        );
+    }
+    let refused = chat(gw.addr(), "key-of-A", 4).await;
+    assert_eq!(refused.status, StatusCode::TOO_MANY_REQUESTS);
+    let error = &refused.json()["error"];
+    assert_eq!(error["type"], "rate_limit_error");
+    assert_eq!(error["code"], "rate_limit_exceeded");
+    assert!(error["message"].as_str().unwrap().contains("team-a"));
+    assert!(!error["message"].as_str().unwrap().contains("key-of-A"));
+    // A request comes back every 30 s.
+    let wait: u64 = header(&refused, "retry-after").unwrap().parse().unwrap();
+    assert!((29..=30).contains(&wait), "retry-after {wait}");
+    assert_eq!(
+        header(&refused, "x-ratelimit-remaining-requests"),
+        Some("0")
+    );
+    // Another key is not held back by team-a's limit, and carries no limit headers.
+    let other = chat(gw.addr(), "key-of-B", 4).await;
+    assert_eq!(other.status, 200);
+    assert_eq!(header(&other, "x-ratelimit-limit-requests"), None);
+    let a = usage(&gw, "team-a").await;
+    assert_eq!(
+        (a["requests_total"].as_u64(), a["limited_total"].as_u64()),
+        (Some(2), Some(1))
+    );
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    let metrics = String::from_utf8(metrics.body()).unwrap();
+    assert!(
+        metrics.contains("tpsgate_key_requests_total{key=\"team-a\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tpsgate_key_limited_total{key=\"team-a\",limit=\"requests\"} 1"));
+    assert!(metrics.contains("tpsgate_key_requests_total{key=\"team-b\"} 1"));
+    assert!(!metrics.contains("key-of-"), "a key never shows in metrics");
+}
+
+#[tokio::test]
+async fn anthropic_clients_get_anthropics_rate_limit_headers_and_error_shape() {
+    let (_fleet, gw) = gateway(
+        "anthropic",
+        "",
+        "  - {key_env: A, limits: {requests_per_minute: 1, tokens_per_minute: 100000}}\n",
+    )
+    .await;
+    let messages = |gw: SocketAddr| async move {
+        let body = json!({"model": "m", "max_tokens": 4, "stream": true,
+            "messages": [{"role": "user", "content": "hello"}]});
+        support::send(
+            &http_client(None).unwrap(),
+            gw,
+            Method::POST,
+            "/v1/messages",
+            Some(body.to_string().as_bytes()),
+            &[
+                ("content-type", "application/json"),
+                ("x-api-key", "key-of-A"),
+            ],
+        )
+        .await
+    };
+    let ok = messages(gw.addr()).await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(header(&ok, "anthropic-ratelimit-requests-limit"), Some("1"));
+    assert_eq!(
+        header(&ok, "anthropic-ratelimit-requests-remaining"),
+        Some("0")
+    );
+    assert_eq!(
+        header(&ok, "anthropic-ratelimit-tokens-limit"),
+        Some("100000")
+    );
+    let reset = header(&ok, "anthropic-ratelimit-requests-reset").unwrap();
+    assert!(
+        reset.len() == 20 && reset.ends_with('Z'),
+        "RFC 3339: {reset}"
+    );
+    assert_eq!(header(&ok, "x-ratelimit-limit-requests"), None);
+    let refused = messages(gw.addr()).await;
+    assert_eq!(refused.status, 429);
+    let body = refused.json();
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert!(header(&refused, "retry-after").is_some());
+    assert_eq!(
+        header(&refused, "anthropic-ratelimit-requests-remaining"),
+        Some("0")
+    );
+}
+
+#[tokio::test]
+async fn tokens_per_minute_counts_what_the_stream_reported_not_the_estimate() {
+    let (_fleet, gw) = gateway(
+        "openai",
+        "",
+        "  - {key_env: A, name: a, limits: {tokens_per_minute: 1000}}\n",
+    )
+    .await;
+    // Admitted at its estimate (the prompt and 600 output tokens), it used 20 output tokens.
+    let ex = chat(gw.addr(), "key-of-A", 20).await;
+    assert_eq!(ex.status, 200);
+    let usage_event = ex
+        .data_events()
+        .into_iter()
+        .filter(|d| d != "[DONE]")
+        .map(|d| serde_json::from_str::<Value>(&d).unwrap())
+        .find(|v| v["usage"].is_object())
+        .unwrap();
+    let prompt = usage_event["usage"]["prompt_tokens"].as_u64().unwrap();
+    let a = usage(&gw, "a").await;
+    assert_eq!(a["input_tokens_total"].as_u64(), Some(prompt));
+    assert_eq!(a["output_tokens_total"].as_u64(), Some(20));
+    let remaining = a["tokens_per_minute"]["remaining"].as_u64().unwrap();
+    assert!(
+        (1000 - prompt - 20..=1000).contains(&remaining),
+        "what was used is drawn, the rest of the estimate came back: {a}"
+    );
+    // A request estimated beyond what is left waits (the whole limit is not free).
+    let refused = chat(gw.addr(), "key-of-A", 999).await;
+    assert_eq!(refused.status, 429);
+    assert!(
+        refused.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tokens per minute")
+    );
+    assert!(header(&refused, "x-ratelimit-remaining-tokens").is_some());
+}
+
+#[tokio::test]
+async fn a_key_at_its_max_concurrency_waits_for_its_own_streams_to_end() {
+    let (_fleet, gw) = gateway(
+        "openai",
+        "",
+        "  - {key_env: A, name: a, limits: {max_concurrency: 1}}\n",
+    )
+    .await;
+    // A stream of 40 tokens at 20 ms each, held open.
+    let body = json!({"model": "m", "messages": [], "max_tokens": 40, "stream": true});
+    let request = Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer key-of-A")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = http_client(None).unwrap().request(request).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut open = resp.into_body();
+    assert!(open.frame().await.unwrap().unwrap().is_data());
+    assert_eq!(usage(&gw, "a").await["in_flight"], 1);
+    let refused = chat(gw.addr(), "key-of-A", 4).await;
+    assert_eq!(refused.status, 429);
+    assert!(
+        refused.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("in flight")
+    );
+    // Read to its end: the slot is the key's again.
+    while open.frame().await.is_some() {}
+    assert_eq!(usage(&gw, "a").await["in_flight"], 0);
+    assert_eq!(chat(gw.addr(), "key-of-A", 4).await.status, 200);
+}
+
+#[tokio::test]
+async fn a_spent_budget_answers_insufficient_quota_until_the_period_renews() {
+    // A dollar per token either way: a budget of $30 is spent by the first request.
+    let (_fleet, gw) = gateway(
+        "openai",
+        "    cost: {input_per_1m: 1000000, output_per_1m: 1000000}\n",
+        "  - {key_env: A, name: a, limits: {budget_usd: 30, budget_period: hour}}\n",
+    )
+    .await;
+    assert_eq!(chat(gw.addr(), "key-of-A", 30).await.status, 200);
+    let a = usage(&gw, "a").await;
+    assert!(a["spent_usd"].as_f64().unwrap() >= 30.0, "{a}");
+    assert_eq!(a["budget_period"], "hour");
+    let refused = chat(gw.addr(), "key-of-A", 4).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.json()["error"]["type"], "insufficient_quota");
+    assert_eq!(refused.json()["error"]["code"], "insufficient_quota");
+    let wait: i64 = header(&refused, "retry-after").unwrap().parse().unwrap();
+    let resets = a["period_resets_in_s"].as_i64().unwrap();
+    assert!(
+        (1..=3600).contains(&wait) && (wait - resets).abs() <= 2,
+        "{wait} against {resets}"
+    );
+}
+
+#[tokio::test]
+async fn a_reload_keeps_each_keys_usage_and_a_removed_key_stops_at_once() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(5.0, 0.0, 8)).await;
+    let backend = support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n");
+    let text = |keys: &str| format!("backends:\n{backend}api_keys:\n{keys}");
+    let parse = |body: &str| {
+        tpsgate::config::parse(
+            &format!("listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{body}"),
+            |name| Some(format!("key-of-{name}")),
+        )
+        .unwrap()
+    };
+    let first =
+        "  - {key_env: A, name: a, limits: {requests_per_minute: 3}}\n  - {key_env: B, name: b}\n";
+    let gw = support::gateway(&text(first)).await;
+    for _ in 0..2 {
+        assert_eq!(chat(gw.addr(), "key-of-A", 2).await.status, 200);
+    }
+    // A new key joins, b leaves, a's limit is raised by one: a has 2 of 4 left.
+    gw.reload(&parse(&text(
+        "  - {key_env: C, name: c}\n  - {key_env: A, name: a, limits: {requests_per_minute: 4}}\n",
+    )))
+    .await
+    .unwrap();
+    assert_eq!(chat(gw.addr(), "key-of-B", 2).await.status, 401);
+    assert_eq!(chat(gw.addr(), "key-of-C", 2).await.status, 200);
+    for remaining in ["1", "0"] {
+        let ok = chat(gw.addr(), "key-of-A", 2).await;
+        assert_eq!(
+            header(&ok, "x-ratelimit-remaining-requests"),
+            Some(remaining)
+        );
+    }
+    assert_eq!(chat(gw.addr(), "key-of-A", 2).await.status, 429);
+    assert_eq!(usage(&gw, "a").await["requests_total"], 4);
+}
