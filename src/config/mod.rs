@@ -327,6 +327,8 @@ pub struct ApiKey {
     pub grant: std::sync::Arc<KeyGrant>,
     /// What it may use.
     pub limits: KeyLimits,
+    /// Its weight in a class's line (fair order by tokens).
+    pub weight: f64,
 }
 
 /// What one API key may use; `None`: no limit of that kind.

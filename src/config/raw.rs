@@ -634,6 +634,14 @@ pub struct RawApiKey {
     /// What the key may use; none: no limit.
     #[serde(default)]
     pub limits: RawKeyLimits,
+    /// Its share of a class's line when requests queue, against other keys' (by tokens);
+    /// default 1.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// `api_keys[].limits`.

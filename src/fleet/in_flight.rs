@@ -191,7 +191,7 @@ mod tests {
     async fn a_released_slot_wakes_requests_waiting_in_line() {
         let (backend, line) = backend();
         let slot = InFlightGuard::try_admit(&backend, None).unwrap();
-        let place = line.join(0);
+        let place = line.join(0, crate::fleet::Share::default());
         let woken = place.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();

@@ -19,4 +19,4 @@ pub use backend::{Backend, ByModel};
 pub use in_flight::InFlightGuard;
 pub use outbox::{Event, Inbox, Learned, Outbox};
 pub use prefix::{Hit, PrefixIndex};
-pub use waiters::Line;
+pub use waiters::{Line, Share};

@@ -152,6 +152,7 @@ mod tests {
                 class: Some(1),
                 grant: Arc::default(),
                 limits: KeyLimits::default(),
+                weight: 1.0,
             },
             ApiKey {
                 key: Secret::new("sk-plain".to_owned()),
@@ -159,6 +160,7 @@ mod tests {
                 class: None,
                 grant: Arc::default(),
                 limits: KeyLimits::default(),
+                weight: 1.0,
             },
         ]
     }

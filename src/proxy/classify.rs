@@ -53,6 +53,18 @@ pub struct Classified {
 }
 
 impl Classified {
+    /// The output tokens it may ask for: its `max_tokens`, else the router's assumption on an
+    /// endpoint that generates (none on one that does not).
+    pub fn output_estimate(&self) -> u64 {
+        match self.max_tokens {
+            Some(n) => u64::from(n),
+            None if self.endpoint.generates() => {
+                crate::router::choose::ASSUMED_OUTPUT_TOKENS as u64
+            }
+            None => 0,
+        }
+    }
+
     /// Whether the gateway asks the upstream for the usage chunk itself (an OpenAI chat or
     /// completions stream whose client did not): rewrite adds `include_usage`, and the usage
     /// chunk is then the gateway's to remove before the client sees it.

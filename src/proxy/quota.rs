@@ -23,7 +23,6 @@ use super::classify::Classified;
 use super::endpoint::Endpoint;
 use crate::config::BackendDialect;
 use crate::error::{Error, ErrorKind};
-use crate::router::choose::ASSUMED_OUTPUT_TOKENS;
 use crate::tenant::{self, Limit, Quota, Refusal, Tenant, Window};
 
 /// Holds each API key to its limits.
@@ -63,11 +62,7 @@ where
         let (prompt, output, anthropic) = match req.extensions().get::<Classified>() {
             Some(c) => (
                 c.prompt_tokens,
-                match c.max_tokens {
-                    Some(n) => u64::from(n),
-                    None if c.endpoint.generates() => ASSUMED_OUTPUT_TOKENS as u64,
-                    None => 0,
-                },
+                c.output_estimate(),
                 c.endpoint.dialect() == BackendDialect::Anthropic,
             ),
             None => (0, 0, Endpoint::is_anthropic(req.uri().path())),

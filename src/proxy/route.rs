@@ -25,9 +25,10 @@ use super::request_id::Received;
 use crate::config::PrefixRouting;
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::fleet::{Backend, InFlightGuard};
+use crate::fleet::{Backend, InFlightGuard, Share};
 use crate::prefix::{Chain, RequestPrefix};
 use crate::router::{Ask, Decision, Reason, Router};
+use crate::tenant::Charge;
 
 /// The routing decision, in the request's extensions.
 #[derive(Debug, Clone)]
@@ -249,6 +250,19 @@ where
                 let clone = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, clone);
                 let router = Arc::clone(&self.router);
+                // Its key's flow in the class's fair line (requests without one share a flow),
+                // its cost the tokens it was admitted at.
+                let share = req.extensions().get::<Arc<Charge>>().map_or_else(
+                    || Share {
+                        tokens: classified.prompt_tokens + classified.output_estimate(),
+                        ..Share::default()
+                    },
+                    |c| Share {
+                        flow: c.tenant().id(),
+                        weight: c.tenant().weight(),
+                        tokens: c.tokens(),
+                    },
+                );
                 Either::Right(Box::pin(async move {
                     let decision = {
                         let c = req.extensions().get::<Classified>();
@@ -256,7 +270,7 @@ where
                             return Err(Error::internal("route: a queued request lost its model"));
                         };
                         router
-                            .wait_in_line(&ask(c, model, received, &[], prefix.as_ref()))
+                            .wait_in_line(&ask(c, model, received, &[], prefix.as_ref()), share)
                             .await?
                     };
                     forward(&mut inner, req, decision).await

@@ -33,7 +33,7 @@ use crate::config::{
 };
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::fleet::{Backend, Hit, InFlightGuard, Line};
+use crate::fleet::{Backend, Hit, InFlightGuard, Line, Share};
 use crate::prefix::RequestPrefix;
 pub use candidates::Candidate;
 pub use caps::Cap;
@@ -417,16 +417,17 @@ impl Router {
         decision.ok_or(candidates)
     }
 
-    /// Waits in the class's line (first come, first served within the class) until a backend is
-    /// feasible, or sheds with 429 when the class's queue wait, counted from receipt, runs out.
-    pub async fn wait_in_line(&self, ask: &Ask<'_>) -> Result<Decision, Error> {
+    /// Waits in the class's line (in weighted fair order by tokens within the class, as
+    /// `share`) until a backend is feasible, or sheds with 429 when the class's queue wait,
+    /// counted from receipt, runs out.
+    pub async fn wait_in_line(&self, ask: &Ask<'_>, share: Share) -> Result<Decision, Error> {
         let policy = self.policy(ask);
         let (_, max_wait) = self.on_miss(ask);
         let Some(class) = ask.class else {
             return Err(self.shed(ask, "no backend is predicted to meet the SLO"));
         };
         let deadline = ask.received + max_wait;
-        let place = self.line.join(class);
+        let place = self.line.join(class, share);
         loop {
             let notified = place.notified();
             tokio::pin!(notified);

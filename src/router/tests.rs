@@ -240,7 +240,7 @@ async fn batch_waits_at_the_gateway_until_a_slot_frees_rather_than_take_the_room
     let mut held = occupy(&router, 0, 2, 13);
     let batch = ask(&router, 2);
     assert!(router.route(&batch).unwrap().is_none(), "it waits in line");
-    let (decision, ()) = tokio::join!(router.wait_in_line(&batch), async {
+    let (decision, ()) = tokio::join!(router.wait_in_line(&batch, Share::default()), async {
         tokio::time::sleep(Duration::from_secs(5)).await;
         held.pop();
     });
@@ -256,7 +256,10 @@ async fn batch_that_never_finds_room_is_shed_after_its_wait_with_a_retry_time() 
     let _held = occupy(&router, 0, 2, 13);
     let batch = ask(&router, 2);
     let waited = Instant::now();
-    let err = router.wait_in_line(&batch).await.unwrap_err();
+    let err = router
+        .wait_in_line(&batch, Share::default())
+        .await
+        .unwrap_err();
     assert_eq!(
         waited.elapsed(),
         Duration::from_secs(60),

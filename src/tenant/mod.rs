@@ -88,6 +88,10 @@ pub struct Refusal {
 #[derive(Debug)]
 pub struct Tenant {
     name: Arc<str>,
+    /// Unique in the process: the key's flow in a class's fair line.
+    id: u64,
+    /// Its weight in the line, as `f64` bits (changed by a reload).
+    weight: AtomicU64,
     state: Mutex<State>,
     in_flight: AtomicU64,
     totals: Totals,
@@ -149,11 +153,14 @@ pub struct Usage {
 }
 
 impl Tenant {
-    /// A key named `name` with `limits`, nothing used yet.
+    /// A key named `name` with `limits`, nothing used yet, of weight 1.
     pub fn new(name: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
+        static IDS: AtomicU64 = AtomicU64::new(1);
         Arc::new(Self {
             metrics: KeyMetrics::new(&name),
             name,
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            weight: AtomicU64::new(1f64.to_bits()),
             state: Mutex::new(State {
                 limits,
                 requests: limits.requests_per_minute.map(|n| Bucket::full(n, now)),
@@ -168,6 +175,21 @@ impl Tenant {
     /// The key's name.
     pub fn name(&self) -> &Arc<str> {
         &self.name
+    }
+
+    /// Its flow in a class's fair line (never 0, the flow of requests without a key).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Its weight in a class's fair line.
+    pub fn weight(&self) -> f64 {
+        f64::from_bits(self.weight.load(Ordering::Relaxed))
+    }
+
+    /// Sets its weight in a class's fair line.
+    pub fn set_weight(&self, weight: f64) {
+        self.weight.store(weight.to_bits(), Ordering::Relaxed);
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -377,6 +399,11 @@ impl Charge {
         &self.tenant
     }
 
+    /// The tokens it was admitted at (prompt and output, estimated).
+    pub fn tokens(&self) -> u64 {
+        self.prompt + self.output
+    }
+
     /// The request ended having used `input` and `output` tokens (`None`: unknown, the
     /// estimate stands), priced at `per_1m` (input, output dollars per million tokens).
     /// Only the first call counts.
@@ -423,13 +450,15 @@ impl Tenants {
             .iter()
             .map(|key| {
                 let kept = old.and_then(|o| o.keys.iter().find(|t| t.name == key.name));
-                match kept {
+                let tenant = match kept {
                     Some(t) => {
                         t.set_limits(key.limits, now);
                         Arc::clone(t)
                     }
                     None => Tenant::new(Arc::clone(&key.name), key.limits, now),
-                }
+                };
+                tenant.set_weight(key.weight);
+                tenant
             })
             .collect();
         Self { keys }

@@ -17,6 +17,7 @@ fn key(name: &str, limits: KeyLimits) -> ApiKey {
         class: None,
         grant: Arc::new(KeyGrant::default()),
         limits,
+        weight: 1.0,
     }
 }
 

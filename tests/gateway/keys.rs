@@ -309,3 +309,55 @@ async fn a_reload_keeps_each_keys_usage_and_a_removed_key_stops_at_once() {
     assert_eq!(chat(gw.addr(), "key-of-A", 2).await.status, 429);
     assert_eq!(usage(&gw, "a").await["requests_total"], 4);
 }
+
+#[tokio::test]
+async fn a_key_that_floods_a_queueing_class_waits_behind_itself_not_the_other_keys() {
+    // One slot, 20 ms a token: requests of 4 tokens queue behind each other.
+    let (_fleet, sim) = support::start_engine("one", support::engine(20.0, 0.0, 8)).await;
+    let backend = support::backend_yaml(
+        "one",
+        sim,
+        "openai",
+        "    models: {m: m}\n    max_concurrency: 1\n",
+    );
+    let gw = support::gateway(&format!(
+        "backends:\n{backend}classes:\n  - {{name: waits, on_miss: queue, queue_max_wait_ms: 20000}}\napi_keys:\n  - {{key_env: A, name: noisy}}\n  - {{key_env: B, name: polite}}\n"
+    ))
+    .await;
+    let start = tokio::time::Instant::now();
+    let timed = |key: &'static str| {
+        let addr = gw.addr();
+        async move {
+            let ex = chat(addr, key, 4).await;
+            assert_eq!(ex.status, 200);
+            (key, start.elapsed())
+        }
+    };
+    let flood = futures_util::future::join_all((0..6).map(|_| timed("key-of-A")));
+    let admin = gw.admin_addr();
+    let polite = async {
+        // Once the flood is in: one request in service, five in line.
+        loop {
+            let page = support::exchange(admin, Method::GET, "/metrics", None).await;
+            if String::from_utf8(page.body())
+                .unwrap()
+                .contains("tpsgate_queue_waiting 5")
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        timed("key-of-B").await
+    };
+    let (mut done, polite) = tokio::join!(flood, polite);
+    done.push(polite);
+    done.sort_by_key(|(_, at)| *at);
+    let place = done.iter().position(|(key, _)| *key == "key-of-B").unwrap();
+    // First come, first served it would be last (7th); in fair order it follows the request
+    // in service and the flood's first in line.
+    assert!(
+        place <= 3,
+        "the polite key finished {}th: {done:?}",
+        place + 1
+    );
+}

@@ -381,6 +381,14 @@ fn api_key(
         class,
         grant,
         limits: key_limits(&format!("{at}.limits"), &k.limits)?,
+        weight: if k.weight.is_finite() && (0.001..=1000.0).contains(&k.weight) {
+            k.weight
+        } else {
+            return Err(ConfigError::at(
+                format!("{at}.weight"),
+                "a weight is a number from 0.001 to 1000 (default 1: keys share a class's line equally)",
+            ));
+        },
     })
 }
 

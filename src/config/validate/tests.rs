@@ -350,6 +350,11 @@ fn key_limits_name_the_field_and_the_fix() {
             "api_keys[0].name",
             "1 to 64",
         ),
+        (
+            "  - {key_env: A, weight: 0}\n",
+            "api_keys[0].weight",
+            "0.001 to 1000",
+        ),
     ] {
         let err = with(keys).unwrap_err();
         assert_eq!(err.path, path, "{keys}");
