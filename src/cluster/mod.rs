@@ -13,7 +13,9 @@
 //!   learns from the whole fleet's traffic, and a replica that starts reads the recent samples
 //!   back and is warm at once;
 //! - notes an ejection or a 429 cool-down it decided in the hash `{PREFIX}:health`, and applies
-//!   every new one it reads there for its period.
+//!   every new one it reads there for its period;
+//! - then, in a second pipeline, tells each API key's fleet-wide buckets and spend what the
+//!   key used here, and takes back this replica's part of what is left ([`keys`]).
 //!
 //! The request path never waits on Redis: it hands samples to a bounded queue
 //! ([`crate::fleet::Outbox`]) and reads only what the last round left in memory. With Redis
@@ -23,6 +25,7 @@
 //! it was left). One log line per transition. Keys carry the prefix in braces, so that on a Redis
 //! Cluster they share a hash slot and one pipeline serves them.
 
+mod keys;
 pub mod peers;
 pub mod wire;
 
@@ -135,6 +138,7 @@ impl Status {
 /// The Redis keys of one fleet.
 #[derive(Debug, Clone)]
 struct Keys {
+    prefix: String,
     occupancy: String,
     samples: String,
     health: String,
@@ -143,6 +147,7 @@ struct Keys {
 impl Keys {
     fn new(prefix: &str) -> Self {
         Self {
+            prefix: prefix.to_owned(),
             occupancy: format!("{{{prefix}}}:occupancy"),
             samples: format!("{{{prefix}}}:samples"),
             health: format!("{{{prefix}}}:health"),
@@ -336,7 +341,10 @@ impl Sync {
             if let Some(c) = conn.as_mut() {
                 let clock = Clock::read();
                 match tokio::time::timeout(self.round_timeout(), self.round_trip(c, &clock)).await {
-                    Ok(Ok(round)) => self.apply(round, &clock),
+                    Ok(Ok(round)) => {
+                        self.apply(round, &clock);
+                        self.sync_keys(c).await;
+                    }
                     Ok(Err(e)) => self.failed(&e.to_string()),
                     Err(_) => self.failed("no answer within the round trip's time limit"),
                 }
@@ -353,6 +361,28 @@ impl Sync {
                     .exec_async(&mut c),
             )
             .await;
+        }
+    }
+
+    /// API keys' limits: what this replica's keys used goes to the fleet's buckets, and each
+    /// key takes its part of what is left (see [`keys`]).
+    async fn sync_keys(&mut self, conn: &mut ConnectionManager) {
+        let live = self.live.load_full();
+        let now = Instant::now();
+        self.peers.expire(now);
+        let replicas = self.peers.len() + 1;
+        let peers = &self.peers;
+        let synced = tokio::time::timeout(
+            self.round_timeout(),
+            keys::sync(conn, &self.keys.prefix, &live.tenants, replicas, |name| {
+                peers.key_in_flight(name)
+            }),
+        )
+        .await;
+        match synced {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.failed(&e.to_string()),
+            Err(_) => self.failed("no answer within the round trip's time limit"),
         }
     }
 
@@ -443,9 +473,16 @@ impl Sync {
                 (b.config.name.to_string(), load)
             })
             .collect();
+        let keys = live
+            .tenants
+            .iter()
+            .filter(|t| t.in_flight() > 0)
+            .map(|t| (t.name().to_string(), t.in_flight()))
+            .collect();
         Snapshot {
             seq: self.seq,
             backends,
+            keys,
         }
     }
 
@@ -643,8 +680,13 @@ impl Sync {
         view.last_error = None;
     }
 
-    /// A round (or a connection) failed: serve on this replica's own view, say so once.
+    /// A round (or a connection) failed: serve on this replica's own view (API keys' limits
+    /// counted by this replica alone), say so once.
     fn failed(&mut self, error: &str) {
+        let now = Instant::now();
+        for tenant in self.live.load().tenants.iter() {
+            tenant.alone(now);
+        }
         if self.status.connected.swap(false, Ordering::Relaxed)
             || self
                 .status

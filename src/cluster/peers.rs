@@ -148,6 +148,14 @@ impl Peers {
         load
     }
 
+    /// The peers' requests in flight for the API key named `key`.
+    pub fn key_in_flight(&self, key: &str) -> u64 {
+        self.peers
+            .values()
+            .filter_map(|p| p.snapshot.keys.get(key))
+            .sum()
+    }
+
     /// The peers' requests in flight on `backend` by class name.
     pub fn classes(&self, backend: &str) -> BTreeMap<&str, u32> {
         let mut out = BTreeMap::new();

@@ -19,6 +19,9 @@ pub struct Snapshot {
     pub seq: u64,
     /// Per backend name.
     pub backends: BTreeMap<String, BackendLoad>,
+    /// Requests in flight per API key name (those with any); absent from older replicas.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<String, u64>,
 }
 
 /// One backend's load through one replica.

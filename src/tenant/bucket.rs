@@ -14,6 +14,9 @@ pub struct Bucket {
     per_minute: f64,
     level: f64,
     at: Instant,
+    /// The share of the refill that is this replica's (1 alone; 1/R of R replicas sharing the
+    /// bucket through the cluster).
+    share: f64,
 }
 
 /// One limit's state for the response headers: the limit, what is left, and how long until
@@ -41,23 +44,35 @@ impl Bucket {
             per_minute,
             level: per_minute,
             at: now,
+            share: 1.0,
         }
     }
 
     /// Refilled up to `now`.
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.level = (self.level + elapsed * self.per_minute / 60.0).min(self.per_minute);
+        self.level =
+            (self.level + elapsed * self.share * self.per_minute / 60.0).min(self.per_minute);
         self.at = self.at.max(now);
     }
 
     /// How long until `amount` may be drawn (`None`: now). A draw larger than the whole limit
     /// waits for a full bucket instead of for ever.
+    ///
+    /// A replica's part of a shared bucket may stay below one request's need for ever (a
+    /// bucket of 50 among 100 replicas): there, what is left is drawn by chance, a request
+    /// admitted with the probability `level / need`, so that the replicas together admit what
+    /// the fleet's bucket holds on average and none starves.
     pub fn wait_for(&mut self, amount: u64, now: Instant) -> Option<Duration> {
         self.refill(now);
         let need = (amount as f64).min(self.per_minute);
-        (self.level < need)
-            .then(|| Duration::from_secs_f64((need - self.level) * 60.0 / self.per_minute))
+        if self.level >= need
+            || (self.share < 1.0 && self.level > 0.0 && rand::random::<f64>() * need < self.level)
+        {
+            return None;
+        }
+        let rate = self.share * self.per_minute / 60.0;
+        Some(Duration::from_secs_f64((need - self.level) / rate))
     }
 
     /// Draws `amount` (after [`Bucket::wait_for`] said it fits).
@@ -77,6 +92,22 @@ impl Bucket {
         let used = self.per_minute - self.level;
         self.per_minute = per_minute as f64;
         self.level = self.per_minute - used;
+    }
+
+    /// The fleet's bucket stood at `fleet_level` when `replicas` share it: this replica may
+    /// use its `1 / replicas` part of that until the next sync, refilled at its part of the
+    /// rate, so that together the replicas admit no more than the fleet's bucket holds.
+    pub fn share_fleet(&mut self, fleet_level: f64, replicas: usize, now: Instant) {
+        let replicas = replicas.max(1) as f64;
+        self.at = self.at.max(now);
+        self.share = 1.0 / replicas;
+        self.level = (fleet_level / replicas).min(self.per_minute);
+    }
+
+    /// Alone again (the cluster's Redis away): the whole limit, refilled at the whole rate.
+    pub fn alone(&mut self, now: Instant) {
+        self.refill(now);
+        self.share = 1.0;
     }
 
     /// The state at `now`.

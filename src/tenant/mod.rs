@@ -104,6 +104,37 @@ struct State {
     requests: Option<Bucket>,
     tokens: Option<Bucket>,
     spend: Spend,
+    /// What this replica used since it last told the fleet.
+    unsent: Delta,
+    /// Requests in flight for this key through the other replicas, as last heard.
+    peers_in_flight: u64,
+}
+
+/// Usage not yet told to the fleet: requests admitted, tokens drawn (less what settling gave
+/// back), dollars spent.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Delta {
+    /// Requests admitted.
+    pub requests: f64,
+    /// Tokens drawn, net of what settling gave back (may be negative).
+    pub tokens: f64,
+    /// Dollars spent.
+    pub usd: f64,
+}
+
+/// The fleet's view of one key after a sync, for [`Tenant::share_fleet`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FleetView {
+    /// The fleet's requests bucket, if the key has one.
+    pub requests: Option<f64>,
+    /// The fleet's tokens bucket, if the key has one.
+    pub tokens: Option<f64>,
+    /// The fleet's spend this period.
+    pub spent_usd: Option<f64>,
+    /// Replicas sharing the key's limits (every replica publishing, this one included).
+    pub replicas: usize,
+    /// The key's requests in flight through the other replicas.
+    pub peers_in_flight: u64,
 }
 
 /// Spend in the current period (of the budget's kind, a day without one).
@@ -126,8 +157,10 @@ struct Totals {
 pub struct Usage {
     /// The key's name.
     pub name: String,
-    /// Requests in flight now.
+    /// Requests in flight now through this replica.
     pub in_flight: u64,
+    /// Requests in flight through the other replicas (with `cluster:`).
+    pub peers_in_flight: u64,
     /// `max_concurrency`, if set.
     pub max_concurrency: Option<u64>,
     /// `requests_per_minute`: limit, remaining, seconds to full.
@@ -166,6 +199,8 @@ impl Tenant {
                 requests: limits.requests_per_minute.map(|n| Bucket::full(n, now)),
                 tokens: limits.tokens_per_minute.map(|n| Bucket::full(n, now)),
                 spend: Spend::default(),
+                unsent: Delta::default(),
+                peers_in_flight: 0,
             }),
             in_flight: AtomicU64::new(0),
             totals: Totals::default(),
@@ -240,6 +275,8 @@ impl Tenant {
         if let Some(b) = &mut state.tokens {
             b.draw(prompt + output);
         }
+        state.unsent.requests += 1.0;
+        state.unsent.tokens += (prompt + output) as f64;
         let quota = state.quota(now);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         drop(state);
@@ -263,10 +300,11 @@ impl Tenant {
         now: Instant,
         unix_s: i64,
     ) -> Option<(Limit, Duration)> {
+        let in_flight = self.in_flight.load(Ordering::Relaxed) + state.peers_in_flight;
         if state
             .limits
             .max_concurrency
-            .is_some_and(|max| self.in_flight.load(Ordering::Relaxed) >= max)
+            .is_some_and(|max| in_flight >= max)
         {
             // A slot frees when a request ends, which cannot be told: a second is a guess.
             return Some((Limit::Concurrency, Duration::from_secs(1)));
@@ -292,9 +330,12 @@ impl Tenant {
     fn settle(&self, estimate: u64, input: u64, output: u64, cost_usd: f64) {
         let now = Instant::now();
         let mut state = self.state();
+        let back = estimate as f64 - (input + output) as f64;
         if let Some(b) = &mut state.tokens {
-            b.settle(estimate as f64 - (input + output) as f64, now);
+            b.settle(back, now);
         }
+        state.unsent.tokens -= back;
+        state.unsent.usd += cost_usd;
         state.roll(unix_now());
         state.spend.usd += cost_usd;
         let spent = state.spend.usd;
@@ -311,9 +352,72 @@ impl Tenant {
     /// A charge that used nothing: its estimate goes back.
     fn refund(&self, estimate: u64) {
         let now = Instant::now();
-        if let Some(b) = &mut self.state().tokens {
+        let mut state = self.state();
+        if let Some(b) = &mut state.tokens {
             b.settle(estimate as f64, now);
         }
+        state.unsent.tokens -= estimate as f64;
+    }
+
+    /// The key's limits.
+    pub fn limits(&self) -> KeyLimits {
+        self.state().limits
+    }
+
+    /// The budget period `unix_s` falls in: its kind and number (spend is kept per period).
+    pub fn period(&self, unix_s: i64) -> (BudgetPeriod, i64) {
+        let kind = self
+            .limits()
+            .budget
+            .map_or_else(BudgetPeriod::default, |b| b.period);
+        (kind, period::of(kind, unix_s).0)
+    }
+
+    /// What this replica used since the last call, for the fleet.
+    pub fn take_delta(&self) -> Delta {
+        std::mem::take(&mut self.state().unsent)
+    }
+
+    /// Gives back a delta the fleet did not take (Redis away): it is sent with the next.
+    pub fn untake(&self, delta: Delta) {
+        let mut state = self.state();
+        state.unsent.requests += delta.requests;
+        state.unsent.tokens += delta.tokens;
+        state.unsent.usd += delta.usd;
+    }
+
+    /// Takes the fleet's view after a sync: this replica's part of each bucket, the fleet's
+    /// spend (with what this replica spent since the sync), the peers' requests in flight.
+    pub fn share_fleet(&self, view: FleetView, now: Instant) {
+        let mut state = self.state();
+        if let (Some(b), Some(level)) = (&mut state.requests, view.requests) {
+            b.share_fleet(level, view.replicas, now);
+        }
+        if let (Some(b), Some(level)) = (&mut state.tokens, view.tokens) {
+            b.share_fleet(level, view.replicas, now);
+        }
+        if let Some(spent) = view.spent_usd {
+            state.spend.usd = spent + state.unsent.usd;
+        }
+        state.peers_in_flight = view.peers_in_flight;
+    }
+
+    /// The fleet is out of reach: limits count on this replica alone.
+    pub fn alone(&self, now: Instant) {
+        let mut state = self.state();
+        let state = &mut *state;
+        for b in [&mut state.requests, &mut state.tokens]
+            .into_iter()
+            .flatten()
+        {
+            b.alone(now);
+        }
+        state.peers_in_flight = 0;
+    }
+
+    /// Requests in flight through this replica.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
     }
 
     /// Sets its gauges (spend this period, requests in flight) for a scrape: gauges not set
@@ -336,6 +440,7 @@ impl Tenant {
         Usage {
             name: self.name.to_string(),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            peers_in_flight: state.peers_in_flight,
             max_concurrency: state.limits.max_concurrency,
             requests_per_minute: quota.requests,
             tokens_per_minute: quota.tokens,
@@ -474,6 +579,11 @@ impl Tenants {
         for t in &self.keys {
             t.publish(unix_s);
         }
+    }
+
+    /// Every key's tenant, in `api_keys` order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+        self.keys.iter()
     }
 
     /// Every key's usage at `now`.

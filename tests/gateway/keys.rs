@@ -361,3 +361,125 @@ async fn a_key_that_floods_a_queueing_class_waits_behind_itself_not_the_other_ke
         place + 1
     );
 }
+
+/// Two in-process replicas over one backend, sharing `redis` (20 ms rounds), with `keys`.
+async fn replicas(
+    redis: &support::Redis,
+    keys: &str,
+) -> (
+    tpsgate::sim::Fleet,
+    tpsgate::gateway::Gateway,
+    tpsgate::gateway::Gateway,
+) {
+    let (fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 64)).await;
+    let backend = support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n");
+    let text = format!(
+        "backends:\n{backend}api_keys:\n{keys}cluster: {{redis_url: '{}', key_prefix: keys, sync_interval_ms: 20}}\n",
+        redis.url()
+    );
+    let a = support::gateway(&text).await;
+    let b = support::gateway(&text).await;
+    // Both have made a round and see the other.
+    for gw in [&a, &b] {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+        loop {
+            let c = support::get_json(gw.admin_addr(), "/admin/cluster").await;
+            if c["cluster"]["peers"].as_array().map(Vec::len) == Some(1)
+                || tokio::time::Instant::now() >= deadline
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    (fleet, a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_requests_per_minute_hold_for_the_whole_fleet_of_replicas() {
+    let redis = support::Redis::start().await;
+    let (_fleet, a, b) = replicas(
+        &redis,
+        "  - {key_env: A, name: a, limits: {requests_per_minute: 20}}\n",
+    )
+    .await;
+    // Alternating between the replicas, a round apart: each alone would admit 20.
+    let mut admitted = 0;
+    for i in 0..60 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        if chat(gw.addr(), "key-of-A", 1).await.status == 200 {
+            admitted += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // The fleet's 20, and what refilled meanwhile (a request every 3 s), give or take the
+    // parts drawn by chance.
+    assert!(
+        (16..=26).contains(&admitted),
+        "admitted {admitted} of a fleet-wide 20"
+    );
+    let (ua, ub) = (usage(&a, "a").await, usage(&b, "a").await);
+    let (na, nb) = (
+        ua["requests_total"].as_u64().unwrap(),
+        ub["requests_total"].as_u64().unwrap(),
+    );
+    assert!(
+        na > 0 && nb > 0,
+        "both replicas admitted some: {na} and {nb}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_concurrency_counts_its_streams_on_every_replica() {
+    let redis = support::Redis::start().await;
+    let (_fleet, a, b) = replicas(
+        &redis,
+        "  - {key_env: A, name: a, limits: {max_concurrency: 1}}\n",
+    )
+    .await;
+    // A long stream through replica a.
+    let body = json!({"model": "m", "messages": [], "max_tokens": 3000, "stream": true});
+    let request = Request::post(format!("http://{}/v1/chat/completions", a.addr()))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer key-of-A")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = http_client(None).unwrap().request(request).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let open = resp.into_body();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    while usage(&b, "a").await["peers_in_flight"] != 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let refused = chat(b.addr(), "key-of-A", 1).await;
+    assert_eq!(
+        refused.status, 429,
+        "the stream on the other replica counts"
+    );
+    drop(open);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_away_a_keys_limits_count_per_replica_and_nothing_blocks() {
+    let mut redis = support::Redis::start().await;
+    let (_fleet, a, _b) = replicas(
+        &redis,
+        "  - {key_env: A, name: a, limits: {requests_per_minute: 600}}\n",
+    )
+    .await;
+    assert_eq!(chat(a.addr(), "key-of-A", 1).await.status, 200);
+    redis.kill();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    while support::get_json(a.admin_addr(), "/admin/cluster").await["cluster"]["connected"] != false
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    // Served on this replica's own allowance: the whole limit, refilled at the whole rate.
+    for _ in 0..20 {
+        let ok = chat(a.addr(), "key-of-A", 1).await;
+        assert_eq!(ok.status, 200);
+    }
+    let window = &usage(&a, "a").await["requests_per_minute"];
+    assert!(window["remaining"].as_u64().unwrap() > 250, "{window}");
+}
