@@ -125,36 +125,8 @@ async fn the_demo_shows_a_curve_for_every_backend_within_a_minute_and_stops_clea
 /// and checks the DOM: a card with both charts (points drawn) for every backend. Saves a
 /// screenshot to `target/dashboard.png`. `.ci/test` installs Chromium (Debian `chromium`).
 async fn dashboard_renders_in_a_browser(admin: SocketAddr, backends: &[String]) {
-    let browser = support::tool("chromium", "chromium");
-    let url = format!("http://{admin}/");
     let screenshot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
-    let common = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        "--virtual-time-budget=8000",
-        "--window-size=1280,2400",
-    ];
-    let run = |extra: Vec<String>| {
-        let (browser, url) = (browser.to_owned(), url.clone());
-        tokio::task::spawn_blocking(move || {
-            std::process::Command::new(browser)
-                .args(common)
-                .args(extra)
-                .arg(url)
-                .output()
-                .unwrap()
-        })
-    };
-    let dom = run(vec!["--dump-dom".to_owned()]).await.unwrap();
-    assert!(
-        dom.status.success(),
-        "{}",
-        String::from_utf8_lossy(&dom.stderr)
-    );
-    let dom = String::from_utf8_lossy(&dom.stdout).into_owned();
+    let dom = support::dashboard_dom(admin).await;
     for backend in backends {
         let card = dom
             .split(&format!("data-backend=\"{backend}\""))
@@ -178,9 +150,7 @@ async fn dashboard_renders_in_a_browser(admin: SocketAddr, backends: &[String]) 
             "{backend} in the prefix table:\n{prefix}"
         );
     }
-    let shot = run(vec![format!("--screenshot={}", screenshot.display())])
-        .await
-        .unwrap();
+    let shot = support::chromium(admin, &format!("--screenshot={}", screenshot.display())).await;
     assert!(shot.status.success());
     assert!(
         std::fs::metadata(&screenshot).unwrap().len() > 10_000,

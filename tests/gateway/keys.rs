@@ -123,6 +123,28 @@ async fn a_key_over_its_requests_per_minute_gets_429_with_retry_after_and_openai
 }
 
 #[tokio::test]
+async fn the_dashboard_lists_each_key_by_name_with_what_it_used() {
+    let (_fleet, gw) = gateway(
+        "openai",
+        "",
+        "  - {key_env: A, name: team-a, limits: {requests_per_minute: 60, max_concurrency: 4}}\n",
+    )
+    .await;
+    assert_eq!(chat(gw.addr(), "key-of-A", 4).await.status, 200);
+    let dom = support::dashboard_dom(gw.admin_addr()).await;
+    let card = dom
+        .split("id=\"keys\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap();
+    assert!(!card.contains("hidden"), "shown when keys exist:\n{card}");
+    assert!(card.contains("<td>team-a</td>"), "{card}");
+    // Requests left of 60 a minute (refilled while the page loaded), one admitted.
+    assert!(card.contains(" of 60</td>") && card.contains("<td>1</td>"), "{card}");
+    assert!(!card.contains("key-of-A"), "never the key itself");
+}
+
+#[tokio::test]
 async fn anthropic_clients_get_anthropics_rate_limit_headers_and_error_shape() {
     let (_fleet, gw) = gateway(
         "anthropic",

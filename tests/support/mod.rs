@@ -704,3 +704,40 @@ pub async fn open_stream(gw: SocketAddr, model: &str, max_tokens: u32) -> hyper:
     assert!(body.frame().await.unwrap().unwrap().is_data());
     body
 }
+
+/// Headless Chromium on the dashboard at `admin`, with `extra` (`--dump-dom`,
+/// `--screenshot=FILE`), after its script had 8 s of virtual time to fetch and draw. `.ci/test`
+/// installs Chromium (Debian `chromium`).
+pub async fn chromium(admin: SocketAddr, extra: &str) -> std::process::Output {
+    let browser = tool("chromium", "chromium");
+    let (url, extra) = (format!("http://{admin}/"), extra.to_owned());
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(browser)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                "--virtual-time-budget=8000",
+                "--window-size=1280,2400",
+            ])
+            .arg(extra)
+            .arg(url)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The dashboard at `admin` as Chromium rendered it.
+pub async fn dashboard_dom(admin: SocketAddr) -> String {
+    let dom = chromium(admin, "--dump-dom").await;
+    assert!(
+        dom.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    String::from_utf8_lossy(&dom.stdout).into_owned()
+}
