@@ -3,6 +3,9 @@
 wrk.method = "POST"
 wrk.body = '{"model":"s","messages":[{"role":"user","content":"hello there, how are you today?"}],"max_tokens":1}'
 wrk.headers["Content-Type"] = "application/json"
+-- WRK_API_KEY=KEY: sent as a bearer token (for gateways with api_keys).
+local key = os.getenv("WRK_API_KEY")
+if key then wrk.headers["Authorization"] = "Bearer " .. key end
 
 done = function(summary, latency, requests)
   local e = summary.errors

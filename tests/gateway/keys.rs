@@ -140,7 +140,10 @@ async fn the_dashboard_lists_each_key_by_name_with_what_it_used() {
     assert!(!card.contains("hidden"), "shown when keys exist:\n{card}");
     assert!(card.contains("<td>team-a</td>"), "{card}");
     // Requests left of 60 a minute (refilled while the page loaded), one admitted.
-    assert!(card.contains(" of 60</td>") && card.contains("<td>1</td>"), "{card}");
+    assert!(
+        card.contains(" of 60</td>") && card.contains("<td>1</td>"),
+        "{card}"
+    );
     assert!(!card.contains("key-of-A"), "never the key itself");
 }
 
@@ -194,6 +197,53 @@ async fn anthropic_clients_get_anthropics_rate_limit_headers_and_error_shape() {
     assert_eq!(
         header(&refused, "anthropic-ratelimit-requests-remaining"),
         Some("0")
+    );
+}
+
+#[tokio::test]
+async fn anthropic_clients_over_a_token_limit_or_a_budget_get_anthropics_429() {
+    // A dollar per token: one request spends the budget of $10.
+    let (_fleet, gw) = gateway(
+        "anthropic",
+        "    cost: {input_per_1m: 1000000, output_per_1m: 1000000}\n",
+        "  - {key_env: T, limits: {tokens_per_minute: 100}}\n  - {key_env: S, limits: {budget_usd: 10}}\n",
+    )
+    .await;
+    let messages = |key: &'static str, max_tokens: u32| {
+        let addr = gw.addr();
+        async move {
+            let body = json!({"model": "m", "max_tokens": max_tokens, "stream": true,
+                "messages": [{"role": "user", "content": "hello"}]});
+            support::send(
+                &http_client(None).unwrap(),
+                addr,
+                Method::POST,
+                "/v1/messages",
+                Some(body.to_string().as_bytes()),
+                &[("content-type", "application/json"), ("x-api-key", key)],
+            )
+            .await
+        }
+    };
+    assert_eq!(messages("key-of-T", 60).await.status, 200);
+    let over_tokens = messages("key-of-T", 60).await;
+    assert_eq!(over_tokens.status, 429);
+    assert_eq!(over_tokens.json()["error"]["type"], "rate_limit_error");
+    assert_eq!(
+        header(&over_tokens, "anthropic-ratelimit-tokens-limit"),
+        Some("100")
+    );
+    assert!(header(&over_tokens, "retry-after").is_some());
+    assert_eq!(messages("key-of-S", 20).await.status, 200);
+    let spent = messages("key-of-S", 20).await;
+    assert_eq!(spent.status, 429);
+    assert_eq!(spent.json()["type"], "error");
+    assert_eq!(spent.json()["error"]["type"], "rate_limit_error");
+    assert!(
+        spent.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget")
     );
 }
 
