@@ -116,38 +116,26 @@ fn headers(quota: &Quota, anthropic: bool, unix_s: i64) -> Option<HeaderMap> {
     let mut h = HeaderMap::with_capacity(6);
     for (window, kind) in [(quota.requests, "requests"), (quota.tokens, "tokens")] {
         let Some(w) = window else { continue };
-        if anthropic {
-            put(
-                &mut h,
-                format!("anthropic-ratelimit-{kind}-limit"),
-                w.limit.to_string(),
-            );
-            put(
-                &mut h,
-                format!("anthropic-ratelimit-{kind}-remaining"),
-                w.remaining.to_string(),
-            );
-            put(
-                &mut h,
-                format!("anthropic-ratelimit-{kind}-reset"),
-                reset_at(&w, unix_s),
-            );
+        // OpenAI: `x-ratelimit-remaining-tokens`, a reset like `6m0s`; Anthropic:
+        // `anthropic-ratelimit-tokens-remaining`, a reset as an RFC 3339 time.
+        let name = |part: &str| {
+            if anthropic {
+                format!("anthropic-ratelimit-{kind}-{part}")
+            } else {
+                format!("x-ratelimit-{part}-{kind}")
+            }
+        };
+        let reset = if anthropic {
+            reset_at(&w, unix_s)
         } else {
-            put(
-                &mut h,
-                format!("x-ratelimit-limit-{kind}"),
-                w.limit.to_string(),
-            );
-            put(
-                &mut h,
-                format!("x-ratelimit-remaining-{kind}"),
-                w.remaining.to_string(),
-            );
-            put(
-                &mut h,
-                format!("x-ratelimit-reset-{kind}"),
-                go_duration(w.reset),
-            );
+            go_duration(w.reset)
+        };
+        for (part, value) in [
+            ("limit", w.limit.to_string()),
+            ("remaining", w.remaining.to_string()),
+            ("reset", reset),
+        ] {
+            put(&mut h, name(part), value);
         }
     }
     Some(h)

@@ -21,20 +21,21 @@ fn key(name: &str, limits: KeyLimits) -> ApiKey {
     }
 }
 
+/// A key named `a` with `limits`, and the time it was made.
+fn tenant(limits: KeyLimits) -> (Instant, Arc<Tenant>) {
+    let now = Instant::now();
+    (now, Tenant::new("a".into(), limits, now))
+}
+
 /// 2026-11-25 12:00:00 UTC.
 const NOON: i64 = 1_795_608_000;
 
 #[test]
 fn requests_per_minute_admits_a_burst_up_to_the_limit_then_refills_at_its_rate() {
-    let now = Instant::now();
-    let tenant = Tenant::new(
-        "a".into(),
-        KeyLimits {
-            requests_per_minute: Some(3),
-            ..limits()
-        },
-        now,
-    );
+    let (now, tenant) = tenant(KeyLimits {
+        requests_per_minute: Some(3),
+        ..limits()
+    });
     let mut held = Vec::new();
     for remaining in [2, 1, 0] {
         let (charge, quota) = tenant.admit(10, 10, now, NOON).unwrap();
@@ -55,15 +56,10 @@ fn requests_per_minute_admits_a_burst_up_to_the_limit_then_refills_at_its_rate()
 
 #[test]
 fn tokens_per_minute_draws_the_estimate_and_the_end_settles_what_was_used() {
-    let now = Instant::now();
-    let tenant = Tenant::new(
-        "a".into(),
-        KeyLimits {
-            tokens_per_minute: Some(1_000),
-            ..limits()
-        },
-        now,
-    );
+    let (now, tenant) = tenant(KeyLimits {
+        tokens_per_minute: Some(1_000),
+        ..limits()
+    });
     let (charge, quota) = tenant.admit(100, 500, now, NOON).unwrap();
     assert_eq!(quota.tokens.unwrap().remaining, 400);
     // 500 more would not fit while the estimate is drawn.
@@ -84,15 +80,10 @@ fn tokens_per_minute_draws_the_estimate_and_the_end_settles_what_was_used() {
 
 #[test]
 fn a_request_that_used_more_than_its_estimate_leaves_a_debt_refilled_before_the_next() {
-    let now = Instant::now();
-    let tenant = Tenant::new(
-        "a".into(),
-        KeyLimits {
-            tokens_per_minute: Some(600),
-            ..limits()
-        },
-        now,
-    );
+    let (now, tenant) = tenant(KeyLimits {
+        tokens_per_minute: Some(600),
+        ..limits()
+    });
     let (charge, _) = tenant.admit(100, 100, now, NOON).unwrap();
     charge.settle(Some(100), Some(800), None);
     // 900 used of 600: 300 in debt, and the next 60-token request waits for 360 to refill.
@@ -105,30 +96,20 @@ fn a_request_that_used_more_than_its_estimate_leaves_a_debt_refilled_before_the_
 
 #[test]
 fn a_request_larger_than_the_whole_limit_waits_for_a_full_bucket_not_for_ever() {
-    let now = Instant::now();
-    let tenant = Tenant::new(
-        "a".into(),
-        KeyLimits {
-            tokens_per_minute: Some(1_000),
-            ..limits()
-        },
-        now,
-    );
+    let (now, tenant) = tenant(KeyLimits {
+        tokens_per_minute: Some(1_000),
+        ..limits()
+    });
     assert!(tenant.admit(4_000, 1_000, now, NOON).is_ok());
 }
 
 #[test]
 fn a_charge_dropped_unsettled_gives_its_estimate_back_and_its_slot() {
-    let now = Instant::now();
-    let tenant = Tenant::new(
-        "a".into(),
-        KeyLimits {
-            tokens_per_minute: Some(1_000),
-            max_concurrency: Some(1),
-            ..limits()
-        },
-        now,
-    );
+    let (now, tenant) = tenant(KeyLimits {
+        tokens_per_minute: Some(1_000),
+        max_concurrency: Some(1),
+        ..limits()
+    });
     let (charge, _) = tenant.admit(300, 300, now, NOON).unwrap();
     let refusal = tenant.admit(1, 1, now, NOON).unwrap_err();
     assert_eq!(refusal.limit, Limit::Concurrency);
@@ -141,18 +122,13 @@ fn a_charge_dropped_unsettled_gives_its_estimate_back_and_its_slot() {
 
 #[test]
 fn a_budget_refuses_once_spent_until_its_period_renews() {
-    let now = Instant::now();
-    let tenant = Tenant::new(
-        "a".into(),
-        KeyLimits {
-            budget: Some(Budget {
-                usd: 1.0,
-                period: BudgetPeriod::Day,
-            }),
-            ..limits()
-        },
-        now,
-    );
+    let (now, tenant) = tenant(KeyLimits {
+        budget: Some(Budget {
+            usd: 1.0,
+            period: BudgetPeriod::Day,
+        }),
+        ..limits()
+    });
     let (charge, _) = tenant.admit(1_000, 1_000, now, NOON).unwrap();
     // A million input tokens at $1 per million: the whole budget.
     charge.settle(Some(1_000_000), Some(0), Some((1.0, 2.0)));

@@ -50,6 +50,44 @@ async fn chat(gw: SocketAddr, key: &str, max_tokens: u32) -> support::Exchange {
     .await
 }
 
+/// A streamed Anthropic message with `key` (as `x-api-key`), of `max_tokens`.
+async fn message(gw: SocketAddr, key: &str, max_tokens: u32) -> support::Exchange {
+    let body = json!({"model": "m", "max_tokens": max_tokens, "stream": true,
+        "messages": [{"role": "user", "content": "hello"}]});
+    support::send(
+        &http_client(None).unwrap(),
+        gw,
+        Method::POST,
+        "/v1/messages",
+        Some(body.to_string().as_bytes()),
+        &[("content-type", "application/json"), ("x-api-key", key)],
+    )
+    .await
+}
+
+/// A chat stream with `key` through `gw`, of `max_tokens`, held open once its first frame came.
+async fn held_stream(gw: SocketAddr, key: &str, max_tokens: u32) -> hyper::body::Incoming {
+    let body = json!({"model": "m", "messages": [], "max_tokens": max_tokens, "stream": true});
+    let request = Request::post(format!("http://{gw}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", format!("Bearer {key}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = http_client(None).unwrap().request(request).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut open = resp.into_body();
+    assert!(open.frame().await.unwrap().unwrap().is_data());
+    open
+}
+
+/// Waits up to 3 s for `check` to hold.
+async fn until<F: std::future::Future<Output = bool>>(check: impl Fn() -> F) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
+    while !check().await && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 fn header<'a>(ex: &'a support::Exchange, name: &str) -> Option<&'a str> {
     ex.headers.get(name).map(|v| v.to_str().unwrap())
 }
@@ -155,23 +193,7 @@ async fn anthropic_clients_get_anthropics_rate_limit_headers_and_error_shape() {
         "  - {key_env: A, limits: {requests_per_minute: 1, tokens_per_minute: 100000}}\n",
     )
     .await;
-    let messages = |gw: SocketAddr| async move {
-        let body = json!({"model": "m", "max_tokens": 4, "stream": true,
-            "messages": [{"role": "user", "content": "hello"}]});
-        support::send(
-            &http_client(None).unwrap(),
-            gw,
-            Method::POST,
-            "/v1/messages",
-            Some(body.to_string().as_bytes()),
-            &[
-                ("content-type", "application/json"),
-                ("x-api-key", "key-of-A"),
-            ],
-        )
-        .await
-    };
-    let ok = messages(gw.addr()).await;
+    let ok = message(gw.addr(), "key-of-A", 4).await;
     assert_eq!(ok.status, 200);
     assert_eq!(header(&ok, "anthropic-ratelimit-requests-limit"), Some("1"));
     assert_eq!(
@@ -188,7 +210,7 @@ async fn anthropic_clients_get_anthropics_rate_limit_headers_and_error_shape() {
         "RFC 3339: {reset}"
     );
     assert_eq!(header(&ok, "x-ratelimit-limit-requests"), None);
-    let refused = messages(gw.addr()).await;
+    let refused = message(gw.addr(), "key-of-A", 4).await;
     assert_eq!(refused.status, 429);
     let body = refused.json();
     assert_eq!(body["type"], "error");
@@ -209,24 +231,8 @@ async fn anthropic_clients_over_a_token_limit_or_a_budget_get_anthropics_429() {
         "  - {key_env: T, limits: {tokens_per_minute: 100}}\n  - {key_env: S, limits: {budget_usd: 10}}\n",
     )
     .await;
-    let messages = |key: &'static str, max_tokens: u32| {
-        let addr = gw.addr();
-        async move {
-            let body = json!({"model": "m", "max_tokens": max_tokens, "stream": true,
-                "messages": [{"role": "user", "content": "hello"}]});
-            support::send(
-                &http_client(None).unwrap(),
-                addr,
-                Method::POST,
-                "/v1/messages",
-                Some(body.to_string().as_bytes()),
-                &[("content-type", "application/json"), ("x-api-key", key)],
-            )
-            .await
-        }
-    };
-    assert_eq!(messages("key-of-T", 60).await.status, 200);
-    let over_tokens = messages("key-of-T", 60).await;
+    assert_eq!(message(gw.addr(), "key-of-T", 60).await.status, 200);
+    let over_tokens = message(gw.addr(), "key-of-T", 60).await;
     assert_eq!(over_tokens.status, 429);
     assert_eq!(over_tokens.json()["error"]["type"], "rate_limit_error");
     assert_eq!(
@@ -234,8 +240,8 @@ async fn anthropic_clients_over_a_token_limit_or_a_budget_get_anthropics_429() {
         Some("100")
     );
     assert!(header(&over_tokens, "retry-after").is_some());
-    assert_eq!(messages("key-of-S", 20).await.status, 200);
-    let spent = messages("key-of-S", 20).await;
+    assert_eq!(message(gw.addr(), "key-of-S", 20).await.status, 200);
+    let spent = message(gw.addr(), "key-of-S", 20).await;
     assert_eq!(spent.status, 429);
     assert_eq!(spent.json()["type"], "error");
     assert_eq!(spent.json()["error"]["type"], "rate_limit_error");
@@ -295,16 +301,7 @@ async fn a_key_at_its_max_concurrency_waits_for_its_own_streams_to_end() {
     )
     .await;
     // A stream of 40 tokens at 20 ms each, held open.
-    let body = json!({"model": "m", "messages": [], "max_tokens": 40, "stream": true});
-    let request = Request::post(format!("http://{}/v1/chat/completions", gw.addr()))
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer key-of-A")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = http_client(None).unwrap().request(request).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let mut open = resp.into_body();
-    assert!(open.frame().await.unwrap().unwrap().is_data());
+    let mut open = held_stream(gw.addr(), "key-of-A", 40).await;
     assert_eq!(usage(&gw, "a").await["in_flight"], 1);
     let refused = chat(gw.addr(), "key-of-A", 4).await;
     assert_eq!(refused.status, 429);
@@ -453,16 +450,11 @@ async fn replicas(
     let b = support::gateway(&text).await;
     // Both have made a round and see the other.
     for gw in [&a, &b] {
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
-        loop {
+        until(|| async {
             let c = support::get_json(gw.admin_addr(), "/admin/cluster").await;
-            if c["cluster"]["peers"].as_array().map(Vec::len) == Some(1)
-                || tokio::time::Instant::now() >= deadline
-            {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+            c["cluster"]["peers"].as_array().map(Vec::len) == Some(1)
+        })
+        .await;
     }
     (fleet, a, b)
 }
@@ -510,19 +502,8 @@ async fn a_keys_concurrency_counts_its_streams_on_every_replica() {
     )
     .await;
     // A long stream through replica a.
-    let body = json!({"model": "m", "messages": [], "max_tokens": 3000, "stream": true});
-    let request = Request::post(format!("http://{}/v1/chat/completions", a.addr()))
-        .header("content-type", "application/json")
-        .header("authorization", "Bearer key-of-A")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = http_client(None).unwrap().request(request).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let open = resp.into_body();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
-    while usage(&b, "a").await["peers_in_flight"] != 1 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let open = held_stream(a.addr(), "key-of-A", 3000).await;
+    until(|| async { usage(&b, "a").await["peers_in_flight"] == 1 }).await;
     let refused = chat(b.addr(), "key-of-A", 1).await;
     assert_eq!(
         refused.status, 429,
@@ -541,12 +522,10 @@ async fn with_redis_away_a_keys_limits_count_per_replica_and_nothing_blocks() {
     .await;
     assert_eq!(chat(a.addr(), "key-of-A", 1).await.status, 200);
     redis.kill();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(3);
-    while support::get_json(a.admin_addr(), "/admin/cluster").await["cluster"]["connected"] != false
-        && tokio::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    until(|| async {
+        support::get_json(a.admin_addr(), "/admin/cluster").await["cluster"]["connected"] == false
+    })
+    .await;
     // Served on this replica's own allowance: the whole limit, refilled at the whole rate.
     for _ in 0..20 {
         let ok = chat(a.addr(), "key-of-A", 1).await;
