@@ -2,22 +2,24 @@
 # A noisy neighbour on the simulated fleet (config/sim-fleet.yaml behind
 # benches/goodput-gateway.yaml, whose interactive class queues for room: TTFT <= 1 s and
 # per-user TPS >= 25): two API keys, tenant B sending its share of the fleet's capacity
-# (B_RATE, default 4.5 req/s: half of the rate where the fleet holds 95%), tenant A three times
-# its share, open-loop, 64-token prompts and replies. Setups:
+# (B_RATE, default 10 req/s: half of the 20 req/s where one gateway held 99.7% on this traffic,
+# "Several replicas"), tenant A three times its share, open-loop, 64-token prompts and replies.
+# Setups:
 #   today  the build before fair lines (BASELINE=path: a class's line first come first served),
 #          one gateway, no limits
 #   fair   this build, one gateway, no limits: the line in weighted fair order by tokens
 #   tpm    this build, four replicas sharing a local redis-server (cluster:), A held to its share
-#          in tokens per minute (A_TPM, default B_RATE x 60 x 128 tokens = 34560), each
+#          in tokens per minute (A_TPM, default B_RATE x 60 x 128 tokens = 76800), each
 #          tenant's traffic split evenly over the replicas
 # Each setup gets a fresh simulator and gateways, a warm-up (the same traffic for WARMUP_S,
-# default 20 s, which also drains A's bucket), then DURATION_S measured. Per tenant: SLO
+# default 40 s, long enough to drain A's bucket of a minute's tokens at three times its rate),
+# then DURATION_S measured. Per tenant: SLO
 # attainment (a 429 counts as missed) and goodput; for tpm, the tokens A used fleet-wide per
 # minute of the measured window (summed over the replicas' /admin/keys) against its limit.
 # Writes the table into BENCHMARKS.md between the tenants markers (median over runs).
 #
 # Usage: [BASELINE=path] [BIN=path] benches/tenants.sh [RUNS=1] [DURATION_S=60] [SETUPS...]
-# Needs ports 8181-8184, 9191-9194, 9101-9104 and 6398 free; installs redis-server with apt when
+# Needs ports 8271-8274, 9271-9274, 9101-9104 and 6398 free; installs redis-server with apt when
 # missing. About 2 minutes per setup per run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,10 +27,10 @@ runs=${1:-1}
 duration=${2:-60}
 shift $(( $# < 2 ? $# : 2 ))
 setups=${*:-today fair tpm}
-b_rate=${B_RATE:-4.5}
+b_rate=${B_RATE:-10}
 a_rate=$(python3 -c "print(3 * $b_rate)")
 a_tpm=${A_TPM:-$(python3 -c "print(int($b_rate * 60 * 128))")}
-warmup=${WARMUP_S:-20}
+warmup=${WARMUP_S:-40}
 command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
 bin=${BIN:-$PWD/target/release/tpsgate}
 [ -n "${BIN:-}" ] || cargo build --release --quiet
@@ -50,7 +52,7 @@ redis_pid=$!
 a_tokens() { # n
   local total=0 i
   for i in $(seq "$1"); do
-    total=$((total + $(curl -s "http://127.0.0.1:$((9190 + i))/admin/keys" | python3 -c '
+    total=$((total + $(curl -s "http://127.0.0.1:$((9270 + i))/admin/keys" | python3 -c '
 import json, sys
 k = [k for k in json.load(sys.stdin)["keys"] if k["name"] == "tenant-a"][0]
 print(k["input_tokens_total"] + k["output_tokens_total"])')))
@@ -66,7 +68,7 @@ traffic() { # replicas seconds seed json-file
     for tenant in a b; do
       if [ $tenant = a ]; then rate=$a_rate; key=$TENANT_A_KEY; else rate=$b_rate; key=$TENANT_B_KEY; fi
       rate=$(python3 -c "print(round($rate / $n, 4))")
-      "$bin" bench --url "http://127.0.0.1:$((8180 + i))" --model llama-3.1-8b --prompt-tokens 64 \
+      "$bin" bench --url "http://127.0.0.1:$((8270 + i))" --model llama-3.1-8b --prompt-tokens 64 \
         --max-tokens 64 --slo-tps 25 --slo-ttft-ms 1000 --timeout 30 --rate "$rate" \
         --duration "$seconds" --seed "$((seed * 100 + i * 2 + ${#tenant}))" --api-key "$key" --json 2>/dev/null |
         sed "s/^/{\"tenant\":\"$tenant\",\"replica\":$i,\"r\":/; s/$/}/" >>"$file" &
@@ -86,7 +88,7 @@ for run in $(seq "$runs"); do
     "$gw" sim --config config/sim-fleet.yaml >/dev/null 2>&1 & pids+=($!)
     for i in $(seq "$n"); do
       {
-        sed "s/127.0.0.1:8180/127.0.0.1:$((8180 + i))/; s/127.0.0.1:9190/127.0.0.1:$((9190 + i))/" \
+        sed "s/127.0.0.1:8180/127.0.0.1:$((8270 + i))/; s/127.0.0.1:9190/127.0.0.1:$((9270 + i))/" \
           benches/goodput-gateway.yaml
         limits=""
         [ "$setup" = tpm ] && limits=", limits: {tokens_per_minute: $a_tpm}"
