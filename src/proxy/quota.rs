@@ -108,44 +108,58 @@ fn refused(tenant: &Tenant, refusal: &Refusal, anthropic: bool, unix_s: i64) -> 
 }
 
 /// The rate-limit headers of `quota` in the client's dialect; `None` without per-minute
-/// limits.
+/// limits. Names are static and counts written without a string between: this runs for every
+/// request of a key with limits.
 fn headers(quota: &Quota, anthropic: bool, unix_s: i64) -> Option<HeaderMap> {
     if quota.requests.is_none() && quota.tokens.is_none() {
         return None;
     }
     let mut h = HeaderMap::with_capacity(6);
-    for (window, kind) in [(quota.requests, "requests"), (quota.tokens, "tokens")] {
+    for (window, names) in [(quota.requests, 0), (quota.tokens, 1)] {
         let Some(w) = window else { continue };
-        // OpenAI: `x-ratelimit-remaining-tokens`, a reset like `6m0s`; Anthropic:
-        // `anthropic-ratelimit-tokens-remaining`, a reset as an RFC 3339 time.
-        let name = |part: &str| {
-            if anthropic {
-                format!("anthropic-ratelimit-{kind}-{part}")
-            } else {
-                format!("x-ratelimit-{part}-{kind}")
-            }
-        };
-        let reset = if anthropic {
+        let [limit, remaining, reset] = &NAMES[usize::from(anthropic)][names];
+        h.insert(limit.clone(), HeaderValue::from(w.limit));
+        h.insert(remaining.clone(), HeaderValue::from(w.remaining));
+        let when = if anthropic {
             reset_at(&w, unix_s)
         } else {
             go_duration(w.reset)
         };
-        for (part, value) in [
-            ("limit", w.limit.to_string()),
-            ("remaining", w.remaining.to_string()),
-            ("reset", reset),
-        ] {
-            put(&mut h, name(part), value);
+        if let Ok(value) = HeaderValue::try_from(when) {
+            h.insert(reset.clone(), value);
         }
     }
     Some(h)
 }
 
-fn put(h: &mut HeaderMap, name: String, value: String) {
-    if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
-        h.insert(name, value);
-    }
-}
+/// The headers' names: by dialect (OpenAI, Anthropic), by limit (requests, tokens): limit,
+/// remaining, reset.
+static NAMES: [[[HeaderName; 3]; 2]; 2] = [
+    [
+        [
+            HeaderName::from_static("x-ratelimit-limit-requests"),
+            HeaderName::from_static("x-ratelimit-remaining-requests"),
+            HeaderName::from_static("x-ratelimit-reset-requests"),
+        ],
+        [
+            HeaderName::from_static("x-ratelimit-limit-tokens"),
+            HeaderName::from_static("x-ratelimit-remaining-tokens"),
+            HeaderName::from_static("x-ratelimit-reset-tokens"),
+        ],
+    ],
+    [
+        [
+            HeaderName::from_static("anthropic-ratelimit-requests-limit"),
+            HeaderName::from_static("anthropic-ratelimit-requests-remaining"),
+            HeaderName::from_static("anthropic-ratelimit-requests-reset"),
+        ],
+        [
+            HeaderName::from_static("anthropic-ratelimit-tokens-limit"),
+            HeaderName::from_static("anthropic-ratelimit-tokens-remaining"),
+            HeaderName::from_static("anthropic-ratelimit-tokens-reset"),
+        ],
+    ],
+];
 
 /// When the window is full again, as Anthropic says it: RFC 3339, UTC.
 fn reset_at(w: &Window, unix_s: i64) -> String {

@@ -257,9 +257,8 @@ impl Tenant {
         unix_s: i64,
     ) -> Result<(Arc<Charge>, Quota), Refusal> {
         let mut state = self.state();
-        let refused = self.refusal(&mut state, prompt + output, now, unix_s);
-        let quota = state.quota(now);
-        if let Some((limit, retry_after)) = refused {
+        if let Some((limit, retry_after)) = self.refusal(&mut state, prompt + output, now, unix_s) {
+            let quota = state.quota(now);
             drop(state);
             self.totals.limited.fetch_add(1, Ordering::Relaxed);
             self.metrics.limited[limit as usize].increment(1);
