@@ -403,6 +403,27 @@ impl Router {
         } else {
             choose::among_feasible(policy, &candidates, ask)
         };
+        if let Some(i) = pick
+            && !candidates[i].holds_prefix
+            && let Some(holder) = candidates.iter().find(|c| c.holds_prefix)
+        {
+            // A prompt leaving the backend that holds its prefix pays its prefill cold
+            // elsewhere: why the holder was passed over.
+            let (chosen, p) = (&candidates[i], holder.prediction);
+            tracing::debug!(
+                holder = &*holder.backend.config.name,
+                holder_slack = holder.slack,
+                holder_ttft_p90_ms = p.map(|p| p.ttft_p90_s * 1e3),
+                holder_tps_p10 = p.map(|p| p.per_user_tps_p10),
+                holder_beyond_evidence = p.map(|p| p.beyond_evidence),
+                holder_keeps_others = holder.keeps_others,
+                holder_joining = holder.joining,
+                chosen = &*chosen.backend.config.name,
+                chosen_slack = chosen.slack,
+                chosen_ttft_p90_ms = chosen.prediction.map(|p| p.ttft_p90_s * 1e3),
+                "left the prefix's holder"
+            );
+        }
         let decision = pick.and_then(|i| {
             let c = &candidates[i];
             let reason = if queued {
