@@ -403,7 +403,8 @@ impl Router {
         } else {
             choose::among_feasible(policy, &candidates, ask)
         };
-        if let Some(i) = pick
+        if tracing::enabled!(tracing::Level::DEBUG)
+            && let Some(i) = pick
             && !candidates[i].holds_prefix
             && let Some(holder) = candidates.iter().find(|c| c.holds_prefix)
         {
