@@ -7,7 +7,8 @@
 # (e.g. `cp target/release/tpsgate /tmp/tpsgate.before`).
 #
 # An arm NAME=BINARY+EXTRA.yaml appends EXTRA.yaml to its gateway config (e.g. a `cluster:`
-# section, to measure what it costs).
+# section, to measure what it costs). With `api_keys` in it, set WRK_API_KEY=KEY: wrk sends it
+# as a bearer token (benches/wrk-chat.lua).
 #
 # Usage: benches/rps-ab.sh NAME=BINARY... [bare] [nginx]   (REPS=5 by default; ports 9231-9234
 # free; installs nginx-light and wrk with apt when missing; about 8 s per arm and repetition)

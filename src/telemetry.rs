@@ -577,16 +577,16 @@ pub struct KeyMetrics {
     pub spend: Gauge,
     /// Requests in flight.
     pub in_flight: Gauge,
-    /// Refusals, by limit in `tenant::Limit::ALL` order (requests, tokens, concurrency,
-    /// budget).
+    /// Refusals, by limit in the order given to [`KeyMetrics::new`].
     pub limited: [Counter; 4],
 }
 
 impl KeyMetrics {
-    /// The handles of the key named `key`; its refusal counters exist at zero from now.
-    pub fn new(key: &str) -> Self {
+    /// The handles of the key named `key`, one refusal counter per label of `limits` (in the
+    /// order [`KeyMetrics::limited`] is indexed by); they exist at zero from now.
+    pub fn new(key: &str, limits: [&'static str; 4]) -> Self {
         let _ = prometheus();
-        let limited = ["requests", "tokens", "concurrency", "budget"].map(|limit| {
+        let limited = limits.map(|limit| {
             let c = counter!(KEY_LIMITED, "key" => key.to_owned(), "limit" => limit);
             c.increment(0);
             c

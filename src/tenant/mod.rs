@@ -45,7 +45,7 @@ pub enum Limit {
 }
 
 impl Limit {
-    /// Every limit, in the order of [`KeyMetrics::limited`].
+    /// Every limit, in the order of its discriminant (which indexes [`KeyMetrics::limited`]).
     pub const ALL: [Self; 4] = [
         Self::Requests,
         Self::Tokens,
@@ -190,7 +190,7 @@ impl Tenant {
     pub fn new(name: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
         static IDS: AtomicU64 = AtomicU64::new(1);
         Arc::new(Self {
-            metrics: KeyMetrics::new(&name),
+            metrics: KeyMetrics::new(&name, Limit::ALL.map(Limit::label)),
             name,
             id: IDS.fetch_add(1, Ordering::Relaxed),
             weight: AtomicU64::new(1f64.to_bits()),
