@@ -22,7 +22,7 @@ pub use model::{Model, Prediction};
 pub use observation::{Observation, Outcome, StreamTiming};
 pub use occupancy::{Admitted, LocalLoad, Occupancy, PeerLoad, Reading};
 pub use window::FirstToken;
-use window::{Decay, Levels, Sample, Window};
+use window::{Decay, Levels, PrefillRate, Sample, StartSummary, Window};
 
 /// Bucket concurrency levels.
 pub const BUCKETS: [u32; 24] = [
@@ -265,8 +265,22 @@ impl Curve {
     }
 
     fn build(&self, now: Instant) -> Option<Model> {
-        let (speed, starts) = (self.buckets.summaries(), self.starts.summaries());
-        Model::build(&speed, &starts, self.decay.factor(now))
+        let (_, starts) = self.start_summaries();
+        Model::build(&self.buckets.summaries(()), &starts, self.decay.factor(now))
+    }
+
+    /// The TTFT windows' summaries, with their queue quantiles taken at the prefill rate that
+    /// these same summaries fit (the rate kept from the last rebuild is tried first: it seldom
+    /// moves by a step, and then only the changed windows are summarised).
+    fn start_summaries(&self) -> (PrefillRate, [Option<StartSummary>; TTFT_LEVELS.len()]) {
+        let kept = self.starts.context().unwrap_or_default();
+        let starts = self.starts.summaries(kept);
+        let rate = PrefillRate::near(model::ttft_fit(&starts).2);
+        if rate == kept {
+            (rate, starts)
+        } else {
+            (rate, self.starts.summaries(rate))
+        }
     }
 
     /// Drops the first tokens that shared a queue which has drained as of `now`: past their
@@ -327,9 +341,9 @@ impl Curve {
 
     fn refresh(&mut self, now: Instant) {
         self.forget_drained_queues(now);
-        let (speed, starts) = (self.buckets.summaries(), self.starts.summaries());
-        self.buckets.keep(&speed);
-        self.starts.keep(&starts);
+        let (speed, (rate, starts)) = (self.buckets.summaries(()), self.start_summaries());
+        self.buckets.keep((), &speed);
+        self.starts.keep(rate, &starts);
         self.model = Model::build(&speed, &starts, self.decay.factor(now)).map(Arc::new);
         self.refreshed_at = Some(now);
     }
@@ -615,6 +629,21 @@ mod tests {
     }
 
     #[test]
+    fn a_mostly_cached_prompt_waits_as_long_as_the_others_and_prefills_only_its_own_tokens() {
+        // A third of the requests miss the prefix cache (1,000 tokens to prefill, 200 ms at
+        // 5,000 tokens/s), the rest hit it (100 tokens, 20 ms): every level's TTFT p90 is a
+        // miss. A hit joining at 4 in flight waits 28 ms for those ahead, then prefills 20 ms.
+        let two_valued = |i: u64| -> u64 { if i.is_multiple_of(3) { 1000 } else { 100 } };
+        let (curve, now) = ttft_curve(two_valued);
+        let wait = 0.020 + 0.002 * 4.0;
+        let hit = curve.predict(4.0, 100, now).unwrap();
+        assert!((hit.ttft_p50_s - (wait + 0.020)).abs() < 0.006, "{hit:?}");
+        assert!(hit.ttft_p90_s < wait + 0.020 + 0.010, "{hit:?}");
+        let miss = curve.predict(4.0, 1000, now).unwrap();
+        assert!((miss.ttft_p90_s - (wait + 0.200)).abs() < 0.020, "{miss:?}");
+    }
+
+    #[test]
     fn every_fitted_ttft_parameter_is_physically_possible() {
         let now = Instant::now();
         let mut curve = Curve::default();
@@ -877,8 +906,11 @@ mod tests {
             learn_at(&mut curve, at, i);
         }
         let every_sample = |curve: &Curve, at| {
-            let speed = std::array::from_fn(|i| curve.buckets.windows()[i].summary());
-            let starts = std::array::from_fn(|i| curve.starts.windows()[i].summary());
+            let speed = std::array::from_fn(|i| curve.buckets.windows()[i].summary(()));
+            // The fit's sums do not depend on the rate the quantiles are taken at.
+            let any = std::array::from_fn(|i| curve.starts.windows()[i].summary(<_>::default()));
+            let rate = PrefillRate::near(model::ttft_fit(&any).2);
+            let starts = std::array::from_fn(|i| curve.starts.windows()[i].summary(rate));
             Model::build(&speed, &starts, curve.decay.factor(at)).unwrap()
         };
         curve.refresh(at);

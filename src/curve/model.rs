@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::window::{StartSummary, Summary};
+use super::window::{PrefillRate, StartSummary, Summary};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
 /// Decayed weight at which a TTFT bucket without enough samples to answer on its own still
@@ -37,9 +37,13 @@ pub struct Prediction {
 struct TtftSummary {
     weight: f64,
     mean_admitted: f64,
-    mean_prompt: f64,
     p50: f64,
     p90: f64,
+    /// The quantiles of TTFT less each request's own prefill (see [`StartSummary::queue_p50`]).
+    queue_p50: f64,
+    queue_p90: f64,
+    /// The rate those were taken at: a request's own prefill is added back at the same.
+    rate: PrefillRate,
 }
 
 /// A fitted snapshot of one curve.
@@ -51,9 +55,9 @@ pub struct Model {
     buckets: [Option<Summary>; BUCKETS.len()],
     /// TTFT by occupancy at admission ([`TTFT_LEVELS`]).
     starts: [Option<TtftSummary>; TTFT_LEVELS.len()],
-    /// Per TTFT bucket, the highest p50 and p90 of the trusted buckets at or below it, less
-    /// the prefill of each bucket's mean prompt: more requests ahead never bring the first
-    /// token sooner, so a prediction never goes below them (plus its own prompt's prefill).
+    /// Per TTFT bucket, the highest queue p50 and p90 (TTFT less the own prefill) of the
+    /// trusted buckets at or below it: more requests ahead never bring the first token sooner,
+    /// so a prediction never goes below them (plus its own prompt's prefill).
     floors: [(f64, f64); TTFT_LEVELS.len()],
     /// Highest experienced concurrency among speed buckets holding at least one sample's weight.
     pub speed_seen: f64,
@@ -92,29 +96,16 @@ impl Model {
             };
         let mean_duration_s = mean(|s| s.mean_duration_s);
 
-        // The TTFT fit's normal equations are sums over samples, so over windows.
-        let mut xx = [[0.0; 3]; 3];
-        let mut xy = [0.0; 3];
-        let mut with_prompt = true;
-        for s in starts.iter().flatten() {
-            with_prompt &= s.with_prompt;
-            for (row, add) in xx.iter_mut().zip(&s.xx) {
-                for (cell, a) in row.iter_mut().zip(add) {
-                    *cell += a;
-                }
-            }
-            for (cell, a) in xy.iter_mut().zip(&s.xy) {
-                *cell += a;
-            }
-        }
-        let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = fit_ttft(&xx, &xy, with_prompt);
+        let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = ttft_fit(starts);
         let starts = starts.map(|s| {
             s.map(|s| TtftSummary {
                 weight: s.weight * factor,
                 mean_admitted: s.mean_admitted,
-                mean_prompt: s.mean_prompt,
                 p50: s.p50,
                 p90: s.p90,
+                queue_p50: s.queue_p50,
+                queue_p90: s.queue_p90,
+                rate: s.rate,
             })
         });
         // Speed and TTFT each need their own evidence: a one-slot server's requests decode at a
@@ -141,7 +132,7 @@ impl Model {
             },
             buckets,
             starts,
-            floors: floors(&starts, prefill_tokens_per_s),
+            floors: floors(&starts),
             speed_seen,
             ttft_seen,
             mean_duration_s,
@@ -177,34 +168,35 @@ impl Model {
                 (tps, 0.9 * tps)
             }
         };
-        let prefill_of = |tokens: f64| fit.prefill_tokens_per_s.map_or(0.0, |r| tokens / r);
+        let prompt = prompt_tokens as f64;
+        let prefill = fit.prefill_tokens_per_s.map_or(0.0, |r| prompt / r);
+        // A bucket's wait for the requests ahead, plus this prompt's own prefill at the rate
+        // the wait was measured against.
+        let own = |s: &TtftSummary| s.rate.prefill_s(prompt);
         let (ttft_p50, ttft_p90) = match self.starts[j] {
             Some(s) if s.weight >= MIN_BUCKET_WEIGHT => {
-                // Moved along the fit to this concurrency, and by the prefill of this prompt's
-                // tokens against the bucket's mean (a prompt mostly in the prefix cache is
-                // quicker than the bucket's mix of hits and misses says).
-                let later = queue_at(concurrency) - queue_at(s.mean_admitted)
-                    + prefill_of(prompt_tokens as f64 - s.mean_prompt);
-                ((s.p50 + later).max(0.0), (s.p90 + later).max(0.0))
+                // Moved along the fit to this concurrency.
+                let later = queue_at(concurrency) - queue_at(s.mean_admitted) + own(&s);
+                ((s.queue_p50 + later).max(0.0), (s.queue_p90 + later).max(0.0))
             }
             sparse => {
-                let prefill = prefill_of(prompt_tokens as f64);
                 let ttft = queue_at(concurrency) + prefill;
                 // Bad news is believed before it is certain: a first token at this very
                 // occupancy, within about a half-life, that came later than the fit says is
                 // how a queue past a batch limit first shows (the fit, drawn mostly through
                 // the levels below it, cannot bend there).
                 let seen = sparse.filter(|s| s.weight >= SPARSE_TTFT_WEIGHT);
-                let shift = |s: &TtftSummary| prefill_of(prompt_tokens as f64 - s.mean_prompt);
                 (
-                    seen.map_or(ttft, |s| ttft.max(s.p50 + shift(&s))),
-                    seen.map_or(1.25 * ttft, |s| (1.25 * ttft).max(s.p90 + shift(&s))),
+                    seen.map_or(ttft, |s| ttft.max(s.queue_p50 + own(&s))),
+                    seen.map_or(1.25 * ttft, |s| (1.25 * ttft).max(s.queue_p90 + own(&s))),
                 )
             }
         };
         let (floor_p50, floor_p90) = self.floors[j];
-        let own = prefill_of(prompt_tokens as f64);
-        let (ttft_p50, ttft_p90) = (ttft_p50.max(floor_p50 + own), ttft_p90.max(floor_p90 + own));
+        let (ttft_p50, ttft_p90) = (
+            ttft_p50.max(floor_p50 + prefill),
+            ttft_p90.max(floor_p90 + prefill),
+        );
         Prediction {
             per_user_tps_p50: tps_p50,
             per_user_tps_p10: tps_p10,
@@ -237,6 +229,26 @@ impl Model {
         }
         points.into_values().collect()
     }
+}
+
+/// The TTFT fit over the TTFT windows' summaries: (t0, t1, r) of TTFT = t0 + t1·c + P/r.
+pub fn ttft_fit(starts: &[Option<StartSummary>; TTFT_LEVELS.len()]) -> (f64, f64, Option<f64>) {
+    // The normal equations are sums over samples, so over windows.
+    let mut xx = [[0.0; 3]; 3];
+    let mut xy = [0.0; 3];
+    let mut with_prompt = true;
+    for s in starts.iter().flatten() {
+        with_prompt &= s.with_prompt;
+        for (row, add) in xx.iter_mut().zip(&s.xx) {
+            for (cell, a) in row.iter_mut().zip(add) {
+                *cell += a;
+            }
+        }
+        for (cell, a) in xy.iter_mut().zip(&s.xy) {
+            *cell += a;
+        }
+    }
+    fit_ttft(&xx, &xy, with_prompt)
 }
 
 /// Prompt sizes must spread by at least this many tokens, and [`MIN_PROMPT_SPREAD_SHARE`] of
@@ -316,21 +328,13 @@ fn prompts_spread(xx: &[[f64; 3]; 3]) -> bool {
     spread >= MIN_PROMPT_SPREAD_TOKENS && spread >= MIN_PROMPT_SPREAD_SHARE * mean_p
 }
 
-/// Running maxima of the trusted TTFT buckets' quantiles less their mean prompt's prefill at
-/// `rate` (none without one), from the lowest occupancy up.
-fn floors(
-    starts: &[Option<TtftSummary>; TTFT_LEVELS.len()],
-    rate: Option<f64>,
-) -> [(f64, f64); TTFT_LEVELS.len()] {
+/// Running maxima of the trusted TTFT buckets' queue quantiles, from the lowest occupancy up.
+fn floors(starts: &[Option<TtftSummary>; TTFT_LEVELS.len()]) -> [(f64, f64); TTFT_LEVELS.len()] {
     let mut floors = [(0.0, 0.0); TTFT_LEVELS.len()];
     let mut floor = (0.0_f64, 0.0_f64);
     for (out, start) in floors.iter_mut().zip(starts) {
         if let Some(s) = start.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
-            let prefill = rate.map_or(0.0, |r| s.mean_prompt / r);
-            floor = (
-                floor.0.max((s.p50 - prefill).max(0.0)),
-                floor.1.max((s.p90 - prefill).max(0.0)),
-            );
+            floor = (floor.0.max(s.queue_p50), floor.1.max(s.queue_p90));
         }
         *out = floor;
     }
