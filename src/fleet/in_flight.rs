@@ -192,7 +192,8 @@ mod tests {
         let (backend, line) = backend();
         let slot = InFlightGuard::try_admit(&backend, None).unwrap();
         let place = line.join(0, crate::fleet::Share::default());
-        let woken = place.notified();
+        let wake = place.wake();
+        let woken = wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         drop(slot);

@@ -8,11 +8,18 @@
 //! finds its own earlier requests ahead of its new ones, not the other keys': it waits on
 //! itself. Requests without a key share one flow; with one flow the order is arrival order.
 //!
+//! Waiting requests take turns in rounds: a round starts when a slot frees (or, while nothing
+//! frees, when the first in line looks again after a curve refresh), and each request in turn,
+//! in fair order, tries once to be placed; one that cannot be placed now passes the turn to the
+//! next. The first in line does not block the others: a request that has waited longer has less
+//! of its TTFT budget left, and where it fits nowhere a newer one may still fit. Each turn wakes
+//! only the request whose turn it is.
+//!
 //! Releasing a slot is on the per-request path, so it costs one atomic load when nobody waits.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
@@ -42,23 +49,47 @@ impl Default for Share {
 #[derive(Debug)]
 pub struct Line {
     waiting: AtomicUsize,
-    notify: Notify,
     next_ticket: AtomicU64,
+    /// The current round of turns.
+    round: AtomicU64,
     classes: Mutex<Vec<ClassLine>>,
     /// Waiting per class, read without the lock.
     per_class: Box<[AtomicUsize]>,
 }
 
+/// A waiting request's place in the fair order: (virtual finish, ticket).
+type Key = (u64, u64);
+
 /// One class's line.
 #[derive(Debug, Default, Clone)]
 struct ClassLine {
-    /// Waiting requests by (virtual finish, ticket), first served first.
-    order: BTreeSet<(u64, u64)>,
+    /// Waiting requests in fair order, first served first, each with what wakes it.
+    order: BTreeMap<Key, Arc<Notify>>,
     /// Each flow's last virtual finish; forgotten when the line empties (an idle flow keeps
     /// no credit and owes nothing).
     finish: HashMap<u64, u64>,
     /// The class's virtual time: the largest start tag served so far.
     now: u64,
+    /// Where the turn is: in round `.0`, every request before key `.1` has passed.
+    turn: (u64, Key),
+}
+
+impl ClassLine {
+    /// Whose turn it is in `round`: the first request that has not passed in it.
+    fn turn_holder(&self, round: u64) -> Option<(&Key, &Arc<Notify>)> {
+        if self.turn.0 == round {
+            self.order.range(self.turn.1..).next()
+        } else {
+            self.order.first_key_value()
+        }
+    }
+
+    /// Wakes the request whose turn it is in `round`, if any.
+    fn wake_turn(&self, round: u64) {
+        if let Some((_, wake)) = self.turn_holder(round) {
+            wake.notify_one();
+        }
+    }
 }
 
 /// Virtual time per token of weight 1 (tags are integers; a weight of 1/1000 still moves them).
@@ -69,8 +100,8 @@ impl Line {
     pub fn new(classes: usize) -> Self {
         Self {
             waiting: AtomicUsize::new(0),
-            notify: Notify::new(),
             next_ticket: AtomicU64::new(0),
+            round: AtomicU64::new(1),
             classes: Mutex::new(vec![ClassLine::default(); classes]),
             per_class: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
         }
@@ -89,10 +120,18 @@ impl Line {
             .map_or(0, |n| n.load(Ordering::Acquire))
     }
 
-    /// A slot was released somewhere: waiters re-check.
+    /// A slot was released somewhere: a new round of turns.
     pub fn released(&self) {
         if self.waiting.load(Ordering::Acquire) > 0 {
-            self.notify.notify_waiters();
+            self.new_round();
+        }
+    }
+
+    /// Starts a round: every class's first request in line tries again, then the next...
+    fn new_round(&self) {
+        let round = self.round.fetch_add(1, Ordering::AcqRel) + 1;
+        for line in self.classes().iter() {
+            line.wake_turn(round);
         }
     }
 
@@ -101,9 +140,11 @@ impl Line {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// Joins the line of `class` as `share`; leaving is dropping the [`Place`].
+    /// Joins the line of `class` as `share`; leaving is dropping the [`Place`] (or
+    /// [`Place::served`]).
     pub fn join(&self, class: usize, share: Share) -> Place<'_> {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
+        let wake = Arc::new(Notify::new());
         let mut classes = self.classes();
         let (start, finish) = match classes.get_mut(class) {
             Some(line) => {
@@ -112,7 +153,10 @@ impl Line {
                 let cost = share.tokens.max(1) as f64 * TAG_PER_TOKEN / share.weight.max(1e-3);
                 let finish = start.saturating_add(cost as u64);
                 line.finish.insert(share.flow, finish);
-                line.order.insert((finish, ticket));
+                line.order.insert((finish, ticket), Arc::clone(&wake));
+                // Joining ahead of where the turn is: the turn is this request's (it has not
+                // passed).
+                line.turn.1 = line.turn.1.min((finish, ticket));
                 (start, finish)
             }
             None => (0, 0),
@@ -128,6 +172,8 @@ impl Line {
             ticket,
             start,
             finish,
+            wake,
+            served: false,
         }
     }
 }
@@ -140,42 +186,93 @@ pub struct Place<'a> {
     ticket: u64,
     start: u64,
     finish: u64,
+    wake: Arc<Notify>,
+    served: bool,
 }
 
 impl Place<'_> {
-    /// Whether it is the next of its class to be served.
+    fn key(&self) -> Key {
+        (self.finish, self.ticket)
+    }
+
+    /// The round, if it is this request's turn to try to be placed (call [`Place::pass`]
+    /// with it when it cannot be).
+    pub fn turn(&self) -> Option<u64> {
+        let round = self.line.round.load(Ordering::Acquire);
+        let classes = self.line.classes();
+        let line = classes.get(self.class)?;
+        let holds = line
+            .turn_holder(round)
+            .is_some_and(|(key, _)| *key == self.key());
+        holds.then_some(round)
+    }
+
+    /// Could not be placed in its turn of `round`: the next request in line tries. (If a new
+    /// round began meanwhile, its turn in that one stands.)
+    pub fn pass(&self, round: u64) {
+        let mut classes = self.line.classes();
+        let Some(line) = classes.get_mut(self.class) else {
+            return;
+        };
+        if self.line.round.load(Ordering::Acquire) != round {
+            return;
+        }
+        let (finish, ticket) = self.key();
+        line.turn = (round, (finish, ticket.saturating_add(1)));
+        line.wake_turn(round);
+    }
+
+    /// Whether it is first in its class's line (whatever the turn).
     pub fn is_first(&self) -> bool {
         self.line
             .classes()
             .get(self.class)
-            .and_then(|line| line.order.first().copied())
-            .is_none_or(|first| first == (self.finish, self.ticket))
+            .and_then(|line| line.order.first_key_value().map(|(key, _)| *key))
+            .is_none_or(|first| first == self.key())
     }
 
-    /// Resolves at the next release (register before checking, so none is missed).
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.line.notify.notified()
+    /// Nothing freed for a while, yet curves change with time: the first in line starts a
+    /// new round of turns.
+    pub fn look_again(&self) {
+        if self.is_first() {
+            self.line.new_round();
+        }
+    }
+
+    /// What wakes it for its turn: register (`notified().enable()`) before checking
+    /// [`Place::turn`], so that none is missed; a wake-up while it is not waiting is kept.
+    pub fn wake(&self) -> Arc<Notify> {
+        Arc::clone(&self.wake)
+    }
+
+    /// Leaves the line placed: the class's virtual time reaches its start.
+    pub fn served(mut self) {
+        self.served = true;
     }
 }
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
+        let round = self.line.round.load(Ordering::Acquire);
         let mut classes = self.line.classes();
         if let Some(line) = classes.get_mut(self.class) {
-            line.order.remove(&(self.finish, self.ticket));
-            // Served or gone, the class's virtual time has reached its start.
-            line.now = line.now.max(self.start);
+            line.order.remove(&self.key());
+            // Only service moves virtual time: a request that gave up waiting was tagged
+            // far ahead when its flow floods, and would carry every later tag with it.
+            if self.served {
+                line.now = line.now.max(self.start);
+            }
             if line.order.is_empty() {
                 line.finish.clear();
             }
+            // It may have held the turn.
+            line.wake_turn(round);
         }
         drop(classes);
         if let Some(n) = self.line.per_class.get(self.class) {
             n.fetch_sub(1, Ordering::AcqRel);
         }
         self.line.waiting.fetch_sub(1, Ordering::AcqRel);
-        // The next in this class may now be first.
-        self.line.notify.notify_waiters();
     }
 }
 
@@ -234,6 +331,67 @@ mod tests {
             tags[2] < tags[3],
             "a bigger request of the lighter key comes later"
         );
+    }
+
+    /// Whether `place` has been woken (a kept wake-up resolves at once).
+    async fn woken(place: &Place<'_>) -> bool {
+        let wake = place.wake();
+        tokio::time::timeout(std::time::Duration::from_millis(10), wake.notified())
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_request_that_cannot_be_placed_passes_its_turn_to_the_next_in_line() {
+        let line = Line::new(1);
+        let (old, new, newest) = (
+            line.join(0, Share::default()),
+            line.join(0, Share::default()),
+            line.join(0, Share::default()),
+        );
+        line.released();
+        assert!(woken(&old).await && !woken(&new).await, "the first in line is woken");
+        let round = old.turn().expect("the first in line has the turn");
+        assert_eq!((new.turn(), newest.turn()), (None, None));
+        // The oldest fits nowhere (its TTFT budget is nearly spent): the next one tries.
+        old.pass(round);
+        assert!(woken(&new).await, "the next in line is woken");
+        assert_eq!((old.turn(), new.turn()), (None, Some(round)));
+        // Placed: it leaves, and the turn goes on to the one after it.
+        new.served();
+        assert!(woken(&newest).await);
+        newest.pass(round);
+        assert_eq!((old.turn(), newest.turn()), (None, None), "everyone tried");
+        // A slot frees: a new round, from the first in line.
+        line.released();
+        assert!(woken(&old).await);
+        assert!(old.turn().is_some_and(|r| r > round));
+    }
+
+    #[test]
+    fn a_turn_passed_in_a_round_that_has_ended_stands_in_the_new_one() {
+        let line = Line::new(1);
+        let (first, second) = (line.join(0, Share::default()), line.join(0, Share::default()));
+        let round = first.turn().unwrap();
+        // A slot frees while the first is trying: its failure is of the old round.
+        line.released();
+        first.pass(round);
+        assert!(first.turn().is_some() && second.turn().is_none());
+    }
+
+    #[test]
+    fn only_service_moves_the_virtual_time_not_requests_that_gave_up() {
+        let line = Line::new(1);
+        let mut flood: Vec<_> = (0..10).map(|_| line.join(0, flow(1, 1.0, 100))).collect();
+        // Five of the flooding key's requests give up waiting, two are served.
+        flood.drain(..5).for_each(drop);
+        flood.remove(0).served();
+        flood.remove(0).served();
+        // A newcomer starts at the virtual time of what was served (the second served started
+        // at 6 requests' worth), not at the start of those that left unserved.
+        let newcomer = line.join(0, flow(2, 1.0, 100));
+        assert_eq!(newcomer.finish, 7 * 100 * TAG_PER_TOKEN as u64);
+        assert!(newcomer.is_first());
     }
 
     #[test]

@@ -450,21 +450,26 @@ impl Router {
         };
         let deadline = ask.received + max_wait;
         let place = self.line.join(class, share);
+        let wake = place.wake();
         loop {
-            let notified = place.notified();
+            let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if place.is_first()
-                && let Ok(decision) = self.try_decide(ask, policy, true)
-            {
-                return Ok(decision);
+            if let Some(round) = place.turn() {
+                match self.try_decide(ask, policy, true) {
+                    Ok(decision) => {
+                        place.served();
+                        return Ok(decision);
+                    }
+                    Err(_) => place.pass(round),
+                }
             }
             // Curves also change without a release (a refresh after a completion elsewhere):
             // look again at the curve's refresh period at the latest.
             let tick = Instant::now() + crate::curve::REFRESH;
             tokio::select! {
                 () = &mut notified => {}
-                () = tokio::time::sleep_until(tick.min(deadline)) => {}
+                () = tokio::time::sleep_until(tick.min(deadline)) => place.look_again(),
             }
             if Instant::now() >= deadline {
                 let why = if ask.slo.is_batch() {

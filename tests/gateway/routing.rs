@@ -207,6 +207,47 @@ async fn time_waiting_in_line_counts_against_the_client_not_the_backends_curve()
 }
 
 #[tokio::test]
+async fn a_queued_request_that_fits_nowhere_does_not_hold_up_the_ones_behind_it() {
+    // One slot, 50 ms a token; the class waits up to 3 s for room.
+    let (_fleet, sim) = support::start_engine("one", support::engine(50.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {{name: waits, max_ttft_ms: 1000, on_miss: queue, queue_max_wait_ms: 3000}}\n",
+        support::backend_yaml(
+            "one",
+            sim,
+            "openai",
+            "    models: {m: m}\n    max_concurrency: 1\n"
+        ),
+    ))
+    .await;
+    let client = http_client(None).unwrap();
+    // Teach the curve (a cold start), then fill the slot.
+    assert_eq!(chat(&client, gw.addr(), &[]).await.status, StatusCode::OK);
+    let started = Instant::now();
+    let (busy, hopeless, patient) = tokio::join!(
+        chat(&client, gw.addr(), &[]),
+        async {
+            // First in line, asking for a first token within 30 ms: once it has waited for
+            // the slot, no backend can meet that.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            chat(&client, gw.addr(), &[("x-tpsgate-slo-ttft-ms", "30")]).await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            let ex = chat(&client, gw.addr(), &[]).await;
+            (ex, started.elapsed())
+        },
+    );
+    assert_eq!(busy.status, StatusCode::OK);
+    let (patient, patient_done) = patient;
+    assert_eq!(patient.status, StatusCode::OK);
+    assert_eq!(header(&patient.headers, "x-tpsgate-route-reason"), "queued");
+    // It took the slot when it freed, well before the hopeless one's wait ran out.
+    assert!(patient_done < Duration::from_millis(2000), "{patient_done:?}");
+    assert_eq!(hopeless.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
 async fn per_request_slo_overrides_apply_within_documented_bounds() {
     let (_fleet, gw) = slow_only().await;
     let client = http_client(None).unwrap();
