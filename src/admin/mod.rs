@@ -220,6 +220,7 @@ fn backends(router: &Router) -> serde_json::Value {
                 "in_flight": b.in_flight(),
                 "in_flight_here": b.local_in_flight(),
                 "max_concurrency": c.max_concurrency,
+                "ramp_allowance": b.ramp.allowance(),
                 "prefix_index": b.prefix.as_ref().map(|i| i.view()),
             })
         })

@@ -177,7 +177,10 @@ impl Model {
             Some(s) if s.weight >= MIN_BUCKET_WEIGHT => {
                 // Moved along the fit to this concurrency.
                 let later = queue_at(concurrency) - queue_at(s.mean_admitted) + own(&s);
-                ((s.queue_p50 + later).max(0.0), (s.queue_p90 + later).max(0.0))
+                (
+                    (s.queue_p50 + later).max(0.0),
+                    (s.queue_p90 + later).max(0.0),
+                )
             }
             sparse => {
                 let ttft = queue_at(concurrency) + prefill;

@@ -477,7 +477,12 @@ impl Summarize for FirstToken {
         } else {
             let mut queued: Vec<(f64, f64)> = window
                 .weighted()
-                .map(|(w, s)| (s.ttft - rate.prefill_s(s.prompt_tokens.unwrap_or(0) as f64), w))
+                .map(|(w, s)| {
+                    (
+                        s.ttft - rate.prefill_s(s.prompt_tokens.unwrap_or(0) as f64),
+                        w,
+                    )
+                })
                 .collect();
             queued.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
             let at = |q| ranked_quantile(&queued, total, q);

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
 use super::prefix::PrefixIndex;
+use super::ramp::Ramp;
 use super::waiters::Line;
 use crate::config::BackendConfig;
 use crate::curve::{Admitted, Curve, FirstToken, Model, Observation, Occupancy, Outcome};
@@ -59,6 +60,8 @@ pub struct Backend {
     line: Arc<Line>,
     /// What its prefix cache is believed to hold (unless `prefix_cache.enabled` is false).
     pub prefix: Option<PrefixIndex>,
+    /// Its slow start: requests it may take beyond what its curve has seen.
+    pub ramp: Ramp,
 }
 
 /// The name models beyond a backend's `max_models` are tracked under.
@@ -108,6 +111,7 @@ impl Backend {
             ttft_peak_ewma: AtomicU64::new(0),
             line,
             prefix,
+            ramp: Ramp::default(),
         }))
     }
 
@@ -230,6 +234,11 @@ impl Backend {
         if let Some(c) = class {
             self.class_in_flight[c].fetch_sub(1, Ordering::Relaxed);
         }
+        self.line.released();
+    }
+
+    /// It may take more requests than before (its ramp grew): requests waiting in line look.
+    pub(super) fn room_grew(&self) {
         self.line.released();
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::backend::Backend;
+use super::ramp::{PROBE_EVENTS, Probe};
 use crate::curve::{Admitted, Reading};
 
 /// One admitted request; releases its slot on drop.
@@ -25,6 +26,8 @@ pub struct InFlightGuard {
     prefill: u64,
     /// Prompt tokens the backend was expected to hold of this request.
     expected_cached: u64,
+    /// Admitted on the backend's ramp alone: what it tells the ramp, until its speed is told.
+    probe: Option<Probe>,
 }
 
 impl InFlightGuard {
@@ -43,7 +46,52 @@ impl InFlightGuard {
             class,
             prefill: 0,
             expected_cached: 0,
+            probe: None,
         })
+    }
+
+    /// It was admitted on the backend's ramp alone ([`super::ramp`]): its first token and its
+    /// speed tell the ramp whether to go on.
+    pub fn probe(&mut self, max_ttft_s: Option<f64>, min_tps: Option<f64>) {
+        self.probe = Some(Probe {
+            admitted_with: self.admitted_with.in_flight,
+            max_ttft_s,
+            min_tps,
+        });
+    }
+
+    /// A probe whose speed the ramp has not been told yet.
+    pub fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// Its first token came `ttft_s` after it was sent: the ramp learns it if it is a probe.
+    pub fn probe_first_token(&self, ttft_s: f64) {
+        if let Some(probe) = &self.probe
+            && self.backend.ramp.first_token(probe, ttft_s)
+        {
+            self.backend.room_grew();
+        }
+    }
+
+    /// A probe's speed, once: from its first [`PROBE_EVENTS`] content events (`events` so far,
+    /// the first and the latest `visible_s` apart), or at its end (`ended`) from as many as it
+    /// streamed. Each event is taken as one token (engines stream one token an event; where
+    /// they batch, this errs slow, ending the ramp early rather than late).
+    pub fn probe_speed(&mut self, events: u32, visible_s: f64, ended: bool) {
+        if !(ended || events >= PROBE_EVENTS) {
+            return;
+        }
+        if let Some(probe) = self.probe.take()
+            && events >= 2
+            && visible_s > 0.0
+            && self
+                .backend
+                .ramp
+                .speed(&probe, f64::from(events - 1) / visible_s)
+        {
+            self.backend.room_grew();
+        }
     }
 
     /// The request is expected to find `cached` of its `prompt_tokens` in the backend's prefix

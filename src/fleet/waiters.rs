@@ -350,7 +350,10 @@ mod tests {
             line.join(0, Share::default()),
         );
         line.released();
-        assert!(woken(&old).await && !woken(&new).await, "the first in line is woken");
+        assert!(
+            woken(&old).await && !woken(&new).await,
+            "the first in line is woken"
+        );
         let round = old.turn().expect("the first in line has the turn");
         assert_eq!((new.turn(), newest.turn()), (None, None));
         // The oldest fits nowhere (its TTFT budget is nearly spent): the next one tries.
@@ -371,7 +374,10 @@ mod tests {
     #[test]
     fn a_turn_passed_in_a_round_that_has_ended_stands_in_the_new_one() {
         let line = Line::new(1);
-        let (first, second) = (line.join(0, Share::default()), line.join(0, Share::default()));
+        let (first, second) = (
+            line.join(0, Share::default()),
+            line.join(0, Share::default()),
+        );
         let round = first.turn().unwrap();
         // A slot frees while the first is trying: its failure is of the old round.
         line.released();

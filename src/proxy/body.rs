@@ -331,6 +331,9 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                 let (prompt, cached) = (meter.timing.prompt_tokens, meter.timing.cached_tokens);
                 this.end.first_token(now, prompt, cached);
             }
+            if this.end.probing() {
+                this.end.probe_speed(&meter.timing, false);
+            }
             if !out.is_empty() {
                 return Poll::Ready(Some(Ok(Frame::data(out))));
             }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::meter::StreamMeter;
-use crate::curve::{FirstToken, Observation, Outcome, Reading};
+use crate::curve::{FirstToken, Observation, Outcome, Reading, StreamTiming};
 use crate::fleet::InFlightGuard;
 use crate::logging::RequestLine;
 use crate::tenant::Charge;
@@ -142,6 +142,7 @@ impl RequestEnd {
             return;
         };
         self.first_reading = Some(slot.first_token(now));
+        slot.probe_first_token((now - self.sent).as_secs_f64());
         let prompt = prompt_tokens.unwrap_or(self.prompt_estimate);
         let expected = slot.expected_cached();
         let uncached = prompt - cached_tokens.unwrap_or(expected).min(prompt);
@@ -167,6 +168,23 @@ impl RequestEnd {
         }
     }
 
+    /// The request was admitted on its backend's ramp and the ramp has not heard its speed:
+    /// the stream's content events so far may tell it ([`RequestEnd::probe_speed`]).
+    pub fn probing(&self) -> bool {
+        self.slot.as_ref().is_some_and(InFlightGuard::probing)
+    }
+
+    /// Tells the backend's ramp a probe's speed once `timing` has enough content events (or
+    /// the stream `ended` with fewer).
+    pub fn probe_speed(&mut self, timing: &StreamTiming, ended: bool) {
+        if let Some(slot) = &mut self.slot
+            && let (Some(first), Some(last)) = (timing.first_content, timing.last_content)
+        {
+            let visible = last.saturating_duration_since(first).as_secs_f64();
+            slot.probe_speed(timing.content_events, visible, ended);
+        }
+    }
+
     /// Writes the end, once: health, curve sample (from `meter`, for a stream), metrics and the
     /// log line. Later calls do nothing.
     pub fn write(&mut self, meter: Option<&StreamMeter>) {
@@ -175,6 +193,9 @@ impl RequestEnd {
         }
         let now = Instant::now();
         let success = (200..300).contains(&self.status);
+        if let Some(meter) = meter.filter(|_| success && self.probing()) {
+            self.probe_speed(&meter.timing, true);
+        }
         let class = self.class.as_deref().unwrap_or("none");
         if let Some(slot) = &self.slot {
             if self.status >= 500 || self.outcome == Outcome::Failed {

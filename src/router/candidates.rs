@@ -42,13 +42,18 @@ pub struct Candidate<'r> {
     /// It holds the request's prefix: at least `prefix_cache.min_match_tokens` of it, or the
     /// conversation's hint. Among the feasible, such a backend is preferred.
     pub holds_prefix: bool,
+    /// Its ramp ([`crate::fleet::ramp`]) allows the request in flight where its curve has no
+    /// evidence (never observed, or beyond twice the concurrency seen).
+    pub ramping: bool,
 }
 
 impl Candidate<'_> {
-    /// Meets the SLO on a prediction the curve stands behind.
+    /// Meets the SLO on a prediction the curve stands behind, or its ramp does where the curve
+    /// has not seen this concurrency.
     pub(super) fn feasible(&self) -> bool {
-        self.prediction
-            .is_some_and(|p| !p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
+        self.prediction.is_some_and(|p| {
+            (!p.beyond_evidence || self.ramping) && self.slack >= 0.0 && self.keeps_others
+        })
     }
 
     /// Predicted to meet the SLO and keep every class there, but beyond the concurrency its
@@ -59,9 +64,15 @@ impl Candidate<'_> {
             .is_some_and(|p| p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
     }
 
-    /// Never observed, and would take its first request alone.
+    /// Never observed, and would take its first request alone, or one more that its ramp
+    /// allows.
     pub(super) fn cold_start(&self) -> bool {
-        self.prediction.is_none() && self.joining == 1
+        self.prediction.is_none() && (self.joining == 1 || self.ramping)
+    }
+
+    /// Taken on its ramp's evidence alone: a probe, whose first token and speed tell the ramp.
+    pub(super) fn on_ramp(&self) -> bool {
+        self.ramping && self.prediction.is_none_or(|p| p.beyond_evidence)
     }
 }
 
@@ -104,6 +115,7 @@ impl Router {
                         marginal_tps: 0.0,
                         cached_tokens,
                         holds_prefix,
+                        ramping: false,
                     };
                 }
                 let n = f64::from(joining);
@@ -139,6 +151,7 @@ impl Router {
                     },
                     cached_tokens,
                     holds_prefix,
+                    ramping: backend.ramp.allows(joining),
                 }
             })
             .collect()

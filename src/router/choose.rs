@@ -61,8 +61,7 @@ pub fn among_feasible(
         }),
         _ => feasible().max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)),
     };
-    pick.or_else(|| candidates.iter().enumerate().find(|(_, c)| c.cold_start()))
-        .map(|(i, _)| i)
+    pick.or_else(|| cold(candidates)).map(|(i, _)| i)
 }
 
 /// The policy's preference between two feasible candidates (`Greater`: `a` is better).
@@ -90,12 +89,22 @@ fn price(c: &Candidate<'_>, ask: &Ask<'_>) -> f64 {
     })
 }
 
+/// The never-observed backend that would take the request with the fewest in flight (a lone
+/// request, or one its ramp allows).
+fn cold<'a, 'r>(candidates: &'a [Candidate<'r>]) -> Option<(usize, &'a Candidate<'r>)> {
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.cold_start())
+        .min_by_key(|(_, c)| c.joining)
+}
+
 /// Batch placement: a never-observed backend first (batch traffic is the one that can afford to
 /// teach the curves), else the backend where the request adds the most system TPS among those
 /// where every class already decoding keeps its speed and a latency-class request could still
 /// join after it.
 pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
-    if let Some(i) = candidates.iter().position(Candidate::cold_start) {
+    if let Some((i, _)) = cold(candidates) {
         return Some(i);
     }
     candidates

@@ -8,8 +8,9 @@
 //!   [`Model`](crate::curve::Model), a configured prior, or (policy `oracle`) the simulator's truth.
 //! - Feasible: the prediction meets the SLO at its percentiles, the concurrency is within twice
 //!   what the curve has seen, and the speed of every class already decoding there still holds.
-//!   A backend never observed takes one request at a time until it has been (a cold start is a
-//!   lone request, so it cannot hurt anyone else).
+//!   Where the curve has no evidence (never observed, or beyond twice what it has seen), the
+//!   backend's [ramp](crate::fleet::ramp) stands in: a lone request first, then more as their
+//!   first tokens and speed keep the SLO (TCP's slow start).
 //! - Choice among the feasible: [`choose`]. No feasible backend: the class's `on_miss`.
 //! - Exploration: a budgeted share of requests goes where the curve knows least, but only where
 //!   no prediction says it would break an SLO (its own or anyone's already there).
@@ -485,6 +486,10 @@ impl Router {
     /// Takes a slot on candidate `c`, counting and logging the decision.
     fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
         let mut guard = InFlightGuard::try_admit(c.backend, ask.class)?;
+        if c.on_ramp() {
+            let slo = ask.slo_at(Instant::now());
+            guard.probe(slo.max_ttft_s, slo.min_tps);
+        }
         self.count(ask, reason);
         guard.expect_prefill(ask.prompt_tokens, c.cached_tokens);
         if let (Some(index), Some(prefix)) = (&c.backend.prefix, ask.prefix) {

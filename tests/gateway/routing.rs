@@ -243,8 +243,63 @@ async fn a_queued_request_that_fits_nowhere_does_not_hold_up_the_ones_behind_it(
     assert_eq!(patient.status, StatusCode::OK);
     assert_eq!(header(&patient.headers, "x-tpsgate-route-reason"), "queued");
     // It took the slot when it freed, well before the hopeless one's wait ran out.
-    assert!(patient_done < Duration::from_millis(2000), "{patient_done:?}");
+    assert!(
+        patient_done < Duration::from_millis(2000),
+        "{patient_done:?}"
+    );
     assert_eq!(hopeless.status, StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test]
+async fn a_cold_backend_takes_more_requests_as_their_first_tokens_come_in_time() {
+    // 50 tokens/s: a 200-token reply takes 4 s, longer than the class waits in line.
+    let (_fleet, sim) = support::start_engine("cold", support::engine(20.0, 0.0, 16)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {{name: waits, min_tps: 25, max_ttft_ms: 1000, on_miss: queue, queue_max_wait_ms: 3000}}\n",
+        support::backend_yaml("cold", sim, "openai", "    models: {m: m}\n"),
+    ))
+    .await;
+    let client = http_client(None).unwrap();
+    let long = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"stream":true}"#;
+    let send = async |delay_ms: u64| {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+        let headers = [("content-type", "application/json")];
+        let path = "/v1/chat/completions";
+        support::send(&client, gw.addr(), Method::POST, path, Some(long), &headers).await
+    };
+    // Four requests 100 ms apart into a gateway that has never seen the backend. Were it to
+    // take one at a time until a request completed, the second would wait 4 s and be shed.
+    let all = tokio::join!(send(0), send(100), send(200), send(300));
+    for ex in [all.0, all.1, all.2, all.3] {
+        assert_eq!(
+            ex.status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&ex.body())
+        );
+    }
+    let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
+    let ramp = &backends["backends"][0]["ramp_allowance"];
+    assert!(ramp.as_u64().is_some_and(|n| n >= 4), "{backends}");
+}
+
+#[tokio::test]
+async fn a_cold_backend_too_slow_for_the_slo_ends_its_ramp_at_the_first_probe() {
+    // 10 tokens/s under a 25 tok/s SLO.
+    let (_fleet, sim) = support::start_engine("slow", support::engine(100.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {{name: interactive, min_tps: 25}}\n",
+        support::backend_yaml("slow", sim, "openai", "    models: {m: m}\n"),
+    ))
+    .await;
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}"#;
+    let headers = [("content-type", "application/json")];
+    let client = http_client(None).unwrap();
+    let path = "/v1/chat/completions";
+    let ex = support::send(&client, gw.addr(), Method::POST, path, Some(body), &headers).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
+    assert_eq!(backends["backends"][0]["ramp_allowance"], 0, "{backends}");
 }
 
 #[tokio::test]
