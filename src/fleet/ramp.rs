@@ -8,9 +8,10 @@
 //! target allows one more request in flight, up to twice the highest occupancy at which a probe
 //! also streamed its first [`PROBE_EVENTS`] content events at its speed target, and each such
 //! probe raises the allowance to twice its occupancy: the allowance doubles once per TTFT and a
-//! few tokens, speed checked at every doubling (a few tokens into each probe, not at its end). The first probe that misses
-//! either target ends the ramp for good: from then on the curve alone decides (it has just
-//! learned where the backend stops keeping up), as it did before the ramp.
+//! few tokens, speed checked at every doubling (a few tokens into each probe, not at its end).
+//! The first probe that misses either target ends the ramp for good: from then on the curve
+//! alone decides (it has just learned where the backend stops keeping up), as it did before the
+//! ramp.
 //!
 //! Per replica: the peers' samples teach this replica's curves, not its ramp.
 

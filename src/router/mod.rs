@@ -81,7 +81,7 @@ impl Ask<'_> {
 pub enum Reason {
     /// Predicted to meet the SLO, chosen by the class policy.
     Feasible,
-    /// A never-observed backend taking a lone request.
+    /// A never-observed backend taking a request its ramp allows (a lone one at first).
     ColdStart,
     /// Spent from the exploration budget.
     Explore,
