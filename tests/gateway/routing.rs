@@ -150,6 +150,22 @@ async fn slow_only() -> (support::FleetGuard, tpsgate::gateway::Gateway) {
     (support::FleetGuard(vec![fleet]), gw)
 }
 
+/// One backend with one slot (50 ms a token) behind one class, `class` (a YAML flow mapping).
+async fn one_slot(class: &str) -> (support::FleetGuard, tpsgate::gateway::Gateway) {
+    let (fleet, sim) = support::start_engine("one", support::engine(50.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {class}\n",
+        support::backend_yaml(
+            "one",
+            sim,
+            "openai",
+            "    models: {m: m}\n    max_concurrency: 1\n"
+        ),
+    ))
+    .await;
+    (support::FleetGuard(vec![fleet]), gw)
+}
+
 #[tokio::test]
 async fn a_queued_request_is_shed_with_retry_after_when_its_wait_runs_out() {
     let (_fleet, gw) = slow_only().await;
@@ -178,18 +194,8 @@ async fn a_queued_request_is_shed_with_retry_after_when_its_wait_runs_out() {
 
 #[tokio::test]
 async fn time_waiting_in_line_counts_against_the_client_not_the_backends_curve() {
-    // One slot, 50 ms a token: the second request waits in line for the first.
-    let (_fleet, sim) = support::start_engine("one", support::engine(50.0, 0.0, 8)).await;
-    let gw = support::gateway(&format!(
-        "backends:\n{}classes:\n  - {{name: waits, on_miss: queue, queue_max_wait_ms: 10000}}\n",
-        support::backend_yaml(
-            "one",
-            sim,
-            "openai",
-            "    models: {m: m}\n    max_concurrency: 1\n"
-        ),
-    ))
-    .await;
+    // The second request waits in line for the first.
+    let (_fleet, gw) = one_slot("{name: waits, on_miss: queue, queue_max_wait_ms: 10000}").await;
     let client = http_client(None).unwrap();
     let (first, second) = tokio::join!(chat(&client, gw.addr(), &[]), async {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -208,18 +214,9 @@ async fn time_waiting_in_line_counts_against_the_client_not_the_backends_curve()
 
 #[tokio::test]
 async fn a_queued_request_that_fits_nowhere_does_not_hold_up_the_ones_behind_it() {
-    // One slot, 50 ms a token; the class waits up to 3 s for room.
-    let (_fleet, sim) = support::start_engine("one", support::engine(50.0, 0.0, 8)).await;
-    let gw = support::gateway(&format!(
-        "backends:\n{}classes:\n  - {{name: waits, max_ttft_ms: 1000, on_miss: queue, queue_max_wait_ms: 3000}}\n",
-        support::backend_yaml(
-            "one",
-            sim,
-            "openai",
-            "    models: {m: m}\n    max_concurrency: 1\n"
-        ),
-    ))
-    .await;
+    // The class waits up to 3 s for room.
+    let class = "{name: waits, max_ttft_ms: 1000, on_miss: queue, queue_max_wait_ms: 3000}";
+    let (_fleet, gw) = one_slot(class).await;
     let client = http_client(None).unwrap();
     // Teach the curve (a cold start), then fill the slot.
     assert_eq!(chat(&client, gw.addr(), &[]).await.status, StatusCode::OK);
