@@ -7,8 +7,8 @@
 //! [`Found`] holds the addresses last resolved for each entry, [`expand`] turns a config and
 //! what was found into the backends the router sees, and [`resolve`] asks the
 //! [`Resolver`]. The live state (`crate::live`) rebuilds itself when an answer changes: an
-//! address that appears joins as a backend never observed (one request at a time until its
-//! curve forms), one that vanishes gets no new requests while its streams finish.
+//! address that appears joins as a backend never observed (on its slow start, the fleet's
+//! ramp, until its curve forms), one that vanishes gets no new requests while its streams finish.
 //!
 //! Above `config`, below `live`: no I/O but the resolver's.
 
