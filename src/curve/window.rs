@@ -48,8 +48,10 @@ pub struct FirstToken {
     pub at: Instant,
     /// Time to first token, seconds.
     pub ttft: f64,
-    /// Prompt tokens (the stream's count when it came before the first token, else the
-    /// estimate routing used).
+    /// Tokens prefilled before it: its prompt's uncached tokens (the stream's count when it
+    /// came before the first token, else the estimate routing used) and, where the prefix index
+    /// tracks them, those of the requests sent before it and not yet at their first token
+    /// (prefills run one after another).
     pub prompt_tokens: Option<u64>,
     /// In flight when it was admitted, itself included: what its TTFT depends on (the queue
     /// it found).

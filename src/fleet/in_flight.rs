@@ -24,6 +24,9 @@ pub struct InFlightGuard {
     class: Option<usize>,
     /// Uncached prompt tokens counted in the backend's waiting prefill until the first token.
     prefill: u64,
+    /// Uncached prompt tokens of the requests sent to the backend before it and not yet at
+    /// their first token when it was admitted: prefill it waits behind.
+    prefill_ahead: u64,
     /// Prompt tokens the backend was expected to hold of this request.
     expected_cached: u64,
     /// Admitted on the backend's ramp alone: what it tells the ramp, until its speed is told.
@@ -45,6 +48,7 @@ impl InFlightGuard {
             waiting_at_first_token: 0,
             class,
             prefill: 0,
+            prefill_ahead: 0,
             expected_cached: 0,
             probe: None,
         })
@@ -100,8 +104,14 @@ impl InFlightGuard {
         self.expected_cached = cached;
         if let Some(index) = &self.backend.prefix {
             self.prefill = prompt_tokens.saturating_sub(cached);
-            index.prefill_sent(self.prefill);
+            self.prefill_ahead = index.prefill_sent(self.prefill);
         }
+    }
+
+    /// Prefill it waited behind: the uncached prompt tokens sent to the backend before it and
+    /// not yet at their first token when it was admitted (0 without a prefix index).
+    pub fn prefill_ahead(&self) -> u64 {
+        self.prefill_ahead
     }
 
     /// Prompt tokens the backend was expected to hold of this request.

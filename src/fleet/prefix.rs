@@ -160,9 +160,10 @@ impl PrefixIndex {
         });
     }
 
-    /// `tokens` of prefill were sent here (uncached prompt tokens of a request admitted now).
-    pub fn prefill_sent(&self, tokens: u64) {
-        self.prefill_waiting.fetch_add(tokens, Ordering::Relaxed);
+    /// `tokens` of prefill were sent here (uncached prompt tokens of a request admitted now);
+    /// what was waiting before them, which they wait behind.
+    pub fn prefill_sent(&self, tokens: u64) -> u64 {
+        self.prefill_waiting.fetch_add(tokens, Ordering::Relaxed)
     }
 
     /// A request's `tokens` of prefill are done (its first token came, or it ended first).
@@ -254,8 +255,12 @@ mod tests {
     #[test]
     fn prefill_waiting_counts_what_was_sent_until_it_is_done() {
         let idx = index(10);
-        idx.prefill_sent(3000);
-        idx.prefill_sent(500);
+        assert_eq!(idx.prefill_sent(3000), 0, "nothing ahead of the first");
+        assert_eq!(
+            idx.prefill_sent(500),
+            3000,
+            "the second waits behind the first"
+        );
         idx.prefill_done(3000);
         assert_eq!(idx.prefill_waiting(), 500);
         idx.prefill_done(1000);

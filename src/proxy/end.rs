@@ -124,8 +124,9 @@ impl RequestEnd {
     /// The first content event arrived at `now`: the curve learns this request's TTFT at once,
     /// and the occupancy integral starts for its experienced concurrency. `prompt_tokens` and
     /// `cached_tokens`: the counts the stream reported, if it did by now (Anthropic's
-    /// `message_start`). The sample's prompt is what the backend had to prefill: the prompt
-    /// less its cached tokens, as reported, else as the prefix index expected.
+    /// `message_start`). The sample's prompt is what the backend had to prefill before this
+    /// first token: the prompt less its cached tokens, as reported, else as the prefix index
+    /// expected, plus the uncached prompts sent there before it and not yet at their first token.
     ///
     /// Except where the index expected a hit on a backend that reports its hits only at the end
     /// (OpenAI's usage chunk): an estimate that is wrong there (the engine evicted what the index
@@ -145,7 +146,10 @@ impl RequestEnd {
         slot.probe_first_token((now - self.sent).as_secs_f64());
         let prompt = prompt_tokens.unwrap_or(self.prompt_estimate);
         let expected = slot.expected_cached();
-        let uncached = prompt - cached_tokens.unwrap_or(expected).min(prompt);
+        // What the backend prefilled before this first token: this prompt's uncached tokens
+        // and the prefill it waited behind (prefills run one after another).
+        let uncached =
+            prompt - cached_tokens.unwrap_or(expected).min(prompt) + slot.prefill_ahead();
         let backend = slot.backend();
         if let Some(model) = &self.model
             && (200..300).contains(&self.status)
@@ -215,7 +219,7 @@ impl RequestEnd {
                     let cached = timing
                         .and_then(|t| t.cached_tokens)
                         .unwrap_or(slot.expected_cached());
-                    start.prompt_tokens = Some(prompt - cached.min(prompt));
+                    start.prompt_tokens = Some(prompt - cached.min(prompt) + slot.prefill_ahead());
                     backend.first_token(model, &start);
                 }
                 let timed = match meter {

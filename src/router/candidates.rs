@@ -235,17 +235,19 @@ impl Predictor<'_> {
                 prefill_waiting,
             } => {
                 let model = model.as_ref()?;
-                let mut p = model.predict(concurrency, *prompt_tokens);
+                // Prefills run one after another (a queue of prefills, as engines schedule
+                // them): this one's first token comes after the waiting ones' and its own, and
+                // the curve learned TTFT against the same count (`FirstToken::prompt_tokens`).
+                let prefill = *prefill_waiting + *prompt_tokens;
+                let mut p = model.predict(concurrency, prefill);
                 if concurrency > 1.0 {
                     p.ttft_p50_s = p.ttft_p50_s.max(*queue_s);
                     p.ttft_p90_s = p.ttft_p90_s.max(*queue_s);
                 }
-                // Prefills run one after another (a queue of prefills, as engines schedule
-                // them): this one's first token comes after the waiting ones' and its own.
                 if *prefill_waiting > 0
                     && let Some(rate) = model.fit.prefill_tokens_per_s
                 {
-                    let behind = (*prefill_waiting + *prompt_tokens) as f64 / rate;
+                    let behind = prefill as f64 / rate;
                     p.ttft_p50_s = p.ttft_p50_s.max(behind);
                     p.ttft_p90_s = p.ttft_p90_s.max(behind);
                 }
