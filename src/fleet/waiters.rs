@@ -214,7 +214,12 @@ impl Place<'_> {
         let Some(line) = classes.get_mut(self.class) else {
             return;
         };
-        if self.line.round.load(Ordering::Acquire) != round {
+        // A round that has ended, or a turn that is no longer its own (a request joined ahead of
+        // it meanwhile, and has not tried yet): nothing to pass.
+        let holds = line
+            .turn_holder(round)
+            .is_some_and(|(key, _)| *key == self.key());
+        if self.line.round.load(Ordering::Acquire) != round || !holds {
             return;
         }
         let (finish, ticket) = self.key();
@@ -383,6 +388,19 @@ mod tests {
         line.released();
         first.pass(round);
         assert!(first.turn().is_some() && second.turn().is_none());
+    }
+
+    #[test]
+    fn a_request_that_joins_ahead_of_the_turn_tries_before_the_one_whose_turn_it_was() {
+        let line = Line::new(1);
+        let first = line.join(0, flow(1, 1.0, 100));
+        let round = first.turn().unwrap();
+        // A smaller request of another key joins ahead of it while it tries.
+        let smaller = line.join(0, flow(2, 1.0, 50));
+        first.pass(round);
+        assert_eq!((smaller.turn(), first.turn()), (Some(round), None));
+        smaller.pass(round);
+        assert_eq!(first.turn(), Some(round), "then the turn comes back to it");
     }
 
     #[test]
