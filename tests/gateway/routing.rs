@@ -16,6 +16,24 @@ use crate::support;
 const CHAT: &[u8] =
     br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":6,"stream":true}"#;
 
+/// A streamed chat asking for `max_tokens` tokens.
+async fn chat_of(client: &HttpClient, gw: SocketAddr, max_tokens: u32) -> support::Exchange {
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"max_tokens":{max_tokens},"stream":true}}"#
+    );
+    let headers = [("content-type", "application/json")];
+    let path = "/v1/chat/completions";
+    support::send(
+        client,
+        gw,
+        Method::POST,
+        path,
+        Some(body.as_bytes()),
+        &headers,
+    )
+    .await
+}
+
 /// A slow backend (10 tok/s, under a 25 tok/s SLO) and a fast one (100 tok/s).
 async fn slow_and_fast() -> (support::FleetGuard, SocketAddr, SocketAddr) {
     let (slow_fleet, slow) = support::start_engine("slow", support::engine(100.0, 0.0, 8)).await;
@@ -257,12 +275,9 @@ async fn a_cold_backend_takes_more_requests_as_their_first_tokens_come_in_time()
     ))
     .await;
     let client = http_client(None).unwrap();
-    let long = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":200,"stream":true}"#;
     let send = async |delay_ms: u64| {
         tokio::time::sleep(Duration::from_millis(delay_ms)).await;
-        let headers = [("content-type", "application/json")];
-        let path = "/v1/chat/completions";
-        support::send(&client, gw.addr(), Method::POST, path, Some(long), &headers).await
+        chat_of(&client, gw.addr(), 200).await
     };
     // Four requests 100 ms apart into a gateway that has never seen the backend. Were it to
     // take one at a time until a request completed, the second would wait 4 s and be shed.
@@ -289,11 +304,7 @@ async fn a_cold_backend_too_slow_for_the_slo_ends_its_ramp_at_the_first_probe() 
         support::backend_yaml("slow", sim, "openai", "    models: {m: m}\n"),
     ))
     .await;
-    let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"stream":true}"#;
-    let headers = [("content-type", "application/json")];
-    let client = http_client(None).unwrap();
-    let path = "/v1/chat/completions";
-    let ex = support::send(&client, gw.addr(), Method::POST, path, Some(body), &headers).await;
+    let ex = chat_of(&http_client(None).unwrap(), gw.addr(), 10).await;
     assert_eq!(ex.status, StatusCode::OK);
     let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
     assert_eq!(backends["backends"][0]["ramp_allowance"], 0, "{backends}");
