@@ -55,6 +55,9 @@ pub enum Command {
     Bench(Box<BenchArgs>),
     /// Run simulated backends, the gateway in front of them and traffic; watch the dashboard.
     Demo(crate::demo::DemoArgs),
+    /// Emulate gateway replicas on a cluster's Redis (the scale harness): they speak the
+    /// cluster protocol with synthetic traffic; prints Redis's cost as JSON.
+    Replicas(crate::cluster::emulate::ReplicasArgs),
     /// Take a running gateway's curves away: the dashboard's picture as SVG, the numbers as CSV.
     Curves(CurvesArgs),
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
@@ -285,6 +288,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Sim(args) => block_on(threads, sim(args)),
         Command::Bench(args) => block_on(threads, run_bench(*args)),
         Command::Curves(args) => block_on(threads, curves(args)),
+        Command::Replicas(args) => block_on(threads, replicas(args)),
     };
     crate::logging::flush();
     code
@@ -634,6 +638,12 @@ async fn sim(args: SimArgs) -> Result<(), String> {
 // === curves ===
 
 /// Fetches `/admin/curves` and writes the picture and the numbers.
+async fn replicas(args: crate::cluster::emulate::ReplicasArgs) -> Result<(), String> {
+    let report = crate::cluster::emulate::run(args).await?;
+    say(&serde_json::to_string(&report).map_err(|e| e.to_string())?);
+    Ok(())
+}
+
 async fn curves(args: CurvesArgs) -> Result<(), String> {
     use http_body_util::BodyExt as _;
     let base = args.url.trim_end_matches('/');

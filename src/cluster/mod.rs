@@ -2,16 +2,21 @@
 //! Redis, what each backend's load, curve and health are, so that every replica routes by the
 //! fleet's facts rather than by its own share of them.
 //!
-//! Each replica, every `sync_interval`, in one pipelined round trip:
-//! - publishes its own load per backend (in flight, the running in-flight integral, the
-//!   requests waiting for a first token, per class) into the hash `{PREFIX}:occupancy` under its
-//!   replica id, and reads every replica's: [`peers::Peers`] turns them into the peers' load that
-//!   each backend's occupancy adds to its own (admission, caps, the queue, Retry-After, the TTFT
-//!   bucket and experienced concurrency are then fleet-wide);
+//! Each replica, every `sync_interval`, in one pipelined round trip (`round.rs`):
+//! - states its own load per backend (in flight, the requests waiting for a first token, per
+//!   class, per API key) as its part of the fleet's sums, kept by a script in the hash
+//!   `{PREFIX}:sums` (`sums.rs`), and reads the sums back: the peers' load is the sums less its
+//!   own part, which each backend's occupancy adds to its own (admission, caps, the queue,
+//!   Retry-After, the TTFT bucket and experienced concurrency are then fleet-wide). A round
+//!   states only what changed, and a round with nothing to state just renews its lease, so what
+//!   Redis does and what a replica reads are O(backends) a round, however many replicas there
+//!   are. A replica that dies without a word has its part taken out by whichever replica sees
+//!   its lease run out;
 //! - appends the curve samples it took since the last round (first tokens, requests' ends) to
 //!   the stream `{PREFIX}:samples` and reads the others' from where it left off: every curve
 //!   learns from the whole fleet's traffic, and a replica that starts reads the recent samples
-//!   back and is warm at once;
+//!   back and is warm at once. Where the fleet takes more samples of a backend and model than
+//!   a curve needs, each replica shares only its part of a fixed budget (`thin.rs`);
 //! - notes an ejection or a 429 cool-down it decided in the hash `{PREFIX}:health`, and applies
 //!   every new one it reads there for its period;
 //! - then, in a second pipeline, tells each API key's fleet-wide buckets and spend what the
@@ -20,42 +25,41 @@
 //! The request path never waits on Redis: it hands samples to a bounded queue
 //! ([`crate::fleet::Outbox`]) and reads only what the last round left in memory. With Redis
 //! away, slow or partitioned, each replica serves on its own view: the round trip times out,
-//! the peers' numbers expire after a few intervals, the connection is made again with backoff,
+//! the peers' numbers are dropped after a lease, the connection is made again with backoff,
 //! and the next round that gets through resynchronises (the sample stream is read on from where
 //! it was left). One log line per transition. Keys carry the prefix in braces, so that on a Redis
 //! Cluster they share a hash slot and one pipeline serves them.
 
+pub mod emulate;
 mod keys;
-pub mod peers;
+mod round;
+mod sums;
+mod thin;
 pub mod wire;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use redis::aio::ConnectionManager;
-use redis::streams::{StreamRangeReply, StreamReadReply};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::{ClusterConfig, without_password};
+use crate::curve::PeerLoad;
 use crate::fleet::{Event, Inbox};
 use crate::live::Live;
-use peers::{PeerInfo, Peers};
-use wire::{BackendLoad, Clock, HealthNote, Routed, Sample, Snapshot};
+use sums::{Kind, Mine, Mode, OwnLoad, Totals};
+use thin::Thinning;
+use wire::{Clock, HealthNote, Routed, Sample};
 
-/// The stream keeps about this many entries (each holds one round's samples of one replica).
-const STREAM_ENTRIES: usize = 4096;
-/// A round reads at most this many entries of the stream.
-const READ_ENTRIES: usize = 512;
 /// Samples kept for the next round while Redis is away; older ones are dropped first.
 const PENDING_SAMPLES: usize = 64 * 1024;
-/// A publication unchanged for this long belongs to a replica that is gone without saying so
-/// (a crash): any replica removes it from the store.
-const GONE_AFTER: Duration = Duration::from_secs(60);
+/// The list of peers is read again every this many rounds (and whenever their number changes).
+const LIST_EVERY: u64 = 20;
 
 /// What the admin plane and the metrics show of the cluster.
 #[derive(Debug)]
@@ -67,14 +71,27 @@ pub struct Status {
     connected: AtomicBool,
     sent: AtomicU64,
     received: AtomicU64,
+    thinned: AtomicU64,
     view: Mutex<View>,
 }
 
 #[derive(Debug, Default)]
 struct View {
+    /// Replicas holding a lease, this one included (0: not known yet).
+    replicas: u64,
     peers: Vec<PeerInfo>,
     last_sync: Option<Instant>,
+    last_round: Option<Duration>,
     last_error: Option<String>,
+}
+
+/// A peer, as `/admin/cluster` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PeerInfo {
+    /// Its replica id.
+    pub replica: String,
+    /// Seconds since its last round got through.
+    pub age_s: f64,
 }
 
 /// `/admin/cluster`.
@@ -92,14 +109,21 @@ pub struct StatusReport {
     pub connected: bool,
     /// Seconds since the last round trip that got through.
     pub last_sync_age_s: Option<f64>,
+    /// How long that round trip took, ms.
+    pub last_round_ms: Option<f64>,
     /// Why the last one failed, when it did.
     pub last_error: Option<String>,
-    /// The live peers.
+    /// Replicas holding a lease, this one included.
+    pub replicas: u64,
+    /// The live peers (the first 64 by id).
     pub peers: Vec<PeerInfo>,
     /// Samples sent to and received from the peers since start.
     pub samples_sent: u64,
     /// See `samples_sent`.
     pub samples_received: u64,
+    /// Samples kept to this replica because the fleet already shares enough of their backend
+    /// and model.
+    pub samples_thinned: u64,
 }
 
 impl Status {
@@ -113,10 +137,13 @@ impl Status {
             sync_interval_ms: self.sync_interval.as_millis(),
             connected: self.connected.load(Ordering::Relaxed),
             last_sync_age_s: view.last_sync.map(|t| t.elapsed().as_secs_f64()),
+            last_round_ms: view.last_round.map(|d| d.as_secs_f64() * 1000.0),
             last_error: view.last_error.clone(),
+            replicas: view.replicas,
             peers: view.peers.clone(),
             samples_sent: self.sent.load(Ordering::Relaxed),
             samples_received: self.received.load(Ordering::Relaxed),
+            samples_thinned: self.thinned.load(Ordering::Relaxed),
         }
     }
 
@@ -127,31 +154,36 @@ impl Status {
 
     /// Live peers.
     pub fn peers(&self) -> usize {
-        self.view
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .peers
-            .len()
+        let view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
+        usize::try_from(view.replicas.saturating_sub(1)).unwrap_or(usize::MAX)
     }
 }
 
 /// The Redis keys of one fleet.
 #[derive(Debug, Clone)]
-struct Keys {
+pub struct Keys {
     prefix: String,
-    occupancy: String,
+    sums: String,
+    leases: String,
     samples: String,
     health: String,
 }
 
 impl Keys {
-    fn new(prefix: &str) -> Self {
+    /// The keys under `prefix`.
+    pub fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
-            occupancy: format!("{{{prefix}}}:occupancy"),
+            sums: format!("{{{prefix}}}:sums"),
+            leases: format!("{{{prefix}}}:leases"),
             samples: format!("{{{prefix}}}:samples"),
             health: format!("{{{prefix}}}:health"),
         }
+    }
+
+    /// The hash of one replica's part of the sums.
+    fn part(&self, replica: &str) -> String {
+        format!("{{{}}}:part:{replica}", self.prefix)
     }
 }
 
@@ -237,45 +269,69 @@ pub fn start(
         connected: AtomicBool::new(false),
         sent: AtomicU64::new(0),
         received: AtomicU64::new(0),
+        thinned: AtomicU64::new(0),
         view: Mutex::new(View::default()),
     });
     let sync = Sync {
-        // A peer unseen for eight intervals (half a second at least) has stopped.
-        peers: Peers::new(
-            replica.clone(),
-            (config.sync_interval * 8).max(Duration::from_millis(500)),
-        ),
         replica,
+        incarnation: format!("{:016x}", rand::random::<u64>()),
         keys: Keys::new(&config.key_prefix),
         interval: config.sync_interval,
         live,
         inbox,
         status: Arc::clone(&status),
-        seq: 0,
+        script: round::script(),
+        loaded: false,
+        rounds: 0,
+        mine: Mine::default(),
+        totals: Totals::default(),
+        read_at: None,
+        area: HashMap::new(),
+        thinning: Thinning::default(),
+        taken: HashMap::new(),
         cursor: None,
         pending: Vec::new(),
         routed: Vec::new(),
         dropped: 0,
         health_out: HashMap::new(),
         health_seen: HashMap::new(),
-        stale: HashMap::new(),
-        gone: Vec::new(),
+        expired: Vec::new(),
     };
     let task = tokio::spawn(sync.run(client, stop));
     Ok(Cluster { status, task })
 }
 
+/// How long a replica's part holds without a round: eight intervals, and half a second at
+/// least. Also how long the sums last read count as the peers' load while Redis is away.
+fn lease(interval: Duration) -> Duration {
+    (interval * 8).max(Duration::from_millis(500))
+}
+
 /// The sync task's state.
 struct Sync {
     replica: String,
+    /// Tells this process's part from an earlier process's under the same replica id.
+    incarnation: String,
     keys: Keys,
     interval: Duration,
     live: Arc<ArcSwap<Live>>,
     inbox: Inbox,
     status: Arc<Status>,
-    peers: Peers,
-    /// This replica's publication count.
-    seq: u64,
+    script: redis::Script,
+    /// Whether the script is known to be loaded on the connection's server.
+    loaded: bool,
+    rounds: u64,
+    /// This replica's part of the sums, as stated.
+    mine: Mine,
+    /// The sums as last read, and when (this process's time, Unix ms).
+    totals: Totals,
+    read_at: Option<(Instant, u64)>,
+    /// Per backend: the peers' integral last handed to its occupancy, and the offset that
+    /// keeps it continuous across a gap in the readings.
+    area: HashMap<String, PeerArea>,
+    thinning: Thinning,
+    /// Samples taken per counter field since the last round that got through.
+    taken: HashMap<String, i64>,
     /// Where reading the sample stream goes on; `None` until the recent samples were loaded.
     cursor: Option<String>,
     /// Samples not yet sent (Redis away), oldest first.
@@ -288,17 +344,18 @@ struct Sync {
     health_out: HashMap<String, HealthNote>,
     /// The last note read per backend, applied once.
     health_seen: HashMap<String, HealthNote>,
-    /// Publications and since when they have not changed, for removing long-gone replicas.
-    stale: HashMap<String, (u64, Instant)>,
-    /// Long-gone replicas to remove from the store in the next round.
-    gone: Vec<String>,
+    /// Replicas whose leases ran out, to take out of the sums next round.
+    expired: Vec<String>,
 }
 
-/// What one round trip brought back.
-struct Round {
-    occupancy: HashMap<String, String>,
-    samples: Vec<redis::streams::StreamId>,
-    health: HashMap<String, String>,
+/// The peers' integral on one backend as handed to its occupancy: only its growth matters, so
+/// after a gap (Redis away, the peers' load dropped) it continues from where it stood.
+#[derive(Debug, Default, Clone, Copy)]
+struct PeerArea {
+    given: f64,
+    offset: f64,
+    /// The next reading starts from `given` (first, or after a gap).
+    rebase: bool,
 }
 
 impl Sync {
@@ -339,10 +396,16 @@ impl Sync {
             }
             self.collect();
             if let Some(c) = conn.as_mut() {
-                let clock = Clock::read();
-                match tokio::time::timeout(self.round_timeout(), self.round_trip(c, &clock)).await {
-                    Ok(Ok(round)) => {
-                        self.apply(round, &clock);
+                let started = Instant::now();
+                let outcome =
+                    tokio::time::timeout(self.round_timeout(), self.round(c, Mode::Changes)).await;
+                match outcome {
+                    Ok(Ok(())) => {
+                        self.status
+                            .view
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .last_round = Some(started.elapsed());
                         self.sync_keys(c).await;
                     }
                     Ok(Err(e)) => self.failed(&e.to_string()),
@@ -353,14 +416,8 @@ impl Sync {
         }
         // Leaving: the peers stop counting this replica's load at once.
         if let Some(mut c) = conn {
-            let _ = tokio::time::timeout(
-                self.round_timeout(),
-                redis::cmd("HDEL")
-                    .arg(&self.keys.occupancy)
-                    .arg(&self.replica)
-                    .exec_async(&mut c),
-            )
-            .await;
+            let _ =
+                tokio::time::timeout(self.round_timeout(), self.round(&mut c, Mode::Leave)).await;
         }
     }
 
@@ -368,14 +425,17 @@ impl Sync {
     /// key takes its part of what is left (see [`keys`]).
     async fn sync_keys(&mut self, conn: &mut ConnectionManager) {
         let live = self.live.load_full();
-        let now = Instant::now();
-        self.peers.expire(now);
-        let replicas = self.peers.len() + 1;
-        let peers = &self.peers;
+        let replicas = usize::try_from(self.totals.replicas.max(1)).unwrap_or(usize::MAX);
+        let (totals, mine) = (&self.totals, &self.mine);
+        let fresh = self.read_at.is_some();
         let synced = tokio::time::timeout(
             self.round_timeout(),
             keys::sync(conn, &self.keys.prefix, &live.tenants, replicas, |name| {
-                peers.key_in_flight(name)
+                if fresh {
+                    totals.peer_key(mine, name)
+                } else {
+                    0
+                }
             }),
         )
         .await;
@@ -392,7 +452,8 @@ impl Sync {
         (self.interval * 4).max(Duration::from_millis(250))
     }
 
-    /// Takes what the backends queued: samples to send, health notes to publish.
+    /// Takes what the backends queued: samples to send (thinned where the fleet has plenty),
+    /// health notes to publish, prompts routed.
     fn collect(&mut self) {
         let dropped = self.inbox.dropped();
         if dropped > self.dropped {
@@ -405,15 +466,24 @@ impl Sync {
             return;
         }
         let clock = Clock::read();
+        let mut thinned = 0u64;
         for event in events {
             match event {
                 Event::Learned {
                     backend,
                     model,
                     learned,
-                } => self
-                    .pending
-                    .push(Sample::new(&backend, &model, &learned, &clock)),
+                } => {
+                    let counter = sums::field(Kind::Samples, &[&backend, &model]);
+                    let share = self.thinning.share(&counter);
+                    *self.taken.entry(counter).or_default() += 1;
+                    if share >= 1.0 || rand::random::<f64>() < share {
+                        self.pending
+                            .push(Sample::new(&backend, &model, &learned, &clock));
+                    } else {
+                        thinned += 1;
+                    }
+                }
                 Event::Ejected { backend, until } => {
                     let note = self.health_out.entry(backend.to_string()).or_default();
                     note.ejected_until_ms = note.ejected_until_ms.max(clock.wall(until));
@@ -433,6 +503,10 @@ impl Sync {
                 }),
             }
         }
+        if thinned > 0 {
+            self.status.thinned.fetch_add(thinned, Ordering::Relaxed);
+            crate::telemetry::count_cluster_samples("thinned", thinned);
+        }
         if self.routed.len() > PENDING_SAMPLES {
             let extra = self.routed.len() - PENDING_SAMPLES;
             self.routed.drain(..extra);
@@ -444,130 +518,85 @@ impl Sync {
         }
     }
 
-    /// This replica's own load on every backend.
-    fn snapshot(&mut self, now: Instant) -> Snapshot {
-        self.seq += 1;
+    /// This replica's own levels on every backend and per API key, and the samples taken since
+    /// the last round, as of wall time `t_ms`.
+    fn fields(&mut self, now: Instant, t_ms: u64) -> Vec<(String, i64)> {
         let live = self.live.load();
         let classes = live.router.classes();
-        let backends = live
-            .router
-            .backends()
-            .iter()
-            .map(|b| {
-                let own = b.occupancy.local(now);
-                let classes = classes
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, c)| {
-                        let n = b.local_class_in_flight(i);
-                        (n > 0).then(|| (c.name.to_string(), n))
-                    })
-                    .collect();
-                let load = BackendLoad {
-                    count: own.count,
-                    area: own.area,
-                    waiting: own.waiting,
-                    waiting_age_s: own.waiting_age_s,
-                    classes,
-                };
-                (b.config.name.to_string(), load)
-            })
-            .collect();
-        let keys = live
-            .tenants
-            .iter()
-            .filter(|t| t.in_flight() > 0)
-            .map(|t| (t.name().to_string(), t.in_flight()))
-            .collect();
-        Snapshot {
-            seq: self.seq,
-            backends,
-            keys,
+        let mut out = Vec::new();
+        for b in live.router.backends() {
+            let name = &*b.config.name;
+            let own = b.occupancy.local(now);
+            let load = OwnLoad {
+                count: own.count,
+                area: own.area,
+                waiting: own.waiting,
+                waiting_age_s: own.waiting_age_s,
+            };
+            self.mine.backend_fields(name, load, t_ms, &mut out);
+            for (i, c) in classes.iter().enumerate() {
+                let n = b.local_class_in_flight(i);
+                out.push((sums::field(Kind::Class, &[name, &c.name]), i64::from(n)));
+            }
         }
+        for t in live.tenants.iter() {
+            let n = i64::try_from(t.in_flight()).unwrap_or(i64::MAX);
+            out.push((sums::field(Kind::Key, &[t.name()]), n));
+        }
+        out.extend(self.taken.iter().map(|(f, n)| (f.clone(), *n)));
+        out
     }
 
-    /// One pipelined round trip: publish, append, read.
-    async fn round_trip(
-        &mut self,
-        conn: &mut ConnectionManager,
-        clock: &Clock,
-    ) -> redis::RedisResult<Round> {
-        let snapshot = serde_json::to_string(&self.snapshot(clock.now())).unwrap_or_default();
+    /// One round trip (see [`round`]); `Mode::Leave` takes this replica's part out.
+    async fn round(&mut self, conn: &mut ConnectionManager, mode: Mode) -> redis::RedisResult<()> {
+        if !self.loaded {
+            self.script.load_async(conn).await?;
+            self.loaded = true;
+        }
+        let clock = Clock::read();
+        let t_ms = clock.wall(clock.now());
+        let (mode, fields) = if mode == Mode::Leave {
+            (Mode::Leave, Vec::new())
+        } else {
+            let current = self.fields(clock.now(), t_ms);
+            self.mine.statement(current)
+        };
         let samples = (!self.pending.is_empty() || !self.routed.is_empty())
             .then(|| serde_json::to_string(&self.pending).unwrap_or_default());
         let routed = (!self.routed.is_empty())
             .then(|| serde_json::to_string(&self.routed).unwrap_or_default());
-        let mut pipe = redis::pipe();
-        pipe.cmd("HSET")
-            .arg(&self.keys.occupancy)
-            .arg(&self.replica)
-            .arg(snapshot)
-            .ignore();
-        for id in &self.gone {
-            pipe.cmd("HDEL").arg(&self.keys.occupancy).arg(id).ignore();
-        }
-        pipe.cmd("HGETALL").arg(&self.keys.occupancy);
-        if let Some(samples) = &samples {
-            pipe.cmd("XADD")
-                .arg(&self.keys.samples)
-                .arg("MAXLEN")
-                .arg("~")
-                .arg(STREAM_ENTRIES)
-                .arg("*")
-                .arg("r")
-                .arg(&self.replica)
-                .arg("s")
-                .arg(samples);
-            if let Some(routed) = &routed {
-                pipe.arg("p").arg(routed);
-            }
-            pipe.ignore();
-        }
-        match &self.cursor {
-            // The first round: the recent samples, newest first.
-            None => {
-                pipe.cmd("XREVRANGE")
-                    .arg(&self.keys.samples)
-                    .arg("+")
-                    .arg("-")
-                    .arg("COUNT")
-                    .arg(STREAM_ENTRIES);
-            }
-            Some(cursor) => {
-                pipe.cmd("XREAD")
-                    .arg("COUNT")
-                    .arg(READ_ENTRIES)
-                    .arg("STREAMS")
-                    .arg(&self.keys.samples)
-                    .arg(cursor);
-            }
-        }
-        for (backend, note) in &self.health_out {
-            pipe.cmd("HSET")
-                .arg(&self.keys.health)
-                .arg(backend)
-                .arg(serde_json::to_string(note).unwrap_or_default())
-                .ignore();
-        }
-        pipe.cmd("HGETALL").arg(&self.keys.health);
-        let (occupancy, samples_reply, health): (
-            HashMap<String, String>,
-            redis::Value,
-            HashMap<String, String>,
-        ) = pipe.query_async(conn).await?;
-        let samples = match (&self.cursor, samples_reply) {
-            (_, redis::Value::Nil) => Vec::new(),
-            (None, reply) => {
-                let mut ids = redis::from_redis_value::<StreamRangeReply>(reply)?.ids;
-                ids.reverse();
-                ids
-            }
-            (Some(_), reply) => redis::from_redis_value::<StreamReadReply>(reply)?
-                .keys
-                .into_iter()
-                .flat_map(|k| k.ids)
-                .collect(),
+        let health: Vec<(String, String)> = self
+            .health_out
+            .iter()
+            .map(|(b, n)| (b.clone(), serde_json::to_string(n).unwrap_or_default()))
+            .collect();
+        let list_peers = self.rounds.is_multiple_of(LIST_EVERY);
+        let out = round::Outgoing {
+            replica: &self.replica,
+            incarnation: &self.incarnation,
+            now_ms: t_ms,
+            lease_ms: u64::try_from(lease(self.interval).as_millis()).unwrap_or(u64::MAX),
+            mode,
+            fields: &fields,
+            samples,
+            routed,
+            cursor: self.cursor.as_deref(),
+            health: &health,
+            list_peers,
+            retire: &self.expired,
         };
+        let incoming = match round::round_trip(conn, &self.keys, &self.script, &out).await {
+            Ok(incoming) => incoming,
+            Err(e) => {
+                // Redis may have restarted without the script.
+                self.loaded = false;
+                return Err(e);
+            }
+        };
+        if mode == Mode::Leave {
+            return Ok(());
+        }
+        self.rounds += 1;
         // Sent: the round got through.
         self.status
             .sent
@@ -576,16 +605,45 @@ impl Sync {
         self.pending.clear();
         self.routed.clear();
         self.health_out.clear();
-        self.gone.clear();
-        Ok(Round {
-            occupancy,
-            samples,
-            health,
-        })
+        match incoming.sums {
+            round::SumsReply::Resend => {
+                // The part was gone (its lease ran out): state it whole next round.
+                self.mine.lost();
+                self.rounds = 0;
+            }
+            round::SumsReply::Read {
+                replicas,
+                sums,
+                expired,
+            } => {
+                self.expired = expired;
+                self.mine.acknowledged(mode, &fields);
+                self.taken.clear();
+                let before = self.totals.replicas;
+                self.totals.replace(replicas, sums);
+                if before != replicas {
+                    // Their number moved: list them again next round.
+                    self.rounds = 0;
+                }
+                self.read_at = Some((clock.now(), t_ms));
+                let now = clock.now();
+                for (field, total) in self.totals.counters() {
+                    self.thinning.read(field, total, now);
+                }
+            }
+        }
+        self.apply(incoming.samples, &incoming.health, incoming.leases, &clock);
+        Ok(())
     }
 
-    /// Takes in what a round brought back.
-    fn apply(&mut self, round: Round, clock: &Clock) {
+    /// Takes in what a round brought back: the peers' samples, health notes, the list of peers.
+    fn apply(
+        &mut self,
+        entries: Vec<redis::streams::StreamId>,
+        health: &HashMap<String, String>,
+        leases: Option<Vec<(String, f64)>>,
+        clock: &Clock,
+    ) {
         let now = clock.now();
         if !self.status.connected.swap(true, Ordering::Relaxed) {
             tracing::info!(
@@ -594,18 +652,6 @@ impl Sync {
                 "cluster: connected; sharing backend state with the other replicas"
             );
         }
-        let published: Vec<(&str, Snapshot)> = round
-            .occupancy
-            .iter()
-            .filter_map(|(id, text)| Some((id.as_str(), serde_json::from_str(text).ok()?)))
-            .collect();
-        self.gone = self.peers.long_gone(
-            now,
-            published.iter().map(|(id, s)| (*id, s.seq)),
-            &mut self.stale,
-            GONE_AFTER,
-        );
-        self.peers.update(now, published);
         if self.cursor.is_none() {
             // Nothing in the stream yet: read from its beginning from now on.
             self.cursor = Some("0-0".to_owned());
@@ -613,7 +659,7 @@ impl Sync {
         let live = self.live.load();
         let backends = live.router.backends();
         let mut received = 0u64;
-        for entry in round.samples {
+        for entry in entries {
             self.cursor = Some(entry.id.clone());
             if entry.get::<String>("r").as_deref() == Some(self.replica.as_str()) {
                 continue;
@@ -653,7 +699,7 @@ impl Sync {
             self.status.received.fetch_add(received, Ordering::Relaxed);
             crate::telemetry::count_cluster_samples("received", received);
         }
-        for (name, text) in &round.health {
+        for (name, text) in health {
             let Ok(note) = serde_json::from_str::<HealthNote>(text) else {
                 continue;
             };
@@ -678,6 +724,19 @@ impl Sync {
             .unwrap_or_else(PoisonError::into_inner);
         view.last_sync = Some(now);
         view.last_error = None;
+        view.replicas = self.totals.replicas;
+        if let Some(leases) = leases {
+            let lease_ms = lease(self.interval).as_secs_f64() * 1000.0;
+            let t_ms = clock.wall(now) as f64;
+            view.peers = leases
+                .into_iter()
+                .filter(|(id, _)| *id != self.replica)
+                .map(|(replica, until)| PeerInfo {
+                    replica,
+                    age_s: ((lease_ms - (until - t_ms)) / 1000.0).max(0.0),
+                })
+                .collect();
+        }
     }
 
     /// A round (or a connection) failed: serve on this replica's own view (API keys' limits
@@ -709,28 +768,69 @@ impl Sync {
             .last_error = Some(error.to_owned());
     }
 
-    /// Hands every backend the peers' load (expired peers gone), and updates the status.
+    /// Hands every backend the peers' load as of the last reading (none once it is older than
+    /// a lease: Redis is away), and updates the status.
     fn share_peers(&mut self) {
         let now = Instant::now();
-        self.peers.expire(now);
+        let lease = lease(self.interval);
+        if self
+            .read_at
+            .is_some_and(|(at, _)| now.saturating_duration_since(at) > lease)
+        {
+            self.read_at = None;
+            let mut view = self
+                .status
+                .view
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            view.replicas = 0;
+            view.peers.clear();
+        }
         let live = self.live.load();
         let classes = live.router.classes();
         for backend in live.router.backends() {
             let name = &*backend.config.name;
-            backend.occupancy.set_peers(now, self.peers.load(name, now));
-            let by_class: BTreeMap<&str, u32> = self.peers.classes(name);
-            backend.set_peer_classes(
-                classes
-                    .iter()
-                    .map(|c| by_class.get(&*c.name).copied().unwrap_or(0)),
-            );
+            let area = self.area.entry(name.to_owned()).or_insert(PeerArea {
+                rebase: true,
+                ..PeerArea::default()
+            });
+            let load = match self.read_at {
+                Some((at, t_ms)) => {
+                    let since = u64::try_from(now.saturating_duration_since(at).as_millis())
+                        .unwrap_or(u64::MAX);
+                    let mut load = self.totals.peers(&self.mine, name, t_ms + since);
+                    if area.rebase {
+                        area.offset = area.given - load.area;
+                        area.rebase = false;
+                    }
+                    load.area += area.offset;
+                    area.given = load.area;
+                    backend.occupancy.set_peers(now, load);
+                    load
+                }
+                None => {
+                    // No picture of the peers: their load stops where it stood.
+                    area.rebase = true;
+                    let load = PeerLoad {
+                        area: area.given,
+                        ..PeerLoad::default()
+                    };
+                    backend.occupancy.set_peers(now, load);
+                    load
+                }
+            };
+            let _ = load;
+            let fresh = self.read_at.is_some();
+            backend.set_peer_classes(classes.iter().map(|c| {
+                if fresh {
+                    self.totals.peer_class(&self.mine, name, &c.name)
+                } else {
+                    0
+                }
+            }));
         }
-        let info = self.peers.info(now);
-        crate::telemetry::set_cluster(self.status.connected(), info.len());
-        self.status
-            .view
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .peers = info;
+        let peers = usize::try_from(self.totals.replicas.saturating_sub(1)).unwrap_or(usize::MAX);
+        let peers = if self.read_at.is_some() { peers } else { 0 };
+        crate::telemetry::set_cluster(self.status.connected(), peers);
     }
 }

@@ -1,9 +1,9 @@
-//! What replicas write to Redis and read back, as JSON (small, and readable with `redis-cli`):
-//! a replica's [`Snapshot`] of its own load, the curve [`Sample`]s it learned, and the
-//! [`HealthNote`] of a backend it ejected or saw cool down. Times cross machines as Unix
-//! milliseconds and become this process's instants on arrival ([`Clock`]).
+//! What replicas write to Redis and read back as JSON (small, and readable with `redis-cli`):
+//! the curve [`Sample`]s a replica learned, the prompts it routed, and the [`HealthNote`] of a
+//! backend it ejected or saw cool down (its load travels as fields of the fleet's sums). Times
+//! cross machines as Unix milliseconds and become this process's instants on arrival
+//! ([`Clock`]).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -11,38 +11,6 @@ use tokio::time::Instant;
 
 use crate::curve::{FirstToken, Observation, Outcome};
 use crate::fleet::Learned;
-
-/// A replica's own load on every backend, published each sync interval.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct Snapshot {
-    /// Grows with every publication: a peer whose `seq` stops moving has stopped publishing.
-    pub seq: u64,
-    /// Per backend name.
-    pub backends: BTreeMap<String, BackendLoad>,
-    /// Requests in flight per API key name (those with any); absent from older replicas.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub keys: BTreeMap<String, u64>,
-}
-
-/// One backend's load through one replica.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct BackendLoad {
-    /// Requests in flight.
-    #[serde(rename = "n")]
-    pub count: u32,
-    /// The replica's running integral of them, request-seconds.
-    #[serde(rename = "a")]
-    pub area: f64,
-    /// Those still waiting for a first token.
-    #[serde(rename = "w", default)]
-    pub waiting: u32,
-    /// The sum of their ages, seconds.
-    #[serde(rename = "ws", default)]
-    pub waiting_age_s: f64,
-    /// In flight by class name.
-    #[serde(rename = "c", default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub classes: BTreeMap<String, u32>,
-}
 
 /// A prompt routed to a backend, as it travels (in the stream entry's field `p`, beside the
 /// samples in `s`, so that a replica of an earlier version reads its samples as before): its
@@ -305,30 +273,6 @@ mod tests {
             };
             assert_eq!(later - at, Duration::from_millis(350));
         }
-    }
-
-    #[test]
-    fn a_snapshot_is_small_and_reads_back() {
-        let mut snapshot = Snapshot {
-            seq: 7,
-            ..Snapshot::default()
-        };
-        snapshot.backends.insert(
-            "vllm".to_owned(),
-            BackendLoad {
-                count: 3,
-                area: 12.5,
-                waiting: 1,
-                waiting_age_s: 0.25,
-                classes: [("interactive".to_owned(), 3)].into(),
-            },
-        );
-        let json = serde_json::to_string(&snapshot).unwrap();
-        assert_eq!(
-            json,
-            r#"{"seq":7,"backends":{"vllm":{"n":3,"a":12.5,"w":1,"ws":0.25,"c":{"interactive":3}}}}"#
-        );
-        assert_eq!(serde_json::from_str::<Snapshot>(&json).unwrap(), snapshot);
     }
 
     #[test]

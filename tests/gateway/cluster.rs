@@ -338,3 +338,195 @@ async fn a_redis_behind_tls_is_reached_with_rediss_and_the_configured_roots() {
     .await;
     assert_eq!(curves["curves"][0]["observations"], 1, "{curves}");
 }
+
+/// The fleet's sums in `redis` (prefix `test`) of one kind, by the names after the kind
+/// letter, without zeros.
+async fn sums_of(redis: &Redis, kind: char) -> std::collections::BTreeMap<String, i64> {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let all: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg("{test}:sums")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    all.into_iter()
+        .filter(|(f, v)| f.starts_with(kind) && *v != 0)
+        .map(|(f, v)| (f[1..].replace('\u{1f}', "/"), v))
+        .collect()
+}
+
+/// A `tpsgate serve` process in the cluster of `redis`, in front of `sim`; named `id` when
+/// given.
+async fn replica_process(
+    sim: SocketAddr,
+    redis: &Redis,
+    id: Option<&str>,
+) -> (support::Spawned, tempfile::NamedTempFile) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let mut cluster = config(sim, "", redis);
+    if let Some(id) = id {
+        // Syncing every second: its lease (eight intervals) outlasts what a test waits for.
+        cluster = cluster
+            .replace(
+                "key_prefix: test,",
+                &format!("key_prefix: test, replica_id: {id},"),
+            )
+            .replace("sync_interval_ms: 20", "sync_interval_ms: 1000");
+    }
+    std::fs::write(
+        file.path(),
+        format!("listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{cluster}"),
+    )
+    .unwrap();
+    let mut command = support::tpsgate();
+    command
+        .args(["serve", "--config"])
+        .arg(file.path())
+        .stderr(std::process::Stdio::null());
+    (support::spawn_listening(command).await, file)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_with_requests_in_flight_leaves_the_fleets_counts_within_its_lease() {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let b = support::gateway(&config(sim, "", &redis)).await;
+    let (mut a, _file) = replica_process(sim, &redis, None).await;
+    let streams = [
+        support::open_stream(a.addr, "m", 5000).await,
+        support::open_stream(a.addr, "m", 5000).await,
+        support::open_stream(a.addr, "m", 5000).await,
+    ];
+    let seen = until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(2),
+        |v| backend(v)["in_flight"] == 3,
+    )
+    .await;
+    assert_eq!(backend(&seen)["in_flight"], 3, "{seen}");
+
+    // Killed without a word: its part stays in Redis until its lease (eight intervals, at
+    // least half a second) runs out and a peer takes it out.
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let killed = tokio::time::Instant::now();
+    let seen = until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(3),
+        |v| backend(v)["in_flight"] == 0,
+    )
+    .await;
+    let took = killed.elapsed();
+    assert_eq!(backend(&seen)["in_flight"], 0, "{seen}");
+    assert!(
+        took < Duration::from_secs(2),
+        "its counts left after {took:?}"
+    );
+    assert!(sums_of(&redis, 'n').await.is_empty());
+    let cluster = until(
+        b.admin_addr(),
+        "/admin/cluster",
+        Duration::from_secs(2),
+        |v| v["cluster"]["replicas"] == 1,
+    )
+    .await;
+    assert_eq!(cluster["cluster"]["replicas"], 1, "{cluster}");
+    drop(streams);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_stay_exact_while_replicas_join_leave_and_die_under_traffic() {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let b = support::gateway(&config(sim, "", &redis)).await;
+    let _held = [
+        support::open_stream(b.addr(), "m", 5000).await,
+        support::open_stream(b.addr(), "m", 5000).await,
+    ];
+    for round in 0..3 {
+        // One replica joins, streams, and leaves with streams open (its own stop); another
+        // is killed with streams open; short requests come and go through all of them.
+        let c = support::gateway(&config(sim, "", &redis)).await;
+        let (mut d, _file) = replica_process(sim, &redis, None).await;
+        let _open = [
+            support::open_stream(c.addr(), "m", 5000).await,
+            support::open_stream(d.addr, "m", 5000).await,
+            support::open_stream(d.addr, "m", 5000).await,
+        ];
+        for gw in [b.addr(), c.addr(), d.addr] {
+            short_stream(gw).await;
+        }
+        let seen = until(
+            b.admin_addr(),
+            "/admin/backends",
+            Duration::from_secs(2),
+            |v| backend(v)["in_flight"] == 5,
+        )
+        .await;
+        assert_eq!(backend(&seen)["in_flight"], 5, "round {round}: {seen}");
+        drop(c);
+        d.child.kill().unwrap();
+        d.child.wait().unwrap();
+    }
+    // What is left is this replica's own: its two streams, exactly.
+    let seen = until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(3),
+        |v| backend(v)["in_flight"] == 2,
+    )
+    .await;
+    assert_eq!(backend(&seen)["in_flight"], 2, "{seen}");
+    let fleet = until(
+        b.admin_addr(),
+        "/admin/cluster",
+        Duration::from_secs(2),
+        |v| v["cluster"]["replicas"] == 1,
+    )
+    .await;
+    assert_eq!(fleet["cluster"]["replicas"], 1, "{fleet}");
+    assert_eq!(
+        sums_of(&redis, 'n').await,
+        [("/sim".to_owned(), 2)].into(),
+        "the sums hold this replica's two streams and nothing of the others"
+    );
+    for kind in ['w', 'c', 'k'] {
+        assert!(sums_of(&redis, kind).await.is_empty(), "{kind}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_under_the_same_id_replaces_its_counts_rather_than_adding_to_them() {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let b = support::gateway(&config(sim, "", &redis)).await;
+    let (mut first, _file) = replica_process(sim, &redis, Some("pod-7")).await;
+    let _streams = [
+        support::open_stream(first.addr, "m", 5000).await,
+        support::open_stream(first.addr, "m", 5000).await,
+    ];
+    until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(3),
+        |v| backend(v)["in_flight"] == 2,
+    )
+    .await;
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    // Started again at once, well within the old process's lease (8 s), with one stream: the
+    // fleet counts one, not three.
+    let (again, _file) = replica_process(sim, &redis, Some("pod-7")).await;
+    let _stream = support::open_stream(again.addr, "m", 5000).await;
+    let seen = until(
+        b.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(4),
+        |v| backend(v)["in_flight"] == 1,
+    )
+    .await;
+    assert_eq!(backend(&seen)["in_flight"], 1, "{seen}");
+    assert_eq!(sums_of(&redis, 'n').await, [("/sim".to_owned(), 1)].into());
+}

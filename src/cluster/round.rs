@@ -1,0 +1,267 @@
+//! One round trip of the cluster protocol, in one pipeline: state this replica's part of the
+//! sums and read them back ([`sums::SCRIPT`]); append the samples it learned and read the
+//! others'; note health and read the notes; now and then list the peers. A replica and the
+//! scale harness's emulated replicas (`tpsgate replicas`) speak it through this one function.
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionLike;
+use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
+
+use super::Keys;
+use super::sums::{self, Mode};
+
+/// The stream keeps about this many entries (each holds one round's samples of one replica).
+const STREAM_ENTRIES: usize = 4096;
+/// A round reads at most this many entries of the stream.
+const READ_ENTRIES: usize = 512;
+/// A replica's first round reads this many of the newest entries: enough to start warm, and
+/// cheap enough that a thousand replicas starting at once do not stall Redis.
+const FIRST_ENTRIES: usize = 256;
+/// A round names at most this many replicas whose leases ran out.
+const EXPIRED_PER_ROUND: usize = 8;
+/// The admin plane lists at most this many peers.
+const LISTED_PEERS: isize = 64;
+
+/// What a round sends.
+#[derive(Debug)]
+pub(super) struct Outgoing<'a> {
+    /// This replica's id, and its process's incarnation.
+    pub(super) replica: &'a str,
+    /// See `replica`.
+    pub(super) incarnation: &'a str,
+    /// Now, Unix ms.
+    pub(super) now_ms: u64,
+    /// How long the part holds without a round, ms.
+    pub(super) lease_ms: u64,
+    /// How the part is stated.
+    pub(super) mode: Mode,
+    /// The fields stated.
+    pub(super) fields: &'a [(String, i64)],
+    /// The samples to append, JSON, and the prompts routed (see [`super::wire::Routed`]).
+    pub(super) samples: Option<String>,
+    /// See `samples`.
+    pub(super) routed: Option<String>,
+    /// Where reading the sample stream goes on; `None`: the recent samples, newest first.
+    pub(super) cursor: Option<&'a str>,
+    /// Health notes to write, JSON per backend name.
+    pub(super) health: &'a [(String, String)],
+    /// Whether to list the peers.
+    pub(super) list_peers: bool,
+    /// Replicas whose leases ran out, to take out of the sums first.
+    pub(super) retire: &'a [String],
+}
+
+/// The sums' part of an answer.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum SumsReply {
+    /// This replica's part was gone: state it whole.
+    Resend,
+    /// Stated (or the lease renewed); the sums as read after it.
+    Read {
+        /// Replicas holding a lease.
+        replicas: u64,
+        /// The sums.
+        sums: HashMap<String, i64>,
+        /// Replicas whose leases ran out.
+        expired: Vec<String>,
+    },
+}
+
+/// What a round brought back.
+#[derive(Debug)]
+pub(super) struct Incoming {
+    /// The sums.
+    pub(super) sums: SumsReply,
+    /// New stream entries, oldest first.
+    pub(super) samples: Vec<StreamId>,
+    /// Every health note, JSON per backend name.
+    pub(super) health: HashMap<String, String>,
+    /// The peers' ids and the ends of their leases (Unix ms), when asked for.
+    pub(super) leases: Option<Vec<(String, f64)>>,
+}
+
+/// The script, as Redis knows it by its hash.
+pub(super) fn script() -> redis::Script {
+    redis::Script::new(sums::SCRIPT)
+}
+
+/// One round trip over `conn`. The script must have been loaded (`SCRIPT LOAD`): after an
+/// error, load it again before the next round (Redis may have restarted).
+pub(super) async fn round_trip<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &Keys,
+    script: &redis::Script,
+    out: &Outgoing<'_>,
+) -> redis::RedisResult<Incoming> {
+    let mut pipe = redis::pipe();
+    for gone in out.retire {
+        pipe.cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(3)
+            .arg(&keys.sums)
+            .arg(&keys.leases)
+            .arg(keys.part(gone))
+            .arg(gone)
+            .arg("")
+            .arg(out.now_ms)
+            .arg(out.lease_ms)
+            .arg("")
+            .arg(Mode::Retire.arg())
+            .ignore();
+    }
+    // Nothing to state (most rounds of a replica with little traffic): the lease alone is
+    // renewed, and only if it is still there (else the part was taken out: state it whole).
+    let renew_only = out.mode == Mode::Changes && out.fields.is_empty();
+    if renew_only {
+        pipe.cmd("ZADD")
+            .arg(&keys.leases)
+            .arg("XX")
+            .arg("CH")
+            .arg(out.now_ms + out.lease_ms)
+            .arg(out.replica);
+    } else {
+        pipe.cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(3)
+            .arg(&keys.sums)
+            .arg(&keys.leases)
+            .arg(keys.part(out.replica))
+            .arg(out.replica)
+            .arg(out.incarnation)
+            .arg(out.now_ms)
+            .arg(out.lease_ms)
+            .arg(out.mode.arg());
+        for (field, value) in out.fields {
+            pipe.arg(field).arg(*value);
+        }
+    }
+    if out.mode == Mode::Leave {
+        pipe.query_async::<redis::Value>(conn).await?;
+        return Ok(Incoming {
+            sums: SumsReply::Resend,
+            samples: Vec::new(),
+            health: HashMap::new(),
+            leases: None,
+        });
+    }
+    pipe.cmd("ZCARD").arg(&keys.leases);
+    pipe.cmd("ZRANGEBYSCORE")
+        .arg(&keys.leases)
+        .arg("-inf")
+        .arg(format!("({}", out.now_ms))
+        .arg("LIMIT")
+        .arg(0)
+        .arg(EXPIRED_PER_ROUND);
+    pipe.cmd("HGETALL").arg(&keys.sums);
+    if let Some(samples) = &out.samples {
+        pipe.cmd("XADD")
+            .arg(&keys.samples)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(STREAM_ENTRIES)
+            .arg("*")
+            .arg("r")
+            .arg(out.replica)
+            .arg("s")
+            .arg(samples);
+        if let Some(routed) = &out.routed {
+            pipe.arg("p").arg(routed);
+        }
+        pipe.ignore();
+    }
+    match out.cursor {
+        None => {
+            pipe.cmd("XREVRANGE")
+                .arg(&keys.samples)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(FIRST_ENTRIES);
+        }
+        Some(cursor) => {
+            pipe.cmd("XREAD")
+                .arg("COUNT")
+                .arg(READ_ENTRIES)
+                .arg("STREAMS")
+                .arg(&keys.samples)
+                .arg(cursor);
+        }
+    }
+    for (backend, note) in out.health {
+        pipe.cmd("HSET")
+            .arg(&keys.health)
+            .arg(backend)
+            .arg(note)
+            .ignore();
+    }
+    pipe.cmd("HGETALL").arg(&keys.health);
+    if out.list_peers {
+        pipe.cmd("ZRANGE")
+            .arg(&keys.leases)
+            .arg(0)
+            .arg(LISTED_PEERS)
+            .arg("WITHSCORES");
+    }
+    let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    let leases = if out.list_peers {
+        replies
+            .pop()
+            .map(redis::from_redis_value::<Vec<(String, f64)>>)
+            .transpose()?
+    } else {
+        None
+    };
+    let health = match replies.pop() {
+        Some(v) => redis::from_redis_value(v)?,
+        None => HashMap::new(),
+    };
+    let stream = replies.pop().unwrap_or(redis::Value::Nil);
+    let sums: HashMap<String, i64> = match replies.pop() {
+        Some(v) => redis::from_redis_value(v)?,
+        None => HashMap::new(),
+    };
+    let expired: Vec<String> = match replies.pop() {
+        Some(v) => redis::from_redis_value(v)?,
+        None => Vec::new(),
+    };
+    let replicas: u64 = match replies.pop() {
+        Some(v) => redis::from_redis_value(v)?,
+        None => 0,
+    };
+    let stated = match replies.pop() {
+        // ZADD XX CH: 1 when the lease was there and renewed.
+        Some(redis::Value::Int(n)) => n > 0,
+        // The script: `{'resend'}` or `{}`.
+        Some(v) => redis::from_redis_value::<Vec<String>>(v)?.is_empty(),
+        None => false,
+    };
+    let sums = if stated {
+        SumsReply::Read {
+            replicas,
+            sums,
+            expired: expired.into_iter().filter(|id| id != out.replica).collect(),
+        }
+    } else {
+        SumsReply::Resend
+    };
+    let samples = match (out.cursor, stream) {
+        (_, redis::Value::Nil) => Vec::new(),
+        (None, reply) => {
+            let mut ids = redis::from_redis_value::<StreamRangeReply>(reply)?.ids;
+            ids.reverse();
+            ids
+        }
+        (Some(_), reply) => redis::from_redis_value::<StreamReadReply>(reply)?
+            .keys
+            .into_iter()
+            .flat_map(|k| k.ids)
+            .collect(),
+    };
+    Ok(Incoming {
+        sums,
+        samples,
+        health,
+        leases,
+    })
+}
