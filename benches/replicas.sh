@@ -13,7 +13,11 @@
 # A `-cold` setup (one-cold, eight-cold, eight-cold-cluster) is the same right after start: a
 # warm-up of only 10 s at 2 req/s, then one level at COLD_RATE (default 16) req/s.
 #
-# Usage: benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
+# FLEET=sharp runs the same against benches/sharp-fleet.yaml behind benches/sharp-gateway.yaml
+# (knees that are sharp: small batches, a serial backend, a hosted one with a fixed TTFT near the
+# SLO) and writes its table between the replicas-sharp markers.
+#
+# Usage: [BIN=path] [FLEET=sim|sharp] benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
 #   setups: one, four, four-cluster, eight, eight-cluster (default: these five), and the -cold ones
 # Needs ports 8181-8188, 9191-9198, 9101-9104 and 6399 free; installs redis-server with apt
 # when missing. About 3 minutes per setup per run.
@@ -25,9 +29,15 @@ duration=${3:-30}
 shift $(( $# < 3 ? $# : 3 ))
 setups=${*:-one four four-cluster eight eight-cluster}
 command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-cargo build --release --quiet
-bin=$PWD/target/release/tpsgate
-out=$PWD/target/replicas
+bin=${BIN:-$PWD/target/release/tpsgate}
+[ -n "${BIN:-}" ] || cargo build --release --quiet
+fleet=${FLEET:-sim}
+case $fleet in
+  sim) sim_config=config/sim-fleet.yaml gateway_config=benches/goodput-gateway.yaml marker=replicas ;;
+  sharp) sim_config=benches/sharp-fleet.yaml gateway_config=benches/sharp-gateway.yaml marker=replicas-sharp ;;
+  *) echo "FLEET must be sim or sharp" >&2; exit 2 ;;
+esac
+out=$PWD/target/$marker
 mkdir -p "$out"
 if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
   for setup in $setups; do sed -i "/\"setup\":\"$setup\"/d" "$out/results.jsonl"; done
@@ -70,12 +80,12 @@ redis-server --port 6399 --bind 127.0.0.1 --save '' --appendonly no >"$out/redis
 redis_pid=$!
 for run in $(seq "$runs"); do
   for setup in $setups; do
-    "$bin" sim --config config/sim-fleet.yaml >/dev/null 2>&1 & pids+=($!)
+    "$bin" sim --config "$sim_config" >/dev/null 2>&1 & pids+=($!)
     read -r -a shares <<<"$(split "$setup")"
     for i in $(seq ${#shares[@]}); do
       {
         sed "s/127.0.0.1:8180/127.0.0.1:$((8180 + i))/; s/127.0.0.1:9190/127.0.0.1:$((9190 + i))/" \
-          benches/goodput-gateway.yaml
+          "$gateway_config"
         case $setup in
           *-cluster) printf 'cluster:\n  redis_url: redis://127.0.0.1:6399/0\n  key_prefix: bench-%s-%s\n' "$setup" "$run" ;;
         esac
@@ -100,4 +110,4 @@ done
 kill "$redis_pid" 2>/dev/null || true
 python3 benches/replicas_table.py "$out/results.jsonl" >"$out/table.md"
 cat "$out/table.md"
-python3 benches/splice.py replicas "$out/table.md"
+python3 benches/splice.py "$marker" "$out/table.md"

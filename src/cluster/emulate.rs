@@ -86,6 +86,8 @@ pub struct Report {
     pub rounds_per_s: f64,
     /// Rounds that failed (timed out) a second.
     pub failed_per_s: f64,
+    /// Why rounds failed, and how often (all replicas, the whole run).
+    pub errors: BTreeMap<String, u64>,
     /// Round trips' time, ms: median, 99th percentile.
     pub round_ms_p50: f64,
     /// See `round_ms_p50`.
@@ -203,6 +205,7 @@ pub async fn run(args: ReplicasArgs) -> Result<Report, String> {
         measured_s: measured,
         rounds_per_s: stats.rounds as f64 / measured,
         failed_per_s: stats.failed as f64 / measured,
+        errors: std::mem::take(&mut stats.errors),
         round_ms_p50: quantile(0.5),
         round_ms_p99: quantile(0.99),
         redis_cpu: (after.cpu - before.cpu) / measured,
@@ -268,6 +271,7 @@ async fn info(conn: &mut MultiplexedConnection) -> Result<Info, String> {
 struct Stats {
     rounds: u64,
     failed: u64,
+    errors: BTreeMap<String, u64>,
     latencies: Vec<f32>,
     taken: u64,
     shared: u64,
@@ -278,6 +282,9 @@ impl Stats {
     fn merge(&mut self, other: Stats) {
         self.rounds += other.rounds;
         self.failed += other.failed;
+        for (e, n) in other.errors {
+            *self.errors.entry(e).or_default() += n;
+        }
         self.latencies.extend(other.latencies);
         self.taken += other.taken;
         self.shared += other.shared;
