@@ -78,22 +78,31 @@ impl InFlightGuard {
         }
     }
 
-    /// A probe's speed, once: from its first [`PROBE_EVENTS`] content events (`events` so far,
-    /// the first and the latest `visible_s` apart), or at its end (`ended`) from as many as it
-    /// streamed. Each event is taken as one token (engines stream one token an event; where
-    /// they batch, this errs slow, ending the ramp early rather than late).
-    pub fn probe_speed(&mut self, events: u32, visible_s: f64, ended: bool) {
-        if !(ended || events >= PROBE_EVENTS) {
+    /// A probe's speed, once. A few content events in ([`PROBE_EVENTS`], `events` so far, the
+    /// first and the latest `visible_s` apart) each event taken as one token: at the target,
+    /// the ramp grows at once. Below it, the judgment waits for the end (`ended`), where the
+    /// stream's reported `tokens` say how many tokens its events carried: a hosted API that
+    /// streams several tokens an event is not mistaken for a slow one.
+    pub fn probe_speed(&mut self, events: u32, visible_s: f64, ended: bool, tokens: Option<u64>) {
+        if !(ended || events >= PROBE_EVENTS) || events < 2 || visible_s <= 0.0 {
+            if ended {
+                self.probe = None;
+            }
             return;
         }
-        if let Some(probe) = self.probe.take()
-            && events >= 2
-            && visible_s > 0.0
-            && self
-                .backend
-                .ramp
-                .speed(&probe, f64::from(events - 1) / visible_s)
-        {
+        let Some(probe) = self.probe else {
+            return;
+        };
+        let per_event = match tokens {
+            Some(t) if ended && t > u64::from(events) => t as f64 / f64::from(events),
+            _ => 1.0,
+        };
+        let tps = f64::from(events - 1) * per_event / visible_s;
+        if !ended && probe.min_tps.is_some_and(|min| tps < min) {
+            return;
+        }
+        self.probe = None;
+        if self.backend.ramp.speed(&probe, tps) {
             self.backend.room_grew();
         }
     }

@@ -8,7 +8,9 @@
 //! target allows one more request in flight, up to twice the highest occupancy at which a probe
 //! also streamed its first [`PROBE_EVENTS`] content events at its speed target, and each such
 //! probe raises the allowance to twice its occupancy: the allowance doubles once per TTFT and a
-//! few tokens, speed checked at every doubling (a few tokens into each probe, not at its end).
+//! few tokens, speed checked at every doubling (a few tokens into each probe, not at its end;
+//! a probe that looks slow there, each event taken as a token, is judged again at its end by the
+//! tokens it reported, so that a stream of several tokens an event is not taken for a slow one).
 //! The first probe that misses either target ends the ramp for good: from then on the curve
 //! alone decides (it has just learned where the backend stops keeping up), as it did before the
 //! ramp.

@@ -185,7 +185,7 @@ impl RequestEnd {
             && let (Some(first), Some(last)) = (timing.first_content, timing.last_content)
         {
             let visible = last.saturating_duration_since(first).as_secs_f64();
-            slot.probe_speed(timing.content_events, visible, ended);
+            slot.probe_speed(timing.content_events, visible, ended, timing.output_tokens);
         }
     }
 

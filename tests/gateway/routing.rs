@@ -311,6 +311,36 @@ async fn a_cold_backend_too_slow_for_the_slo_ends_its_ramp_at_the_first_probe() 
 }
 
 #[tokio::test]
+async fn a_cold_backend_that_streams_several_tokens_an_event_is_judged_by_its_tokens() {
+    // 16 ms a token (about 60 tok/s), three tokens an event: 20 events a second, under the
+    // 25 tok/s SLO if each event were one token.
+    let stream = tpsgate::sim::config::StreamRaw {
+        tokens_per_chunk: 3,
+        ..tpsgate::sim::config::StreamRaw::default()
+    };
+    let (_fleet, sim) = support::start(support::spec(
+        "hosted",
+        support::engine(16.0, 0.0, 64),
+        stream,
+        vec![],
+    ))
+    .await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}classes:\n  - {{name: interactive, min_tps: 25}}\n",
+        support::backend_yaml("hosted", sim, "openai", "    models: {m: m}\n"),
+    ))
+    .await;
+    let ex = chat_of(&http_client(None).unwrap(), gw.addr(), 60).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    let backends = support::get_json(gw.admin_addr(), "/admin/backends").await;
+    let ramp = &backends["backends"][0]["ramp_allowance"];
+    assert!(
+        ramp.as_u64().is_some_and(|n| n >= 2),
+        "its speed held: the ramp goes on: {backends}"
+    );
+}
+
+#[tokio::test]
 async fn per_request_slo_overrides_apply_within_documented_bounds() {
     let (_fleet, gw) = slow_only().await;
     let client = http_client(None).unwrap();
