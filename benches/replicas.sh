@@ -17,7 +17,9 @@
 # (knees that are sharp: small batches, a serial backend, a hosted one with a fixed TTFT near the
 # SLO) and writes its table between the replicas-sharp markers.
 #
-# Usage: [BIN=path] [FLEET=sim|sharp] benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
+# SYNC_MS sets `cluster.sync_interval_ms` (default 50, the default).
+#
+# Usage: [BIN=path] [FLEET=sim|sharp] [SYNC_MS=50] benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
 #   setups: one, four, four-cluster, eight, eight-cluster (default: these five), and the -cold ones
 # Needs ports 8181-8188, 9191-9198, 9101-9104 and 6399 free; installs redis-server with apt
 # when missing. About 3 minutes per setup per run.
@@ -87,7 +89,7 @@ for run in $(seq "$runs"); do
         sed "s/127.0.0.1:8180/127.0.0.1:$((8180 + i))/; s/127.0.0.1:9190/127.0.0.1:$((9190 + i))/" \
           "$gateway_config"
         case $setup in
-          *-cluster) printf 'cluster:\n  redis_url: redis://127.0.0.1:6399/0\n  key_prefix: bench-%s-%s\n' "$setup" "$run" ;;
+          *-cluster) printf 'cluster:\n  redis_url: redis://127.0.0.1:6399/0\n  key_prefix: bench-%s-%s\n  sync_interval_ms: %s\n' "$setup" "$run" "${SYNC_MS:-50}" ;;
         esac
       } >"$out/gateway-$i.yaml"
       "$bin" --log-format json serve --config "$out/gateway-$i.yaml" >/dev/null 2>"$out/gateway-$i.log" &
