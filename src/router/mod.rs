@@ -63,7 +63,26 @@ pub struct Ask<'a> {
     pub prefix: Option<&'a RequestPrefix>,
 }
 
+/// The share of a queueing class's TTFT target kept for its line while others wait there: a
+/// request is placed only where its first token is predicted within the target less this much,
+/// or less the time it has already waited, whichever is more. Without it a backend fills to
+/// the edge of the target, where only a request that has not waited at all still fits, and the
+/// freshest arrival takes every freed slot whatever the line's fair order says.
+pub const LINE_RESERVE: f64 = 0.2;
+
 impl Ask<'_> {
+    /// As if it had already waited `reserve_s` at `now` (if it has not waited that long): the
+    /// TTFT budget it is held to while requests wait in its class's line.
+    fn holding_back(&self, now: Instant, reserve_s: f64) -> Self {
+        let reserve = Duration::from_secs_f64(reserve_s.max(0.0));
+        Self {
+            received: self
+                .received
+                .min(now.checked_sub(reserve).unwrap_or(self.received)),
+            ..*self
+        }
+    }
+
     /// The SLO as it stands at `now`: the TTFT budget less the time already spent since the
     /// request arrived (reading it, waiting in line).
     pub fn slo_at(&self, now: Instant) -> Slo {
@@ -246,6 +265,17 @@ impl Router {
             })
     }
 
+    /// The TTFT kept back for the line ([`LINE_RESERVE`]), seconds: only for a class that
+    /// queues, and only while requests other than this one wait in its line.
+    fn line_reserve(&self, ask: &Ask<'_>, queued: bool) -> Option<f64> {
+        let class = ask.class?;
+        let (on_miss, _) = self.on_miss(ask);
+        let others = self.line.waiting_in(class) > usize::from(queued);
+        (on_miss == OnMiss::Queue && others)
+            .then(|| ask.slo.max_ttft_s.map(|t| t * LINE_RESERVE))
+            .flatten()
+    }
+
     fn count(&self, ask: &Ask<'_>, reason: Reason) {
         let row = ask.class.unwrap_or(self.classes.len());
         if let (Some(row), Some(i)) = (
@@ -386,6 +416,14 @@ impl Router {
         policy: Policy,
         queued: bool,
     ) -> Result<Decision, Vec<Candidate<'_>>> {
+        let held;
+        let ask = match self.line_reserve(ask, queued) {
+            Some(reserve_s) => {
+                held = ask.holding_back(Instant::now(), reserve_s);
+                &held
+            }
+            None => ask,
+        };
         let candidates = self.candidates(ask, policy);
         let may_explore = !queued
             && policy != Policy::Oracle

@@ -12,6 +12,17 @@ fn router_over(backends: &[&str]) -> Router {
 }
 
 fn router_exploring(backends: &[&str], exploration: f64) -> Router {
+    router_from(
+        backends,
+        "- {name: interactive, min_tps: 41, tps_percentile: 50, on_miss: shed}\n\
+         - {name: loose, min_tps: 21, tps_percentile: 50, on_miss: shed}\n\
+         - {name: batch}\n",
+        exploration,
+    )
+}
+
+/// A router over `backends` with the classes `classes` (YAML list items).
+fn router_from(backends: &[&str], classes: &str, exploration: f64) -> Router {
     let list: String = backends
         .iter()
         .map(|name| {
@@ -22,10 +33,7 @@ fn router_exploring(backends: &[&str], exploration: f64) -> Router {
         .collect();
     let text = format!(
         "backends:\n{list}\
-        classes:\n\
-        - {{name: interactive, min_tps: 41, tps_percentile: 50, on_miss: shed}}\n\
-        - {{name: loose, min_tps: 21, tps_percentile: 50, on_miss: shed}}\n\
-        - {{name: batch}}\n\
+        classes:\n{classes}\
         routing: {{exploration: {exploration}}}\n"
     );
     let config = crate::config::parse(&text, |_| None).unwrap();
@@ -392,4 +400,39 @@ fn with_no_backend_meeting_the_slo_best_effort_sends_the_prompt_where_it_is_cach
     };
     let candidates = router.candidates(&blind, Policy::Headroom);
     assert_eq!(choose::best_effort(&blind.slo, &candidates), Some(1));
+}
+
+#[test]
+fn while_others_wait_in_line_a_request_is_held_to_its_target_less_the_lines_reserve() {
+    let router = router_from(
+        &["a"],
+        "- {name: waits, max_ttft_ms: 1000, on_miss: queue}\n- {name: sheds, max_ttft_ms: 1000, on_miss: shed}\n",
+        0.0,
+    );
+    let waits = ask(&router, 0);
+    let me = router.line.join(0, Share::default());
+    assert_eq!(
+        router.line_reserve(&waits, true),
+        None,
+        "alone in line: nothing kept back"
+    );
+    let _behind = router.line.join(0, Share::default());
+    let reserve = router.line_reserve(&waits, true).unwrap();
+    assert!((reserve - 0.2).abs() < 1e-9, "{reserve}");
+    assert_eq!(
+        router.line_reserve(&ask(&router, 1), false),
+        None,
+        "a class that sheds"
+    );
+    let now = Instant::now();
+    let held = waits.holding_back(now, reserve).slo_at(now);
+    assert!((held.max_ttft_s.unwrap() - 0.8).abs() < 1e-3, "{held:?}");
+    // One that has waited longer than the reserve keeps its own, smaller, budget.
+    let waited = Ask {
+        received: now - Duration::from_millis(500),
+        ..waits
+    };
+    let own = waited.holding_back(now, reserve).slo_at(now);
+    assert!((own.max_ttft_s.unwrap() - 0.5).abs() < 1e-3, "{own:?}");
+    drop(me);
 }
