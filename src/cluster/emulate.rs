@@ -18,9 +18,8 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::Keys;
-use super::round::{self, Outgoing, SumsReply};
-use super::sums::{self, Kind, Mine, Mode, OwnLoad, Totals};
-use super::thin::Thinning;
+use super::round::{self, Outgoing, Standing};
+use super::sums::{self, Kind, Mode, OwnLoad};
 use super::wire::{Clock, Sample, SampleBody};
 use crate::curve::Outcome;
 
@@ -314,17 +313,13 @@ struct BackendState {
 struct Emulated {
     id: String,
     incarnation: String,
-    mine: Mine,
-    totals: Totals,
+    standing: Standing,
     cursor: Option<String>,
     backends: Vec<BackendState>,
-    thinning: Thinning,
-    taken: HashMap<String, i64>,
     pending: Vec<Sample>,
     next_arrival: f64,
     last: f64,
     stats: Stats,
-    expired: Vec<String>,
 }
 
 /// An exponentially distributed wait of mean `mean`.
@@ -337,8 +332,7 @@ impl Emulated {
         Self {
             id: format!("emulated-{i:05}"),
             incarnation: format!("{:016x}", rand::random::<u64>()),
-            mine: Mine::default(),
-            totals: Totals::default(),
+            standing: Standing::default(),
             cursor: None,
             backends: shared
                 .args
@@ -350,13 +344,10 @@ impl Emulated {
                     area: 0.0,
                 })
                 .collect(),
-            thinning: Thinning::default(),
-            taken: HashMap::new(),
             pending: Vec::new(),
             next_arrival: exponential(1.0 / shared.args.rate.max(1e-9)),
             last: 0.0,
             stats: Stats::default(),
-            expired: Vec::new(),
         }
     }
 
@@ -390,14 +381,15 @@ impl Emulated {
                     waiting: u32::try_from(waiting.len()).unwrap_or(u32::MAX),
                     waiting_age_s: waiting.iter().map(|r| t - r.start).sum(),
                 };
-                self.mine.backend_fields(&b.name, load, t_ms, &mut current);
+                self.standing
+                    .mine
+                    .backend_fields(&b.name, load, t_ms, &mut current);
                 current.push((
                     sums::field(Kind::Class, &[&b.name, &shared.args.class]),
                     i64::from(load.count),
                 ));
             }
-            current.extend(self.taken.iter().map(|(f, n)| (f.clone(), *n)));
-            let (mode, fields) = self.mine.statement(current);
+            let (mode, fields) = self.standing.statement(current);
             let samples = (!self.pending.is_empty())
                 .then(|| serde_json::to_string(&self.pending).unwrap_or_default());
             let out = Outgoing {
@@ -412,7 +404,7 @@ impl Emulated {
                 cursor: self.cursor.as_deref(),
                 health: &[],
                 list_peers: false,
-                retire: &self.expired,
+                retire: &self.standing.expired,
             };
             let sent = Instant::now();
             let Ok(incoming) =
@@ -437,22 +429,7 @@ impl Emulated {
                 .map(|e| e.id.clone())
                 .or(self.cursor.take())
                 .or_else(|| Some("0-0".to_owned()));
-            match incoming.sums {
-                SumsReply::Resend => self.mine.lost(),
-                SumsReply::Read {
-                    replicas,
-                    sums,
-                    expired,
-                } => {
-                    self.expired = expired;
-                    self.mine.acknowledged(mode, &fields);
-                    self.taken.clear();
-                    self.totals.replace(replicas, sums);
-                    for (field, total) in self.totals.counters() {
-                        self.thinning.read(field, total, now);
-                    }
-                }
-            }
+            self.standing.answered(mode, &fields, incoming.sums, now);
         }
         self.stats.held = self
             .backends
@@ -542,13 +519,10 @@ impl Emulated {
         }
         for (i, body) in learned {
             let backend = &self.backends[i].name;
-            let counter = sums::field(Kind::Samples, &[backend, &args.model]);
-            let share = self.thinning.share(&counter);
-            *self.taken.entry(counter).or_default() += 1;
             if measuring {
                 self.stats.taken += 1;
             }
-            if share >= 1.0 || rand::random::<f64>() < share {
+            if self.standing.sample_taken(backend, &args.model) {
                 self.pending.push(Sample {
                     backend: backend.clone(),
                     model: args.model.clone(),

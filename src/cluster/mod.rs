@@ -52,8 +52,8 @@ use crate::config::{ClusterConfig, without_password};
 use crate::curve::PeerLoad;
 use crate::fleet::{Event, Inbox};
 use crate::live::Live;
-use sums::{Kind, Mine, Mode, OwnLoad, Totals};
-use thin::Thinning;
+use round::Standing;
+use sums::{Kind, Mode, OwnLoad};
 use wire::{Clock, HealthNote, Routed, Sample};
 
 /// Samples kept for the next round while Redis is away; older ones are dropped first.
@@ -283,19 +283,15 @@ pub fn start(
         script: round::script(),
         loaded: false,
         rounds: 0,
-        mine: Mine::default(),
-        totals: Totals::default(),
+        standing: Standing::default(),
         read_at: None,
         area: HashMap::new(),
-        thinning: Thinning::default(),
-        taken: HashMap::new(),
         cursor: None,
         pending: Vec::new(),
         routed: Vec::new(),
         dropped: 0,
         health_out: HashMap::new(),
         health_seen: HashMap::new(),
-        expired: Vec::new(),
     };
     let task = tokio::spawn(sync.run(client, stop));
     Ok(Cluster { status, task })
@@ -321,17 +317,13 @@ struct Sync {
     /// Whether the script is known to be loaded on the connection's server.
     loaded: bool,
     rounds: u64,
-    /// This replica's part of the sums, as stated.
-    mine: Mine,
-    /// The sums as last read, and when (this process's time, Unix ms).
-    totals: Totals,
+    /// Its part of the sums, the sums as read, the samples' shares (see [`round::Standing`]).
+    standing: Standing,
+    /// When the sums were last read (this process's time, Unix ms).
     read_at: Option<(Instant, u64)>,
     /// Per backend: the peers' integral last handed to its occupancy, and the offset that
     /// keeps it continuous across a gap in the readings.
     area: HashMap<String, PeerArea>,
-    thinning: Thinning,
-    /// Samples taken per counter field since the last round that got through.
-    taken: HashMap<String, i64>,
     /// Where reading the sample stream goes on; `None` until the recent samples were loaded.
     cursor: Option<String>,
     /// Samples not yet sent (Redis away), oldest first.
@@ -344,8 +336,6 @@ struct Sync {
     health_out: HashMap<String, HealthNote>,
     /// The last note read per backend, applied once.
     health_seen: HashMap<String, HealthNote>,
-    /// Replicas whose leases ran out, to take out of the sums next round.
-    expired: Vec<String>,
 }
 
 /// The peers' integral on one backend as handed to its occupancy: only its growth matters, so
@@ -425,8 +415,8 @@ impl Sync {
     /// key takes its part of what is left (see [`keys`]).
     async fn sync_keys(&mut self, conn: &mut ConnectionManager) {
         let live = self.live.load_full();
-        let replicas = usize::try_from(self.totals.replicas.max(1)).unwrap_or(usize::MAX);
-        let (totals, mine) = (&self.totals, &self.mine);
+        let replicas = usize::try_from(self.standing.totals.replicas.max(1)).unwrap_or(usize::MAX);
+        let (totals, mine) = (&self.standing.totals, &self.standing.mine);
         let fresh = self.read_at.is_some();
         let synced = tokio::time::timeout(
             self.round_timeout(),
@@ -474,10 +464,7 @@ impl Sync {
                     model,
                     learned,
                 } => {
-                    let counter = sums::field(Kind::Samples, &[&backend, &model]);
-                    let share = self.thinning.share(&counter);
-                    *self.taken.entry(counter).or_default() += 1;
-                    if share >= 1.0 || rand::random::<f64>() < share {
+                    if self.standing.sample_taken(&backend, &model) {
                         self.pending
                             .push(Sample::new(&backend, &model, &learned, &clock));
                     } else {
@@ -533,7 +520,9 @@ impl Sync {
                 waiting: own.waiting,
                 waiting_age_s: own.waiting_age_s,
             };
-            self.mine.backend_fields(name, load, t_ms, &mut out);
+            self.standing
+                .mine
+                .backend_fields(name, load, t_ms, &mut out);
             for (i, c) in classes.iter().enumerate() {
                 let n = b.local_class_in_flight(i);
                 out.push((sums::field(Kind::Class, &[name, &c.name]), i64::from(n)));
@@ -543,7 +532,6 @@ impl Sync {
             let n = i64::try_from(t.in_flight()).unwrap_or(i64::MAX);
             out.push((sums::field(Kind::Key, &[t.name()]), n));
         }
-        out.extend(self.taken.iter().map(|(f, n)| (f.clone(), *n)));
         out
     }
 
@@ -559,7 +547,7 @@ impl Sync {
             (Mode::Leave, Vec::new())
         } else {
             let current = self.fields(clock.now(), t_ms);
-            self.mine.statement(current)
+            self.standing.statement(current)
         };
         let samples = (!self.pending.is_empty() || !self.routed.is_empty())
             .then(|| serde_json::to_string(&self.pending).unwrap_or_default());
@@ -583,7 +571,7 @@ impl Sync {
             cursor: self.cursor.as_deref(),
             health: &health,
             list_peers,
-            retire: &self.expired,
+            retire: &self.standing.expired,
         };
         let incoming = match round::round_trip(conn, &self.keys, &self.script, &out).await {
             Ok(incoming) => incoming,
@@ -605,32 +593,16 @@ impl Sync {
         self.pending.clear();
         self.routed.clear();
         self.health_out.clear();
-        match incoming.sums {
-            round::SumsReply::Resend => {
-                // The part was gone (its lease ran out): state it whole next round.
-                self.mine.lost();
-                self.rounds = 0;
-            }
-            round::SumsReply::Read {
-                replicas,
-                sums,
-                expired,
-            } => {
-                self.expired = expired;
-                self.mine.acknowledged(mode, &fields);
-                self.taken.clear();
-                let before = self.totals.replicas;
-                self.totals.replace(replicas, sums);
-                if before != replicas {
-                    // Their number moved: list them again next round.
-                    self.rounds = 0;
-                }
-                self.read_at = Some((clock.now(), t_ms));
-                let now = clock.now();
-                for (field, total) in self.totals.counters() {
-                    self.thinning.read(field, total, now);
-                }
-            }
+        let before = self.standing.totals.replicas;
+        if self
+            .standing
+            .answered(mode, &fields, incoming.sums, clock.now())
+        {
+            self.read_at = Some((clock.now(), t_ms));
+        }
+        if before != self.standing.totals.replicas {
+            // Their number moved: list them again next round.
+            self.rounds = 0;
         }
         self.apply(incoming.samples, &incoming.health, incoming.leases, &clock);
         Ok(())
@@ -724,7 +696,7 @@ impl Sync {
             .unwrap_or_else(PoisonError::into_inner);
         view.last_sync = Some(now);
         view.last_error = None;
-        view.replicas = self.totals.replicas;
+        view.replicas = self.standing.totals.replicas;
         if let Some(leases) = leases {
             let lease_ms = lease(self.interval).as_secs_f64() * 1000.0;
             let t_ms = clock.wall(now) as f64;
@@ -798,7 +770,10 @@ impl Sync {
                 Some((at, t_ms)) => {
                     let since = u64::try_from(now.saturating_duration_since(at).as_millis())
                         .unwrap_or(u64::MAX);
-                    let mut load = self.totals.peers(&self.mine, name, t_ms + since);
+                    let mut load =
+                        self.standing
+                            .totals
+                            .peers(&self.standing.mine, name, t_ms + since);
                     if area.rebase {
                         area.offset = area.given - load.area;
                         area.rebase = false;
@@ -823,13 +798,16 @@ impl Sync {
             let fresh = self.read_at.is_some();
             backend.set_peer_classes(classes.iter().map(|c| {
                 if fresh {
-                    self.totals.peer_class(&self.mine, name, &c.name)
+                    self.standing
+                        .totals
+                        .peer_class(&self.standing.mine, name, &c.name)
                 } else {
                     0
                 }
             }));
         }
-        let peers = usize::try_from(self.totals.replicas.saturating_sub(1)).unwrap_or(usize::MAX);
+        let peers =
+            usize::try_from(self.standing.totals.replicas.saturating_sub(1)).unwrap_or(usize::MAX);
         let peers = if self.read_at.is_some() { peers } else { 0 };
         crate::telemetry::set_cluster(self.status.connected(), peers);
     }

@@ -8,8 +8,11 @@ use std::collections::HashMap;
 use redis::aio::ConnectionLike;
 use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
 
+use tokio::time::Instant;
+
 use super::Keys;
-use super::sums::{self, Mode};
+use super::sums::{self, Kind, Mine, Mode, Totals};
+use super::thin::Thinning;
 
 /// The stream keeps about this many entries (each holds one round's samples of one replica).
 const STREAM_ENTRIES: usize = 4096;
@@ -264,4 +267,69 @@ pub(super) async fn round_trip<C: ConnectionLike>(
         health,
         leases,
     })
+}
+
+/// What a replica carries from one round to the next: its part as stated, the sums as read,
+/// the fleet's sample rates, the samples taken since the last round that got through, and the
+/// replicas whose leases ran out. A gateway replica and an emulated one keep it alike.
+#[derive(Debug, Default)]
+pub(super) struct Standing {
+    /// This replica's part of the sums, as stated.
+    pub(super) mine: Mine,
+    /// The sums as last read.
+    pub(super) totals: Totals,
+    thinning: Thinning,
+    /// Samples taken per counter field since the last round that got through.
+    taken: HashMap<String, i64>,
+    /// Replicas whose leases ran out, to take out of the sums next round.
+    pub(super) expired: Vec<String>,
+}
+
+impl Standing {
+    /// A sample of `backend` and `model` was taken: counted for the fleet's rate; whether to
+    /// share it (all where samples are scarce, a share where the fleet has plenty).
+    pub(super) fn sample_taken(&mut self, backend: &str, model: &str) -> bool {
+        let counter = sums::field(Kind::Samples, &[backend, model]);
+        let share = self.thinning.share(&counter);
+        *self.taken.entry(counter).or_default() += 1;
+        share >= 1.0 || rand::random::<f64>() < share
+    }
+
+    /// What the next round states of `current` (this replica's levels now), with the samples
+    /// taken since the last round, and how.
+    pub(super) fn statement(&self, mut current: Vec<(String, i64)>) -> (Mode, Vec<(String, i64)>) {
+        current.extend(self.taken.iter().map(|(f, n)| (f.clone(), *n)));
+        self.mine.statement(current)
+    }
+
+    /// Takes in the answer to a statement of `fields` in `mode`, read at `now`; whether the
+    /// sums were read (not: the part was gone, and is stated whole next round).
+    pub(super) fn answered(
+        &mut self,
+        mode: Mode,
+        fields: &[(String, i64)],
+        reply: SumsReply,
+        now: Instant,
+    ) -> bool {
+        match reply {
+            SumsReply::Resend => {
+                self.mine.lost();
+                false
+            }
+            SumsReply::Read {
+                replicas,
+                sums,
+                expired,
+            } => {
+                self.expired = expired;
+                self.mine.acknowledged(mode, fields);
+                self.taken.clear();
+                self.totals.replace(replicas, sums);
+                for (field, total) in self.totals.counters() {
+                    self.thinning.read(field, total, now);
+                }
+                true
+            }
+        }
+    }
 }

@@ -339,6 +339,24 @@ async fn a_redis_behind_tls_is_reached_with_rediss_and_the_configured_roots() {
     assert_eq!(curves["curves"][0]["observations"], 1, "{curves}");
 }
 
+/// Waits up to `limit` for `admin`'s fleet-wide count of the backend to be `n`, and says so.
+async fn in_flight_becomes(admin: SocketAddr, n: u64, limit: Duration) {
+    let seen = until(admin, "/admin/backends", limit, |v| {
+        backend(v)["in_flight"] == n
+    })
+    .await;
+    assert_eq!(backend(&seen)["in_flight"], n, "{seen}");
+}
+
+/// Waits up to `limit` for `admin` to count `n` replicas holding a lease, and says so.
+async fn replicas_become(admin: SocketAddr, n: u64, limit: Duration) {
+    let seen = until(admin, "/admin/cluster", limit, |v| {
+        v["cluster"]["replicas"] == n
+    })
+    .await;
+    assert_eq!(seen["cluster"]["replicas"], n, "{seen}");
+}
+
 /// The fleet's sums in `redis` (prefix `test`) of one kind, by the names after the kind
 /// letter, without zeros.
 async fn sums_of(redis: &Redis, kind: char) -> std::collections::BTreeMap<String, i64> {
@@ -397,42 +415,21 @@ async fn a_replica_killed_with_requests_in_flight_leaves_the_fleets_counts_withi
         support::open_stream(a.addr, "m", 5000).await,
         support::open_stream(a.addr, "m", 5000).await,
     ];
-    let seen = until(
-        b.admin_addr(),
-        "/admin/backends",
-        Duration::from_secs(2),
-        |v| backend(v)["in_flight"] == 3,
-    )
-    .await;
-    assert_eq!(backend(&seen)["in_flight"], 3, "{seen}");
+    in_flight_becomes(b.admin_addr(), 3, Duration::from_secs(2)).await;
 
     // Killed without a word: its part stays in Redis until its lease (eight intervals, at
     // least half a second) runs out and a peer takes it out.
     a.child.kill().unwrap();
     a.child.wait().unwrap();
     let killed = tokio::time::Instant::now();
-    let seen = until(
-        b.admin_addr(),
-        "/admin/backends",
-        Duration::from_secs(3),
-        |v| backend(v)["in_flight"] == 0,
-    )
-    .await;
+    in_flight_becomes(b.admin_addr(), 0, Duration::from_secs(3)).await;
     let took = killed.elapsed();
-    assert_eq!(backend(&seen)["in_flight"], 0, "{seen}");
     assert!(
         took < Duration::from_secs(2),
         "its counts left after {took:?}"
     );
     assert!(sums_of(&redis, 'n').await.is_empty());
-    let cluster = until(
-        b.admin_addr(),
-        "/admin/cluster",
-        Duration::from_secs(2),
-        |v| v["cluster"]["replicas"] == 1,
-    )
-    .await;
-    assert_eq!(cluster["cluster"]["replicas"], 1, "{cluster}");
+    replicas_become(b.admin_addr(), 1, Duration::from_secs(2)).await;
     drop(streams);
 }
 
@@ -445,7 +442,7 @@ async fn counts_stay_exact_while_replicas_join_leave_and_die_under_traffic() {
         support::open_stream(b.addr(), "m", 5000).await,
         support::open_stream(b.addr(), "m", 5000).await,
     ];
-    for round in 0..3 {
+    for _ in 0..3 {
         // One replica joins, streams, and leaves with streams open (its own stop); another
         // is killed with streams open; short requests come and go through all of them.
         let c = support::gateway(&config(sim, "", &redis)).await;
@@ -458,35 +455,14 @@ async fn counts_stay_exact_while_replicas_join_leave_and_die_under_traffic() {
         for gw in [b.addr(), c.addr(), d.addr] {
             short_stream(gw).await;
         }
-        let seen = until(
-            b.admin_addr(),
-            "/admin/backends",
-            Duration::from_secs(2),
-            |v| backend(v)["in_flight"] == 5,
-        )
-        .await;
-        assert_eq!(backend(&seen)["in_flight"], 5, "round {round}: {seen}");
+        in_flight_becomes(b.admin_addr(), 5, Duration::from_secs(2)).await;
         drop(c);
         d.child.kill().unwrap();
         d.child.wait().unwrap();
     }
     // What is left is this replica's own: its two streams, exactly.
-    let seen = until(
-        b.admin_addr(),
-        "/admin/backends",
-        Duration::from_secs(3),
-        |v| backend(v)["in_flight"] == 2,
-    )
-    .await;
-    assert_eq!(backend(&seen)["in_flight"], 2, "{seen}");
-    let fleet = until(
-        b.admin_addr(),
-        "/admin/cluster",
-        Duration::from_secs(2),
-        |v| v["cluster"]["replicas"] == 1,
-    )
-    .await;
-    assert_eq!(fleet["cluster"]["replicas"], 1, "{fleet}");
+    in_flight_becomes(b.admin_addr(), 2, Duration::from_secs(3)).await;
+    replicas_become(b.admin_addr(), 1, Duration::from_secs(2)).await;
     assert_eq!(
         sums_of(&redis, 'n').await,
         [("/sim".to_owned(), 2)].into(),
@@ -520,13 +496,6 @@ async fn a_replica_restarted_under_the_same_id_replaces_its_counts_rather_than_a
     // fleet counts one, not three.
     let (again, _file) = replica_process(sim, &redis, Some("pod-7")).await;
     let _stream = support::open_stream(again.addr, "m", 5000).await;
-    let seen = until(
-        b.admin_addr(),
-        "/admin/backends",
-        Duration::from_secs(4),
-        |v| backend(v)["in_flight"] == 1,
-    )
-    .await;
-    assert_eq!(backend(&seen)["in_flight"], 1, "{seen}");
+    in_flight_becomes(b.admin_addr(), 1, Duration::from_secs(4)).await;
     assert_eq!(sums_of(&redis, 'n').await, [("/sim".to_owned(), 1)].into());
 }
