@@ -19,9 +19,9 @@ use tokio::time::Instant;
 
 use super::Keys;
 use super::round::{self, Outgoing, Standing};
-use super::sums::{self, Kind, Mode, OwnLoad};
+use super::sums::{self, Kind};
 use super::wire::{Clock, Sample, SampleBody};
-use crate::curve::Outcome;
+use crate::curve::{LocalLoad, Outcome};
 
 /// `tpsgate replicas` arguments.
 #[derive(Debug, Clone, clap::Args)]
@@ -375,7 +375,7 @@ impl Emulated {
             let mut current = Vec::new();
             for b in &self.backends {
                 let waiting: Vec<&Request> = b.requests.iter().filter(|r| !r.first_seen).collect();
-                let load = OwnLoad {
+                let load = LocalLoad {
                     count: u32::try_from(b.requests.len()).unwrap_or(u32::MAX),
                     area: b.area,
                     waiting: u32::try_from(waiting.len()).unwrap_or(u32::MAX),
@@ -437,21 +437,16 @@ impl Emulated {
             .map(|b| (b.name.clone(), b.requests.len() as u64))
             .collect();
         if !shared.args.vanish {
-            let out = Outgoing {
-                replica: &self.id,
-                incarnation: &self.incarnation,
-                now_ms: Clock::read().wall(Instant::now()),
-                lease_ms,
-                mode: Mode::Leave,
-                fields: &[],
-                samples: None,
-                routed: None,
-                cursor: None,
-                health: &[],
-                list_peers: false,
-                retire: &[],
-            };
-            let _ = round::round_trip(&mut conn, &shared.keys, &shared.script, &out).await;
+            let now_ms = Clock::read().wall(Instant::now());
+            let _ = round::leave(
+                &mut conn,
+                &shared.keys,
+                &shared.script,
+                &self.id,
+                &self.incarnation,
+                now_ms,
+            )
+            .await;
         }
         self.stats
     }

@@ -53,7 +53,7 @@ use crate::curve::PeerLoad;
 use crate::fleet::{Event, Inbox};
 use crate::live::Live;
 use round::Standing;
-use sums::{Kind, Mode, OwnLoad};
+use sums::Kind;
 use wire::{Clock, HealthNote, Routed, Sample};
 
 /// Samples kept for the next round while Redis is away; older ones are dropped first.
@@ -387,8 +387,7 @@ impl Sync {
             self.collect();
             if let Some(c) = conn.as_mut() {
                 let started = Instant::now();
-                let outcome =
-                    tokio::time::timeout(self.round_timeout(), self.round(c, Mode::Changes)).await;
+                let outcome = tokio::time::timeout(self.round_timeout(), self.round(c)).await;
                 match outcome {
                     Ok(Ok(())) => {
                         self.status
@@ -406,8 +405,16 @@ impl Sync {
         }
         // Leaving: the peers stop counting this replica's load at once.
         if let Some(mut c) = conn {
-            let _ =
-                tokio::time::timeout(self.round_timeout(), self.round(&mut c, Mode::Leave)).await;
+            let now_ms = Clock::read().wall(Instant::now());
+            let leave = round::leave(
+                &mut c,
+                &self.keys,
+                &self.script,
+                &self.replica,
+                &self.incarnation,
+                now_ms,
+            );
+            let _ = tokio::time::timeout(self.round_timeout(), leave).await;
         }
     }
 
@@ -513,13 +520,7 @@ impl Sync {
         let mut out = Vec::new();
         for b in live.router.backends() {
             let name = &*b.config.name;
-            let own = b.occupancy.local(now);
-            let load = OwnLoad {
-                count: own.count,
-                area: own.area,
-                waiting: own.waiting,
-                waiting_age_s: own.waiting_age_s,
-            };
+            let load = b.occupancy.local(now);
             self.standing
                 .mine
                 .backend_fields(name, load, t_ms, &mut out);
@@ -535,20 +536,16 @@ impl Sync {
         out
     }
 
-    /// One round trip (see [`round`]); `Mode::Leave` takes this replica's part out.
-    async fn round(&mut self, conn: &mut ConnectionManager, mode: Mode) -> redis::RedisResult<()> {
+    /// One round trip (see [`round`]).
+    async fn round(&mut self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
         if !self.loaded {
             self.script.load_async(conn).await?;
             self.loaded = true;
         }
         let clock = Clock::read();
         let t_ms = clock.wall(clock.now());
-        let (mode, fields) = if mode == Mode::Leave {
-            (Mode::Leave, Vec::new())
-        } else {
-            let current = self.fields(clock.now(), t_ms);
-            self.standing.statement(current)
-        };
+        let current = self.fields(clock.now(), t_ms);
+        let (mode, fields) = self.standing.statement(current);
         let samples = (!self.pending.is_empty() || !self.routed.is_empty())
             .then(|| serde_json::to_string(&self.pending).unwrap_or_default());
         let routed = (!self.routed.is_empty())
@@ -581,9 +578,6 @@ impl Sync {
                 return Err(e);
             }
         };
-        if mode == Mode::Leave {
-            return Ok(());
-        }
         self.rounds += 1;
         // Sent: the round got through.
         self.status

@@ -89,6 +89,58 @@ pub(super) fn script() -> redis::Script {
     redis::Script::new(sums::SCRIPT)
 }
 
+/// Whose part a call of the script is about, and when.
+#[derive(Debug, Clone, Copy)]
+struct Part<'a> {
+    replica: &'a str,
+    incarnation: &'a str,
+    now_ms: u64,
+    lease_ms: u64,
+}
+
+/// Adds a call of the script on `part` in `mode` to `pipe` (fields, if any, are appended by
+/// the caller).
+fn invoke<'p>(
+    pipe: &'p mut redis::Pipeline,
+    script: &redis::Script,
+    keys: &Keys,
+    part: Part<'_>,
+    mode: Mode,
+) -> &'p mut redis::Pipeline {
+    pipe.cmd("EVALSHA")
+        .arg(script.get_hash())
+        .arg(3)
+        .arg(&keys.sums)
+        .arg(&keys.leases)
+        .arg(keys.part(part.replica))
+        .arg(part.replica)
+        .arg(part.incarnation)
+        .arg(part.now_ms)
+        .arg(part.lease_ms)
+        .arg(mode.arg())
+}
+
+/// `replica` leaves: its part is taken out of the sums at once (the peers stop counting its
+/// load now rather than when its lease runs out).
+pub(super) async fn leave<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &Keys,
+    script: &redis::Script,
+    replica: &str,
+    incarnation: &str,
+    now_ms: u64,
+) -> redis::RedisResult<()> {
+    let mut pipe = redis::pipe();
+    let part = Part {
+        replica,
+        incarnation,
+        now_ms,
+        lease_ms: 0,
+    };
+    invoke(&mut pipe, script, keys, part, Mode::Leave);
+    pipe.query_async::<redis::Value>(conn).await.map(drop)
+}
+
 /// One round trip over `conn`. The script must have been loaded (`SCRIPT LOAD`): after an
 /// error, load it again before the next round (Redis may have restarted).
 pub(super) async fn round_trip<C: ConnectionLike>(
@@ -99,19 +151,13 @@ pub(super) async fn round_trip<C: ConnectionLike>(
 ) -> redis::RedisResult<Incoming> {
     let mut pipe = redis::pipe();
     for gone in out.retire {
-        pipe.cmd("EVALSHA")
-            .arg(script.get_hash())
-            .arg(3)
-            .arg(&keys.sums)
-            .arg(&keys.leases)
-            .arg(keys.part(gone))
-            .arg(gone)
-            .arg("")
-            .arg(out.now_ms)
-            .arg(out.lease_ms)
-            .arg("")
-            .arg(Mode::Retire.arg())
-            .ignore();
+        let part = Part {
+            replica: gone,
+            incarnation: "",
+            now_ms: out.now_ms,
+            lease_ms: out.lease_ms,
+        };
+        invoke(&mut pipe, script, keys, part, Mode::Retire).ignore();
     }
     // Nothing to state (most rounds of a replica with little traffic): the lease alone is
     // renewed, and only if it is still there (else the part was taken out: state it whole).
@@ -124,29 +170,16 @@ pub(super) async fn round_trip<C: ConnectionLike>(
             .arg(out.now_ms + out.lease_ms)
             .arg(out.replica);
     } else {
-        pipe.cmd("EVALSHA")
-            .arg(script.get_hash())
-            .arg(3)
-            .arg(&keys.sums)
-            .arg(&keys.leases)
-            .arg(keys.part(out.replica))
-            .arg(out.replica)
-            .arg(out.incarnation)
-            .arg(out.now_ms)
-            .arg(out.lease_ms)
-            .arg(out.mode.arg());
+        let part = Part {
+            replica: out.replica,
+            incarnation: out.incarnation,
+            now_ms: out.now_ms,
+            lease_ms: out.lease_ms,
+        };
+        invoke(&mut pipe, script, keys, part, out.mode);
         for (field, value) in out.fields {
             pipe.arg(field).arg(*value);
         }
-    }
-    if out.mode == Mode::Leave {
-        pipe.query_async::<redis::Value>(conn).await?;
-        return Ok(Incoming {
-            sums: SumsReply::Resend,
-            samples: Vec::new(),
-            health: HashMap::new(),
-            leases: None,
-        });
     }
     pipe.cmd("ZCARD").arg(&keys.leases);
     pipe.cmd("ZRANGEBYSCORE")

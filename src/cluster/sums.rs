@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 
-use crate::curve::PeerLoad;
+use crate::curve::{LocalLoad, PeerLoad};
 
 /// Keeps the sums (KEYS[1], a hash), the leases (KEYS[2], a sorted set of replica id by the end
 /// of its lease, Unix ms) and one replica's part (KEYS[3], a hash of the fields it stated; `@`:
@@ -213,25 +213,12 @@ impl Default for Mine {
     }
 }
 
-/// One replica's own levels on one backend, as of a moment (wall time `t_ms`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct OwnLoad {
-    /// Requests in flight.
-    pub(super) count: u32,
-    /// Their integral, request-seconds (any origin that stays the same).
-    pub(super) area: f64,
-    /// Those waiting for a first token.
-    pub(super) waiting: u32,
-    /// The sum of their ages, seconds.
-    pub(super) waiting_age_s: f64,
-}
-
 impl Mine {
     /// The fields of a backend's load at `t_ms`, appended to `out`.
     pub(super) fn backend_fields(
         &mut self,
         backend: &str,
-        load: OwnLoad,
+        load: LocalLoad,
         t_ms: u64,
         out: &mut Vec<(String, i64)>,
     ) {
@@ -390,8 +377,8 @@ impl Totals {
 mod tests {
     use super::*;
 
-    fn load(count: u32, area: f64, waiting: u32, waiting_age_s: f64) -> OwnLoad {
-        OwnLoad {
+    fn load(count: u32, area: f64, waiting: u32, waiting_age_s: f64) -> LocalLoad {
+        LocalLoad {
             count,
             area,
             waiting,

@@ -31,6 +31,8 @@ pub struct InFlightGuard {
     expected_cached: u64,
     /// Admitted on the backend's ramp alone: what it tells the ramp, until its speed is told.
     probe: Option<Probe>,
+    /// Its speed looked short a few events in: judged at its end, not per chunk.
+    probe_at_end: bool,
 }
 
 impl InFlightGuard {
@@ -51,6 +53,7 @@ impl InFlightGuard {
             prefill_ahead: 0,
             expected_cached: 0,
             probe: None,
+            probe_at_end: false,
         })
     }
 
@@ -64,8 +67,13 @@ impl InFlightGuard {
         });
     }
 
-    /// A probe whose speed the ramp has not been told yet.
+    /// A probe whose speed the ramp has not been told yet, and may be told by its next chunk.
     pub fn probing(&self) -> bool {
+        self.probe.is_some() && !self.probe_at_end
+    }
+
+    /// A probe whose speed the ramp has not been told yet (at its end, this is the last word).
+    pub fn probe_unjudged(&self) -> bool {
         self.probe.is_some()
     }
 
@@ -99,6 +107,7 @@ impl InFlightGuard {
         };
         let tps = f64::from(events - 1) * per_event / visible_s;
         if !ended && probe.min_tps.is_some_and(|min| tps < min) {
+            self.probe_at_end = true;
             return;
         }
         self.probe = None;

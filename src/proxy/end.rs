@@ -197,7 +197,11 @@ impl RequestEnd {
         }
         let now = Instant::now();
         let success = (200..300).contains(&self.status);
-        if let Some(meter) = meter.filter(|_| success && self.probing()) {
+        let unjudged = self
+            .slot
+            .as_ref()
+            .is_some_and(InFlightGuard::probe_unjudged);
+        if let Some(meter) = meter.filter(|_| success && unjudged) {
             self.probe_speed(&meter.timing, true);
         }
         let class = self.class.as_deref().unwrap_or("none");

@@ -265,15 +265,13 @@ impl Router {
             })
     }
 
-    /// The TTFT kept back for the line ([`LINE_RESERVE`]), seconds: only for a class that
-    /// queues, and only while requests other than this one wait in its line.
+    /// The TTFT kept back for the line ([`LINE_RESERVE`]), seconds: only for a request waiting
+    /// in line (a fresh one is tried at once only when its class's line is empty), and only
+    /// while others wait there too.
     fn line_reserve(&self, ask: &Ask<'_>, queued: bool) -> Option<f64> {
-        let class = ask.class?;
-        let (on_miss, _) = self.on_miss(ask);
-        let others = self.line.waiting_in(class) > usize::from(queued);
-        (on_miss == OnMiss::Queue && others)
-            .then(|| ask.slo.max_ttft_s.map(|t| t * LINE_RESERVE))
-            .flatten()
+        let max_ttft_s = ask.slo.max_ttft_s.filter(|_| queued)?;
+        let others = ask.class.is_some_and(|c| self.line.waiting_in(c) > 1);
+        others.then_some(max_ttft_s * LINE_RESERVE)
     }
 
     fn count(&self, ask: &Ask<'_>, reason: Reason) {

@@ -406,7 +406,7 @@ fn with_no_backend_meeting_the_slo_best_effort_sends_the_prompt_where_it_is_cach
 fn while_others_wait_in_line_a_request_is_held_to_its_target_less_the_lines_reserve() {
     let router = router_from(
         &["a"],
-        "- {name: waits, max_ttft_ms: 1000, on_miss: queue}\n- {name: sheds, max_ttft_ms: 1000, on_miss: shed}\n",
+        "- {name: waits, max_ttft_ms: 1000, on_miss: queue}\n",
         0.0,
     );
     let waits = ask(&router, 0);
@@ -420,9 +420,9 @@ fn while_others_wait_in_line_a_request_is_held_to_its_target_less_the_lines_rese
     let reserve = router.line_reserve(&waits, true).unwrap();
     assert!((reserve - 0.2).abs() < 1e-9, "{reserve}");
     assert_eq!(
-        router.line_reserve(&ask(&router, 1), false),
+        router.line_reserve(&waits, false),
         None,
-        "a class that sheds"
+        "a fresh request is tried only when the line is empty"
     );
     let now = Instant::now();
     let held = waits.holding_back(now, reserve).slo_at(now);
