@@ -60,6 +60,8 @@ pub struct Backend {
     line: Arc<Line>,
     /// What its prefix cache is believed to hold (unless `prefix_cache.enabled` is false).
     pub prefix: Option<PrefixIndex>,
+    /// Its name's hash: its place in a prefix's rendezvous order ([`crate::prefix::rendezvous`]).
+    pub rendezvous_seed: u64,
     /// Its slow start: requests it may take beyond what its curve has seen.
     pub ramp: Ramp,
 }
@@ -94,6 +96,7 @@ impl Backend {
             }
         }
         let prefix = config.prefix_index.map(PrefixIndex::new);
+        let rendezvous_seed = crate::prefix::name_seed(&config.name);
         Ok(Arc::new(Self {
             name_header: http::HeaderValue::from_str(&config.name).ok(),
             config,
@@ -111,6 +114,7 @@ impl Backend {
             ttft_peak_ewma: AtomicU64::new(0),
             line,
             prefix,
+            rendezvous_seed,
             ramp: Ramp::default(),
         }))
     }

@@ -26,6 +26,9 @@ pub struct Hit {
     pub cached_tokens: u64,
     /// It served the request's conversation before (the hint is held).
     pub hint: bool,
+    /// Thousandths of the index's capacity in use: how full the backend's cache is believed
+    /// to be, whatever this request finds there.
+    pub fill_per_mille: u32,
 }
 
 /// One backend's index. Every method takes its lock once, briefly; none awaits.
@@ -119,6 +122,8 @@ impl PrefixIndex {
             cached_tokens: s.held.longest(&prefix.hashes, now) as u64
                 * u64::from(self.size.block_tokens),
             hint: prefix.hint.is_some_and(|h| s.held.longest(&[h], now) == 1),
+            fill_per_mille: u32::try_from(s.held.len() * 1000 / s.held.capacity().max(1))
+                .unwrap_or(u32::MAX),
         })
     }
 
@@ -225,15 +230,21 @@ mod tests {
         assert_eq!(idx.expected(&first, now), Hit::default());
         idx.routed(&first, Hit::default(), 2000, now);
         // 8,000 bytes: 31 whole blocks of 256 bytes (64 tokens).
+        // 32 of its 1,000 blocks in use: the prompt's 31 and the hint.
+        let held = Hit {
+            fill_per_mille: 32,
+            ..Hit::default()
+        };
         assert_eq!(
             idx.expected(&first, now),
             Hit {
                 cached_tokens: 31 * 64,
-                hint: true
+                hint: true,
+                ..held
             }
         );
         let other = prompt(2, 8000, Some("conv-2"));
-        assert_eq!(idx.expected(&other, now), Hit::default());
+        assert_eq!(idx.expected(&other, now), held);
     }
 
     #[test]

@@ -222,6 +222,21 @@ fn seeded(bytes: &[u8], seed: u64) -> u64 {
     )
 }
 
+/// A backend's seed in rendezvous orders: its name's hash, the same in every replica.
+pub fn name_seed(name: &str) -> u64 {
+    rapidhash_v3(name.as_bytes())
+}
+
+/// Backend `seed`'s score for `key` in highest-random-weight (rendezvous) order: every replica
+/// ranks the backends for a key alike, and a backend leaving moves only its own keys.
+pub fn rendezvous(key: u64, seed: u64) -> u64 {
+    // SplitMix64's finalizer over the pair.
+    let mut z = key ^ seed.rotate_left(32);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// Keeps hint hashes apart from block hashes.
 const HINT_DOMAIN: u64 = 0x6869_6e74_6b65_7921;
 

@@ -169,3 +169,38 @@ fn hits_the_index_forgot_grow_it_back_but_never_past_its_configured_size() {
         assert_eq!(c.observe(0, 0, 60, 60), None);
     }
 }
+
+#[test]
+fn rendezvous_spreads_prefixes_evenly_and_a_backend_leaving_moves_only_its_own() {
+    let seeds: Vec<u64> = ["pod-1", "pod-2", "pod-3", "pod-4"]
+        .iter()
+        .map(|n| name_seed(n))
+        .collect();
+    let first = |key: u64, seeds: &[u64]| {
+        seeds
+            .iter()
+            .copied()
+            .max_by_key(|&s| rendezvous(key, s))
+            .unwrap()
+    };
+    let keys: Vec<u64> = (0..40_000u64)
+        .map(|k| chain(&k.to_le_bytes(), 8)[0])
+        .collect();
+    let mut per_backend = [0u32; 4];
+    for &key in &keys {
+        let at = seeds.iter().position(|&s| s == first(key, &seeds)).unwrap();
+        per_backend[at] += 1;
+    }
+    // 10,000 each in expectation; a binomial's sd is about 87.
+    assert!(
+        per_backend.iter().all(|&n| (9_500..10_500).contains(&n)),
+        "{per_backend:?}"
+    );
+    // pod-4 leaves: a key that was not on it keeps its backend.
+    for &key in &keys {
+        let before = first(key, &seeds);
+        if before != seeds[3] {
+            assert_eq!(first(key, &seeds[..3]), before);
+        }
+    }
+}

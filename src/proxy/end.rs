@@ -242,6 +242,13 @@ impl RequestEnd {
                             (&backend.prefix, meter.timing.cached_tokens, self.outcome)
                         {
                             let prompt = meter.timing.prompt_tokens.unwrap_or(self.prompt_estimate);
+                            tracing::debug!(
+                                backend = &*backend.config.name,
+                                expected = slot.expected_cached(),
+                                reported = cached,
+                                prompt,
+                                "cached tokens reported"
+                            );
                             index.reported(slot.expected_cached(), cached, prompt);
                         }
                         Some((obs, meter.max_gap_s))

@@ -42,6 +42,12 @@ pub struct Candidate<'r> {
     /// It holds the request's prefix: at least `prefix_cache.min_match_tokens` of it, or the
     /// conversation's hint. Among the feasible, such a backend is preferred.
     pub holds_prefix: bool,
+    /// Thousandths of its prefix index in use ([`Hit::fill_per_mille`]); 0 without an index.
+    pub cache_fill: u32,
+    /// Its rank in the rendezvous order of the request's prefix (higher first;
+    /// [`crate::prefix::rendezvous`]), the same in every replica; `None` for a prompt shorter
+    /// than `min_match_tokens` without a hint, which no backend holds in a way worth routing by.
+    pub affinity: Option<u64>,
     /// Its ramp ([`crate::fleet::ramp`]) allows the request in flight where its curve has no
     /// evidence (never observed, or beyond twice the concurrency seen).
     pub ramping: bool,
@@ -93,6 +99,18 @@ impl Router {
         let predicts = !choose::is_baseline(policy);
         let slo = ask.slo_at(now);
         let min_match = self.routing.prefix.map_or(u64::MAX, |p| p.min_match_tokens);
+        // A request's key in rendezvous orders: its hint, else the block that makes a match.
+        let key = self
+            .routing
+            .prefix
+            .zip(ask.prefix)
+            .and_then(|(routing, prefix)| {
+                let blocks = min_match.div_ceil(u64::from(routing.block_tokens.max(1)));
+                prefix.hint.or_else(|| {
+                    let at = usize::try_from(blocks).ok()?.checked_sub(1)?;
+                    prefix.hashes.get(at).copied()
+                })
+            });
         self.serving(ask)
             .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
             .map(|(index, backend)| {
@@ -103,6 +121,7 @@ impl Router {
                 };
                 let cached_tokens = hit.cached_tokens.min(ask.prompt_tokens);
                 let holds_prefix = hit.hint || cached_tokens >= min_match;
+                let affinity = key.map(|k| crate::prefix::rendezvous(k, backend.rendezvous_seed));
                 if !predicts {
                     return Candidate {
                         index,
@@ -115,6 +134,8 @@ impl Router {
                         marginal_tps: 0.0,
                         cached_tokens,
                         holds_prefix,
+                        affinity,
+                        cache_fill: hit.fill_per_mille,
                         ramping: false,
                     };
                 }
@@ -151,6 +172,8 @@ impl Router {
                     },
                     cached_tokens,
                     holds_prefix,
+                    affinity,
+                    cache_fill: hit.fill_per_mille,
                     ramping: backend.ramp.allows(joining),
                 }
             })

@@ -26,14 +26,19 @@ pub fn is_baseline(policy: Policy) -> bool {
 
 /// Among the feasible (or, failing those, cold backends taking a lone request): the one that
 /// holds the longest prefix of the prompt, where any holds one (at least `min_match_tokens`,
-/// or the request's conversation hint; more cached tokens first, then the policy's order);
-/// else by policy: `headroom` the most slack, `pack` the least, `cheapest` the lowest price
-/// then the most slack. `oracle` decides as `headroom` does. With no holder among the
-/// feasible, `headroom` spreads new prefixes; a holder that cannot meet the SLO is passed
+/// or the request's conversation hint; more cached tokens first, then the prefix's rendezvous
+/// order); else, for a prompt long enough to be worth holding, [`place`]; else by policy:
+/// `headroom` the most slack, `pack` the least, `cheapest` the lowest price then the most
+/// slack. `oracle` decides as `headroom` does. A holder that cannot meet the SLO is passed
 /// over, and the backend chosen instead holds the prefix from then on. A holder beyond the
 /// concurrency its curve has seen still counts where its prediction meets the SLO and keeps
 /// every class there ([`Candidate::may_stretch`]): it is what exploration would try, and going
 /// elsewhere costs a cold prefill.
+///
+/// Among holders of equally long prefixes the rendezvous order decides, not the slack: the
+/// first keeps a shared prompt's new conversations while it meets the SLO, so that a copy
+/// another backend took in an overflow goes cold there and is evicted, rather than both copies
+/// being kept warm by turns and every cache holding more prompts than it has room for.
 pub fn among_feasible(
     policy: Policy,
     candidates: &[Candidate<'_>],
@@ -47,9 +52,13 @@ pub fn among_feasible(
         .max_by(|(_, a), (_, b)| {
             a.cached_tokens
                 .cmp(&b.cached_tokens)
+                .then(a.affinity.cmp(&b.affinity))
                 .then_with(|| order(policy, ask, a, b))
         });
     if let Some((i, _)) = holder {
+        return Some(i);
+    }
+    if let Some(i) = place(policy, candidates, ask) {
         return Some(i);
     }
     let pick = match policy {
@@ -62,6 +71,30 @@ pub fn among_feasible(
         _ => feasible().max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)),
     };
     pick.or_else(|| cold(candidates)).map(|(i, _)| i)
+}
+
+/// Where a prompt no feasible backend holds goes, when it is long enough to be worth holding
+/// (at least `min_match_tokens`, or hinted) and the policy spreads load (`pack` and `cheapest`
+/// keep their own order): the backend whose prefix index is least full, among those meeting the
+/// SLO and those never observed that their ramp admits (an idle backend with an empty cache is
+/// the best home for a new prompt, and its ramp bounds what trying it costs); ties, as when
+/// every index is full, by the policy. A prompt will be re-sent where it lands, and an engine's
+/// cache, not its compute, is what a prompt too many overflows: headroom alone filled the first
+/// backends to be observed with every prompt while the others stood idle.
+fn place(policy: Policy, candidates: &[Candidate<'_>], ask: &Ask<'_>) -> Option<usize> {
+    if matches!(policy, Policy::Pack | Policy::Cheapest) {
+        return None;
+    }
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.affinity.is_some() && (c.feasible() || c.cold_start()))
+        .min_by(|(_, a), (_, b)| {
+            a.cache_fill
+                .cmp(&b.cache_fill)
+                .then_with(|| order(policy, ask, b, a))
+        })
+        .map(|(i, _)| i)
 }
 
 /// The policy's preference between two feasible candidates (`Greater`: `a` is better).

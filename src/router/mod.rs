@@ -532,6 +532,7 @@ impl Router {
             let hit = Hit {
                 cached_tokens: c.cached_tokens,
                 hint: c.holds_prefix,
+                ..Hit::default()
             };
             index.routed(prefix, hit, ask.prompt_tokens, Instant::now());
             c.backend.share_prefix(prefix);

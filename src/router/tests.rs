@@ -377,6 +377,82 @@ fn a_holder_that_cannot_meet_the_slo_is_passed_over_and_the_other_holds_the_prom
     assert_eq!(b.expected(&prefix, Instant::now()).cached_tokens, 40 * 64);
 }
 
+/// Of `among` (router indices), the one first in `prefix`'s rendezvous order.
+fn rendezvous_first(router: &Router, prefix: &RequestPrefix, among: &[usize]) -> usize {
+    // The key is the block at `min_match_tokens` (256 tokens: the 4th block of 64).
+    let key = prefix.hashes[3];
+    *among
+        .iter()
+        .max_by_key(|&&i| crate::prefix::rendezvous(key, router.backends[i].rendezvous_seed))
+        .unwrap()
+}
+
+/// A prompt of 40 blocks, numbered from `first`, routed to backend `i` (its index holds it).
+fn routed_to(router: &Router, i: usize, first: u64) {
+    let prefix = RequestPrefix {
+        hashes: (first..first + 40).collect(),
+        hint: None,
+    };
+    let index = router.backends[i].prefix.as_ref().unwrap();
+    index.routed(&prefix, Hit::default(), 0, Instant::now());
+}
+
+#[test]
+fn a_new_prompt_goes_to_the_emptiest_cache_inside_the_slo_an_idle_never_observed_backend_first() {
+    let router = router_over(&["a", "b", "c"]);
+    teach(&router, 0, 0.5);
+    teach(&router, 1, 0.5);
+    // a holds two prompts, b one, c (never observed) none; b is the busier of a and b.
+    routed_to(&router, 0, 1000);
+    routed_to(&router, 0, 2000);
+    routed_to(&router, 1, 3000);
+    let _load = occupy(&router, 1, 1, 2);
+    let new = RequestPrefix {
+        hashes: (5000..5040).collect(),
+        hint: None,
+    };
+    let ask = Ask {
+        prompt_tokens: 2560,
+        prefix: Some(&new),
+        ..ask(&router, 1)
+    };
+    assert_eq!(router.route(&ask).unwrap().unwrap().index, 2);
+    // Without the idle one, b's cache is the emptier: headroom alone would send it to a.
+    let avoid = [2];
+    let elsewhere = Ask {
+        avoid: &avoid,
+        ..ask
+    };
+    let decision = router.route(&elsewhere).unwrap().unwrap();
+    assert_eq!(decision.index, 1);
+    let blind = Ask {
+        prefix: None,
+        ..elsewhere
+    };
+    assert_eq!(router.route(&blind).unwrap().unwrap().index, 0);
+}
+
+#[test]
+fn among_backends_holding_the_same_prompt_its_rendezvous_first_keeps_it_while_it_meets_the_slo() {
+    let router = router_over(&["a", "b"]);
+    teach(&router, 0, 3.0);
+    teach(&router, 1, 3.0);
+    let prefix = held_by(&router, 0);
+    held_by(&router, 1);
+    let first = rendezvous_first(&router, &prefix, &[0, 1]);
+    let ask = Ask {
+        prompt_tokens: 2600,
+        prefix: Some(&prefix),
+        ..ask(&router, 0)
+    };
+    // Busier than the other copy's backend, but within the SLO (41 tok/s: at most 4 there).
+    let mut load = occupy(&router, first, 0, 2);
+    assert_eq!(router.route(&ask).unwrap().unwrap().index, first);
+    // Full: the other copy serves it.
+    load.extend(occupy(&router, first, 0, 2));
+    assert_eq!(router.route(&ask).unwrap().unwrap().index, 1 - first);
+}
+
 #[test]
 fn with_no_backend_meeting_the_slo_best_effort_sends_the_prompt_where_it_is_cached() {
     let router = router_over(&["a", "b"]);
