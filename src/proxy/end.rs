@@ -308,8 +308,11 @@ impl RequestEnd {
                 Some(t.prompt_tokens.unwrap_or(self.prompt_estimate)),
                 Some(t.output_tokens.unwrap_or(u64::from(t.content_events))),
                 cost,
+                crate::tenant::unix_now(),
             ),
-            None if (200..300).contains(&self.status) => charge.settle(None, None, cost),
+            None if (200..300).contains(&self.status) => {
+                charge.settle(None, None, cost, crate::tenant::unix_now());
+            }
             _ => {}
         }
     }

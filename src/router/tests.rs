@@ -327,8 +327,13 @@ fn a_retry_avoids_every_backend_that_failed_it_however_many_there_are() {
 
 /// A prompt of 40 blocks (2,560 tokens) held by backend `i`'s prefix index.
 fn held_by(router: &Router, i: usize) -> RequestPrefix {
+    routed_to(router, i, 1)
+}
+
+/// A prompt of 40 blocks, numbered from `first`, routed to backend `i` (its index holds it).
+fn routed_to(router: &Router, i: usize, first: u64) -> RequestPrefix {
     let prefix = RequestPrefix {
-        hashes: (1..=40).collect(),
+        hashes: (first..first + 40).collect(),
         hint: None,
     };
     let index = router.backends[i].prefix.as_ref().unwrap();
@@ -385,16 +390,6 @@ fn rendezvous_first(router: &Router, prefix: &RequestPrefix, among: &[usize]) ->
         .iter()
         .max_by_key(|&&i| crate::prefix::rendezvous(key, router.backends[i].rendezvous_seed))
         .unwrap()
-}
-
-/// A prompt of 40 blocks, numbered from `first`, routed to backend `i` (its index holds it).
-fn routed_to(router: &Router, i: usize, first: u64) {
-    let prefix = RequestPrefix {
-        hashes: (first..first + 40).collect(),
-        hint: None,
-    };
-    let index = router.backends[i].prefix.as_ref().unwrap();
-    index.routed(&prefix, Hit::default(), 0, Instant::now());
 }
 
 #[test]

@@ -326,7 +326,7 @@ impl Tenant {
     }
 
     /// A charge's end: `input` + `output` tokens used at `cost_usd`, against its estimate.
-    fn settle(&self, estimate: u64, input: u64, output: u64, cost_usd: f64) {
+    fn settle(&self, estimate: u64, input: u64, output: u64, cost_usd: f64, unix_s: i64) {
         let now = Instant::now();
         let mut state = self.state();
         let back = estimate as f64 - (input + output) as f64;
@@ -335,7 +335,7 @@ impl Tenant {
         }
         state.unsent.tokens -= back;
         state.unsent.usd += cost_usd;
-        state.roll(unix_now());
+        state.roll(unix_s);
         state.spend.usd += cost_usd;
         let spent = state.spend.usd;
         drop(state);
@@ -509,9 +509,16 @@ impl Charge {
     }
 
     /// The request ended having used `input` and `output` tokens (`None`: unknown, the
-    /// estimate stands), priced at `per_1m` (input, output dollars per million tokens).
-    /// Only the first call counts.
-    pub fn settle(&self, input: Option<u64>, output: Option<u64>, per_1m: Option<(f64, f64)>) {
+    /// estimate stands), priced at `per_1m` (input, output dollars per million tokens), at
+    /// `unix_s` (its cost counts in the budget period of that second, as [`Tenant::admit`]'s
+    /// clock). Only the first call counts.
+    pub fn settle(
+        &self,
+        input: Option<u64>,
+        output: Option<u64>,
+        per_1m: Option<(f64, f64)>,
+        unix_s: i64,
+    ) {
         if self.settled.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -519,7 +526,7 @@ impl Charge {
         let output = output.unwrap_or(self.output);
         let cost = per_1m.map_or(0.0, |(i, o)| (input as f64 * i + output as f64 * o) / 1e6);
         self.tenant
-            .settle(self.prompt + self.output, input, output, cost);
+            .settle(self.prompt + self.output, input, output, cost, unix_s);
     }
 }
 
