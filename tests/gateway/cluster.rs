@@ -499,3 +499,64 @@ async fn a_replica_restarted_under_the_same_id_replaces_its_counts_rather_than_a
     in_flight_becomes(b.admin_addr(), 1, Duration::from_secs(4)).await;
     assert_eq!(sums_of(&redis, 'n').await, [("/sim".to_owned(), 1)].into());
 }
+
+/// A stream request through `gw`: its body once the head says 200, `None` on 503.
+async fn try_stream(gw: SocketAddr) -> Option<hyper::body::Incoming> {
+    use http_body_util::BodyExt;
+    let request = hyper::Request::post(format!("http://{gw}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            json!({"model": "m", "messages": [], "max_tokens": 1000, "stream": true}).to_string(),
+        )))
+        .unwrap();
+    let response = tpsgate::bench::http_client(None)
+        .unwrap()
+        .request(request)
+        .await
+        .unwrap();
+    match response.status().as_u16() {
+        200 => {
+            let mut body = response.into_body();
+            assert!(body.frame().await.unwrap().unwrap().is_data());
+            Some(body)
+        }
+        status => {
+            assert_eq!(status, 503);
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            let error: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(error["error"]["code"], "no_backend_available");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_race_for_the_last_slots_passes_max_concurrency_by_at_most_the_other_replicas_share_until_a_round()
+ {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let a = support::gateway(&config(sim, "    max_concurrency: 3\n", &redis)).await;
+    let b = support::gateway(&config(sim, "    max_concurrency: 3\n", &redis)).await;
+    // Six requests through each replica at once, on a backend both see idle.
+    let burst = |gw: SocketAddr| async move {
+        futures_util::future::join_all((0..6).map(|_| try_stream(gw))).await
+    };
+    let (through_a, through_b) = tokio::join!(burst(a.addr()), burst(b.addr()));
+    let admitted = |streams: &[Option<hyper::body::Incoming>]| streams.iter().flatten().count();
+    let (at_a, at_b) = (admitted(&through_a), admitted(&through_b));
+    // Neither replica passes the limit on its own count; together they pass it by at most what
+    // the other admitted before a round told them (docs/gateway.md, "the counts are as fresh as
+    // the last sync").
+    assert!(at_a <= 3 && at_b <= 3, "{at_a} + {at_b}");
+    assert!(
+        at_a + at_b >= 3,
+        "the limit itself is reached: {at_a} + {at_b}"
+    );
+    let total = (at_a + at_b) as u64;
+    for admin in [a.admin_addr(), b.admin_addr()] {
+        in_flight_becomes(admin, total, Duration::from_secs(2)).await;
+    }
+    // A round later both count the whole fleet: nothing more is admitted while it is over.
+    let (late_a, late_b) = tokio::join!(try_stream(a.addr()), try_stream(b.addr()));
+    assert!(late_a.is_none() && late_b.is_none());
+}
