@@ -27,9 +27,7 @@ bin=${BIN:-$PWD/target/release/tpsgate}
 out=$PWD/target/coldstart
 mkdir -p "$out"
 rm -f "$out/results.jsonl"
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
-trap stop EXIT
+source benches/procs.sh
 
 for run in $(seq "$runs"); do
   for arm in $arms; do

@@ -40,9 +40,7 @@ if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
 else
   rm -f "$out/results.jsonl"
 fi
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
-trap stop EXIT
+source benches/procs.sh
 bench() { # shared-prefix extra, then bench args...
   local shared=$1; shift
   "$bin" bench --url http://127.0.0.1:8181 --model llama-3.1-8b --max-tokens 64 \

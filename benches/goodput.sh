@@ -27,9 +27,7 @@ if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
 else
   rm -f "$out"/*.jsonl
 fi
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
-trap stop EXIT
+source benches/procs.sh
 bench() { # extra args...
   "$bin" bench --url http://127.0.0.1:8180 --model llama-3.1-8b --prompt-tokens 64 \
     --max-tokens 128 --mix interactive=0.8,batch=0.2:512 --slo-tps 25 --slo-ttft-ms 1000 \

@@ -31,9 +31,7 @@ if [ -z "${BIN:-}" ]; then cargo build --release --quiet; fi
 bin=${BIN:-$PWD/target/release/tpsgate}
 out=$PWD/target/rampup${OUT_SUFFIX:-}
 mkdir -p "$out"
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
-trap stop EXIT
+source benches/procs.sh
 
 up() { # gateway-config
   "$bin" sim --config config/sim-fleet.yaml >/dev/null 2>&1 & pids+=($!)

@@ -30,9 +30,7 @@ fi
 cargo build --release --quiet
 bin=$PWD/target/release/tpsgate
 [ -f "$out/model/config.json" ] || "$venv/bin/python" benches/tiny_llama.py "$out/model"
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
-trap stop EXIT
+source benches/procs.sh
 
 cat >"$out/gateway.yaml" <<YAML
 listen: {address: 127.0.0.1:8390}

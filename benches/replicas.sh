@@ -46,8 +46,7 @@ if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
 else
   rm -f "$out/results.jsonl"
 fi
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
+source benches/procs.sh
 trap 'stop; kill "${redis_pid:-}" 2>/dev/null || true' EXIT
 
 split() { # setup: the replicas' shares, in percent

@@ -24,9 +24,7 @@ command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get ins
 out=$PWD/target/scale
 mkdir -p "$out"
 rm -f "$out/results.jsonl"
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
-trap stop EXIT
+source benches/procs.sh
 
 backends=$(python3 -c "print(','.join('b%02d' % i for i in range(20)))")
 {

@@ -43,8 +43,7 @@ else
   rm -f "$out/results.jsonl"
 fi
 export TENANT_A_KEY=key-of-tenant-a TENANT_B_KEY=key-of-tenant-b
-pids=()
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
+source benches/procs.sh
 trap 'stop; kill "${redis_pid:-}" 2>/dev/null || true' EXIT
 redis-server --port 6398 --bind 127.0.0.1 --save '' --appendonly no >"$out/redis.log" 2>&1 &
 redis_pid=$!
