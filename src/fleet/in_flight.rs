@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::backend::Backend;
+use super::prefix::Hit;
 use super::ramp::{PROBE_EVENTS, Probe};
 use crate::curve::{Admitted, Reading};
 
@@ -27,8 +28,8 @@ pub struct InFlightGuard {
     /// Uncached prompt tokens of the requests sent to the backend before it and not yet at
     /// their first token when it was admitted: prefill it waits behind.
     prefill_ahead: u64,
-    /// Prompt tokens the backend was expected to hold of this request.
-    expected_cached: u64,
+    /// What the backend's prefix index expected it to hold of this request.
+    expected: Hit,
     /// Admitted on the backend's ramp alone: what it tells the ramp, until its speed is told.
     probe: Option<Probe>,
     /// Its speed looked short a few events in: judged at its end, not per chunk.
@@ -51,7 +52,7 @@ impl InFlightGuard {
             class,
             prefill: 0,
             prefill_ahead: 0,
-            expected_cached: 0,
+            expected: Hit::default(),
             probe: None,
             probe_at_end: false,
         })
@@ -116,12 +117,12 @@ impl InFlightGuard {
         }
     }
 
-    /// The request is expected to find `cached` of its `prompt_tokens` in the backend's prefix
+    /// The request is expected to find `hit` of its `prompt_tokens` in the backend's prefix
     /// cache: the rest counts as prefill waiting there until its first token.
-    pub fn expect_prefill(&mut self, prompt_tokens: u64, cached: u64) {
-        self.expected_cached = cached;
+    pub fn expect_prefill(&mut self, prompt_tokens: u64, hit: Hit) {
+        self.expected = hit;
         if let Some(index) = &self.backend.prefix {
-            self.prefill = prompt_tokens.saturating_sub(cached);
+            self.prefill = prompt_tokens.saturating_sub(hit.cached_tokens);
             self.prefill_ahead = index.prefill_sent(self.prefill);
         }
     }
@@ -134,7 +135,12 @@ impl InFlightGuard {
 
     /// Prompt tokens the backend was expected to hold of this request.
     pub fn expected_cached(&self) -> u64 {
-        self.expected_cached
+        self.expected.cached_tokens
+    }
+
+    /// What the backend's prefix index expected it to hold of this request.
+    pub fn expected(&self) -> Hit {
+        self.expected
     }
 
     fn prefill_done(&mut self) {

@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::PrefixIndexSize;
-use crate::prefix::{Calibration, Held, RequestPrefix};
+use crate::prefix::{Calibration, Held, Report, RequestPrefix};
 
 /// Weight of one request in the hit-rate averages.
 const RATE_ALPHA: f64 = 0.02;
@@ -29,6 +29,9 @@ pub struct Hit {
     /// Thousandths of the index's capacity in use: how full the backend's cache is believed
     /// to be, whatever this request finds there.
     pub fill_per_mille: u32,
+    /// Blocks the index saw sent here after the last one expected: its LRU stack distance,
+    /// which calibration sets against what the backend reports.
+    pub depth: Option<u32>,
 }
 
 /// One backend's index. Every method takes its lock once, briefly; none awaits.
@@ -118,12 +121,17 @@ impl PrefixIndex {
 
     /// What this backend is expected to hold of `prefix` at `now` (nothing is touched).
     pub fn expected(&self, prefix: &RequestPrefix, now: Instant) -> Hit {
-        self.with(|s| Hit {
-            cached_tokens: s.held.longest(&prefix.hashes, now) as u64
-                * u64::from(self.size.block_tokens),
-            hint: prefix.hint.is_some_and(|h| s.held.longest(&[h], now) == 1),
-            fill_per_mille: u32::try_from(s.held.len() * 1000 / s.held.capacity().max(1))
-                .unwrap_or(u32::MAX),
+        self.with(|s| {
+            let blocks = s.held.longest(&prefix.hashes, now);
+            Hit {
+                cached_tokens: blocks as u64 * u64::from(self.size.block_tokens),
+                hint: prefix.hint.is_some_and(|h| s.held.longest(&[h], now) == 1),
+                fill_per_mille: u32::try_from(s.held.len() * 1000 / s.held.capacity().max(1))
+                    .unwrap_or(u32::MAX),
+                depth: blocks
+                    .checked_sub(1)
+                    .and_then(|last| s.held.depth(prefix.hashes[last])),
+            }
         })
     }
 
@@ -150,15 +158,23 @@ impl PrefixIndex {
         });
     }
 
-    /// A completed request's usage: `reported` of its `prompt_tokens` came from the cache where
-    /// the index expected `expected`. Reports move the reported hit rate and calibrate the
-    /// index's capacity.
-    pub fn reported(&self, expected: u64, reported: u64, prompt_tokens: u64) {
+    /// A completed request's usage: the backend served `reported` of its `prompt` tokens from
+    /// its cache, where the index expected `hit` of the `estimated_prompt` it saw. Reports move
+    /// the reported hit rate and calibrate the index's capacity.
+    pub fn reported(&self, hit: Hit, estimated_prompt: u64, reported: u64, prompt: u64) {
         self.reports.store(true, Ordering::Relaxed);
+        let report = Report {
+            expected: hit.cached_tokens,
+            depth: hit.depth,
+            estimated_prompt,
+            reported,
+            prompt,
+            block_tokens: self.size.block_tokens,
+        };
         self.with(|s| {
-            s.reported.add(reported.min(prompt_tokens), prompt_tokens);
-            let (capacity, held) = (s.held.capacity(), s.held.len());
-            if let Some(blocks) = s.calibration.observe(expected, reported, capacity, held) {
+            s.reported.add(reported.min(prompt), prompt);
+            let capacity = s.held.capacity();
+            if let Some(blocks) = s.calibration.observe(&report, capacity) {
                 tracing::debug!(from = capacity, to = blocks, "prefix index recalibrated");
                 s.held.resize(blocks);
             }
@@ -240,6 +256,8 @@ mod tests {
             Hit {
                 cached_tokens: 31 * 64,
                 hint: true,
+                // Its last block was touched first: the other 30 and the hint came after.
+                depth: Some(31),
                 ..held
             }
         );
@@ -248,18 +266,32 @@ mod tests {
     }
 
     #[test]
-    fn reports_short_of_the_estimate_shrink_the_index() {
-        let idx = index(1000);
+    fn an_index_forgets_what_its_backend_reports_it_lost_and_keeps_what_it_still_held() {
+        let idx = index(100_000);
         let now = Instant::now();
-        for fill in 0..10 {
-            idx.routed(&prompt(fill, 8000, None), Hit::default(), 2000, now);
+        let prompts: Vec<_> = (0..20).map(|fill| prompt(fill, 8000, None)).collect();
+        for p in &prompts {
+            idx.routed(p, Hit::default(), 2000, now);
         }
-        assert_eq!(idx.view().blocks, 310);
-        for _ in 0..CALIBRATION_WINDOW {
-            idx.reported(2000, 1000, 2100);
+        assert_eq!(idx.view().blocks, 620);
+        // The ten sent first are gone from the backend; the ten after are held.
+        let report = |k: usize, reported: u64| {
+            let hit = idx.expected(&prompts[k], now);
+            assert_eq!(hit.cached_tokens, 31 * 64);
+            idx.reported(hit, 2000, reported, 2000);
+        };
+        for k in 0..CALIBRATION_WINDOW as usize / 2 {
+            report(k, 0);
+            report(10 + k, 31 * 64);
         }
         let view = idx.view();
-        assert_eq!((view.capacity_blocks, view.blocks), (155, 155));
+        // The tenth held prompt's last block lies 309 deep, the eighth lost one's 402.
+        assert!(
+            (310..=402).contains(&view.capacity_blocks),
+            "between the deepest held and the shallowest lost: {view:?}"
+        );
+        assert_eq!(idx.expected(&prompts[0], now).cached_tokens, 0);
+        assert_eq!(idx.expected(&prompts[19], now).cached_tokens, 31 * 64);
         assert!(view.reported_hit_rate.unwrap() > 0.0);
     }
 

@@ -25,6 +25,12 @@ use lru::LruCache;
 use rapidhash::v3::{DEFAULT_RAPID_SECRETS, RapidSecrets, rapidhash_v3, rapidhash_v3_seeded};
 use tokio::time::Instant;
 
+pub use calibration::{CALIBRATION_WINDOW, Calibration, MIN_CALIBRATED_BLOCKS, Report};
+use recency::Recency;
+
+mod calibration;
+mod recency;
+
 /// The hashes of the whole blocks of one prompt, in order; `hashes[k]` stands for the prefix
 /// of `k + 1` blocks.
 #[derive(Debug, Clone)]
@@ -102,16 +108,26 @@ pub fn coarse(hashes: &[u64]) -> impl DoubleEndedIterator<Item = u64> + '_ {
 /// time-to-live since it was last touched.
 #[derive(Debug)]
 pub struct Held {
-    blocks: LruCache<u64, Instant>,
+    blocks: LruCache<u64, Touch>,
+    recency: Recency,
     ttl: Duration,
     evicted: u64,
+}
+
+/// When a held block was last touched, and that touch's number in [`Recency`].
+#[derive(Debug, Clone, Copy)]
+struct Touch {
+    at: Instant,
+    number: u32,
 }
 
 impl Held {
     /// Holds up to `capacity` blocks (at least 1) for `ttl` each.
     pub fn new(capacity: usize, ttl: Duration) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         Self {
-            blocks: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+            blocks: LruCache::new(capacity),
+            recency: Recency::new(capacity.get()),
             ttl,
             evicted: 0,
         }
@@ -140,15 +156,26 @@ impl Held {
     /// Changes the most blocks held, evicting the least recent beyond it.
     pub fn resize(&mut self, capacity: usize) {
         let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
-        let before = self.blocks.len();
+        while self.blocks.len() > cap.get() && self.blocks.pop_lru().is_some() {
+            self.evicted += 1;
+        }
         self.blocks.resize(cap);
-        self.evicted += (before - self.blocks.len()) as u64;
+        self.renumber();
+    }
+
+    /// Gives the held blocks touch numbers afresh, the least recent 0.
+    fn renumber(&mut self) {
+        let len = self.blocks.len();
+        for (i, (_, touch)) in self.blocks.iter_mut().enumerate() {
+            touch.number = u32::try_from(len - 1 - i).unwrap_or(u32::MAX);
+        }
+        self.recency.renumbered(len, self.capacity());
     }
 
     fn holds(&self, hash: u64, now: Instant) -> bool {
         self.blocks
             .peek(&hash)
-            .is_some_and(|touched| now.saturating_duration_since(*touched) < self.ttl)
+            .is_some_and(|touch| now.saturating_duration_since(touch.at) < self.ttl)
     }
 
     /// How many leading blocks of `hashes` are held at `now`, without touching them. Held sets
@@ -180,13 +207,29 @@ impl Held {
         held
     }
 
+    /// Held blocks touched after block `hash`: its LRU stack distance, which a cache must hold
+    /// more than of blocks to still hold it. `None` when it is not held.
+    pub fn depth(&self, hash: u64) -> Option<u32> {
+        self.blocks
+            .peek(&hash)
+            .map(|touch| self.recency.newer_than(touch.number))
+    }
+
     /// Holds every hash of `hashes` as touched at `now`, the first one most recently.
     pub fn insert(&mut self, hashes: impl DoubleEndedIterator<Item = u64>, now: Instant) {
         for hash in hashes.rev() {
-            if let Some((old, _)) = self.blocks.push(hash, now)
-                && old != hash
-            {
-                self.evicted += 1;
+            let number = match self.recency.touch() {
+                Some(n) => n,
+                None => {
+                    self.renumber();
+                    self.recency.touch().unwrap_or_default()
+                }
+            };
+            if let Some((old, touch)) = self.blocks.push(hash, Touch { at: now, number }) {
+                self.recency.forget(touch.number);
+                if old != hash {
+                    self.evicted += 1;
+                }
             }
         }
     }
@@ -239,79 +282,6 @@ pub fn rendezvous(key: u64, seed: u64) -> u64 {
 
 /// Keeps hint hashes apart from block hashes.
 const HINT_DOMAIN: u64 = 0x6869_6e74_6b65_7921;
-
-/// Calibration never shrinks an index below this many blocks (or its configured size).
-pub const MIN_CALIBRATED_BLOCKS: usize = 16;
-
-/// Reports read before a calibration step.
-pub const CALIBRATION_WINDOW: u32 = 16;
-
-/// Fits an index's capacity to what its backend reports it served from cache.
-///
-/// The index is learned from what was routed, so it holds what the backend was sent, not what
-/// the backend kept: a backend whose cache is smaller than the index believes reports fewer
-/// cached tokens than the index expected. Every [`CALIBRATION_WINDOW`] reports that expected
-/// or reported a hit, the reported share of the expected decides: below 80%, the index is
-/// shrunk to that share (at most halved) of what it holds now — not of its capacity, which a
-/// young index is far from filling, so that shrinking it evicts at once; from 95% on, with
-/// reports of hits the index had not expected (it forgot what the backend kept), it grows by a
-/// quarter, never past what was configured. A multiplicative step each way, as TCP's window moves: quick to fall, careful
-/// to rise.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Calibration {
-    expected: f64,
-    reported: f64,
-    reports: u32,
-    configured: usize,
-}
-
-impl Calibration {
-    /// Calibrates an index configured to hold `configured` blocks.
-    pub fn new(configured: usize) -> Self {
-        Self {
-            expected: 0.0,
-            reported: 0.0,
-            reports: 0,
-            configured,
-        }
-    }
-
-    /// One request's expected and reported cached tokens; `Some(blocks)` when the capacity
-    /// (now `capacity` blocks, of which `held` are in use) should change.
-    pub fn observe(
-        &mut self,
-        expected: u64,
-        reported: u64,
-        capacity: usize,
-        held: usize,
-    ) -> Option<usize> {
-        if expected == 0 && reported == 0 {
-            return None;
-        }
-        self.expected += expected as f64;
-        self.reported += reported as f64;
-        self.reports += 1;
-        if self.reports < CALIBRATION_WINDOW {
-            return None;
-        }
-        let (expected, reported) = (self.expected, self.reported);
-        *self = Self::new(self.configured);
-        if expected <= 0.0 {
-            // Hits the index knew nothing of: it forgot what the backend kept.
-            return (capacity < self.configured)
-                .then(|| (capacity + capacity / 4 + 1).min(self.configured));
-        }
-        let share = reported / expected;
-        if share < 0.8 {
-            let smaller = (capacity.min(held) as f64 * share.max(0.5)) as usize;
-            Some(smaller.max(MIN_CALIBRATED_BLOCKS.min(self.configured)))
-        } else if share >= 0.95 && capacity < self.configured && reported > expected {
-            Some((capacity + capacity / 4 + 1).min(self.configured))
-        } else {
-            None
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -249,7 +249,7 @@ impl RequestEnd {
                                 prompt,
                                 "cached tokens reported"
                             );
-                            index.reported(slot.expected_cached(), cached, prompt);
+                            index.reported(slot.expected(), self.prompt_estimate, cached, prompt);
                         }
                         Some((obs, meter.max_gap_s))
                     }

@@ -37,13 +37,12 @@ pub struct Candidate<'r> {
     /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
     /// only (0 for a latency request, and without a prediction).
     pub marginal_tps: f64,
-    /// Leading prompt tokens its prefix cache is expected to hold (0 without the index).
-    pub cached_tokens: u64,
+    /// What its prefix index expects of the request, `cached_tokens` no more than the prompt
+    /// (nothing without an index).
+    pub cache: Hit,
     /// It holds the request's prefix: at least `prefix_cache.min_match_tokens` of it, or the
     /// conversation's hint. Among the feasible, such a backend is preferred.
     pub holds_prefix: bool,
-    /// Thousandths of its prefix index in use ([`Hit::fill_per_mille`]); 0 without an index.
-    pub cache_fill: u32,
     /// Its rank in the rendezvous order of the request's prefix (higher first;
     /// [`crate::prefix::rendezvous`]), the same in every replica; `None` for a prompt shorter
     /// than `min_match_tokens` without a hint, which no backend holds in a way worth routing by.
@@ -121,6 +120,10 @@ impl Router {
                 };
                 let cached_tokens = hit.cached_tokens.min(ask.prompt_tokens);
                 let holds_prefix = hit.hint || cached_tokens >= min_match;
+                let cache = Hit {
+                    cached_tokens,
+                    ..hit
+                };
                 let affinity = key.map(|k| crate::prefix::rendezvous(k, backend.rendezvous_seed));
                 if !predicts {
                     return Candidate {
@@ -132,15 +135,15 @@ impl Router {
                         keeps_others: true,
                         leaves_room: true,
                         marginal_tps: 0.0,
-                        cached_tokens,
+                        cache,
                         holds_prefix,
                         affinity,
-                        cache_fill: hit.fill_per_mille,
                         ramping: false,
                     };
                 }
                 let n = f64::from(joining);
-                let predictor = self.predictor(index, backend, ask, policy, now, cached_tokens);
+                let predictor =
+                    self.predictor(index, backend, ask, policy, now, cache.cached_tokens);
                 let prediction = predictor.at(n);
                 let batch = policy == Policy::Throughput || ask.slo.is_batch();
                 let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
@@ -170,10 +173,9 @@ impl Router {
                     } else {
                         0.0
                     },
-                    cached_tokens,
+                    cache,
                     holds_prefix,
                     affinity,
-                    cache_fill: hit.fill_per_mille,
                     ramping: backend.ramp.allows(joining),
                 }
             })

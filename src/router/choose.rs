@@ -50,8 +50,9 @@ pub fn among_feasible(
         .enumerate()
         .filter(|(_, c)| c.holds_prefix && (c.feasible() || c.may_stretch()))
         .max_by(|(_, a), (_, b)| {
-            a.cached_tokens
-                .cmp(&b.cached_tokens)
+            a.cache
+                .cached_tokens
+                .cmp(&b.cache.cached_tokens)
                 .then(a.affinity.cmp(&b.affinity))
                 .then_with(|| order(policy, ask, a, b))
         });
@@ -90,8 +91,9 @@ fn place(policy: Policy, candidates: &[Candidate<'_>], ask: &Ask<'_>) -> Option<
         .enumerate()
         .filter(|(_, c)| c.affinity.is_some() && (c.feasible() || c.cold_start()))
         .min_by(|(_, a), (_, b)| {
-            a.cache_fill
-                .cmp(&b.cache_fill)
+            a.cache
+                .fill_per_mille
+                .cmp(&b.cache.fill_per_mille)
                 .then_with(|| order(policy, ask, b, a))
         })
         .map(|(i, _)| i)
@@ -167,8 +169,9 @@ pub fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
         predicted()
             .filter(|(_, c)| c.holds_prefix)
             .max_by(|(_, a), (_, b)| {
-                a.cached_tokens
-                    .cmp(&b.cached_tokens)
+                a.cache
+                    .cached_tokens
+                    .cmp(&b.cache.cached_tokens)
                     .then(a.slack.total_cmp(&b.slack))
             })
             .or_else(|| predicted().max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)))

@@ -34,7 +34,7 @@ use crate::config::{
 };
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::fleet::{Backend, Hit, InFlightGuard, Line, Share};
+use crate::fleet::{Backend, InFlightGuard, Line, Share};
 use crate::prefix::RequestPrefix;
 pub use candidates::Candidate;
 pub use caps::Cap;
@@ -527,14 +527,9 @@ impl Router {
             guard.probe(slo.max_ttft_s, slo.min_tps);
         }
         self.count(ask, reason);
-        guard.expect_prefill(ask.prompt_tokens, c.cached_tokens);
+        guard.expect_prefill(ask.prompt_tokens, c.cache);
         if let (Some(index), Some(prefix)) = (&c.backend.prefix, ask.prefix) {
-            let hit = Hit {
-                cached_tokens: c.cached_tokens,
-                hint: c.holds_prefix,
-                ..Hit::default()
-            };
-            index.routed(prefix, hit, ask.prompt_tokens, Instant::now());
+            index.routed(prefix, c.cache, ask.prompt_tokens, Instant::now());
             c.backend.share_prefix(prefix);
         }
         tracing::debug!(
@@ -550,7 +545,7 @@ impl Router {
             slack = c.slack,
             beyond_evidence = c.prediction.map(|p| p.beyond_evidence),
             keeps_others = c.keeps_others,
-            cached_tokens = c.cached_tokens,
+            cached_tokens = c.cache.cached_tokens,
             "routed"
         );
         Some(Decision {

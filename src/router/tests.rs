@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::curve::{FirstToken, Observation, Outcome};
+use crate::fleet::Hit;
 
 /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
 /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`

@@ -167,6 +167,45 @@ async fn a_conversation_stays_on_the_backend_holding_its_history_until_that_back
 }
 
 #[tokio::test]
+async fn the_index_learns_how_much_its_backend_keeps_from_the_cached_tokens_it_reports() {
+    // Room for three of eight 500-token system prompts, asked for in turn: the engine has
+    // always evicted the next one by the time it comes round again.
+    let (fleet, a) = pod("a", 1500).await;
+    let _fleet = support::FleetGuard(vec![fleet]);
+    let backend = "    models: {m: m}\n";
+    let gw = support::gateway(&format!(
+        "backends:\n{}",
+        support::backend_yaml("a", a, "openai", backend)
+    ))
+    .await;
+    let client = http_client(None).unwrap();
+    let capacity = |backends: &Value| {
+        backends["backends"][0]["prefix_index"]["capacity_blocks"]
+            .as_u64()
+            .unwrap()
+    };
+    let configured = capacity(&support::get_json(gw.admin_addr(), "/admin/backends").await);
+    for _round in 0..4 {
+        for system in "abcdefgh".chars() {
+            let body = json!({"model": "m", "max_tokens": 2, "stream": true,
+                "stream_options": {"include_usage": true},
+                "messages": [{"role": "system", "content": system.to_string().repeat(2000)},
+                             {"role": "user", "content": "q"}]});
+            let (_, cached) = send(&client, gw.addr(), body.to_string().as_bytes()).await;
+            assert_eq!(cached, 0, "an LRU of three never holds the next of eight");
+        }
+    }
+    // The index first expected every prompt back, and each report said it was gone: it now
+    // holds about what the engine does (1,500 tokens, 23 blocks of 64), not its default.
+    let learned = capacity(&support::get_json(gw.admin_addr(), "/admin/backends").await);
+    assert!(configured > 10_000, "{configured}");
+    assert!(
+        (16..=48).contains(&learned),
+        "calibrated from {configured} to {learned} blocks"
+    );
+}
+
+#[tokio::test]
 async fn prompt_cache_key_joins_requests_whose_prompts_are_too_short_to_match() {
     let (_fleets, a, b) = two_pods().await;
     let gw = support::gateway(&gateway_config(a, b, "")).await;
