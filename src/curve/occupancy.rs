@@ -70,13 +70,18 @@ pub struct LocalLoad {
 }
 
 /// What a request found on its backend when it was admitted, fleet-wide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Admitted {
     /// In flight, itself included: what its TTFT is bucketed by.
     pub in_flight: u32,
     /// Requests admitted before it and still waiting for their first token: a queue, which a
     /// burst leaves for a moment and a steady load seldom does.
     pub queued_behind: u32,
+    /// Of `in_flight`, the other replicas' (as of their last round).
+    pub peers: u32,
+    /// Their integral then, request-seconds: set against its growth until the first token, it
+    /// shows requests the peers had admitted and not yet stated.
+    pub peers_area: f64,
 }
 
 /// A reading of the integral.
@@ -121,6 +126,11 @@ impl State {
         }
     }
 
+    /// The peers' integral `at` seconds after the epoch, as their last round states it.
+    fn peers_area(&self, at: f64) -> f64 {
+        self.peers.area + f64::from(self.peers.count) * (at - self.peers_at).max(0.0)
+    }
+
     /// In flight fleet-wide.
     fn fleet_count(&self) -> u32 {
         self.count.saturating_add(self.peers.count)
@@ -128,9 +138,8 @@ impl State {
 
     /// `at` seconds after the epoch (not before the last update).
     fn reading(&self, now: Instant, at: f64) -> Reading {
-        let peers = self.peers.area + f64::from(self.peers.count) * (at - self.peers_at).max(0.0);
         Reading {
-            area: self.area + peers,
+            area: self.area + self.peers_area(at),
             count: self.fleet_count(),
             at: now,
         }
@@ -189,6 +198,8 @@ impl Occupancy {
                 Admitted {
                     in_flight: s.fleet_count(),
                     queued_behind,
+                    peers: s.peers.count,
+                    peers_area: s.peers_area(at),
                 }
             })
         })
@@ -201,17 +212,34 @@ impl Occupancy {
         self.update(Instant::now(), |s| s.unwait(at));
     }
 
-    /// The first token of the request admitted at `admitted` came at `now`: it stops waiting,
-    /// and the integral is read for its experienced concurrency (one lock for both). Also how
-    /// many others still wait for theirs, fleet-wide.
-    pub fn first_token(&self, admitted: Instant, now: Instant) -> (Reading, u32) {
-        let admitted = self.since_epoch(admitted);
+    /// The first token of the request admitted at `admitted`, where it found `found`, came at
+    /// `now`: it stops waiting, and the integral is read for its experienced concurrency (one
+    /// lock for both). Also how many others still wait for theirs, fleet-wide, and how many
+    /// requests it found in flight that it could not see: those the peers had in flight on
+    /// average during its wait beyond the ones it saw at admission, another replica's
+    /// admissions not yet stated at its last round (a race for the last slot: the loser waits
+    /// a whole request at an occupancy that does not show it, and its TTFT belongs to the
+    /// occupancy it really found).
+    pub fn first_token(
+        &self,
+        admitted: Instant,
+        found: &Admitted,
+        now: Instant,
+    ) -> (Reading, u32, u32) {
+        let since = self.since_epoch(admitted);
         let at = self.since_epoch(now);
         self.update(now, |s| {
-            s.unwait(admitted);
+            s.unwait(since);
+            let unseen = if at > since {
+                let mean = (s.peers_area(at) - found.peers_area) / (at - since);
+                (mean - f64::from(found.peers)).round().max(0.0) as u32
+            } else {
+                0
+            };
             (
                 s.reading(now, at),
                 s.waiting.saturating_add(s.peers.waiting),
+                unseen,
             )
         })
     }
@@ -316,12 +344,12 @@ mod tests {
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let occ = Occupancy::new(t0);
         assert_eq!(occ.waited(at(0)), 0.0);
-        occ.try_admit(at(0), u32::MAX);
+        let first = occ.try_admit(at(0), u32::MAX).unwrap();
         occ.try_admit(at(200), u32::MAX);
         occ.try_admit(at(400), u32::MAX);
         // Ages 1.0, 0.8 and 0.6 s.
         assert!((occ.waited(at(1000)) - 0.8).abs() < 1e-9);
-        occ.first_token(at(0), at(1000));
+        occ.first_token(at(0), &first, at(1000));
         assert!((occ.waited(at(1000)) - 0.7).abs() < 1e-9);
         occ.stop_waiting(at(200));
         occ.release(at(1000), Some(at(400)));
@@ -380,5 +408,29 @@ mod tests {
         assert_eq!((local.count, local.waiting), (2, 2));
         assert!((local.area - 0.8).abs() < 1e-9);
         assert!((local.waiting_age_s - 0.8).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_request_another_replica_admitted_unseen_counts_in_what_the_first_token_found() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let occ = Occupancy::new(t0);
+        let found = occ.try_admit(at(100), 2).unwrap();
+        assert_eq!(found.in_flight, 1, "the peers' request is not stated yet");
+        // Their next round states a request they admitted at 90 ms (its area counts from
+        // then), the one after that its end at 1,290 ms.
+        let peers = |count, area| PeerLoad {
+            count,
+            area,
+            ..PeerLoad::default()
+        };
+        occ.set_peers(at(150), peers(1, 0.06));
+        occ.set_peers(at(1300), peers(0, 1.2));
+        let (_, _, unseen) = occ.first_token(at(100), &found, at(1300));
+        assert_eq!(unseen, 1, "it waited behind a request it did not see");
+        // Alone in the fleet, it finds what it saw.
+        let alone = occ.try_admit(at(1300), 2).unwrap();
+        let (_, _, unseen) = occ.first_token(at(1300), &alone, at(1340));
+        assert_eq!(unseen, 0);
     }
 }

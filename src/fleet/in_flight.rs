@@ -156,7 +156,8 @@ impl InFlightGuard {
         &self.backend
     }
 
-    /// In flight at admission, this request included.
+    /// In flight at admission, this request included; from its first token on, with the
+    /// requests other replicas had admitted there that it could not see then.
     pub fn admitted_with(&self) -> u32 {
         self.admitted_with.in_flight
     }
@@ -181,8 +182,13 @@ impl InFlightGuard {
     pub fn first_token(&mut self, now: Instant) -> Reading {
         self.prefill_done();
         if std::mem::take(&mut self.waiting) {
-            let (reading, others) = self.backend.occupancy.first_token(self.admitted, now);
+            let (reading, others, unseen) =
+                self.backend
+                    .occupancy
+                    .first_token(self.admitted, &self.admitted_with, now);
             self.waiting_at_first_token = others;
+            // Its TTFT is learned at the occupancy it really found.
+            self.admitted_with.in_flight += unseen;
             reading
         } else {
             self.backend.occupancy.read(now)
