@@ -133,11 +133,6 @@ impl InFlightGuard {
         self.prefill_ahead
     }
 
-    /// Prompt tokens the backend was expected to hold of this request.
-    pub fn expected_cached(&self) -> u64 {
-        self.expected.cached_tokens
-    }
-
     /// What the backend's prefix index expected it to hold of this request.
     pub fn expected(&self) -> Hit {
         self.expected

@@ -145,7 +145,7 @@ impl RequestEnd {
         self.first_reading = Some(slot.first_token(now));
         slot.probe_first_token((now - self.sent).as_secs_f64());
         let prompt = prompt_tokens.unwrap_or(self.prompt_estimate);
-        let expected = slot.expected_cached();
+        let expected = slot.expected().cached_tokens;
         // What the backend prefilled before this first token: this prompt's uncached tokens
         // and the prefill it waited behind (prefills run one after another).
         let uncached =
@@ -222,7 +222,7 @@ impl RequestEnd {
                         .unwrap_or(self.prompt_estimate);
                     let cached = timing
                         .and_then(|t| t.cached_tokens)
-                        .unwrap_or(slot.expected_cached());
+                        .unwrap_or(slot.expected().cached_tokens);
                     start.prompt_tokens = Some(prompt - cached.min(prompt) + slot.prefill_ahead());
                     backend.first_token(model, &start);
                 }
@@ -244,7 +244,7 @@ impl RequestEnd {
                             let prompt = meter.timing.prompt_tokens.unwrap_or(self.prompt_estimate);
                             tracing::debug!(
                                 backend = &*backend.config.name,
-                                expected = slot.expected_cached(),
+                                expected = slot.expected().cached_tokens,
                                 reported = cached,
                                 prompt,
                                 "cached tokens reported"
