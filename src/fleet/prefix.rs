@@ -160,8 +160,15 @@ impl PrefixIndex {
 
     /// A completed request's usage: the backend served `reported` of its `prompt` tokens from
     /// its cache, where the index expected `hit` of the `estimated_prompt` it saw. Reports move
-    /// the reported hit rate and calibrate the index's capacity.
-    pub fn reported(&self, hit: Hit, estimated_prompt: u64, reported: u64, prompt: u64) {
+    /// the reported hit rate and calibrate the index's capacity: `Some(blocks)` when this one
+    /// changed it.
+    pub fn reported(
+        &self,
+        hit: Hit,
+        estimated_prompt: u64,
+        reported: u64,
+        prompt: u64,
+    ) -> Option<usize> {
         self.reports.store(true, Ordering::Relaxed);
         let report = Report {
             expected: hit.cached_tokens,
@@ -173,12 +180,10 @@ impl PrefixIndex {
         };
         self.with(|s| {
             s.reported.add(reported.min(prompt), prompt);
-            let capacity = s.held.capacity();
-            if let Some(blocks) = s.calibration.observe(&report, capacity) {
-                tracing::debug!(from = capacity, to = blocks, "prefix index recalibrated");
-                s.held.resize(blocks);
-            }
-        });
+            let blocks = s.calibration.observe(&report, s.held.capacity())?;
+            s.held.resize(blocks);
+            Some(blocks)
+        })
     }
 
     /// `tokens` of prefill were sent here (uncached prompt tokens of a request admitted now);

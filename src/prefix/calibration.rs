@@ -6,7 +6,9 @@
 //! held blocks were touched after the last block it expected, that block's LRU stack distance
 //! ([`super::Held::depth`]). An LRU cache of `C` blocks holds a block exactly while its depth
 //! is below `C`, so each report puts a point on one side of the engine's capacity: held at
-//! depth `d` says `C > d`, lost says `C <= d`. The capacity that best splits the recent points
+//! depth `d` says `C > d`, lost says `C <= d`. Lost counts a part lost too: a prompt's later
+//! blocks lie at least as deep as its earlier ones, so an engine that kept a shared system
+//! prompt but not the history after it lacked a block no deeper than `d`. The capacity that best splits the recent points
 //! into held below and lost above becomes the index's, and the index evicts what the engine
 //! has evicted; a stray miss among many hits (an engine is not exactly an LRU of what one
 //! gateway sent it) moves nothing.
@@ -47,11 +49,14 @@ impl Report {
     fn judged(&self) -> (Option<(u32, bool)>, bool) {
         // Shares of the prompt: the gateway's estimate of tokens and the engine's tokenizer
         // need not agree. An engine caches whole blocks of its own size and recomputes the
-        // last, so a tenth and two index blocks either way are rounding.
+        // last; the index drops a partial block: a block and a fiftieth either way are
+        // rounding. No more: a conversation's turn adds a few percent to its prompt, and an
+        // engine that kept the shared system prompt but lost the history after it has lost
+        // the block whose depth the point carries.
         let estimated = self.estimated_prompt.max(1) as f64;
         let expected = self.expected as f64 / estimated;
         let reported = self.reported as f64 / self.prompt.max(1) as f64;
-        let slack = 0.1 * expected + 2.0 * f64::from(self.block_tokens) / estimated;
+        let slack = 0.02 * expected + f64::from(self.block_tokens) / estimated;
         let point = self
             .depth
             .filter(|_| self.expected > 0)

@@ -297,6 +297,35 @@ fn a_stray_miss_among_hits_moves_nothing_and_a_cache_that_keeps_nothing_empties_
 }
 
 #[test]
+fn an_engine_that_kept_the_system_prompt_but_lost_the_history_after_it_is_a_loss() {
+    // A turn's prompt: 2,000 tokens of a shared system prompt and a history of 240 after it.
+    let turn = |depth: u32, reported: u64| Report {
+        expected: 2240,
+        depth: Some(depth),
+        estimated_prompt: 2280,
+        reported,
+        prompt: 2264,
+        block_tokens: 64,
+    };
+    let mut c = Calibration::new(1000);
+    let mut got = None;
+    for k in 0..CALIBRATION_WINDOW {
+        // Held whole at depth 100; at depth 150 only the system prompt was left.
+        let report = if k % 2 == 0 {
+            turn(100, 2256)
+        } else {
+            turn(150, 2000)
+        };
+        got = c.observe(&report, 1000);
+    }
+    assert_eq!(
+        got,
+        Some(125),
+        "between the deepest held and the shallowest lost"
+    );
+}
+
+#[test]
 fn rendezvous_spreads_prefixes_evenly_and_a_backend_leaving_moves_only_its_own() {
     let seeds: Vec<u64> = ["pod-1", "pod-2", "pod-3", "pod-4"]
         .iter()

@@ -242,14 +242,24 @@ impl RequestEnd {
                             (&backend.prefix, meter.timing.cached_tokens, self.outcome)
                         {
                             let prompt = meter.timing.prompt_tokens.unwrap_or(self.prompt_estimate);
+                            let expected = slot.expected();
                             tracing::debug!(
                                 backend = &*backend.config.name,
-                                expected = slot.expected().cached_tokens,
+                                expected = expected.cached_tokens,
+                                depth = expected.depth,
                                 reported = cached,
                                 prompt,
                                 "cached tokens reported"
                             );
-                            index.reported(slot.expected(), self.prompt_estimate, cached, prompt);
+                            if let Some(blocks) =
+                                index.reported(expected, self.prompt_estimate, cached, prompt)
+                            {
+                                tracing::debug!(
+                                    backend = &*backend.config.name,
+                                    blocks,
+                                    "prefix index recalibrated"
+                                );
+                            }
                         }
                         Some((obs, meter.max_gap_s))
                     }
