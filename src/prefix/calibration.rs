@@ -8,10 +8,10 @@
 //! is below `C`, so each report puts a point on one side of the engine's capacity: held at
 //! depth `d` says `C > d`, lost says `C <= d`. Lost counts a part lost too: a prompt's later
 //! blocks lie at least as deep as its earlier ones, so an engine that kept a shared system
-//! prompt but not the history after it lacked a block no deeper than `d`. The capacity that best splits the recent points
-//! into held below and lost above becomes the index's, and the index evicts what the engine
-//! has evicted; a stray miss among many hits (an engine is not exactly an LRU of what one
-//! gateway sent it) moves nothing.
+//! prompt but not the history after it lacked a block no deeper than `d`. The capacity that
+//! best splits the recent points into held below and lost above becomes the index's, and the
+//! index evicts what the engine has evicted; a stray miss among many hits (an engine is not
+//! exactly an LRU of what one gateway sent it) moves nothing.
 //!
 //! Points come only from below the index's own capacity (it holds nothing deeper), so too
 //! small a capacity shows another way: the backend reports hits the index did not expect. A
