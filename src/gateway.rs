@@ -70,8 +70,10 @@ impl Gateway {
     pub async fn start(config: &Config) -> Result<Self, String> {
         let drained = Signal::new();
         let (outbox, inbox) = match &config.cluster {
-            Some(_) => {
-                let (outbox, inbox) = crate::fleet::outbox::outbox();
+            Some(cluster) => {
+                // A claim's answer comes within a round trip; two intervals cover one that
+                // waits behind a round in flight.
+                let (outbox, inbox) = crate::fleet::outbox::outbox(cluster.sync_interval * 2);
                 (Some(outbox), Some(inbox))
             }
             None => (None, None),

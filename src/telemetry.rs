@@ -70,6 +70,9 @@ pub const CLUSTER_PEERS: &str = "tpsgate_cluster_peers";
 /// Curve samples shared with the other replicas, by direction (`sent`, `received`, `dropped`:
 /// queued while Redis was away for longer than the queue holds).
 pub const CLUSTER_SAMPLES: &str = "tpsgate_cluster_samples_total";
+/// Slots claimed fleet-wide at a backend's edge, by outcome (`granted`, `refused`,
+/// `unanswered`; [`crate::fleet::claim`]).
+pub const CLUSTER_CLAIMS: &str = "tpsgate_cluster_claims_total";
 /// 1, labelled with the version: joins any series to the build that made it.
 pub const BUILD_INFO: &str = "tpsgate_build_info";
 /// Config reloads by result (`applied`, `refused`).
@@ -272,6 +275,12 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
             C,
             N,
             "Curve samples shared with the other replicas, by direction",
+        ),
+        (
+            CLUSTER_CLAIMS,
+            C,
+            N,
+            "Slots claimed fleet-wide at a backend's edge, by outcome",
         ),
         (
             BUILD_INFO,
@@ -623,6 +632,12 @@ pub fn decision_counters<const N: usize>(
 pub fn count_cluster_samples(direction: &'static str, n: u64) {
     let _ = prometheus();
     counter!(CLUSTER_SAMPLES, "direction" => direction).increment(n);
+}
+
+/// Counts one claim of a slot at a backend's edge, by its outcome.
+pub fn count_claim(outcome: &'static str) {
+    let _ = prometheus();
+    counter!(CLUSTER_CLAIMS, "outcome" => outcome).increment(1);
 }
 
 /// The cluster link's state: connected or not, and how many peers publish.

@@ -91,11 +91,15 @@ pub(super) fn script() -> redis::Script {
 
 /// Whose part a call of the script is about, and when.
 #[derive(Debug, Clone, Copy)]
-struct Part<'a> {
-    replica: &'a str,
-    incarnation: &'a str,
-    now_ms: u64,
-    lease_ms: u64,
+pub(super) struct Part<'a> {
+    /// The replica's id.
+    pub(super) replica: &'a str,
+    /// Its process's incarnation.
+    pub(super) incarnation: &'a str,
+    /// Now, Unix ms.
+    pub(super) now_ms: u64,
+    /// How long the part holds without a round, ms.
+    pub(super) lease_ms: u64,
 }
 
 /// Adds a call of the script on `part` in `mode` to `pipe` (fields, if any, are appended by
@@ -139,6 +143,67 @@ pub(super) async fn leave<C: ConnectionLike>(
     };
     invoke(&mut pipe, script, keys, part, Mode::Leave);
     pipe.query_async::<redis::Value>(conn).await.map(drop)
+}
+
+/// A claim as the script takes it: this replica's fields that changed (the backend's, its
+/// request among them), stated only if the sum of `field` then stays within `limit`.
+#[derive(Debug)]
+pub(super) struct Condition<'a> {
+    /// The fields stated.
+    pub(super) fields: &'a [(String, i64)],
+    /// The in-flight field of the backend claimed.
+    pub(super) field: &'a str,
+    /// The most the fleet may have there.
+    pub(super) limit: u32,
+}
+
+/// The script's answer to one claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClaimReply {
+    /// Stated.
+    Granted,
+    /// Not stated: the fleet has the limit there already.
+    Refused,
+    /// This replica's part was gone: nothing stated, state it whole.
+    Resend,
+}
+
+/// Claims, each stated on its condition in the order given, then the sums read after them, in
+/// one pipeline over `conn`.
+pub(super) async fn claim<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &Keys,
+    script: &redis::Script,
+    part: Part<'_>,
+    claims: &[Condition<'_>],
+) -> redis::RedisResult<(Vec<ClaimReply>, HashMap<String, i64>)> {
+    let mut pipe = redis::pipe();
+    for claim in claims {
+        invoke(&mut pipe, script, keys, part, Mode::Claim)
+            .arg(claim.field)
+            .arg(claim.limit);
+        for (field, value) in claim.fields {
+            pipe.arg(field).arg(*value);
+        }
+    }
+    pipe.cmd("HGETALL").arg(&keys.sums);
+    let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    let sums: HashMap<String, i64> = match replies.pop() {
+        Some(v) => redis::from_redis_value(v)?,
+        None => HashMap::new(),
+    };
+    let answers = replies
+        .into_iter()
+        .map(|v| {
+            let said: Vec<String> = redis::from_redis_value(v)?;
+            Ok(match said.first().map(String::as_str) {
+                None => ClaimReply::Granted,
+                Some("refused") => ClaimReply::Refused,
+                Some(_) => ClaimReply::Resend,
+            })
+        })
+        .collect::<redis::RedisResult<Vec<_>>>()?;
+    Ok((answers, sums))
 }
 
 /// One round trip over `conn`. The script must have been loaded (`SCRIPT LOAD`): after an

@@ -32,10 +32,13 @@ use crate::curve::{LocalLoad, PeerLoad};
 /// (Lua's doubles are exact to 2^53, and every value here stays far below it).
 ///
 /// Modes: `full` replaces the part with the fields given; `changes` states only those (and
-/// answers `{'resend'}` when it finds no part: its lease ran out, or Redis lost it); `leave`
-/// takes the part out; `retire` takes out another replica's part (ARGV[1] its id, KEYS[3] its
-/// part) if its lease has indeed run out (each in its own call, so that every key a call
-/// touches is named in it, as Redis Cluster requires). The sums are read with a plain
+/// answers `{'resend'}` when it finds no part: its lease ran out, or Redis lost it); `claim`
+/// is `changes` on a condition (ARGV[6] a field, ARGV[7] a limit, the pairs after them): that
+/// the field's sum, with this statement, stays within the limit, else nothing is stated and
+/// the answer is `{'refused', sum}` (a slot at a backend's edge, [`crate::fleet::claim`]);
+/// `leave` takes the part out; `retire` takes out another replica's part (ARGV[1] its id,
+/// KEYS[3] its part) if its lease has indeed run out (each in its own call, so that every key
+/// a call touches is named in it, as Redis Cluster requires). The sums are read with a plain
 /// `HGETALL` after the call: Lua's copy of them would cost more than the statement.
 pub(super) const SCRIPT: &str = r"
 local sums, leases, part = KEYS[1], KEYS[2], KEYS[3]
@@ -82,6 +85,18 @@ if mode == 'leave' then
   return {}
 end
 if not stored and mode ~= 'full' then return {'resend'} end
+local first = 6
+if mode == 'claim' then
+  first = 8
+  local f, limit = ARGV[6], tonumber(ARGV[7])
+  local had = tonumber(redis.call('HGET', part, f) or '0')
+  local now_mine = had
+  for i = first, #ARGV, 2 do
+    if ARGV[i] == f then now_mine = tonumber(ARGV[i + 1]) end
+  end
+  local sum = tonumber(redis.call('HGET', sums, f) or '0') - had + now_mine
+  if sum > limit then return {'refused', fmt(sum)} end
+end
 if mode == 'full' and stored then
   local stated = {}
   for i = 6, #ARGV, 2 do stated[ARGV[i]] = true end
@@ -94,7 +109,7 @@ if mode == 'full' and stored then
     end
   end
 end
-for i = 6, #ARGV, 2 do
+for i = first, #ARGV, 2 do
   local f, v = ARGV[i], tonumber(ARGV[i + 1])
   if string.sub(f, 1, 1) == 'q' then
     add(f, v)
@@ -177,6 +192,8 @@ pub(super) enum Mode {
     Leave,
     /// Take another replica's part out, its lease having run out.
     Retire,
+    /// What changed, on the condition that one sum stays within a limit.
+    Claim,
 }
 
 impl Mode {
@@ -187,6 +204,7 @@ impl Mode {
             Self::Changes => "changes",
             Self::Leave => "leave",
             Self::Retire => "retire",
+            Self::Claim => "claim",
         }
     }
 }
@@ -265,7 +283,14 @@ impl Mine {
                 .map(|f| (f.clone(), 0))
                 .collect()
         };
-        let mut out: Vec<(String, i64)> = current
+        let mut out = self.changed(current);
+        out.extend(gone);
+        (Mode::Changes, out)
+    }
+
+    /// Those of `current` that differ from what the script holds (counters: those not zero).
+    pub(super) fn changed(&self, current: Vec<(String, i64)>) -> Vec<(String, i64)> {
+        current
             .into_iter()
             .filter(|(f, v)| {
                 let kind = f.chars().next();
@@ -279,9 +304,13 @@ impl Mine {
                     *v != stored
                 }
             })
-            .collect();
-        out.extend(gone);
-        (Mode::Changes, out)
+            .collect()
+    }
+
+    /// Whether the next statement must be whole (nothing acknowledged yet, or the part gone):
+    /// no claim can be stated before it.
+    pub(super) fn whole(&self) -> bool {
+        self.whole
     }
 
     /// The script took `stated` in `mode`.

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+use super::claim::Claimed;
 use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
 use super::prefix::PrefixIndex;
@@ -300,6 +301,21 @@ impl Backend {
                 hashes: crate::prefix::coarse(&prefix.hashes).collect(),
                 hint: prefix.hint,
             });
+        }
+    }
+
+    /// Whether a slot near this backend's edge is claimed fleet-wide before a request goes
+    /// ([`claim`](super::claim)): in a cluster whose replica has peers.
+    pub fn claims_slots(&self) -> bool {
+        self.outbox.as_ref().is_some_and(|o| o.claims.shared())
+    }
+
+    /// Claims a slot here for a request already admitted through this replica, with at most
+    /// `limit` in flight fleet-wide (see [`claim`](super::claim)).
+    pub async fn claim(&self, limit: u32) -> Claimed {
+        match &self.outbox {
+            Some(outbox) => outbox.claims.claim(&self.config.name, limit).await,
+            None => Claimed::Unanswered,
         }
     }
 

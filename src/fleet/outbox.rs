@@ -2,13 +2,17 @@
 //! task: curve samples (each first token, each request's end) and health events (an ejection, a
 //! 429 cool-down). The request path never waits for it: a sample is handed over with a
 //! non-blocking send, and when the queue is full (Redis away for long) it is dropped and counted.
+//! Beside it travel the [claims](super::claim) of slots at a backend's edge, the one thing a
+//! request waits for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::claim::{self, Claims, Desk};
 use crate::curve::{FirstToken, Observation};
 
 /// Samples and events queued before the oldest is refused: at two samples per request, a few
@@ -67,6 +71,8 @@ pub enum Event {
 pub struct Outbox {
     tx: mpsc::Sender<Event>,
     dropped: Arc<AtomicU64>,
+    /// Slots claimed at a backend's edge.
+    pub claims: Claims,
 }
 
 /// The receiving side, drained by the cluster's sync task.
@@ -74,18 +80,26 @@ pub struct Outbox {
 pub struct Inbox {
     rx: mpsc::Receiver<Event>,
     dropped: Arc<AtomicU64>,
+    /// Where the claims arrive.
+    pub claims: Desk,
 }
 
-/// An outbox and the inbox it feeds.
-pub fn outbox() -> (Outbox, Inbox) {
+/// An outbox and the inbox it feeds; a claim waits at most `claim_wait` for its answer.
+pub fn outbox(claim_wait: Duration) -> (Outbox, Inbox) {
     let (tx, rx) = mpsc::channel(CAPACITY);
     let dropped = Arc::new(AtomicU64::new(0));
+    let (claims, desk) = claim::claims(claim_wait);
     (
         Outbox {
             tx,
             dropped: Arc::clone(&dropped),
+            claims,
         },
-        Inbox { rx, dropped },
+        Inbox {
+            rx,
+            dropped,
+            claims: desk,
+        },
     )
 }
 

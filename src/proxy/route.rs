@@ -236,7 +236,7 @@ where
             }
         };
         match decided {
-            Ok(Some(decision)) => {
+            Ok(Some(decision)) if decision.claim.is_none() => {
                 Either::Left(Either::Right(forward(&mut self.inner, req, decision)))
             }
             Err(err) => now(err),
@@ -244,7 +244,8 @@ where
                 ErrorKind::NoBackendAvailable,
                 "no other backend can take the request now",
             )),
-            Ok(None) => {
+            // Its class's line, or a slot near the edge to claim from the other replicas.
+            Ok(pending) => {
                 // The clone that was driven to readiness serves this call (tower's
                 // clone-and-swap).
                 let clone = self.inner.clone();
@@ -269,9 +270,16 @@ where
                         let (Some(c), Some(model)) = (c, c.and_then(|c| c.model.as_deref())) else {
                             return Err(Error::internal("route: a queued request lost its model"));
                         };
-                        router
-                            .wait_in_line(&ask(c, model, received, &[], prefix.as_ref()), share)
-                            .await?
+                        match pending {
+                            Some(decision) => {
+                                let ask = ask(c, model, received, &avoid, prefix.as_ref());
+                                router.settle(&ask, decision, share).await?
+                            }
+                            None => {
+                                let ask = ask(c, model, received, &[], prefix.as_ref());
+                                router.wait_in_line(&ask, share).await?
+                            }
+                        }
                     };
                     forward(&mut inner, req, decision).await
                 }))

@@ -12,6 +12,7 @@ use super::oracle::Oracle;
 use super::{Ask, Router, choose};
 use crate::config::Policy;
 use crate::curve::{Model, Prediction};
+use crate::fleet::claim::EDGE;
 use crate::fleet::{Backend, Hit};
 
 /// One candidate backend as the router sees it for one request.
@@ -50,6 +51,9 @@ pub struct Candidate<'r> {
     /// Its ramp ([`crate::fleet::ramp`]) allows the request in flight where its curve has no
     /// evidence (never observed, or beyond twice the concurrency seen).
     pub ramping: bool,
+    /// Near its edge, in a cluster with peers: the most requests the fleet may have there with
+    /// this one among them, claimed in Redis before the request goes ([`crate::fleet::claim`]).
+    pub edge: Option<u32>,
 }
 
 impl Candidate<'_> {
@@ -125,6 +129,7 @@ impl Router {
                     ..hit
                 };
                 let affinity = key.map(|k| crate::prefix::rendezvous(k, backend.rendezvous_seed));
+                let claims = backend.claims_slots();
                 if !predicts {
                     return Candidate {
                         index,
@@ -139,6 +144,7 @@ impl Router {
                         holds_prefix,
                         affinity,
                         ramping: false,
+                        edge: claims.then(|| edge(backend, joining, |_| true)).flatten(),
                     };
                 }
                 let n = f64::from(joining);
@@ -155,6 +161,24 @@ impl Router {
                 let system = |c: f64, p: &Prediction| {
                     c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
                 };
+                let edge = claims
+                    .then(|| {
+                        edge(backend, joining, |m| {
+                            let at = f64::from(m);
+                            if batch {
+                                return self.leaves_room(&predictor, at + 1.0);
+                            }
+                            match predictor.at(at) {
+                                Some(p) => {
+                                    (!p.beyond_evidence || backend.ramp.allows(m))
+                                        && slo.slack(&p) >= 0.0
+                                        && self.keeps_others(backend, &p)
+                                }
+                                None => m == 1 || backend.ramp.allows(m),
+                            }
+                        })
+                    })
+                    .flatten();
                 let before = if batch && joining > 1 {
                     predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
                 } else {
@@ -177,6 +201,7 @@ impl Router {
                     holds_prefix,
                     affinity,
                     ramping: backend.ramp.allows(joining),
+                    edge,
                 }
             })
             .collect()
@@ -226,6 +251,20 @@ impl Router {
             .enumerate()
             .all(|(i, c)| backend.class_in_flight(i) == 0 || c.slo.speed_holds(p))
     }
+}
+
+/// The most requests the fleet may have on `backend` with this one among them (`joining` in
+/// this replica's view), when fewer than [`EDGE`] fit from `joining` on: the last count that
+/// `fits` the request and its `max_concurrency`. `None` far from the edge; where the request
+/// does not fit even now (best effort, exploration), only the hard limit binds it.
+fn edge(backend: &Backend, joining: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
+    let cap = backend.config.max_concurrency.unwrap_or(u32::MAX);
+    let near = joining.saturating_add(EDGE - 1);
+    let last = (joining..=near)
+        .take_while(|&m| m <= cap && fits(m))
+        .last()
+        .unwrap_or(cap);
+    (last < near).then_some(last)
 }
 
 /// A backend's source of predictions for one request.

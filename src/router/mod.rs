@@ -34,7 +34,7 @@ use crate::config::{
 };
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::fleet::{Backend, InFlightGuard, Line, Share};
+use crate::fleet::{Backend, Claimed, Hit, InFlightGuard, Line, Share};
 use crate::prefix::RequestPrefix;
 pub use candidates::Candidate;
 pub use caps::Cap;
@@ -69,6 +69,11 @@ pub struct Ask<'a> {
 /// the edge of the target, where only a request that has not waited at all still fits, and the
 /// freshest arrival takes every freed slot whatever the line's fair order says.
 pub const LINE_RESERVE: f64 = 0.2;
+
+/// A request whose claims keep being refused is decided again at most this many times: each
+/// refusal brings the fleet's counts fresh, so a second is rare and a fourth means counts that
+/// move faster than a round trip.
+const CLAIM_TRIES: usize = 3;
 
 impl Ask<'_> {
     /// As if it had already waited `reserve_s` at `now` (if it has not waited that long): the
@@ -152,6 +157,9 @@ pub struct Decision {
     pub prediction: Option<Prediction>,
     /// Why.
     pub reason: Reason,
+    /// Near the backend's edge in a cluster: the fleet-wide limit its slot is claimed against
+    /// before the request goes ([`Router::settle`]).
+    pub claim: Option<u32>,
 }
 
 /// What the config's entries say beyond the backends themselves: where bodies naming no model
@@ -324,6 +332,7 @@ impl Router {
                     guard,
                     prediction: None,
                     reason: Reason::Baseline,
+                    claim: None,
                 })
             })
             .ok_or_else(|| {
@@ -494,10 +503,14 @@ impl Router {
             notified.as_mut().enable();
             if let Some(round) = place.turn() {
                 match self.try_decide(ask, policy, true) {
-                    Ok(decision) => {
-                        place.served();
-                        return Ok(decision);
-                    }
+                    Ok(decision) => match self.claim(ask, decision).await {
+                        Some(decision) => {
+                            place.served();
+                            return Ok(decision);
+                        }
+                        // Another replica took the slot; the counts are fresh now.
+                        None => place.pass(round),
+                    },
                     Err(_) => place.pass(round),
                 }
             }
@@ -519,6 +532,69 @@ impl Router {
         }
     }
 
+    /// Settles a decision near its backend's edge with the other replicas
+    /// ([`crate::fleet::claim`]): its slot is claimed in Redis, and where another replica took
+    /// it first, the slot is let go and the request decided again on the fleet's fresh counts
+    /// (in its class's line, if nothing is feasible and the class queues). A decision without a
+    /// claim goes as it is.
+    pub async fn settle(
+        &self,
+        ask: &Ask<'_>,
+        decision: Decision,
+        share: Share,
+    ) -> Result<Decision, Error> {
+        let mut decision = decision;
+        for _ in 0..CLAIM_TRIES {
+            if let Some(settled) = self.claim(ask, decision).await {
+                return Ok(settled);
+            }
+            decision = match self.route(ask)? {
+                Some(next) => next,
+                None if !ask.avoid.is_empty() => {
+                    return Err(Error::new(
+                        ErrorKind::NoBackendAvailable,
+                        "no other backend can take the request now",
+                    ));
+                }
+                None => return self.wait_in_line(ask, share).await,
+            };
+        }
+        self.claim(ask, decision).await.ok_or_else(|| {
+            Error::new(
+                ErrorKind::NoBackendAvailable,
+                "other gateway replicas kept taking the slots this request was routed to; retry shortly",
+            )
+        })
+    }
+
+    /// The decision, once its slot is claimed where it needs to be (or the claim went
+    /// unanswered: the request goes on this replica's view); `None` when another replica had
+    /// taken the slot, and the decision is undone.
+    async fn claim(&self, ask: &Ask<'_>, decision: Decision) -> Option<Decision> {
+        let Some(limit) = decision.claim else {
+            return Some(decision);
+        };
+        if decision.backend.claim(limit).await == Claimed::Refused {
+            tracing::debug!(
+                backend = &*decision.backend.config.name,
+                limit,
+                "slot claimed by another replica first"
+            );
+            return None;
+        }
+        self.placed(ask, &decision.backend, decision.guard.expected());
+        Some(decision)
+    }
+
+    /// The request goes to `backend`, which should hold `cache` of its prompt: its prefix
+    /// index (and the peers') holds the whole prompt from now on.
+    fn placed(&self, ask: &Ask<'_>, backend: &Backend, cache: Hit) {
+        if let (Some(index), Some(prefix)) = (&backend.prefix, ask.prefix) {
+            index.routed(prefix, cache, ask.prompt_tokens, Instant::now());
+            backend.share_prefix(prefix);
+        }
+    }
+
     /// Takes a slot on candidate `c`, counting and logging the decision.
     fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
         let mut guard = InFlightGuard::try_admit(c.backend, ask.class)?;
@@ -528,9 +604,8 @@ impl Router {
         }
         self.count(ask, reason);
         guard.expect_prefill(ask.prompt_tokens, c.cache);
-        if let (Some(index), Some(prefix)) = (&c.backend.prefix, ask.prefix) {
-            index.routed(prefix, c.cache, ask.prompt_tokens, Instant::now());
-            c.backend.share_prefix(prefix);
+        if c.edge.is_none() {
+            self.placed(ask, c.backend, c.cache);
         }
         tracing::debug!(
             backend = &*c.backend.config.name,
@@ -546,6 +621,7 @@ impl Router {
             beyond_evidence = c.prediction.map(|p| p.beyond_evidence),
             keeps_others = c.keeps_others,
             cached_tokens = c.cache.cached_tokens,
+            edge = c.edge,
             "routed"
         );
         Some(Decision {
@@ -554,6 +630,7 @@ impl Router {
             guard,
             prediction: c.prediction,
             reason,
+            claim: c.edge,
         })
     }
 
