@@ -144,7 +144,9 @@ impl Router {
                         holds_prefix,
                         affinity,
                         ramping: false,
-                        edge: claims.then(|| edge(backend, joining, |_| true)).flatten(),
+                        edge: claims
+                            .then(|| edge(backend.config.max_concurrency, joining, |_| true))
+                            .flatten(),
                     };
                 }
                 let n = f64::from(joining);
@@ -163,7 +165,7 @@ impl Router {
                 };
                 let edge = claims
                     .then(|| {
-                        edge(backend, joining, |m| {
+                        edge(backend.config.max_concurrency, joining, |m| {
                             let at = f64::from(m);
                             if batch {
                                 return self.leaves_room(&predictor, at + 1.0);
@@ -253,12 +255,12 @@ impl Router {
     }
 }
 
-/// The most requests the fleet may have on `backend` with this one among them (`joining` in
+/// The most requests the fleet may have on a backend with this one among them (`joining` in
 /// this replica's view), when fewer than [`EDGE`] fit from `joining` on: the last count that
-/// `fits` the request and its `max_concurrency`. `None` far from the edge; where the request
+/// `fits` the request and the backend's `max_concurrency`. `None` far from the edge; where the request
 /// does not fit even now (best effort, exploration), only the hard limit binds it.
-fn edge(backend: &Backend, joining: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
-    let cap = backend.config.max_concurrency.unwrap_or(u32::MAX);
+fn edge(max_concurrency: Option<u32>, joining: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
+    let cap = max_concurrency.unwrap_or(u32::MAX);
     let near = joining.saturating_add(EDGE - 1);
     let last = (joining..=near)
         .take_while(|&m| m <= cap && fits(m))
@@ -319,5 +321,28 @@ impl Predictor<'_> {
             }
             Self::Oracle(oracle, index) => oracle.as_ref()?.predict(*index, concurrency),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_claimed_only_when_fewer_than_three_requests_would_still_fit() {
+        let knee_at = |k: u32| move |m: u32| m <= k;
+        // Far from the knee and the limit: nothing to claim.
+        assert_eq!(edge(None, 1, knee_at(10)), None);
+        assert_eq!(edge(Some(10), 8, knee_at(100)), None);
+        // Within three of the knee: the limit is the knee.
+        assert_eq!(edge(None, 9, knee_at(10)), Some(10));
+        assert_eq!(edge(None, 1, knee_at(1)), Some(1), "a serial backend");
+        // Within three of `max_concurrency`, whichever comes first.
+        assert_eq!(edge(Some(3), 1, knee_at(100)), None, "three fit: 1, 2, 3");
+        assert_eq!(edge(Some(3), 2, knee_at(100)), Some(3));
+        assert_eq!(edge(Some(9), 8, knee_at(8)), Some(8));
+        // A request that does not fit even now (best effort) is bound by the limit alone.
+        assert_eq!(edge(Some(4), 3, knee_at(1)), Some(4));
+        assert_eq!(edge(None, 3, knee_at(1)), None);
     }
 }
