@@ -886,7 +886,12 @@ impl Sync {
                     }
                     load.area += area.offset;
                     area.given = load.area;
-                    backend.occupancy.set_peers(now, load);
+                    if backend.occupancy.set_peers(now, load) {
+                        // Room freed by a peer: this replica's line looks at once, and a
+                        // request taking the room near the edge claims it, so that the lines
+                        // of every replica do not all take the same slot.
+                        backend.room_grew();
+                    }
                     load
                 }
                 None => {

@@ -789,10 +789,13 @@ mod tests {
         };
         curve.first_token(&slow_at_nine(t0));
         assert!(curve.model().unwrap().predict(9.0, 64).ttft_p90_s >= 1.5);
+        // And for the levels above it, which nobody has tried: no sooner there.
+        assert!(curve.model().unwrap().predict(12.0, 64).ttft_p50_s >= 1.5);
         // Two half-lives later, one old sample no longer speaks for the level.
         let later = t0 + Duration::from_secs(120);
         let p = curve.predict(9.0, 64, later).unwrap();
         assert!(p.ttft_p90_s < 0.5, "{p:?}");
+        assert!(curve.predict(12.0, 64, later).unwrap().ttft_p90_s < 0.5);
     }
 
     #[test]

@@ -333,10 +333,22 @@ fn prompts_spread(xx: &[[f64; 3]; 3]) -> bool {
 
 /// Running maxima of the trusted TTFT buckets' queue quantiles, from the lowest occupancy up.
 fn floors(starts: &[Option<TtftSummary>; TTFT_LEVELS.len()]) -> [(f64, f64); TTFT_LEVELS.len()] {
+    // Past the last level with full evidence, a recent first token on its own is believed
+    // for every level above it too: beyond it the fit, drawn through the levels below, cannot
+    // bend at a batch limit, and a request routed on it to a level nobody has tried yet (a
+    // replica's view a round old, exploration) finds the queue the sparse one found.
+    let evidenced = starts
+        .iter()
+        .rposition(|s| s.is_some_and(|s| s.weight >= MIN_BUCKET_WEIGHT));
     let mut floors = [(0.0, 0.0); TTFT_LEVELS.len()];
     let mut floor = (0.0_f64, 0.0_f64);
-    for (out, start) in floors.iter_mut().zip(starts) {
-        if let Some(s) = start.filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+    for (level, (out, start)) in floors.iter_mut().zip(starts).enumerate() {
+        let believed = if evidenced.is_none_or(|e| level > e) {
+            SPARSE_TTFT_WEIGHT
+        } else {
+            MIN_BUCKET_WEIGHT
+        };
+        if let Some(s) = start.filter(|s| s.weight >= believed) {
             floor = (floor.0.max(s.queue_p50), floor.1.max(s.queue_p90));
         }
         *out = floor;

@@ -306,12 +306,15 @@ impl Occupancy {
     }
 
     /// The peers' load as of `now`; their count is carried forward from here until the next.
-    pub fn set_peers(&self, now: Instant, load: PeerLoad) {
+    /// Whether they hold fewer requests than before (room freed elsewhere).
+    pub fn set_peers(&self, now: Instant, load: PeerLoad) -> bool {
         let at = self.since_epoch(now);
         self.update(now, |s| {
+            let fewer = load.count < s.peers.count;
             s.peers = load;
             s.peers_at = at;
-        });
+            fewer
+        })
     }
 }
 
@@ -364,7 +367,7 @@ mod tests {
         occ.try_admit(at(0), u32::MAX);
         // Peers: 3 in flight, their integrals summing to 10 request-seconds, one of them
         // waiting for its first token for 0.5 s.
-        occ.set_peers(
+        let fewer = occ.set_peers(
             at(0),
             PeerLoad {
                 count: 3,
@@ -373,6 +376,7 @@ mod tests {
                 waiting_age_s: 0.5,
             },
         );
+        assert!(!fewer, "the peers hold more than before");
         let start = occ.read(at(0));
         assert_eq!((occ.count(), occ.local_count()), (4, 1));
         assert_eq!(
@@ -389,7 +393,7 @@ mod tests {
         // average, not the 3 carried forward) and have 2 in flight now.
         let carried = occ.read(at(200));
         assert!((carried.area - start.area - (0.6 + 2.0 * 0.2)).abs() < 1e-9);
-        occ.set_peers(
+        let fewer = occ.set_peers(
             at(200),
             PeerLoad {
                 count: 2,
@@ -397,6 +401,10 @@ mod tests {
                 waiting: 0,
                 waiting_age_s: 0.0,
             },
+        );
+        assert!(
+            fewer,
+            "a peer's request ended: room for this replica's line"
         );
         let end = occ.read(at(400));
         // Over 400 ms: this replica 2 in flight (0.8), the peers 0.9 then 2 x 0.2 (1.3).

@@ -242,8 +242,9 @@ impl Backend {
         self.line.released();
     }
 
-    /// It may take more requests than before (its ramp grew): requests waiting in line look.
-    pub(super) fn room_grew(&self) {
+    /// It may take more requests than before (its ramp grew, or another replica's requests
+    /// there ended): requests waiting in line look.
+    pub fn room_grew(&self) {
         self.line.released();
     }
 
