@@ -40,7 +40,15 @@ struct State {
     peers: PeerLoad,
     /// When it was set, seconds after `epoch`.
     peers_at: f64,
+    /// Readings of the peers' load so far; the last [`RECENT`] of their counts, by number.
+    readings: u64,
+    recent: [(u64, u32); RECENT],
 }
+
+/// The peers' counts kept, reading by reading: about three seconds of rounds (fewer with
+/// claims between them); a first token later than that learns nothing of requests it did not
+/// see.
+const RECENT: usize = 64;
 
 /// The load the other replicas put on a backend, as their last publications say.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -79,9 +87,9 @@ pub struct Admitted {
     pub queued_behind: u32,
     /// Of `in_flight`, the other replicas' (as of their last round).
     pub peers: u32,
-    /// Their integral then, request-seconds: set against its growth until the first token, it
-    /// shows requests the peers had admitted and not yet stated.
-    pub peers_area: f64,
+    /// The number of that reading of their load: the next one shows what they had admitted
+    /// and not yet stated.
+    pub reading: u64,
 }
 
 /// A reading of the integral.
@@ -164,6 +172,8 @@ impl Occupancy {
                 waiting_since: 0.0,
                 peers: PeerLoad::default(),
                 peers_at: 0.0,
+                readings: 0,
+                recent: [(0, 0); RECENT],
             }),
             epoch: now,
         }
@@ -199,7 +209,7 @@ impl Occupancy {
                     in_flight: s.fleet_count(),
                     queued_behind,
                     peers: s.peers.count,
-                    peers_area: s.peers_area(at),
+                    reading: s.readings,
                 }
             })
         })
@@ -215,11 +225,13 @@ impl Occupancy {
     /// The first token of the request admitted at `admitted`, where it found `found`, came at
     /// `now`: it stops waiting, and the integral is read for its experienced concurrency (one
     /// lock for both). Also how many others still wait for theirs, fleet-wide, and how many
-    /// requests it found in flight that it could not see: those the peers had in flight on
-    /// average during its wait beyond the ones it saw at admission, another replica's
-    /// admissions not yet stated at its last round (a race for the last slot: the loser waits
-    /// a whole request at an occupancy that does not show it, and its TTFT belongs to the
-    /// occupancy it really found).
+    /// requests it found in flight that it could not see: another replica's admissions not
+    /// yet stated at its last round (a race for the last slot: the loser waits a whole request
+    /// at an occupancy that does not show it, and its TTFT belongs to the occupancy it really
+    /// found), which the peers' next reading after its admission shows. Not their mean over
+    /// its whole wait: that counts the requests admitted after it too (behind it, in an
+    /// engine's queue), and a slow first token learned at an occupancy that high leaves the
+    /// levels where it was really admitted looking clean.
     pub fn first_token(
         &self,
         admitted: Instant,
@@ -230,11 +242,11 @@ impl Occupancy {
         let at = self.since_epoch(now);
         self.update(now, |s| {
             s.unwait(since);
-            let unseen = if at > since {
-                let mean = (s.peers_area(at) - found.peers_area) / (at - since);
-                (mean - f64::from(found.peers)).round().max(0.0) as u32
-            } else {
-                0
+            let next = found.reading + 1;
+            let unseen = match s.recent[(next % RECENT as u64) as usize] {
+                (n, count) if n == next => count.saturating_sub(found.peers),
+                // No reading since its admission, or one too old to be kept.
+                _ => 0,
             };
             (
                 s.reading(now, at),
@@ -313,6 +325,8 @@ impl Occupancy {
             let fewer = load.count < s.peers.count;
             s.peers = load;
             s.peers_at = at;
+            s.readings += 1;
+            s.recent[(s.readings % RECENT as u64) as usize] = (s.readings, load.count);
             fewer
         })
     }
@@ -440,5 +454,15 @@ mod tests {
         let alone = occ.try_admit(at(1300), 2).unwrap();
         let (_, _, unseen) = occ.first_token(at(1300), &alone, at(1340));
         assert_eq!(unseen, 0);
+        // Requests the peers admit after it queue behind it: a long wait while they pile up
+        // does not move the occupancy it found.
+        occ.set_peers(at(1400), peers(2, 1.3));
+        let early = occ.try_admit(at(1410), 10).unwrap();
+        assert_eq!(early.peers, 2);
+        occ.set_peers(at(1450), peers(2, 1.4));
+        occ.set_peers(at(1500), peers(5, 1.6));
+        occ.set_peers(at(2500), peers(6, 7.0));
+        let (_, _, unseen) = occ.first_token(at(1410), &early, at(2500));
+        assert_eq!(unseen, 0, "nobody it did not see was ahead of it");
     }
 }
