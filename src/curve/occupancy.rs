@@ -45,9 +45,9 @@ struct State {
     recent: [(u64, u32); RECENT],
 }
 
-/// The peers' counts kept, reading by reading: about three seconds of rounds (fewer with
-/// claims between them); a first token later than that learns nothing of requests it did not
-/// see.
+/// The peers' counts kept, reading by reading: about three seconds of rounds at the default
+/// 50-ms interval (less with claims between them); a first token later than that learns
+/// nothing of requests it did not see.
 const RECENT: usize = 64;
 
 /// The load the other replicas put on a backend, as their last publications say.
