@@ -51,9 +51,6 @@ pub struct Candidate<'r> {
     /// Its ramp ([`crate::fleet::ramp`]) allows the request in flight where its curve has no
     /// evidence (never observed, or beyond twice the concurrency seen).
     pub ramping: bool,
-    /// Near its edge, in a cluster with peers: the most requests the fleet may have there with
-    /// this one among them, claimed in Redis before the request goes ([`crate::fleet::claim`]).
-    pub edge: Option<u32>,
 }
 
 impl Candidate<'_> {
@@ -129,7 +126,6 @@ impl Router {
                     ..hit
                 };
                 let affinity = key.map(|k| crate::prefix::rendezvous(k, backend.rendezvous_seed));
-                let claims = backend.claims_slots();
                 if !predicts {
                     return Candidate {
                         index,
@@ -144,9 +140,6 @@ impl Router {
                         holds_prefix,
                         affinity,
                         ramping: false,
-                        edge: claims
-                            .then(|| edge(backend.config.max_concurrency, joining, |_| true))
-                            .flatten(),
                     };
                 }
                 let n = f64::from(joining);
@@ -163,24 +156,6 @@ impl Router {
                 let system = |c: f64, p: &Prediction| {
                     c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
                 };
-                let edge = claims
-                    .then(|| {
-                        edge(backend.config.max_concurrency, joining, |m| {
-                            let at = f64::from(m);
-                            if batch {
-                                return self.leaves_room(&predictor, at + 1.0);
-                            }
-                            match predictor.at(at) {
-                                Some(p) => {
-                                    (!p.beyond_evidence || backend.ramp.allows(m))
-                                        && slo.slack(&p) >= 0.0
-                                        && self.keeps_others(backend, &p)
-                                }
-                                None => m == 1 || backend.ramp.allows(m),
-                            }
-                        })
-                    })
-                    .flatten();
                 let before = if batch && joining > 1 {
                     predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
                 } else {
@@ -203,10 +178,41 @@ impl Router {
                     holds_prefix,
                     affinity,
                     ramping: backend.ramp.allows(joining),
-                    edge,
                 }
             })
             .collect()
+    }
+
+    /// Near candidate `c`'s edge, in a cluster with peers: the most requests the fleet may have
+    /// there with this one among them, claimed in Redis before the request goes
+    /// ([`crate::fleet::claim`]). Asked of the chosen candidate only: a few predictions more.
+    pub(super) fn edge_of(&self, ask: &Ask<'_>, c: &Candidate<'_>, policy: Policy) -> Option<u32> {
+        let backend = c.backend;
+        if !backend.claims_slots() {
+            return None;
+        }
+        let cap = backend.config.max_concurrency;
+        if choose::is_baseline(policy) {
+            return edge(cap, c.joining, |_| true);
+        }
+        let now = Instant::now();
+        let slo = ask.slo_at(now);
+        let predictor = self.predictor(c.index, backend, ask, policy, now, c.cache.cached_tokens);
+        let batch = policy == Policy::Throughput || ask.slo.is_batch();
+        edge(cap, c.joining, |m| {
+            let at = f64::from(m);
+            if batch {
+                return self.leaves_room(&predictor, at + 1.0);
+            }
+            match predictor.at(at) {
+                Some(p) => {
+                    (!p.beyond_evidence || backend.ramp.allows(m))
+                        && slo.slack(&p) >= 0.0
+                        && self.keeps_others(backend, &p)
+                }
+                None => m == 1 || backend.ramp.allows(m),
+            }
+        })
     }
 
     /// Where `backend`'s predictions come from for `ask`, which should find `cached_tokens` of

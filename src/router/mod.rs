@@ -604,7 +604,8 @@ impl Router {
         }
         self.count(ask, reason);
         guard.expect_prefill(ask.prompt_tokens, c.cache);
-        if c.edge.is_none() {
+        let edge = self.edge_of(ask, c, self.policy(ask));
+        if edge.is_none() {
             self.placed(ask, c.backend, c.cache);
         }
         tracing::debug!(
@@ -621,7 +622,7 @@ impl Router {
             beyond_evidence = c.prediction.map(|p| p.beyond_evidence),
             keeps_others = c.keeps_others,
             cached_tokens = c.cache.cached_tokens,
-            edge = c.edge,
+            edge,
             "routed"
         );
         Some(Decision {
@@ -630,7 +631,7 @@ impl Router {
             guard,
             prediction: c.prediction,
             reason,
-            claim: c.edge,
+            claim: edge,
         })
     }
 
