@@ -35,7 +35,7 @@ use crate::curve::{LocalLoad, PeerLoad};
 /// answers `{'resend'}` when it finds no part: its lease ran out, or Redis lost it); `claim`
 /// is `changes` on a condition (ARGV[6] a field, ARGV[7] a limit, the pairs after them): that
 /// the field's sum, with this statement, stays within the limit, else nothing is stated and
-/// the answer is `{'refused', sum}` (a slot at a backend's edge, [`crate::fleet::claim`]);
+/// the answer is `{'refused'}` (a slot at a backend's edge, [`crate::fleet::claim`]);
 /// `leave` takes the part out; `retire` takes out another replica's part (ARGV[1] its id,
 /// KEYS[3] its part) if its lease has indeed run out (each in its own call, so that every key
 /// a call touches is named in it, as Redis Cluster requires). The sums are read with a plain
@@ -95,7 +95,7 @@ if mode == 'claim' then
     if ARGV[i] == f then now_mine = tonumber(ARGV[i + 1]) end
   end
   local sum = tonumber(redis.call('HGET', sums, f) or '0') - had + now_mine
-  if sum > limit then return {'refused', fmt(sum)} end
+  if sum > limit then return {'refused'} end
 end
 if mode == 'full' and stored then
   local stated = {}

@@ -16,9 +16,10 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 /// A request claims its slot in Redis when fewer than this many requests, itself included,
-/// would still meet its SLO on the backend: the peers' admissions not yet stated (a round's
-/// worth, a fraction of a request per interval at the rates where knees matter) stay below it,
-/// so a request routed without a claim does not take a slot a claim counts on.
+/// would still meet its SLO on the backend. Requests routed further from the edge go without
+/// a claim and are stated at their replica's next round: at the rates where knees matter the
+/// peers admit a fraction of a request per interval, so they seldom reach a slot a claim
+/// counts on (the bound when they do: docs/gateway.md, "Several replicas").
 pub const EDGE: u32 = 3;
 
 /// Claims queued for the sync task before a new one goes unasked.
@@ -29,7 +30,8 @@ const QUEUED: usize = 1024;
 pub enum Claimed {
     /// Stated: the fleet counts the request there.
     Granted,
-    /// The fleet already has `limit` or more there; the replica's view of it is fresh now.
+    /// The fleet, with this request, would pass the limit there; the replica's view of it is
+    /// fresh now.
     Refused,
     /// No answer in time (Redis away or slow, no peers' picture yet): the request goes on the
     /// replica's own view, as it would without a cluster.
