@@ -132,7 +132,7 @@ impl Model {
             },
             buckets,
             starts,
-            floors: floors(&starts),
+            floors: floors(&starts, mean_duration_s),
             speed_seen,
             ttft_seen,
             mean_duration_s,
@@ -331,8 +331,18 @@ fn prompts_spread(xx: &[[f64; 3]; 3]) -> bool {
     spread >= MIN_PROMPT_SPREAD_TOKENS && spread >= MIN_PROMPT_SPREAD_SHARE * mean_p
 }
 
-/// Running maxima of the trusted TTFT buckets' queue quantiles, from the lowest occupancy up.
-fn floors(starts: &[Option<TtftSummary>; TTFT_LEVELS.len()]) -> [(f64, f64); TTFT_LEVELS.len()] {
+/// Per request ahead, the least a first token's queue must grow by, as a share of how long a
+/// request holds its slot, before the growth is taken for a queue and carried on to the levels
+/// above: a batch of 16 or fewer turning over. Jitter on a flat TTFT (a hosted API's) grows
+/// less than that, and a wide batch's queue is seen at its own levels long before it matters.
+const QUEUE_GROWTH_SHARE: f64 = 1.0 / 16.0;
+
+/// Running maxima of the trusted TTFT buckets' queue quantiles, from the lowest occupancy up,
+/// and past the last trusted one, a queue's growth carried on.
+fn floors(
+    starts: &[Option<TtftSummary>; TTFT_LEVELS.len()],
+    mean_duration_s: f64,
+) -> [(f64, f64); TTFT_LEVELS.len()] {
     // Past the last level with full evidence, a recent first token on its own is believed
     // for every level above it too: beyond it the fit, drawn through the levels below, cannot
     // bend at a batch limit, and a request routed on it to a level nobody has tried yet (a
@@ -340,16 +350,41 @@ fn floors(starts: &[Option<TtftSummary>; TTFT_LEVELS.len()]) -> [(f64, f64); TTF
     let evidenced = starts
         .iter()
         .rposition(|s| s.is_some_and(|s| s.weight >= MIN_BUCKET_WEIGHT));
+    let queue_growth = QUEUE_GROWTH_SHARE * mean_duration_s;
     let mut floors = [(0.0, 0.0); TTFT_LEVELS.len()];
     let mut floor = (0.0_f64, 0.0_f64);
+    let mut below = 0.0;
+    // The last believed level (occupancy, queue p50) and the steepest growth of the queue per
+    // request seen between believed levels: trusted ones, and past them sparse ones.
+    let mut last: Option<(f64, f64)> = None;
+    let mut growth = 0.0_f64;
     for (level, (out, start)) in floors.iter_mut().zip(starts).enumerate() {
-        let believed = if evidenced.is_none_or(|e| level > e) {
+        let sparse = evidenced.is_none_or(|e| level > e);
+        let occupancy = f64::from(TTFT_LEVELS[level]);
+        // Once a queue has formed past a batch limit, each request ahead costs about what the
+        // last did (a slot turning over), never less: carried on from the level below, it
+        // reaches levels that hold one lucky first token, or none.
+        if sparse {
+            let ahead = growth * (occupancy - below);
+            floor = (floor.0 + ahead, floor.1 + ahead);
+        }
+        below = occupancy;
+        let believed = if sparse {
             SPARSE_TTFT_WEIGHT
         } else {
             MIN_BUCKET_WEIGHT
         };
         if let Some(s) = start.filter(|s| s.weight >= believed) {
+            if let Some((at, p50)) = last
+                && s.mean_admitted > at
+            {
+                let step = (s.queue_p50 - p50) / (s.mean_admitted - at);
+                if step >= queue_growth {
+                    growth = growth.max(step);
+                }
+            }
             floor = (floor.0.max(s.queue_p50), floor.1.max(s.queue_p90));
+            last = Some((s.mean_admitted, s.queue_p50));
         }
         *out = floor;
     }

@@ -582,6 +582,7 @@ impl Router {
             );
             return None;
         }
+        self.count(ask, decision.reason);
         self.placed(ask, &decision.backend, decision.guard.expected());
         Some(decision)
     }
@@ -602,10 +603,11 @@ impl Router {
             let slo = ask.slo_at(Instant::now());
             guard.probe(slo.max_ttft_s, slo.min_tps);
         }
-        self.count(ask, reason);
         guard.expect_prefill(ask.prompt_tokens, c.cache);
         let edge = self.edge_of(ask, c, self.policy(ask));
+        // A decision at the edge counts once its claim is settled: a refused one never went.
         if edge.is_none() {
+            self.count(ask, reason);
             self.placed(ask, c.backend, c.cache);
         }
         tracing::debug!(
