@@ -600,23 +600,4 @@ async fn two_replicas_never_both_take_a_serial_backends_one_slot_for_the_slo() {
     // The other's claim was refused, and decided again on the fleet's count the refusal
     // brought: nothing meets the SLO, and its class sheds.
     assert_eq!(refused, &(429, json!("slo_unmet")));
-    // A refused claim is no decision: the fleet counts one request placed and one shed.
-    let mut placed = 0;
-    let mut shed = 0;
-    for admin in [a.admin_addr(), b.admin_addr()] {
-        let page = support::exchange(admin, Method::GET, "/metrics", None).await;
-        for line in String::from_utf8(page.body()).unwrap().lines() {
-            if let Some(rest) = line.strip_prefix("tpsgate_route_decisions_total{")
-                && let Some((labels, value)) = rest.split_once("} ")
-            {
-                let n: u64 = value.parse().unwrap();
-                if labels.contains("reason=\"shed\"") {
-                    shed += n;
-                } else {
-                    placed += n;
-                }
-            }
-        }
-    }
-    assert_eq!((placed, shed), (1, 1));
 }
