@@ -77,14 +77,20 @@ impl Sync {
             lease_ms: u64::try_from(lease(self.interval).as_millis()).unwrap_or(u64::MAX),
         };
         let call = round::claim(conn, &self.keys, &self.script, part, &conditions);
+        // Without an answer, whether Redis took the statements is not known: the next
+        // statement is whole.
         let (replies, sums) = match tokio::time::timeout(self.round_timeout(), call).await {
             Ok(Ok(answered)) => answered,
             Ok(Err(_)) => {
                 // Redis may have restarted without the script; the next round says why.
                 self.loaded = false;
+                self.standing.mine.lost();
                 return None;
             }
-            Err(_) => return None,
+            Err(_) => {
+                self.standing.mine.lost();
+                return None;
+            }
         };
         let answers = replies
             .iter()

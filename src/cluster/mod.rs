@@ -403,8 +403,17 @@ impl Sync {
                             .last_round = Some(started.elapsed());
                         self.sync_keys(c).await;
                     }
-                    Ok(Err(e)) => self.failed(&e.to_string()),
-                    Err(_) => self.failed("no answer within the round trip's time limit"),
+                    // Whether Redis took the statement is not known (a paused or slow Redis
+                    // runs it after the answer was given up on): the next one is whole, or a
+                    // level it raised and that came back down here would stay in the sums.
+                    Ok(Err(e)) => {
+                        self.standing.mine.lost();
+                        self.failed(&e.to_string());
+                    }
+                    Err(_) => {
+                        self.standing.mine.lost();
+                        self.failed("no answer within the round trip's time limit");
+                    }
                 }
             }
             self.share_peers();

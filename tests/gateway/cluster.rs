@@ -373,6 +373,42 @@ async fn sums_of(redis: &Redis, kind: char) -> std::collections::BTreeMap<String
         .collect()
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_redis_runs_after_the_replica_gave_up_on_it_is_made_good() {
+    let redis = Redis::start().await;
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
+    let a = support::gateway(&config(sim, "", &redis)).await;
+    replicas_become(a.admin_addr(), 1, Duration::from_secs(5)).await;
+    let first = support::open_stream(a.addr(), "m", 5000).await;
+    let stated = |n: i64| std::collections::BTreeMap::from([("/sim".to_owned(), n)]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while sums_of(&redis, 'n').await != stated(1) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(sums_of(&redis, 'n').await, stated(1));
+    // Redis stalls for 450 ms (a fork, a starved core): longer than a round may take (250 ms),
+    // shorter than the replica's lease (500 ms). The request ends as the stall begins, so the
+    // round stalled states 0 and is given up on; another request starts before the next
+    // round, which then sees 1 again, as last acknowledged, and states nothing; Redis runs
+    // the stalled 0 when the stall ends. Before, the sums kept that 0 for as long as this
+    // replica's count stayed 1: the fleet saw an idle backend that had a request.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(450)
+        .arg("ALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = support::open_stream(a.addr(), "m", 5000).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(sums_of(&redis, 'n').await, stated(1));
+    drop(second);
+}
+
 /// A `tpsgate serve` process in the cluster of `redis`, in front of `sim`; named `id` when
 /// given.
 async fn replica_process(
