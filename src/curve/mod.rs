@@ -964,12 +964,7 @@ mod tests {
         // A batch of 6 full and 3 more waiting: the 10th waits for 4 slots to turn over, 1.2 s
         // mostly, 0.5 s when they happen to end together.
         let t0 = Instant::now();
-        let mut curve = Curve::new(60.0);
-        for n in 1..=6u32 {
-            for _ in 0..10 {
-                learn(&mut curve, &observation(t0, f64::from(n), 64, 1.0));
-            }
-        }
+        let mut curve = trusted_then_sparse(t0, 6, 0.02, &[]);
         let at_ten = |ms: u64, ttft| FirstToken {
             at: t0 + Duration::from_millis(ms),
             ttft,
