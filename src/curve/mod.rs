@@ -863,7 +863,7 @@ mod tests {
         }
         let model = curve.model().unwrap();
         assert!(model.predict(8.0, 64).ttft_p90_s < 0.6);
-        // Not 500 ms at 14 (the highest level's, as before): a slot's turnover per request.
+        // Not 500 ms, the highest level's, as before: two more slots to wait for than at 8.
         let at_ten = model.predict(10.0, 64).ttft_p50_s;
         assert!(at_ten >= 0.99, "{at_ten}");
     }

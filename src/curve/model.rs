@@ -57,7 +57,9 @@ pub struct Model {
     starts: [Option<TtftSummary>; TTFT_LEVELS.len()],
     /// Per TTFT bucket, the highest queue p50 and p90 (TTFT less the own prefill) of the
     /// trusted buckets at or below it: more requests ahead never bring the first token sooner,
-    /// so a prediction never goes below them (plus its own prompt's prefill).
+    /// so a prediction never goes below them (plus its own prompt's prefill). Past the last
+    /// trusted bucket, sparse ones count too, and a queue's growth per request is carried on
+    /// ([`floors`]).
     floors: [(f64, f64); TTFT_LEVELS.len()],
     /// Highest experienced concurrency among speed buckets holding at least one sample's weight.
     pub speed_seen: f64,
