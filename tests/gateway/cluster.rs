@@ -622,13 +622,27 @@ async fn two_replicas_never_both_take_a_serial_backends_one_slot_for_the_slo() {
     // request, and only the claim stands between them and the same slot.
     let yaml = format!("{classes}{}", config(sim, prior, &redis))
         .replace("sync_interval_ms: 20", "sync_interval_ms: 2000");
-    let a = support::gateway(&yaml).await;
-    let b = support::gateway(&yaml).await;
-    for admin in [a.admin_addr(), b.admin_addr()] {
+    // Processes, not in-process gateways: each has a metrics registry of its own.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        format!("listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\n{yaml}"),
+    )
+    .unwrap();
+    let spawn = || {
+        let mut command = support::tpsgate();
+        command
+            .args(["serve", "--config"])
+            .arg(file.path())
+            .stderr(std::process::Stdio::null());
+        support::spawn_listening(command)
+    };
+    let (a, b) = (spawn().await, spawn().await);
+    let admins = [support::admin_of(&a), support::admin_of(&b)];
+    for admin in admins {
         replicas_become(admin, 2, Duration::from_secs(10)).await;
     }
-    let (through_a, through_b) =
-        tokio::join!(stream_or_refusal(a.addr()), stream_or_refusal(b.addr()));
+    let (through_a, through_b) = tokio::join!(stream_or_refusal(a.addr), stream_or_refusal(b.addr));
     let answers = [&through_a, &through_b];
     let served = answers.iter().filter(|r| r.is_ok()).count();
     assert_eq!(served, 1, "one replica takes the slot");
@@ -636,4 +650,22 @@ async fn two_replicas_never_both_take_a_serial_backends_one_slot_for_the_slo() {
     // The other's claim was refused, and decided again on the fleet's count the refusal
     // brought: nothing meets the SLO, and its class sheds.
     assert_eq!(refused, &(429, json!("slo_unmet")));
+    // A refused claim is no decision: the fleet counts one request placed and one shed.
+    let (mut placed, mut shed) = (0, 0);
+    for admin in admins {
+        let page = support::exchange(admin, Method::GET, "/metrics", None).await;
+        for line in String::from_utf8(page.body()).unwrap().lines() {
+            if let Some(rest) = line.strip_prefix("tpsgate_route_decisions_total{")
+                && let Some((labels, value)) = rest.split_once("} ")
+            {
+                let n: u64 = value.parse().unwrap();
+                if labels.contains("reason=\"shed\"") {
+                    shed += n;
+                } else {
+                    placed += n;
+                }
+            }
+        }
+    }
+    assert_eq!((placed, shed), (1, 1));
 }
