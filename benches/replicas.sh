@@ -17,10 +17,16 @@
 # (knees that are sharp: small batches, a serial backend, a hosted one with a fixed TTFT near the
 # SLO) and writes its table between the replicas-sharp markers.
 #
-# SYNC_MS sets `cluster.sync_interval_ms` (default 50, the default).
+# `one-as-eight` is one gateway taking the very arrivals of `eight` (the eight clients' streams,
+# same shares and seeds, all sent to it): eight replicas against one gateway on the same
+# traffic, stream by stream, without the luck of two different arrival draws.
 #
-# Usage: [BIN=path] [FLEET=sim|sharp] [SYNC_MS=50] benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
-#   setups: one, four, four-cluster, eight, eight-cluster (default: these five), and the -cold ones
+# SYNC_MS sets `cluster.sync_interval_ms` (default 50, the default). FIRST_RUN (default 1) numbers
+# the runs from there: run N uses the same seeds whatever the build, so more runs are new draws.
+#
+# Usage: [BIN=path] [FLEET=sim|sharp] [SYNC_MS=50] [FIRST_RUN=1] benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
+#   setups: one, four, four-cluster, eight, eight-cluster (default: these five), one-as-eight,
+#   and the -cold ones
 # Needs ports 8181-8188, 9191-9198, 9101-9104 and 6399 free; installs redis-server with apt
 # when missing. About 3 minutes per setup per run.
 set -euo pipefail
@@ -49,11 +55,20 @@ fi
 source benches/procs.sh
 trap 'stop; kill "${redis_pid:-}" 2>/dev/null || true' EXIT
 
-split() { # setup: the replicas' shares, in percent
+split() { # setup: the replicas' shares (the clients' streams), in percent
   case $1 in
+    one-as-eight*) echo 30 20 15 10 10 5 5 5 ;;
     one*) echo 100 ;;
     four*) echo 40 30 20 10 ;;
     eight*) echo 30 20 15 10 10 5 5 5 ;;
+  esac
+}
+
+gateways() { # setup: how many gateways the streams go to
+  case $1 in
+    one*) echo 1 ;;
+    four*) echo 4 ;;
+    eight*) echo 8 ;;
   esac
 }
 
@@ -65,7 +80,7 @@ level() { # setup run rate seconds seed shares...
     i=$((i + 1))
     local r
     r=$(python3 -c "print(round($rate * $share / 100, 4))")
-    "$bin" bench --url "http://127.0.0.1:$((8180 + i))" --model llama-3.1-8b --prompt-tokens 64 \
+    "$bin" bench --url "http://127.0.0.1:$((8180 + (i - 1) % gws + 1))" --model llama-3.1-8b --prompt-tokens 64 \
       --max-tokens 64 --slo-tps 25 --slo-ttft-ms 1000 --timeout 30 --rate "$r" \
       --duration "$seconds" --seed "$((seed * 100 + i))" --json 2>/dev/null |
       sed "s/^/{\"setup\":\"$setup\",\"run\":$run,\"total_rate\":$rate,\"replica\":$i,\"share\":$share,\"r\":/; s/$/}/" \
@@ -79,11 +94,13 @@ level() { # setup run rate seconds seed shares...
 
 redis-server --port 6399 --bind 127.0.0.1 --save '' --appendonly no >"$out/redis.log" 2>&1 &
 redis_pid=$!
-for run in $(seq "$runs"); do
+first=${FIRST_RUN:-1}
+for run in $(seq "$first" "$((first + runs - 1))"); do
   for setup in $setups; do
     "$bin" sim --config "$sim_config" >/dev/null 2>&1 & pids+=($!)
     read -r -a shares <<<"$(split "$setup")"
-    for i in $(seq ${#shares[@]}); do
+    gws=$(gateways "$setup")
+    for i in $(seq "$gws"); do
       {
         sed "s/127.0.0.1:8180/127.0.0.1:$((8180 + i))/; s/127.0.0.1:9190/127.0.0.1:$((9190 + i))/" \
           "$gateway_config"
