@@ -15,7 +15,15 @@
 //! of its TTFT budget left, and where it fits nowhere a newer one may still fit. Each turn wakes
 //! only the request whose turn it is.
 //!
-//! Releasing a slot is on the per-request path, so it costs one atomic load when nobody waits.
+//! In a cluster the line is one of the fleet's: each replica states how many of its requests
+//! wait per class, and reads the others' ([`Line::set_peers_waiting`]). While any replica's
+//! requests wait, a fresh arrival anywhere queues behind them (it is tried with the line's
+//! reserve, as one waiting here would be), and a slot freed here is told to the others at
+//! once ([`Line::freed_for_peers`]) rather than at the next round: a slot left idle for an
+//! interval while requests wait elsewhere is capacity the fleet loses exactly when it has none
+//! to spare.
+//!
+//! Releasing a slot is on the per-request path, so it costs two atomic loads when nobody waits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -55,6 +63,12 @@ pub struct Line {
     classes: Mutex<Vec<ClassLine>>,
     /// Waiting per class, read without the lock.
     per_class: Box<[AtomicUsize]>,
+    /// Waiting per class in the other replicas' lines, as last read.
+    peers: Box<[AtomicUsize]>,
+    /// Their sum.
+    peers_total: AtomicUsize,
+    /// Told when a slot frees here while requests wait in other replicas' lines.
+    freed_for_peers: Notify,
 }
 
 /// A waiting request's place in the fair order: (virtual finish, ticket).
@@ -104,6 +118,9 @@ impl Line {
             round: AtomicU64::new(1),
             classes: Mutex::new(vec![ClassLine::default(); classes]),
             per_class: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
+            peers: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
+            peers_total: AtomicUsize::new(0),
+            freed_for_peers: Notify::new(),
         }
     }
 
@@ -120,8 +137,50 @@ impl Line {
             .map_or(0, |n| n.load(Ordering::Acquire))
     }
 
-    /// A slot was released somewhere: a new round of turns.
+    /// Requests of `class` waiting now in the fleet's line: here and, as last read, at the
+    /// other replicas.
+    pub fn fleet_waiting_in(&self, class: usize) -> usize {
+        self.waiting_in(class)
+            + self
+                .peers
+                .get(class)
+                .map_or(0, |n| n.load(Ordering::Acquire))
+    }
+
+    /// Requests of `class` waiting in the other replicas' lines, as the cluster read them.
+    pub fn set_peers_waiting(&self, class: usize, n: usize) {
+        if let Some(slot) = self.peers.get(class) {
+            let was = slot.swap(n, Ordering::AcqRel);
+            if n >= was {
+                self.peers_total.fetch_add(n - was, Ordering::AcqRel);
+            } else {
+                self.peers_total.fetch_sub(was - n, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Requests waiting in the other replicas' lines, as last read.
+    pub fn peers_waiting(&self) -> usize {
+        self.peers_total.load(Ordering::Acquire)
+    }
+
+    /// Told (one permit kept) when a slot frees here while requests wait at other replicas:
+    /// the cluster states it at once.
+    pub fn freed_for_peers(&self) -> &Notify {
+        &self.freed_for_peers
+    }
+
+    /// A slot was released here: a new round of turns, and the other replicas' lines told.
     pub fn released(&self) {
+        self.room_grew();
+        if self.peers_total.load(Ordering::Acquire) > 0 {
+            self.freed_for_peers.notify_one();
+        }
+    }
+
+    /// Room grew somewhere (a slot freed, a peer's request ended, a ramp grew): a new round
+    /// of turns.
+    pub fn room_grew(&self) {
         if self.waiting.load(Ordering::Acquire) > 0 {
             self.new_round();
         }
@@ -416,6 +475,29 @@ mod tests {
         let newcomer = line.join(0, flow(2, 1.0, 100));
         assert_eq!(newcomer.finish, 7 * 100 * TAG_PER_TOKEN as u64);
         assert!(newcomer.is_first());
+    }
+
+    #[tokio::test]
+    async fn a_slot_freed_while_other_replicas_have_requests_waiting_is_told_to_them() {
+        let line = Line::new(2);
+        let told = |line: &Line| {
+            let wake = line.freed_for_peers().notified();
+            futures_util::FutureExt::now_or_never(wake).is_some()
+        };
+        line.released();
+        assert!(!told(&line), "nobody waits elsewhere: nothing to tell");
+        line.set_peers_waiting(1, 3);
+        let _here = line.join(1, Share::default());
+        assert_eq!((line.fleet_waiting_in(1), line.fleet_waiting_in(0)), (4, 0));
+        line.released();
+        assert!(told(&line), "a slot freed here is told to the peers' lines");
+        // Room read from the peers is theirs already: it is not told back to them.
+        line.room_grew();
+        assert!(!told(&line));
+        line.set_peers_waiting(1, 0);
+        line.released();
+        assert!(!told(&line));
+        assert_eq!(line.peers_waiting(), 0);
     }
 
     #[test]

@@ -669,3 +669,45 @@ async fn two_replicas_never_both_take_a_serial_backends_one_slot_for_the_slo() {
     }
     assert_eq!((placed, shed), (1, 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_freed_at_one_replica_reaches_a_request_waiting_at_another_within_a_fraction_of_an_interval()
+ {
+    let redis = Redis::start().await;
+    // One request at a time, and a curve that knows it: a second in flight would wait 30 s.
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 1)).await;
+    let prior = "    prior: {points: [{concurrency: 1, per_user_tps: 50, ttft_ms: 40}, {concurrency: 2, per_user_tps: 50, ttft_ms: 30000}]}\n";
+    let classes = "classes:\n  - {name: interactive, max_ttft_ms: 10000, on_miss: queue}\ndefault_class: interactive\n";
+    // Rounds four seconds apart: a slot freed at one replica would reach the other's line
+    // only at the next round, four seconds on.
+    let yaml = format!("{classes}{}", config(sim, prior, &redis))
+        .replace("sync_interval_ms: 20", "sync_interval_ms: 4000");
+    let (a, b) = (support::gateway(&yaml).await, support::gateway(&yaml).await);
+    for admin in [a.admin_addr(), b.admin_addr()] {
+        replicas_become(admin, 2, Duration::from_secs(20)).await;
+    }
+    let first = stream_or_refusal(b.addr()).await.expect("the slot is free");
+    // The second request, at the other replica, finds the slot claimed and waits in line.
+    let a_addr = a.addr();
+    let second = tokio::spawn(async move {
+        let served = stream_or_refusal(a_addr).await.map(drop);
+        (served, tokio::time::Instant::now())
+    });
+    let seen = until(
+        b.admin_addr(),
+        "/admin/cluster",
+        Duration::from_secs(10),
+        |v| v["cluster"]["peers_waiting"] == 1,
+    )
+    .await;
+    assert_eq!(seen["cluster"]["peers_waiting"], 1, "{seen}");
+    // The replica that holds the slot knows a request waits elsewhere; it frees the slot.
+    let freed = tokio::time::Instant::now();
+    drop(first);
+    let (served, at) = second.await.unwrap();
+    assert!(served.is_ok(), "{served:?}");
+    // Told at once, and read within a fifth of an interval by a replica with a line (800
+    // ms here); at the next round it would have been four seconds.
+    let waited = at - freed;
+    assert!(waited < Duration::from_millis(2500), "{waited:?}");
+}
