@@ -128,7 +128,7 @@ pub struct StatusReport {
     /// and model.
     pub samples_thinned: u64,
     /// Requests waiting in the other replicas' lines (`on_miss: queue`), as last read: while
-    /// there are any, this replica's fresh requests queue behind them.
+    /// there are any, a slot freed here is stated at once.
     pub peers_waiting: u64,
 }
 
@@ -869,18 +869,18 @@ impl Sync {
                 }
             }));
         }
-        let line = live.router.line();
-        for (i, c) in classes.iter().enumerate() {
-            let waiting = if self.read_at.is_some() {
-                self.standing.totals.peer_line(&self.standing.mine, &c.name)
-            } else {
-                0
-            };
-            line.set_peers_waiting(i, waiting);
-        }
+        let peers_waiting = if self.read_at.is_some() {
+            classes
+                .iter()
+                .map(|c| self.standing.totals.peer_line(&self.standing.mine, &c.name))
+                .sum()
+        } else {
+            0
+        };
+        live.router.line().set_peers_waiting(peers_waiting);
         self.status
             .peers_waiting
-            .store(line.peers_waiting() as u64, Ordering::Relaxed);
+            .store(peers_waiting as u64, Ordering::Relaxed);
         let peers =
             usize::try_from(self.standing.totals.replicas.saturating_sub(1)).unwrap_or(usize::MAX);
         let peers = if self.read_at.is_some() { peers } else { 0 };

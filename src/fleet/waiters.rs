@@ -15,13 +15,14 @@
 //! of its TTFT budget left, and where it fits nowhere a newer one may still fit. Each turn wakes
 //! only the request whose turn it is.
 //!
-//! In a cluster the line is one of the fleet's: each replica states how many of its requests
-//! wait per class, and reads the others' ([`Line::set_peers_waiting`]). While any replica's
-//! requests wait, a fresh arrival anywhere queues behind them (it is tried with the line's
-//! reserve, as one waiting here would be), and a slot freed here is told to the others at
-//! once ([`Line::freed_for_peers`]) rather than at the next round: a slot left idle for an
-//! interval while requests wait elsewhere is capacity the fleet loses exactly when it has none
-//! to spare.
+//! In a cluster each replica states how many of its requests wait per class, and reads the
+//! others' sum ([`Line::set_peers_waiting`]): while requests wait at other replicas, a slot freed
+//! here is told to them at once ([`Line::freed_for_peers`]) rather than at the next round, as
+//! a slot left idle for an interval while requests wait elsewhere is capacity the fleet loses
+//! exactly when it has none to spare. A fresh request here is not put behind the others'
+//! lines: held to the line's reserve fleet-wide, the backends whose first token comes near the
+//! target dropped out whenever any replica had a line, and the fleet collapsed at high load
+//! (BENCHMARKS.md, "The same arrivals for one gateway and eight").
 //!
 //! Releasing a slot is on the per-request path, so it costs two atomic loads when nobody waits.
 
@@ -63,10 +64,8 @@ pub struct Line {
     classes: Mutex<Vec<ClassLine>>,
     /// Waiting per class, read without the lock.
     per_class: Box<[AtomicUsize]>,
-    /// Waiting per class in the other replicas' lines, as last read.
-    peers: Box<[AtomicUsize]>,
-    /// Their sum.
-    peers_total: AtomicUsize,
+    /// Waiting in the other replicas' lines, as last read.
+    peers_waiting: AtomicUsize,
     /// Told when a slot frees here while requests wait in other replicas' lines.
     freed_for_peers: Notify,
 }
@@ -118,8 +117,7 @@ impl Line {
             round: AtomicU64::new(1),
             classes: Mutex::new(vec![ClassLine::default(); classes]),
             per_class: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
-            peers: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
-            peers_total: AtomicUsize::new(0),
+            peers_waiting: AtomicUsize::new(0),
             freed_for_peers: Notify::new(),
         }
     }
@@ -137,31 +135,14 @@ impl Line {
             .map_or(0, |n| n.load(Ordering::Acquire))
     }
 
-    /// Requests of `class` waiting now in the fleet's line: here and, as last read, at the
-    /// other replicas.
-    pub fn fleet_waiting_in(&self, class: usize) -> usize {
-        self.waiting_in(class)
-            + self
-                .peers
-                .get(class)
-                .map_or(0, |n| n.load(Ordering::Acquire))
-    }
-
-    /// Requests of `class` waiting in the other replicas' lines, as the cluster read them.
-    pub fn set_peers_waiting(&self, class: usize, n: usize) {
-        if let Some(slot) = self.peers.get(class) {
-            let was = slot.swap(n, Ordering::AcqRel);
-            if n >= was {
-                self.peers_total.fetch_add(n - was, Ordering::AcqRel);
-            } else {
-                self.peers_total.fetch_sub(was - n, Ordering::AcqRel);
-            }
-        }
+    /// Requests waiting in the other replicas' lines, as the cluster read them.
+    pub fn set_peers_waiting(&self, n: usize) {
+        self.peers_waiting.store(n, Ordering::Release);
     }
 
     /// Requests waiting in the other replicas' lines, as last read.
     pub fn peers_waiting(&self) -> usize {
-        self.peers_total.load(Ordering::Acquire)
+        self.peers_waiting.load(Ordering::Acquire)
     }
 
     /// Told (one permit kept) when a slot frees here while requests wait at other replicas:
@@ -173,7 +154,7 @@ impl Line {
     /// A slot was released here: a new round of turns, and the other replicas' lines told.
     pub fn released(&self) {
         self.room_grew();
-        if self.peers_total.load(Ordering::Acquire) > 0 {
+        if self.peers_waiting() > 0 {
             self.freed_for_peers.notify_one();
         }
     }
@@ -486,15 +467,13 @@ mod tests {
         };
         line.released();
         assert!(!told(&line), "nobody waits elsewhere: nothing to tell");
-        line.set_peers_waiting(1, 3);
-        let _here = line.join(1, Share::default());
-        assert_eq!((line.fleet_waiting_in(1), line.fleet_waiting_in(0)), (4, 0));
+        line.set_peers_waiting(3);
         line.released();
         assert!(told(&line), "a slot freed here is told to the peers' lines");
         // Room read from the peers is theirs already: it is not told back to them.
         line.room_grew();
         assert!(!told(&line));
-        line.set_peers_waiting(1, 0);
+        line.set_peers_waiting(0);
         line.released();
         assert!(!told(&line));
         assert_eq!(line.peers_waiting(), 0);

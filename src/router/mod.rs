@@ -274,11 +274,11 @@ impl Router {
     }
 
     /// The TTFT kept back for the line ([`LINE_RESERVE`]), seconds: only for a request waiting
-    /// in line (a fresh one is tried at once only when its class's line is empty, fleet-wide),
-    /// and only while others wait there too (here, or at other replicas).
+    /// in line (a fresh one is tried at once only when its class's line is empty), and only
+    /// while others wait there too.
     fn line_reserve(&self, ask: &Ask<'_>, queued: bool) -> Option<f64> {
         let max_ttft_s = ask.slo.max_ttft_s.filter(|_| queued)?;
-        let others = ask.class.is_some_and(|c| self.line.fleet_waiting_in(c) > 1);
+        let others = ask.class.is_some_and(|c| self.line.waiting_in(c) > 1);
         others.then_some(max_ttft_s * LINE_RESERVE)
     }
 
@@ -389,11 +389,9 @@ impl Router {
         }
         let (on_miss, _) = self.on_miss(ask);
         self.decided.fetch_add(1, Ordering::Relaxed);
-        // Behind the fleet's line, not only this replica's: a fresh arrival here must not take
-        // the slot a request waiting at another replica was about to.
         let queued_before = ask
             .class
-            .is_some_and(|c| on_miss == OnMiss::Queue && self.line.fleet_waiting_in(c) > 0);
+            .is_some_and(|c| on_miss == OnMiss::Queue && self.line.waiting_in(c) > 0);
         let missed = if queued_before {
             None
         } else {

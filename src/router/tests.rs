@@ -508,24 +508,3 @@ fn while_others_wait_in_line_a_request_is_held_to_its_target_less_the_lines_rese
     assert!((own.max_ttft_s.unwrap() - 0.5).abs() < 1e-3, "{own:?}");
     drop(me);
 }
-
-#[test]
-fn while_requests_wait_at_other_replicas_a_fresh_one_here_queues_behind_them_with_the_reserve() {
-    let router = router_from(
-        &["a"],
-        "- {name: waits, max_ttft_ms: 1000, on_miss: queue}\n",
-        0.0,
-    );
-    teach(&router, 0, 2.0);
-    let fresh = ask(&router, 0);
-    assert_eq!(chosen(&router, 0), Ok("a"), "the fleet's line is empty");
-    // A request waits in another replica's line: a fresh one here goes into line, where it
-    // is held back as one waiting beside it here would be.
-    router.line.set_peers_waiting(0, 1);
-    assert_eq!(chosen(&router, 0), Err(ErrorKind::NoBackendAvailable));
-    let me = router.line.join(0, Share::default());
-    assert!(router.line_reserve(&fresh, true).is_some());
-    drop(me);
-    router.line.set_peers_waiting(0, 0);
-    assert_eq!(chosen(&router, 0), Ok("a"));
-}
