@@ -1,8 +1,8 @@
 //! The fleet's load as sums kept in Redis: each replica states its own counts (requests in
 //! flight per backend and class, those waiting for a first token, requests per API key, those
-//! waiting in its line per class) and a
-//! server-side script adds the difference from what it stated before into one hash of sums, so
-//! that what a replica reads each round is O(backends), however many replicas there are.
+//! waiting in its line per class) and a server-side script adds the difference from what it
+//! stated before into one hash of sums, so that what a replica reads each round is
+//! O(backends), however many replicas there are.
 //!
 //! A replica states absolute values, never increments: the script keeps each replica's last
 //! statement (its *part*) and applies the difference, so that a round whose answer was lost can
