@@ -51,7 +51,7 @@ use tokio::time::Instant;
 
 use crate::config::{ClassConfig, ClusterConfig, without_password};
 use crate::curve::PeerLoad;
-use crate::fleet::{Backend, Event, Inbox, Line};
+use crate::fleet::{Backend, Event, Inbox};
 use crate::live::Live;
 use round::Standing;
 use sums::Kind;
@@ -73,8 +73,6 @@ pub struct Status {
     sent: AtomicU64,
     received: AtomicU64,
     thinned: AtomicU64,
-    /// Requests waiting in the other replicas' lines, as last read.
-    peers_waiting: AtomicU64,
     view: Mutex<View>,
 }
 
@@ -127,9 +125,6 @@ pub struct StatusReport {
     /// Samples kept to this replica because the fleet already shares enough of their backend
     /// and model.
     pub samples_thinned: u64,
-    /// Requests waiting in the other replicas' lines (`on_miss: queue`), as last read: while
-    /// there are any, a slot freed here is stated at once.
-    pub peers_waiting: u64,
 }
 
 impl Status {
@@ -150,7 +145,6 @@ impl Status {
             samples_sent: self.sent.load(Ordering::Relaxed),
             samples_received: self.received.load(Ordering::Relaxed),
             samples_thinned: self.thinned.load(Ordering::Relaxed),
-            peers_waiting: self.peers_waiting.load(Ordering::Relaxed),
         }
     }
 
@@ -277,7 +271,6 @@ pub fn start(
         sent: AtomicU64::new(0),
         received: AtomicU64::new(0),
         thinned: AtomicU64::new(0),
-        peers_waiting: AtomicU64::new(0),
         view: Mutex::new(View::default()),
     });
     let sync = Sync {
@@ -304,13 +297,6 @@ pub fn start(
     let task = tokio::spawn(sync.run(client, stop));
     Ok(Cluster { status, task })
 }
-
-/// Extra rounds an interval the fleet's replicas with requests in line share among them
-/// ([`Sync::line_pace`]).
-const LINE_READS: u32 = 40;
-
-/// A replica with requests in line reads the fleet's counts at most this many times an interval.
-const LINE_PACE: u32 = 5;
 
 /// How long a replica's part holds without a round: eight intervals, and half a second at
 /// least. Also how long the sums last read count as the peers' load while Redis is away.
@@ -376,15 +362,10 @@ impl Sync {
         let mut every = tokio::time::interval(self.interval);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let line = self.live.load().router.line();
-            let pace = self.line_pace(&line);
             let claim = tokio::select! {
                 _ = every.tick() => None,
                 _ = stop.wait_for(|s| *s) => break,
                 Some(claim) = self.inbox.claims.next() => Some(claim),
-                // A slot freed here while requests wait at other replicas: stated at once.
-                () = line.freed_for_peers().notified() => None,
-                () = tokio::time::sleep(pace.unwrap_or(self.interval)), if pace.is_some() => None,
             };
             if let Some(claim) = claim {
                 self.claims(conn.as_mut(), claim).await;
@@ -477,20 +458,6 @@ impl Sync {
         }
     }
 
-    /// How often to read the fleet's counts beside the interval's round, if sooner: while
-    /// requests wait in this replica's line, [`LINE_READS`] times an interval shared among the
-    /// requests waiting fleet-wide, and at most [`LINE_PACE`] times an interval. A slot freed
-    /// elsewhere is then taken within a fraction of an interval, and the fleet's extra rounds
-    /// stay within `LINE_READS` an interval however many replicas have a line.
-    fn line_pace(&self, line: &Line) -> Option<Duration> {
-        if line.waiting() == 0 {
-            return None;
-        }
-        let fleet = u32::try_from(line.waiting() + line.peers_waiting()).unwrap_or(u32::MAX);
-        let pace = (self.interval * fleet / LINE_READS).max(self.interval / LINE_PACE);
-        (pace < self.interval).then_some(pace)
-    }
-
     /// How long a round trip may take before Redis counts as away: a few intervals, and at
     /// least a quarter of a second.
     fn round_timeout(&self) -> Duration {
@@ -572,11 +539,6 @@ impl Sync {
         for t in live.tenants.iter() {
             let n = i64::try_from(t.in_flight()).unwrap_or(i64::MAX);
             out.push((sums::field(Kind::Key, &[t.name()]), n));
-        }
-        let line = live.router.line();
-        for (i, c) in classes.iter().enumerate() {
-            let n = i64::try_from(line.waiting_in(i)).unwrap_or(i64::MAX);
-            out.push((sums::field(Kind::Line, &[&c.name]), n));
         }
         out
     }
@@ -869,18 +831,6 @@ impl Sync {
                 }
             }));
         }
-        let peers_waiting = if self.read_at.is_some() {
-            classes
-                .iter()
-                .map(|c| self.standing.totals.peer_line(&self.standing.mine, &c.name))
-                .sum()
-        } else {
-            0
-        };
-        live.router.line().set_peers_waiting(peers_waiting);
-        self.status
-            .peers_waiting
-            .store(peers_waiting as u64, Ordering::Relaxed);
         let peers =
             usize::try_from(self.standing.totals.replicas.saturating_sub(1)).unwrap_or(usize::MAX);
         let peers = if self.read_at.is_some() { peers } else { 0 };

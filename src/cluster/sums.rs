@@ -1,8 +1,7 @@
 //! The fleet's load as sums kept in Redis: each replica states its own counts (requests in
-//! flight per backend and class, those waiting for a first token, requests per API key, those
-//! waiting in its line per class) and a server-side script adds the difference from what it
-//! stated before into one hash of sums, so that what a replica reads each round is
-//! O(backends), however many replicas there are.
+//! flight per backend and class, those waiting for a first token, requests per API key) and a
+//! server-side script adds the difference from what it stated before into one hash of sums, so
+//! that what a replica reads each round is O(backends), however many replicas there are.
 //!
 //! A replica states absolute values, never increments: the script keeps each replica's last
 //! statement (its *part*) and applies the difference, so that a round whose answer was lost can
@@ -153,8 +152,6 @@ pub(super) enum Kind {
     Class,
     /// Requests in flight of one API key.
     Key,
-    /// Requests of one class waiting in the replica's line.
-    Line,
     /// Curve samples taken of a backend and model, ever (added, not stated).
     Samples,
 }
@@ -168,7 +165,6 @@ impl Kind {
             Self::WaitingSince => 'y',
             Self::Class => 'c',
             Self::Key => 'k',
-            Self::Line => 'l',
             Self::Samples => 'q',
         }
     }
@@ -390,11 +386,6 @@ impl Totals {
     pub(super) fn peer_class(&self, mine: &Mine, backend: &str, class: &str) -> u32 {
         let n = self.others(mine, &field(Kind::Class, &[backend, class]));
         u32::try_from(n.max(0)).unwrap_or(u32::MAX)
-    }
-
-    /// The other replicas' requests of `class` waiting in their lines.
-    pub(super) fn peer_line(&self, mine: &Mine, class: &str) -> usize {
-        usize::try_from(self.others(mine, &field(Kind::Line, &[class])).max(0)).unwrap_or(0)
     }
 
     /// The other replicas' requests in flight of the API key named `key`.

@@ -245,7 +245,7 @@ impl Backend {
     /// It may take more requests than before (its ramp grew, or another replica's requests
     /// there ended): requests waiting in line look.
     pub fn room_grew(&self) {
-        self.line.room_grew();
+        self.line.released();
     }
 
     /// Adds what one finished request taught us to the curve of `model` (its metrics:

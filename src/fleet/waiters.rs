@@ -15,16 +15,7 @@
 //! of its TTFT budget left, and where it fits nowhere a newer one may still fit. Each turn wakes
 //! only the request whose turn it is.
 //!
-//! In a cluster each replica states how many of its requests wait per class, and reads the
-//! others' sum ([`Line::set_peers_waiting`]): while requests wait at other replicas, a slot freed
-//! here is told to them at once ([`Line::freed_for_peers`]) rather than at the next round, as
-//! a slot left idle for an interval while requests wait elsewhere is capacity the fleet loses
-//! exactly when it has none to spare. A fresh request here is not put behind the others'
-//! lines: held to the line's reserve fleet-wide, the backends whose first token comes near the
-//! target dropped out whenever any replica had a line, and the fleet collapsed at high load
-//! (BENCHMARKS.md, "The same arrivals for one gateway and eight").
-//!
-//! Releasing a slot is on the per-request path, so it costs two atomic loads when nobody waits.
+//! Releasing a slot is on the per-request path, so it costs one atomic load when nobody waits.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -64,10 +55,6 @@ pub struct Line {
     classes: Mutex<Vec<ClassLine>>,
     /// Waiting per class, read without the lock.
     per_class: Box<[AtomicUsize]>,
-    /// Waiting in the other replicas' lines, as last read.
-    peers_waiting: AtomicUsize,
-    /// Told when a slot frees here while requests wait in other replicas' lines.
-    freed_for_peers: Notify,
 }
 
 /// A waiting request's place in the fair order: (virtual finish, ticket).
@@ -117,8 +104,6 @@ impl Line {
             round: AtomicU64::new(1),
             classes: Mutex::new(vec![ClassLine::default(); classes]),
             per_class: (0..classes).map(|_| AtomicUsize::new(0)).collect(),
-            peers_waiting: AtomicUsize::new(0),
-            freed_for_peers: Notify::new(),
         }
     }
 
@@ -135,33 +120,8 @@ impl Line {
             .map_or(0, |n| n.load(Ordering::Acquire))
     }
 
-    /// Requests waiting in the other replicas' lines, as the cluster read them.
-    pub fn set_peers_waiting(&self, n: usize) {
-        self.peers_waiting.store(n, Ordering::Release);
-    }
-
-    /// Requests waiting in the other replicas' lines, as last read.
-    pub fn peers_waiting(&self) -> usize {
-        self.peers_waiting.load(Ordering::Acquire)
-    }
-
-    /// Told (one permit kept) when a slot frees here while requests wait at other replicas:
-    /// the cluster states it at once.
-    pub fn freed_for_peers(&self) -> &Notify {
-        &self.freed_for_peers
-    }
-
-    /// A slot was released here: a new round of turns, and the other replicas' lines told.
+    /// A slot was released somewhere: a new round of turns.
     pub fn released(&self) {
-        self.room_grew();
-        if self.peers_waiting() > 0 {
-            self.freed_for_peers.notify_one();
-        }
-    }
-
-    /// Room grew somewhere (a slot freed, a peer's request ended, a ramp grew): a new round
-    /// of turns.
-    pub fn room_grew(&self) {
         if self.waiting.load(Ordering::Acquire) > 0 {
             self.new_round();
         }
@@ -456,27 +416,6 @@ mod tests {
         let newcomer = line.join(0, flow(2, 1.0, 100));
         assert_eq!(newcomer.finish, 7 * 100 * TAG_PER_TOKEN as u64);
         assert!(newcomer.is_first());
-    }
-
-    #[tokio::test]
-    async fn a_slot_freed_while_other_replicas_have_requests_waiting_is_told_to_them() {
-        let line = Line::new(2);
-        let told = |line: &Line| {
-            let wake = line.freed_for_peers().notified();
-            futures_util::FutureExt::now_or_never(wake).is_some()
-        };
-        line.released();
-        assert!(!told(&line), "nobody waits elsewhere: nothing to tell");
-        line.set_peers_waiting(3);
-        line.released();
-        assert!(told(&line), "a slot freed here is told to the peers' lines");
-        // Room read from the peers is theirs already: it is not told back to them.
-        line.room_grew();
-        assert!(!told(&line));
-        line.set_peers_waiting(0);
-        line.released();
-        assert!(!told(&line));
-        assert_eq!(line.peers_waiting(), 0);
     }
 
     #[test]
