@@ -304,7 +304,7 @@ impl Chart<'_> {
     }
 }
 
-/// The fit of one curve: TPOT(c) = a + b·c, TTFT(c) = t0 + t1·c.
+/// The fit of one curve: TPOT(c) = a + b·c, TTFT(c) = t0 + t1·(c − 1).
 #[derive(Clone, Copy)]
 struct Fit {
     tpot_base_s: f64,
@@ -330,7 +330,7 @@ impl Fit {
     }
 
     fn ttft(self, c: f64) -> f64 {
-        self.ttft_base_s + self.ttft_per_seq_s * c
+        self.ttft_base_s + self.ttft_per_seq_s * (c - 1.0).max(0.0)
     }
 }
 
@@ -443,8 +443,8 @@ mod tests {
             rows[1].starts_with("\"vllm, large\",m,1,4,70,66,0.05,0.08,"),
             "{csv}"
         );
-        // 1 / (13.5 ms + 1 ms) at c = 1; 30 ms + 20 ms.
-        assert!(rows[1].ends_with(",68.96551724137932,0.05"), "{csv}");
+        // 1 / (13.5 ms + 1 ms) at c = 1; 30 ms with none ahead.
+        assert!(rows[1].ends_with(",68.96551724137932,0.03"), "{csv}");
         assert!(
             rows[2].contains(",45,,0.2,0.3,"),
             "a missing value is an empty cell: {csv}"

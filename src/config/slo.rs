@@ -88,16 +88,15 @@ impl Slo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::curve::Spread;
 
     fn prediction(tps: f64, ttft: f64) -> Prediction {
-        Prediction {
-            per_user_tps_p50: tps,
-            per_user_tps_p10: 0.8 * tps,
-            ttft_p50_s: ttft,
-            ttft_p90_s: 2.0 * ttft,
-            confidence: 1.0,
-            beyond_evidence: false,
-        }
+        Prediction::new(
+            Spread::log_normal(tps, 0.1, 0.8),
+            Spread::log_normal(ttft, 0.9, 2.0),
+            1.0,
+            false,
+        )
     }
 
     const INTERACTIVE: Slo = Slo {

@@ -2,8 +2,8 @@
 //!
 //! TPOT(c) = a + b·c follows from how batching engines work: a decode step costs a fixed part
 //! plus a part per sequence in the batch (see the simulator's engine, and vLLM's scheduler). TTFT
-//! is fitted as t0 + t1·c + P/r, the queueing part growing with concurrency plus prefill at rate
-//! r tokens per second (docs/ARCHITECTURE.md, "Curves").
+//! is fitted as t0 + t1·(c − 1) + P/r, the queueing part growing with the requests ahead (a lone
+//! request waits for none) plus prefill at rate r tokens per second (docs/ARCHITECTURE.md, "Curves").
 
 /// Solves the weighted least-squares problem `min Σ w (y - x·β)²` for up to three parameters by
 /// Gaussian elimination on the normal equations. `None` when they are singular (the data cannot
@@ -25,12 +25,15 @@ pub fn wls<const N: usize>(rows: impl Iterator<Item = ([f64; N], f64, f64)>) -> 
 /// Solves the normal equations `a·β = b` (`a = Σ w·x·xᵀ`, `b = Σ w·x·y`), summed elsewhere;
 /// `None` when they are singular.
 pub fn solve<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
+    // A column's own scale before elimination: what is left of it once the columns before it
+    // are taken out is compared with that, so that a column that is a multiple of another
+    // (every sample at one occupancy) is found singular rather than solved in rounding noise.
+    let diagonal: [f64; N] = std::array::from_fn(|i| a[i][i].abs());
     for col in 0..N {
         let pivot = (col..N).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
         // Relative to the diagonal's scale, so that units (seconds, tokens) do not matter.
-        let scale = a[col][col]
-            .abs()
-            .max(a[pivot][col].abs())
+        let scale = diagonal[col]
+            .max(a[col][col].abs())
             .max(f64::MIN_POSITIVE);
         if a[pivot][col].abs() <= 1e-9 * scale || a[pivot][col] == 0.0 {
             return None;
@@ -79,5 +82,7 @@ mod tests {
         );
         let same_prompt = [1.0, 2.0, 4.0].map(|c| ([1.0, c, 64.0], 0.1, 1.0));
         assert_eq!(wls(same_prompt.into_iter()), None);
+        let one_occupancy = [0.15, 0.16, 0.14].map(|t| ([1.0, 7.0], t, 1.0));
+        assert_eq!(wls(one_occupancy.into_iter()), None);
     }
 }

@@ -6,12 +6,28 @@
 
 use serde::Serialize;
 
+use super::spread::Spread;
 use super::window::{PrefillRate, StartSummary, Summary};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
 /// Decayed weight at which a TTFT bucket without enough samples to answer on its own still
-/// raises the prediction: one sample up to a half-life old.
+/// raises its own prediction over the fit, and the floors above it: one sample up to a
+/// half-life old.
 const SPARSE_TTFT_WEIGHT: f64 = 0.5;
+
+/// What the fit weighs, in samples, against a level's own sparse observations: a level with
+/// direct observations is predicted from them, weighted by their count against the fit (one
+/// sample at a level counts as much as the fit there; two, twice as much). A fit through two
+/// levels of a one-slot server otherwise predicted its idle first token 14 times later than it
+/// had been seen.
+const FIT_WEIGHT: f64 = 1.0;
+
+/// What a curve that has seen no spread of its own guesses: a speed tail 10% below the median
+/// (at its 10th percentile) and a first token 25% later than the median (at its 90th).
+const GUESSED_TPS_P10: f64 = 0.9;
+
+/// See [`GUESSED_TPS_P10`].
+const GUESSED_TTFT_P90: f64 = 1.25;
 
 /// What the curve expects for one more request.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -30,6 +46,52 @@ pub struct Prediction {
     /// experienced concurrency, or the highest occupancy a first token came from, whichever is
     /// lower): the fit is extrapolating, and routing treats that as exploration.
     pub beyond_evidence: bool,
+    /// How per-user TPS spreads there: how likely a request is to reach a speed.
+    #[serde(skip)]
+    pub tps: Spread,
+    /// How TTFT spreads there, seconds.
+    #[serde(skip)]
+    pub ttft: Spread,
+}
+
+impl Prediction {
+    /// A prediction of these spreads, its quantiles read off them.
+    pub fn new(tps: Spread, ttft: Spread, confidence: f64, beyond_evidence: bool) -> Self {
+        Self {
+            per_user_tps_p50: tps.median(),
+            per_user_tps_p10: tps.quantile(0.1),
+            ttft_p50_s: ttft.median(),
+            ttft_p90_s: ttft.quantile(0.9),
+            confidence,
+            beyond_evidence,
+            tps,
+            ttft,
+        }
+    }
+
+    /// The same, with a first token no sooner than `at_least_s` (a wait seen live).
+    pub fn ttft_at_least(self, at_least_s: f64) -> Self {
+        Self::new(
+            self.tps,
+            self.ttft.at_least(at_least_s, at_least_s),
+            self.confidence,
+            self.beyond_evidence,
+        )
+    }
+
+    /// How likely a request is to reach `min_tps` (either may be absent) and to see its first
+    /// token within `max_ttft_s`, speed and TTFT taken as independent.
+    pub fn chance(&self, min_tps: Option<f64>, max_ttft_s: Option<f64>) -> f64 {
+        let speed = min_tps.map_or(1.0, |m| self.tps.share_above(m));
+        let first = max_ttft_s.map_or(1.0, |m| {
+            if m > 0.0 {
+                self.ttft.share_below(m)
+            } else {
+                0.0
+            }
+        });
+        speed * first
+    }
 }
 
 /// TTFT of the requests that found a given occupancy at admission.
@@ -39,9 +101,8 @@ struct TtftSummary {
     mean_admitted: f64,
     p50: f64,
     p90: f64,
-    /// The quantiles of TTFT less each request's own prefill (see [`StartSummary::queue_p50`]).
-    queue_p50: f64,
-    queue_p90: f64,
+    /// The spread of TTFT less each request's own prefill (see [`StartSummary::queue`]).
+    queue: Spread,
     /// The rate those were taken at: a request's own prefill is added back at the same.
     rate: PrefillRate,
 }
@@ -67,6 +128,11 @@ pub struct Model {
     pub ttft_seen: f64,
     /// Weighted mean of TTFT + decode time, seconds: how long a request holds its slot.
     pub mean_duration_s: f64,
+    /// How speed spreads about its median where a level has evidence of its own, pooled: the
+    /// shape a prediction from the fit (or a sparse level) takes.
+    tps_shape: Spread,
+    /// The same of the wait for a first token.
+    ttft_shape: Spread,
 }
 
 impl Model {
@@ -105,8 +171,7 @@ impl Model {
                 mean_admitted: s.mean_admitted,
                 p50: s.p50,
                 p90: s.p90,
-                queue_p50: s.queue_p50,
-                queue_p90: s.queue_p90,
+                queue: s.queue,
                 rate: s.rate,
             })
         });
@@ -123,6 +188,14 @@ impl Model {
             .filter(|s| s.weight >= 1.0)
             .map(|s| s.mean_admitted)
             .fold(0.0, f64::max);
+        // Pooled as a ratio of sums, so that a level whose median wait is a few milliseconds
+        // does not stretch every other level's shape.
+        let trusted_speed = present().filter(|s| s.weight >= MIN_BUCKET_WEIGHT);
+        let tps_shape = shape(trusted_speed.map(|s| (s.weight, s.tps)))
+            .unwrap_or_else(|| Spread::log_normal(1.0, 0.1, GUESSED_TPS_P10));
+        let trusted_starts = starts.iter().flatten().filter(|s| s.weight >= MIN_BUCKET_WEIGHT);
+        let ttft_shape = shape(trusted_starts.map(|s| (s.weight, s.queue)))
+            .unwrap_or_else(|| Spread::log_normal(1.0, 0.9, GUESSED_TTFT_P90));
 
         Some(Self {
             fit: Fit {
@@ -138,78 +211,82 @@ impl Model {
             speed_seen,
             ttft_seen,
             mean_duration_s,
+            tps_shape,
+            ttft_shape,
         })
     }
 
     /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
     /// expect. Speed: the bucket of that experienced concurrency, TTFT: the bucket of that
-    /// occupancy at admission, each where it has enough evidence (its quantiles moved along the
-    /// fit from where its samples were to this exact concurrency), else the fit.
+    /// occupancy at admission, each where it has enough evidence (its spread moved along the
+    /// fit from where its samples were to this exact concurrency); else the fit, weighed
+    /// against the level's own few observations ([`FIT_WEIGHT`]), in the shape the levels with
+    /// evidence spread.
     pub fn predict(&self, concurrency: f64, prompt_tokens: u64) -> Prediction {
         let i = bucket_of(concurrency);
         let j = ttft_bucket_of(concurrency);
         let fit = &self.fit;
         let tpot_at = |c: f64| fit.tpot_base_s + fit.tpot_per_seq_s * c;
-        let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * c;
+        // The requests ahead: a lone request waits for none.
+        let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * (c - 1.0).max(0.0);
         let speed_weight = self.buckets[i].map_or(0.0, |s| s.weight);
         let start_weight = self.starts[j].map_or(0.0, |s| s.weight);
         let weight = speed_weight.min(start_weight);
         let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
         let beyond_evidence = concurrency > 2.0 * self.speed_seen.min(self.ttft_seen).max(1.0);
 
-        // Without a bucket of its own, the spread is a guess: a slow tail 10% below the median
-        // and a TTFT tail 25% above it.
-        let (tps_p50, tps_p10) = match self.buckets[i].filter(|s| s.weight >= MIN_BUCKET_WEIGHT) {
+        // A level's observations weighed against the fit: all of it once they are evidence.
+        let observed_share = |w: f64| {
+            if w >= MIN_BUCKET_WEIGHT {
+                1.0
+            } else {
+                w / (w + FIT_WEIGHT)
+            }
+        };
+        let tps = match self.buckets[i] {
             Some(s) => {
                 // A bucket spans a range (16 holds 14 to 19): move it along the fit.
-                let speed = tpot_at(s.mean_concurrency) / tpot_at(concurrency);
-                (s.tps_p50 * speed, s.tps_p10 * speed)
+                let seen = s.tps.scaled(tpot_at(s.mean_concurrency) / tpot_at(concurrency));
+                let share = observed_share(s.weight);
+                if share >= 1.0 {
+                    seen
+                } else {
+                    let median = share * seen.median() + (1.0 - share) / tpot_at(concurrency);
+                    self.tps_shape.scaled(median)
+                }
             }
-            None => {
-                let tps = 1.0 / tpot_at(concurrency);
-                (tps, 0.9 * tps)
-            }
+            None => self.tps_shape.scaled(1.0 / tpot_at(concurrency)),
         };
         let prompt = prompt_tokens as f64;
         let prefill = fit.prefill_tokens_per_s.map_or(0.0, |r| prompt / r);
-        // A bucket's wait for the requests ahead, plus this prompt's own prefill at the rate
-        // the wait was measured against.
-        let own = |s: &TtftSummary| s.rate.prefill_s(prompt);
-        let (ttft_p50, ttft_p90) = match self.starts[j] {
-            Some(s) if s.weight >= MIN_BUCKET_WEIGHT => {
-                // Moved along the fit to this concurrency.
-                let later = queue_at(concurrency) - queue_at(s.mean_admitted) + own(&s);
-                (
-                    (s.queue_p50 + later).max(0.0),
-                    (s.queue_p90 + later).max(0.0),
-                )
+        let ttft = match self.starts[j] {
+            Some(s) => {
+                // The level's wait for the requests ahead, moved along the fit to this
+                // concurrency, plus this prompt's own prefill at the rate the wait was measured
+                // against.
+                let later = queue_at(concurrency) - queue_at(s.mean_admitted)
+                    + s.rate.prefill_s(prompt);
+                let seen = s.queue.shifted(later);
+                let share = observed_share(s.weight);
+                let fitted = queue_at(concurrency) + prefill;
+                if share >= 1.0 {
+                    seen
+                } else if seen.median() > fitted && s.weight >= SPARSE_TTFT_WEIGHT {
+                    // Bad news is believed before it is certain: a first token at this very
+                    // occupancy, within about a half-life, that came later than the fit says
+                    // is how a queue past a batch limit, or a burst's, first shows (the fit,
+                    // drawn mostly through the levels below it, cannot bend there).
+                    self.ttft_shape.scaled(seen.median())
+                } else {
+                    let median = share * seen.median() + (1.0 - share) * fitted;
+                    self.ttft_shape.scaled(median)
+                }
             }
-            sparse => {
-                let ttft = queue_at(concurrency) + prefill;
-                // Bad news is believed before it is certain: a first token at this very
-                // occupancy, within about a half-life, that came later than the fit says is
-                // how a queue past a batch limit first shows (the fit, drawn mostly through
-                // the levels below it, cannot bend there).
-                let seen = sparse.filter(|s| s.weight >= SPARSE_TTFT_WEIGHT);
-                (
-                    seen.map_or(ttft, |s| ttft.max(s.queue_p50 + own(&s))),
-                    seen.map_or(1.25 * ttft, |s| (1.25 * ttft).max(s.queue_p90 + own(&s))),
-                )
-            }
+            None => self.ttft_shape.scaled(queue_at(concurrency) + prefill),
         };
         let (floor_p50, floor_p90) = self.floors[j];
-        let (ttft_p50, ttft_p90) = (
-            ttft_p50.max(floor_p50 + prefill),
-            ttft_p90.max(floor_p90 + prefill),
-        );
-        Prediction {
-            per_user_tps_p50: tps_p50,
-            per_user_tps_p10: tps_p10,
-            ttft_p50_s: ttft_p50,
-            ttft_p90_s: ttft_p90,
-            confidence,
-            beyond_evidence,
-        }
+        let ttft = ttft.at_least(floor_p50 + prefill, floor_p90 + prefill);
+        Prediction::new(tps, ttft, confidence, beyond_evidence)
     }
 
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.
@@ -220,8 +297,8 @@ impl Model {
                 let p = points.entry(*level).or_insert_with(|| Point::empty(*level));
                 p.samples = s.samples;
                 p.weight = s.weight;
-                p.per_user_tps_p50 = Some(s.tps_p50);
-                p.per_user_tps_p10 = Some(s.tps_p10);
+                p.per_user_tps_p50 = Some(s.tps.median());
+                p.per_user_tps_p10 = Some(s.tps.quantile(0.1));
             }
         }
         for (level, start) in TTFT_LEVELS.iter().zip(&self.starts) {
@@ -234,6 +311,13 @@ impl Model {
         }
         points.into_values().collect()
     }
+}
+
+/// The shape of weighted spreads about their medians: their weighted sum over the weighted sum
+/// of their medians (the pooled spread's own median); `None` without weight or without a
+/// positive median.
+fn shape(spreads: impl Iterator<Item = (f64, Spread)>) -> Option<Spread> {
+    Spread::pooled(spreads)?.relative()
 }
 
 /// The TTFT fit over the TTFT windows' summaries: (t0, t1, r) of TTFT = t0 + t1·c + P/r.
@@ -380,13 +464,16 @@ fn floors(
             if let Some((at, p50)) = last
                 && s.mean_admitted > at
             {
-                let step = (s.queue_p50 - p50) / (s.mean_admitted - at);
+                let step = (s.queue.median() - p50) / (s.mean_admitted - at);
                 if step >= queue_growth {
                     growth = growth.max(step);
                 }
             }
-            floor = (floor.0.max(s.queue_p50), floor.1.max(s.queue_p90));
-            last = Some((s.mean_admitted, s.queue_p50));
+            floor = (
+                floor.0.max(s.queue.median()),
+                floor.1.max(s.queue.quantile(0.9)),
+            );
+            last = Some((s.mean_admitted, s.queue.median()));
         }
         *out = floor;
     }

@@ -17,6 +17,8 @@ use std::collections::VecDeque;
 
 use tokio::time::Instant;
 
+use super::spread::Spread;
+
 /// Samples kept per bucket.
 pub const WINDOW: usize = 256;
 
@@ -210,14 +212,13 @@ pub struct Summary {
     pub mean_concurrency: f64,
     /// Weighted mean time a request held its slot (TTFT + decode), seconds.
     pub mean_duration_s: f64,
-    /// Per-user TPS quantiles.
-    pub tps_p10: f64,
-    /// See `tps_p10`.
-    pub tps_p50: f64,
+    /// How per-user TPS spread.
+    pub tps: Spread,
 }
 
 /// Decayed summary of a TTFT window, in anchor-relative weights: its quantiles, and its share
-/// of the least-squares sums of TTFT = t0 + t1·admitted + P/r, so that the fit over all windows
+/// of the least-squares sums of TTFT = t0 + t1·ahead + P/r (ahead: the requests in flight
+/// before it, one less than its occupancy at admission), so that the fit over all windows
 /// adds up per-window sums instead of walking every sample.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StartSummary {
@@ -229,16 +230,14 @@ pub struct StartSummary {
     pub p50: f64,
     /// TTFT 90th percentile, seconds.
     pub p90: f64,
-    /// Median of TTFT less the sample's own prefill at [`Self::rate`]: the wait for the
+    /// How TTFT less each sample's own prefill at [`Self::rate`] spreads: the wait for the
     /// requests ahead, apart from how long this prompt took. Where prefix-cache hits and
     /// misses share a level the TTFT quantiles are the misses' tail; a request whose prompt is
     /// mostly cached waits as long as the others and prefills far less.
-    pub queue_p50: f64,
-    /// 90th percentile of the same.
-    pub queue_p90: f64,
+    pub queue: Spread,
     /// The prefill rate the queue quantiles were taken at (without one, they are TTFT's).
     pub rate: PrefillRate,
-    /// Σ w·x·xᵀ with x = (1, admitted, prompt tokens), a first token that shared a queue
+    /// Σ w·x·xᵀ with x = (1, ahead, prompt tokens), a first token that shared a queue
     /// weighing [`QUEUE_FIT_WEIGHT`] of its weight.
     pub xx: [[f64; 3]; 3],
     /// Σ w·x·ttft.
@@ -351,8 +350,13 @@ impl<S: Ranked> Window<S> {
     /// Sum of weights, and the weighted `qs` quantiles of the samples' values; `None` when the
     /// window is empty or weighs nothing.
     fn quantiles<const N: usize>(&self, qs: [f64; N]) -> Option<(f64, [f64; N])> {
-        let total: f64 = self.ranked.iter().map(|p| p.1).sum();
+        let total = self.total();
         (total > 0.0).then(|| (total, qs.map(|q| ranked_quantile(&self.ranked, total, q))))
+    }
+
+    /// Sum of weights.
+    fn total(&self) -> f64 {
+        self.ranked.iter().map(|p| p.1).sum()
     }
 }
 
@@ -453,7 +457,10 @@ impl Summarize for Sample {
     type Context = ();
 
     fn summarize(window: &Window<Self>, (): ()) -> Option<Summary> {
-        let (total, [p10, p50]) = window.quantiles([0.1, 0.5])?;
+        let total = window.total();
+        if total <= 0.0 {
+            return None;
+        }
         let mean =
             |f: fn(&Sample) -> f64| window.weighted().map(|(w, s)| w * f(s)).sum::<f64>() / total;
         Some(Summary {
@@ -462,8 +469,7 @@ impl Summarize for Sample {
             mean_tpot: mean(|s| 1.0 / s.tps),
             mean_concurrency: mean(|s| s.concurrency),
             mean_duration_s: mean(|s| s.ttft + s.output_tokens as f64 / s.tps),
-            tps_p10: p10,
-            tps_p50: p50,
+            tps: Spread::from_fn(|q| ranked_quantile(&window.ranked, total, q)),
         })
     }
 }
@@ -474,8 +480,8 @@ impl Summarize for FirstToken {
 
     fn summarize(window: &Window<Self>, rate: PrefillRate) -> Option<StartSummary> {
         let (total, [p50, p90]) = window.quantiles([0.5, 0.9])?;
-        let (queue_p50, queue_p90) = if rate == PrefillRate::default() {
-            (p50, p90)
+        let queue = if rate == PrefillRate::default() {
+            Spread::from_fn(|q| ranked_quantile(&window.ranked, total, q))
         } else {
             let mut queued: Vec<(f64, f64)> = window
                 .weighted()
@@ -487,8 +493,7 @@ impl Summarize for FirstToken {
                 })
                 .collect();
             queued.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
-            let at = |q| ranked_quantile(&queued, total, q);
-            (at(0.5), at(0.9))
+            Spread::from_fn(|q| ranked_quantile(&queued, total, q))
         };
         let mut xx = [[0.0; 3]; 3];
         let mut xy = [0.0; 3];
@@ -503,7 +508,9 @@ impl Summarize for FirstToken {
             } else {
                 w
             };
-            let x = [1.0, s.admitted_with, s.prompt_tokens.unwrap_or(0) as f64];
+            // The queue term counts the requests ahead: a lone request waits for none.
+            let ahead = (s.admitted_with - 1.0).max(0.0);
+            let x = [1.0, ahead, s.prompt_tokens.unwrap_or(0) as f64];
             for i in 0..3 {
                 xy[i] += w * x[i] * s.ttft;
                 for j in 0..3 {
@@ -516,8 +523,7 @@ impl Summarize for FirstToken {
             mean_admitted: admitted / total,
             p50,
             p90,
-            queue_p50,
-            queue_p90,
+            queue,
             rate,
             xx,
             xy,
@@ -603,7 +609,7 @@ mod tests {
         w.push(sample(later, 20.0), decay.weigh(later));
         let s = w.summary(()).unwrap();
         // The old sample weighs 2^-10: the median is the new one.
-        assert_eq!(s.tps_p50, 20.0);
+        assert_eq!(s.tps.median(), 20.0);
         assert!((s.weight * decay.factor(later) - (1.0 + 2f64.powi(-10))).abs() < 1e-9);
         for i in 0..2 * WINDOW {
             w.push(sample(t0, i as f64), 1.0);
@@ -621,8 +627,8 @@ mod tests {
             w.push(sample(t0, value), 1.0 + (i % 5) as f64);
             let mut pairs: Vec<(f64, f64)> = w.weighted().map(|(w, s)| (s.tps, w)).collect();
             let s = w.summary(()).unwrap();
-            assert_eq!(s.tps_p10, weighted_quantile(&mut pairs, 0.1), "after {i}");
-            assert_eq!(s.tps_p50, weighted_quantile(&mut pairs, 0.5), "after {i}");
+            assert_eq!(s.tps.quantile(0.1), weighted_quantile(&mut pairs, 0.1), "after {i}");
+            assert_eq!(s.tps.median(), weighted_quantile(&mut pairs, 0.5), "after {i}");
         }
         assert_eq!(w.ranked.len(), WINDOW);
     }

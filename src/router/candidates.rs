@@ -313,15 +313,12 @@ impl Predictor<'_> {
                 let prefill = *prefill_waiting + *prompt_tokens;
                 let mut p = model.predict(concurrency, prefill);
                 if concurrency > 1.0 {
-                    p.ttft_p50_s = p.ttft_p50_s.max(*queue_s);
-                    p.ttft_p90_s = p.ttft_p90_s.max(*queue_s);
+                    p = p.ttft_at_least(*queue_s);
                 }
                 if *prefill_waiting > 0
                     && let Some(rate) = model.fit.prefill_tokens_per_s
                 {
-                    let behind = prefill as f64 / rate;
-                    p.ttft_p50_s = p.ttft_p50_s.max(behind);
-                    p.ttft_p90_s = p.ttft_p90_s.max(behind);
+                    p = p.ttft_at_least(prefill as f64 / rate);
                 }
                 Some(p)
             }

@@ -12,7 +12,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 
-use crate::curve::Prediction;
+use crate::curve::{Prediction, Spread};
 use crate::fleet::Backend;
 
 /// How often the true curves are re-read.
@@ -51,14 +51,12 @@ impl Oracle {
         let curve = self.curves.get(i)?.load_full()?;
         let at = (concurrency.round().max(1.0) as usize - 1).min(curve.len().checked_sub(1)?);
         let (tps, ttft) = curve[at];
-        Some(Prediction {
-            per_user_tps_p50: tps,
-            per_user_tps_p10: tps,
-            ttft_p50_s: ttft,
-            ttft_p90_s: ttft,
-            confidence: 1.0,
-            beyond_evidence: false,
-        })
+        Some(Prediction::new(
+            Spread::from_fn(|_| tps),
+            Spread::from_fn(|_| ttft),
+            1.0,
+            false,
+        ))
     }
 
     /// Re-reads every backend's truth; a backend that does not answer keeps its last curve.
