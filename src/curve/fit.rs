@@ -32,9 +32,7 @@ pub fn solve<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f
     for col in 0..N {
         let pivot = (col..N).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
         // Relative to the diagonal's scale, so that units (seconds, tokens) do not matter.
-        let scale = diagonal[col]
-            .max(a[col][col].abs())
-            .max(f64::MIN_POSITIVE);
+        let scale = diagonal[col].max(a[col][col].abs()).max(f64::MIN_POSITIVE);
         if a[pivot][col].abs() <= 1e-9 * scale || a[pivot][col] == 0.0 {
             return None;
         }

@@ -1043,4 +1043,51 @@ mod tests {
         assert!(curve.points(now).is_empty());
         assert_eq!(curve.predict(2.0, 10, now), None);
     }
+
+    #[test]
+    fn an_idle_serial_engine_is_not_charged_a_queue() {
+        // A one-slot engine seen only busy: a request admitted as the n-th waits for the n - 1
+        // ahead of it, a second each, after its own 140 ms. Alone, it waits for none.
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        for n in 2..=6_u32 {
+            for _ in 0..8 {
+                let obs = Observation {
+                    ttft: Some(0.140 + 1.0 * f64::from(n - 1)),
+                    tpot: Some(1.0 / 64.0),
+                    ..observation(now, f64::from(n), 64, 1.0)
+                };
+                learn(&mut curve, &obs);
+            }
+        }
+        let fit = curve.fit(now).unwrap();
+        assert!((fit.ttft_base_s - 0.140).abs() < 0.01, "{fit:?}");
+        assert!((fit.ttft_per_seq_s - 1.0).abs() < 0.01, "{fit:?}");
+        let idle = curve.predict(1.0, 64, now).unwrap();
+        assert!((idle.ttft_p50_s - 0.140).abs() < 0.02, "{idle:?}");
+    }
+
+    #[test]
+    fn a_level_spreads_as_its_requests_did_and_says_how_likely_a_target_is() {
+        // Speeds 8 to 12 tok/s at concurrency 4, evenly: a 10 tok/s target is met by about
+        // half, 9 by three in four.
+        let now = Instant::now();
+        let mut curve = Curve::default();
+        for k in 0..=40 {
+            let obs = Observation {
+                tpot: Some(1.0 / (8.0 + 0.1 * f64::from(k))),
+                ..observation(now, 4.0, 64, 1.0)
+            };
+            learn(&mut curve, &obs);
+        }
+        let p = curve.predict(4.0, 64, now).unwrap();
+        assert!((p.per_user_tps_p10 - 8.4).abs() < 0.11, "{p:?}");
+        let half = p.chance(Some(10.0), None);
+        assert!((half - 0.5).abs() < 0.05, "{half}");
+        let most = p.chance(Some(9.0), None);
+        assert!((most - 0.75).abs() < 0.05, "{most}");
+        // TTFT: every first token came in 28 ms (20 + 2 x 4 ms): a 1-s target is sure.
+        assert!((p.chance(Some(9.0), Some(1.0)) - most).abs() < 1e-9);
+        assert_eq!(p.chance(None, Some(0.001)), 0.0);
+    }
 }

@@ -193,7 +193,10 @@ impl Model {
         let trusted_speed = present().filter(|s| s.weight >= MIN_BUCKET_WEIGHT);
         let tps_shape = shape(trusted_speed.map(|s| (s.weight, s.tps)))
             .unwrap_or_else(|| Spread::log_normal(1.0, 0.1, GUESSED_TPS_P10));
-        let trusted_starts = starts.iter().flatten().filter(|s| s.weight >= MIN_BUCKET_WEIGHT);
+        let trusted_starts = starts
+            .iter()
+            .flatten()
+            .filter(|s| s.weight >= MIN_BUCKET_WEIGHT);
         let ttft_shape = shape(trusted_starts.map(|s| (s.weight, s.queue)))
             .unwrap_or_else(|| Spread::log_normal(1.0, 0.9, GUESSED_TTFT_P90));
 
@@ -246,7 +249,9 @@ impl Model {
         let tps = match self.buckets[i] {
             Some(s) => {
                 // A bucket spans a range (16 holds 14 to 19): move it along the fit.
-                let seen = s.tps.scaled(tpot_at(s.mean_concurrency) / tpot_at(concurrency));
+                let seen = s
+                    .tps
+                    .scaled(tpot_at(s.mean_concurrency) / tpot_at(concurrency));
                 let share = observed_share(s.weight);
                 if share >= 1.0 {
                     seen
@@ -264,8 +269,8 @@ impl Model {
                 // The level's wait for the requests ahead, moved along the fit to this
                 // concurrency, plus this prompt's own prefill at the rate the wait was measured
                 // against.
-                let later = queue_at(concurrency) - queue_at(s.mean_admitted)
-                    + s.rate.prefill_s(prompt);
+                let later =
+                    queue_at(concurrency) - queue_at(s.mean_admitted) + s.rate.prefill_s(prompt);
                 let seen = s.queue.shifted(later);
                 let share = observed_share(s.weight);
                 let fitted = queue_at(concurrency) + prefill;

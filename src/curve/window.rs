@@ -627,8 +627,16 @@ mod tests {
             w.push(sample(t0, value), 1.0 + (i % 5) as f64);
             let mut pairs: Vec<(f64, f64)> = w.weighted().map(|(w, s)| (s.tps, w)).collect();
             let s = w.summary(()).unwrap();
-            assert_eq!(s.tps.quantile(0.1), weighted_quantile(&mut pairs, 0.1), "after {i}");
-            assert_eq!(s.tps.median(), weighted_quantile(&mut pairs, 0.5), "after {i}");
+            assert_eq!(
+                s.tps.quantile(0.1),
+                weighted_quantile(&mut pairs, 0.1),
+                "after {i}"
+            );
+            assert_eq!(
+                s.tps.median(),
+                weighted_quantile(&mut pairs, 0.5),
+                "after {i}"
+            );
         }
         assert_eq!(w.ranked.len(), WINDOW);
     }

@@ -28,6 +28,10 @@ pub struct Candidate<'r> {
     pub prediction: Option<Prediction>,
     /// The request's own slack there ([`Slo::slack`]); 0 without a prediction.
     pub slack: f64,
+    /// How likely the request is to meet both its targets there
+    /// ([`Prediction::chance`](crate::curve::Prediction::chance), with the TTFT budget it has
+    /// left); 0 without a prediction.
+    pub chance: f64,
     /// Every class already decoding there keeps its speed target.
     pub keeps_others: bool,
     /// After this request joins, a request of every latency class could still join and meet its
@@ -133,6 +137,7 @@ impl Router {
                         joining,
                         prediction: None,
                         slack: 0.0,
+                        chance: 0.0,
                         keeps_others: true,
                         leaves_room: true,
                         marginal_tps: 0.0,
@@ -167,6 +172,7 @@ impl Router {
                     joining,
                     prediction,
                     slack: prediction.map_or(0.0, |p| slo.slack(&p)),
+                    chance: prediction.map_or(0.0, |p| p.chance(slo.min_tps, slo.max_ttft_s)),
                     keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
                     leaves_room,
                     marginal_tps: if batch {
@@ -250,6 +256,41 @@ impl Router {
             .iter()
             .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
             .all(|c| c.slo.slack(&then) >= 0.0)
+    }
+
+    /// How many good completions admitting the request to candidate `c` (predicted `p` there)
+    /// is expected to cost the requests already there: per latency class decoding there, its
+    /// requests times how much less likely each is to reach its speed target with one more
+    /// beside it. Their first tokens are behind them (or ahead of this one in the queue).
+    pub(super) fn others_loss(
+        &self,
+        ask: &Ask<'_>,
+        policy: Policy,
+        c: &Candidate<'_>,
+        p: &Prediction,
+    ) -> f64 {
+        if c.joining <= 1 {
+            return 0.0;
+        }
+        let predictor = self.predictor(
+            c.index,
+            c.backend,
+            ask,
+            policy,
+            Instant::now(),
+            c.cache.cached_tokens,
+        );
+        let Some(before) = predictor.at(f64::from(c.joining - 1)) else {
+            return 0.0;
+        };
+        self.classes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, class)| Some((c.backend.class_in_flight(i), class.slo.min_tps?)))
+            .map(|(n, min)| {
+                f64::from(n) * (before.tps.share_above(min) - p.tps.share_above(min)).max(0.0)
+            })
+            .sum()
     }
 
     /// Whether every class with requests decoding on `backend` keeps its speed at `p`.

@@ -151,11 +151,11 @@ pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
 }
 
 /// `on_miss: best_effort`: for a latency request whose prompt some backend holds, that backend
-/// (the longest prefix, then the least violation): a request that misses its SLO anyway costs
-/// the fleet least where its prefill is cached, while a cold prefill elsewhere stalls every
-/// stream decoding there and evicts what that backend held. Otherwise the least predicted
-/// violation (for a batch request, the most added throughput); without any prediction, the
-/// fewest in flight.
+/// (the longest prefix, then the likeliest to meet the SLO): a request that misses its SLO
+/// anyway costs the fleet least where its prefill is cached, while a cold prefill elsewhere
+/// stalls every stream decoding there and evicts what that backend held. Otherwise the
+/// likeliest to meet the SLO, then the least predicted violation (for a batch request, the most
+/// added throughput); without any prediction, the fewest in flight.
 pub fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     let predicted = || {
         candidates
@@ -172,25 +172,36 @@ pub fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
                 a.cache
                     .cached_tokens
                     .cmp(&b.cache.cached_tokens)
-                    .then(a.slack.total_cmp(&b.slack))
+                    .then(likelier(a, b))
             })
-            .or_else(|| predicted().max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)))
+            .or_else(|| predicted().max_by(|(_, a), (_, b)| likelier(a, b)))
     };
     pick.or_else(|| candidates.iter().enumerate().min_by_key(|(_, c)| c.joining))
         .map(|(i, _)| i)
+}
+
+/// The candidate likelier to meet the SLO (`Greater`: `a`), then the one predicted to miss it
+/// by less.
+fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> std::cmp::Ordering {
+    a.chance
+        .total_cmp(&b.chance)
+        .then(a.slack.total_cmp(&b.slack))
 }
 
 /// Where exploring teaches the most without breaking an SLO that can be predicted: a backend
 /// whose curve has no confident answer at this concurrency (never observed, beyond twice the
 /// concurrency it has seen, or a bucket gone stale), whose prediction — when there is one —
 /// keeps this request's SLO, the speed of every class already there and (for batch work, which
-/// holds a slot for long) room for the next latency request. Least confidence first.
+/// holds a slot for long) room for the next latency request. An idle backend is tried even
+/// where thin evidence predicts a miss, as a cold one is: a fit through two samples must not
+/// lock it out for good (it costs nobody else anything). Least confidence first.
 pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
         .filter(|(_, c)| match c.prediction {
             None => true,
+            Some(p) if c.joining == 1 && p.confidence < 0.5 => c.leaves_room,
             Some(p) => {
                 (p.beyond_evidence || p.confidence < 0.5)
                     && c.keeps_others

@@ -70,6 +70,12 @@ pub struct Ask<'a> {
 /// freshest arrival takes every freed slot whatever the line's fair order says.
 pub const LINE_RESERVE: f64 = 0.2;
 
+/// The least a request sent where no backend meets its SLO at the class's percentiles must add
+/// to the expected good completions (its own chance less what it costs the requests already
+/// there): one in twenty. Below it the slot is worth more to a later request, and the class's
+/// `on_miss` applies.
+pub const MIN_CHANCE: f64 = 0.05;
+
 /// A request whose claims keep being refused is decided again at most this many times: each
 /// refusal brings the fleet's counts fresh, so a second is rare and a fourth means counts that
 /// move faster than a round trip.
@@ -109,7 +115,11 @@ pub enum Reason {
     ColdStart,
     /// Spent from the exploration budget.
     Explore,
-    /// No backend was feasible: the least predicted violation.
+    /// No backend was feasible at the class's percentiles: where the request adds the most
+    /// expected good completions, its own chance of meeting the SLO less what it costs the
+    /// requests already there.
+    BestChance,
+    /// No backend was feasible nor worth a chance, and the class sends anyway: the likeliest.
     BestEffort,
     /// Feasible after waiting in the class's line.
     Queued,
@@ -120,10 +130,11 @@ pub enum Reason {
 }
 
 impl Reason {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Feasible,
         Self::ColdStart,
         Self::Explore,
+        Self::BestChance,
         Self::BestEffort,
         Self::Queued,
         Self::Shed,
@@ -136,6 +147,7 @@ impl Reason {
             Self::Feasible => "feasible",
             Self::ColdStart => "cold_start",
             Self::Explore => "explore",
+            Self::BestChance => "best_chance",
             Self::BestEffort => "best_effort",
             Self::Queued => "queued",
             Self::Shed => "shed",
@@ -449,6 +461,12 @@ impl Router {
         } else {
             choose::among_feasible(policy, &candidates, ask)
         };
+        // A percentile is a target for choosing, not a cliff: with none feasible at it, a
+        // latency request still goes where it adds the most good completions.
+        let (pick, by_chance) = match pick {
+            None if !throughput => (self.best_chance(ask, policy, &candidates), true),
+            pick => (pick, false),
+        };
         if tracing::enabled!(tracing::Level::DEBUG)
             && let Some(i) = pick
             && !candidates[i].holds_prefix
@@ -473,7 +491,9 @@ impl Router {
         }
         let decision = pick.and_then(|i| {
             let c = &candidates[i];
-            let reason = if queued {
+            let reason = if by_chance {
+                Reason::BestChance
+            } else if queued {
                 Reason::Queued
             } else if c.prediction.is_none() {
                 Reason::ColdStart
@@ -483,6 +503,32 @@ impl Router {
             self.admit(ask, c, reason)
         });
         decision.ok_or(candidates)
+    }
+
+    /// With no candidate feasible at the class's percentiles: the one where admitting the
+    /// request adds the most expected good completions, its own chance of meeting both
+    /// targets less what it costs the requests already there ([`Router::others_loss`]), if
+    /// that is at least [`MIN_CHANCE`]. A prediction beyond the curve's evidence is a guess,
+    /// and counts only where the backend's ramp would admit it anyway.
+    fn best_chance(
+        &self,
+        ask: &Ask<'_>,
+        policy: Policy,
+        candidates: &[Candidate<'_>],
+    ) -> Option<usize> {
+        candidates
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let p = c.prediction?;
+                if p.beyond_evidence && !c.ramping {
+                    return None;
+                }
+                let gain = c.chance - self.others_loss(ask, policy, c, &p);
+                (gain >= MIN_CHANCE).then_some((i, gain))
+            })
+            .max_by(|(_, a), (_, b)| a.total_cmp(b))
+            .map(|(i, _)| i)
     }
 
     /// Waits in the class's line (in weighted fair order by tokens within the class, as

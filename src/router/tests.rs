@@ -508,3 +508,119 @@ fn while_others_wait_in_line_a_request_is_held_to_its_target_less_the_lines_rese
     assert!((own.max_ttft_s.unwrap() - 0.5).abs() < 1e-3, "{own:?}");
     drop(me);
 }
+
+/// Teaches backend `i` one request per `(concurrency, ttft_s, tps)`.
+fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
+    let now = Instant::now();
+    for &(c, ttft, tps) in requests {
+        router.backends[i].first_token(
+            "m",
+            &FirstToken {
+                at: now,
+                ttft,
+                prompt_tokens: Some(10),
+                admitted_with: c,
+                queued_with: 0,
+            },
+        );
+        router.backends[i].record(
+            "m",
+            &Observation {
+                at: now,
+                outcome: Outcome::Completed,
+                ttft: Some(ttft),
+                tpot: Some(1.0 / tps),
+                output_tokens: 64,
+                estimated: false,
+                prompt_tokens: Some(10),
+                concurrency: Some(c),
+            },
+        );
+    }
+}
+
+/// A class that wants 10 tok/s from nine requests in ten and a first token within a second,
+/// shedding what it cannot place.
+const MARGINAL: &str = "- {name: marginal, min_tps: 10, max_ttft_ms: 1000, on_miss: shed}\n";
+
+fn reason_of(router: &Router, ask: &Ask<'_>) -> Result<Reason, ErrorKind> {
+    match router.route(ask) {
+        Ok(Some(d)) => Ok(d.reason),
+        Ok(None) => Err(ErrorKind::NoBackendAvailable),
+        Err(e) => Err(e.kind()),
+    }
+}
+
+#[test]
+fn a_backend_whose_p10_sits_just_below_the_target_still_serves() {
+    // A noisy batching engine: per-user speed 9 to 13 tok/s at every level up to 8 (its p10
+    // about 9.5, its median 11), first tokens in 150 ms. No level reaches a p10 of 10.
+    let router = router_from(&["noisy"], MARGINAL, 0.0);
+    let speeds = [9.0, 9.5, 10.2, 10.6, 11.0, 11.4, 11.8, 12.4, 13.0];
+    let requests: Vec<_> = (1..=8)
+        .flat_map(|c| speeds.map(|tps| (f64::from(c), 0.15, tps)))
+        .collect();
+    teach_each(&router, 0, &requests);
+    let ask = ask(&router, 0);
+    let candidates = router.candidates(&ask, Policy::Headroom);
+    assert!(!candidates[0].feasible(), "its p10 misses the target");
+    assert!(candidates[0].chance > 0.7, "{}", candidates[0].chance);
+    let _held = occupy(&router, 0, 0, 3);
+    assert_eq!(reason_of(&router, &ask), Ok(Reason::BestChance));
+}
+
+#[test]
+fn a_request_that_would_cost_the_others_more_than_it_adds_gets_its_classs_on_miss() {
+    // Speed falls with load, spread ±10% about it: 14 tok/s alone, 2 fewer per request
+    // beyond four in flight. Joining as the 7th, a request meets 10 tok/s about half the
+    // time, and makes it a coin toss for the six already there, who were likelier before.
+    let router = router_from(&["falling"], MARGINAL, 0.0);
+    let requests: Vec<_> = (1..=8_u32)
+        .flat_map(|c| {
+            let median = 14.0 - 2.0 * f64::from(c.saturating_sub(4));
+            [0.88, 0.92, 0.96, 1.0, 1.04, 1.08, 1.12].map(|k| (f64::from(c), 0.15, median * k))
+        })
+        .collect();
+    teach_each(&router, 0, &requests);
+    let ask = ask(&router, 0);
+    let _held = occupy(&router, 0, 0, 6);
+    assert_eq!(reason_of(&router, &ask), Err(ErrorKind::SloUnmet));
+    drop(_held);
+    let _held = occupy(&router, 0, 0, 4);
+    assert_eq!(
+        reason_of(&router, &ask),
+        Ok(Reason::BestChance),
+        "the 5th is likelier, and costs the four little"
+    );
+}
+
+#[test]
+fn a_two_sample_fit_does_not_lock_a_backend_out() {
+    // A one-slot engine seen twice: alone (first token in 139 ms, 64 tok/s), then behind one
+    // other (4.95 s). Idle, it is the case it was seen meet the SLO with room to spare.
+    let router = router_from(&["serial"], MARGINAL, 0.0);
+    teach_each(&router, 0, &[(1.0, 0.139, 64.0), (2.0, 4.95, 64.0)]);
+    let p = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
+        .prediction
+        .unwrap();
+    assert!(p.ttft_p50_s < 0.2, "{p:?}");
+    assert!(matches!(
+        reason_of(&router, &ask(&router, 0)),
+        Ok(Reason::Feasible | Reason::BestChance)
+    ));
+    // Busy, it is not: the second's wait is believed.
+    let _held = occupy(&router, 0, 0, 1);
+    assert_eq!(
+        reason_of(&router, &ask(&router, 0)),
+        Err(ErrorKind::SloUnmet)
+    );
+}
+
+#[test]
+fn an_idle_backend_whose_thin_evidence_predicts_a_miss_is_explored_again() {
+    // One slow first token alone (1.4 s, past the 1-s target) and nothing else: without
+    // exploration the backend would never be tried again, and never shown otherwise.
+    let router = router_from(&["unlucky"], MARGINAL, 0.5);
+    teach_each(&router, 0, &[(1.0, 1.4, 64.0)]);
+    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Explore));
+}
