@@ -147,6 +147,14 @@ pub struct EngineFlags {
     /// Prefill speed, prompt tokens per second [default: 8000].
     #[arg(long)]
     pub prefill_tokens_per_s: Option<f64>,
+    /// Decode stall of every admission beyond its prompt's prefill, ms (an engine without
+    /// chunked prefill) [default: 0].
+    #[arg(long)]
+    pub prefill_stall_ms: Option<f64>,
+    /// Per-request speed spread: the 10th percentile this many percent below the median
+    /// (0-90) [default: 0].
+    #[arg(long)]
+    pub speed_spread_pct: Option<f64>,
     /// Per-token timing jitter, percent of a step (0-50) [default: 0].
     #[arg(long)]
     pub jitter_pct: Option<f64>,
@@ -588,6 +596,8 @@ impl SimArgs {
             prefill_tokens_per_s: f
                 .prefill_tokens_per_s
                 .unwrap_or(defaults.prefill_tokens_per_s),
+            prefill_stall_ms: f.prefill_stall_ms.unwrap_or(defaults.prefill_stall_ms),
+            speed_spread_pct: f.speed_spread_pct.unwrap_or(defaults.speed_spread_pct),
             jitter_pct: f.jitter_pct.unwrap_or(defaults.jitter_pct),
             extra_ttft_ms: f.extra_ttft_ms.unwrap_or(defaults.extra_ttft_ms),
             default_max_tokens: f.default_max_tokens.unwrap_or(defaults.default_max_tokens),

@@ -25,7 +25,8 @@ use crate::stack::Stack;
 /// How often the metrics recorder's buffers are drained.
 const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// How often curves are checked for first tokens from a drained queue to forget.
+/// How often curves are checked for first tokens from a drained queue to forget (and classes
+/// for an SLO that no backend meets).
 const FORGET_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// The gateway, serving until [`Gateway::stop`] or drop.
@@ -178,7 +179,8 @@ impl Gateway {
             }
         });
         // First tokens from a burst's queue are forgotten on time even where no traffic comes
-        // to rebuild a curve (a backend that looks slow gets none).
+        // to rebuild a curve (a backend that looks slow gets none); and a class whose SLO no
+        // backend meets is told to the operator as soon as the curves show it.
         let mut stopped_forget = stop.subscribe();
         let forget_live = Arc::clone(&live);
         let forget = tokio::spawn(async move {
@@ -186,9 +188,11 @@ impl Gateway {
             loop {
                 tokio::select! {
                     now = every.tick() => {
-                        for backend in forget_live.load().router.backends() {
+                        let router = &forget_live.load().router;
+                        for backend in router.backends() {
                             backend.forget_drained_queues(now);
                         }
+                        router.warn_unmet_slos();
                     }
                     _ = stopped_forget.wait_for(|s| *s) => return,
                 }

@@ -36,10 +36,13 @@ pub const CURVE_TPS: &str = "tpsgate_curve_per_user_tps";
 /// The curve's TTFT by concurrency bucket and quantile, seconds.
 pub const CURVE_TTFT: &str = "tpsgate_curve_ttft_seconds";
 /// Routing decisions by class, policy and reason (`feasible`, `cold_start`, `explore`,
-/// `best_effort`, `queued`, `shed`, `baseline`).
+/// `best_chance`, `best_effort`, `queued`, `shed`, `baseline`).
 pub const ROUTE_DECISIONS: &str = "tpsgate_route_decisions_total";
 /// The derived concurrency cap per backend, model and class.
 pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
+/// Per latency class: 1 while some backend's curve meets its SLO with one request alone, 0
+/// while none does (unset before any curve has evidence).
+pub const SLO_FEASIBLE: &str = "tpsgate_slo_feasible";
 /// Recent share of a backend's completed requests that met their class's SLO, per class.
 pub const SLO_ATTAINMENT: &str = "tpsgate_slo_attainment";
 /// Blocks a backend's prefix index holds, and the most it may hold (calibrated), by `kind`
@@ -203,6 +206,12 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
             G,
             N,
             "The derived concurrency cap per backend, model and class",
+        ),
+        (
+            SLO_FEASIBLE,
+            G,
+            N,
+            "1 while some backend meets the class's SLO with one request alone, 0 while none does",
         ),
         (
             PREFIX_INDEX_BLOCKS,

@@ -6,7 +6,7 @@ use metrics::gauge;
 use crate::router::Router;
 use crate::telemetry::{
     BACKEND_HEALTHY, CONCURRENCY_CAP, CURVE_TPS, CURVE_TTFT, IN_FLIGHT, PREFIX_HIT_RATIO,
-    PREFIX_INDEX_BLOCKS, QUEUE_WAITING, SLO_ATTAINMENT, prometheus,
+    PREFIX_INDEX_BLOCKS, QUEUE_WAITING, SLO_ATTAINMENT, SLO_FEASIBLE, prometheus,
 };
 
 /// Renders `/metrics`: refreshes the in-flight, curve, process and standing gauges (with the
@@ -67,6 +67,12 @@ pub fn render(router: &Router, last_reload: Option<(u64, bool)>) -> String {
                     }
                 }
             }
+        }
+    }
+    for standing in router.standings() {
+        if let Some(feasible) = standing.feasible {
+            gauge!(SLO_FEASIBLE, "class" => standing.class.to_string())
+                .set(f64::from(u8::from(feasible)));
         }
     }
     for cap in router.caps() {

@@ -268,11 +268,29 @@ fn curves(router: &Router) -> serde_json::Value {
             }));
         }
     }
+    let standings = router.standings();
     let classes: Vec<_> = classes
         .iter()
-        .map(|c| json!({"name": &*c.name, "min_tps": c.slo.min_tps, "max_ttft_s": c.slo.max_ttft_s, "tps_percentile": c.slo.tps_percentile, "ttft_percentile": c.slo.ttft_percentile, "policy": c.policy, "on_miss": c.on_miss}))
+        .map(|c| {
+            let standing = standings.iter().find(|s| s.class == c.name);
+            json!({"name": &*c.name, "min_tps": c.slo.min_tps, "max_ttft_s": c.slo.max_ttft_s, "tps_percentile": c.slo.tps_percentile, "ttft_percentile": c.slo.ttft_percentile, "policy": c.policy, "on_miss": c.on_miss,
+                "feasible": standing.and_then(|s| s.feasible), "best_backend": standing.and_then(|s| s.best.as_ref()).map(best_json)})
+        })
         .collect();
     json!({"curves": list, "classes": classes})
+}
+
+/// The backend likeliest to meet a class's SLO alone, as `/admin/curves` shows it.
+fn best_json(best: &crate::router::Best) -> serde_json::Value {
+    json!({
+        "backend": &*best.backend,
+        "model": &*best.model,
+        "per_user_tps_p50": best.per_user_tps_p50,
+        "per_user_tps_p10": best.per_user_tps_p10,
+        "ttft_p50_s": best.ttft_p50_s,
+        "ttft_p90_s": best.ttft_p90_s,
+        "chance": best.chance,
+    })
 }
 
 /// What the curve's current model predicts for one more request (with a short prompt) joining

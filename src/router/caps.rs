@@ -1,8 +1,9 @@
 //! Derived concurrency caps: per backend, model and latency class, the largest concurrency the
 //! curve predicts still meets the class's SLO (for `/admin/curves` and the
-//! `tpsgate_concurrency_cap` gauge).
+//! `tpsgate_concurrency_cap` gauge); and per class whether any backend meets it at all.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::Router;
 
@@ -43,5 +44,123 @@ impl Router {
             }
         }
         caps
+    }
+}
+
+/// Whether a latency class's SLO is met anywhere, as far as the curves know: its standing on
+/// `/admin/curves`, the `tpsgate_slo_feasible` gauge and the warning the gateway logs once.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    /// Class name.
+    pub class: Arc<str>,
+    /// Some backend is predicted to meet the SLO at its percentiles with one request alone;
+    /// `None` before any curve has evidence.
+    pub feasible: Option<bool>,
+    /// The backend likeliest to meet the SLO alone, with what its curve says there.
+    pub best: Option<Best>,
+}
+
+/// The backend and model likeliest to meet a class's SLO with one request alone.
+#[derive(Debug, Clone)]
+pub struct Best {
+    /// Backend name.
+    pub backend: Arc<str>,
+    /// Client model name.
+    pub model: Arc<str>,
+    /// Its curve alone: per-user TPS median and 10th percentile, TTFT median and 90th.
+    pub per_user_tps_p50: f64,
+    /// See `per_user_tps_p50`.
+    pub per_user_tps_p10: f64,
+    /// See `per_user_tps_p50`.
+    pub ttft_p50_s: f64,
+    /// See `per_user_tps_p50`.
+    pub ttft_p90_s: f64,
+    /// How likely a lone request is to meet both targets there.
+    pub chance: f64,
+}
+
+impl Router {
+    /// Per latency class: whether any backend's curve predicts it meets the SLO with one request
+    /// alone, and which comes closest. A class no backend meets even idle is served where its
+    /// requests are likeliest to meet it (see [`super::MIN_CHANCE`]); the operator should know.
+    pub fn standings(&self) -> Vec<Standing> {
+        let alone: Vec<_> = self
+            .backends
+            .iter()
+            .flat_map(|b| {
+                b.curves.iter().filter_map(|entry| {
+                    let model = entry.value().model()?;
+                    Some((
+                        Arc::clone(&b.config.name),
+                        Arc::clone(entry.key()),
+                        model.predict(1.0, 0),
+                    ))
+                })
+            })
+            .collect();
+        self.classes
+            .iter()
+            .filter(|c| !c.slo.is_batch())
+            .map(|class| {
+                let slo = class.slo;
+                let chance = |p: &crate::curve::Prediction| p.chance(slo.min_tps, slo.max_ttft_s);
+                let best = alone
+                    .iter()
+                    .max_by(|a, b| {
+                        chance(&a.2)
+                            .total_cmp(&chance(&b.2))
+                            .then(slo.slack(&a.2).total_cmp(&slo.slack(&b.2)))
+                    })
+                    .map(|(backend, model, p)| Best {
+                        backend: Arc::clone(backend),
+                        model: Arc::clone(model),
+                        per_user_tps_p50: p.per_user_tps_p50,
+                        per_user_tps_p10: p.per_user_tps_p10,
+                        ttft_p50_s: p.ttft_p50_s,
+                        ttft_p90_s: p.ttft_p90_s,
+                        chance: chance(p),
+                    });
+                Standing {
+                    class: Arc::clone(&class.name),
+                    feasible: (!alone.is_empty())
+                        .then(|| alone.iter().any(|(_, _, p)| slo.slack(p) >= 0.0)),
+                    best,
+                }
+            })
+            .collect()
+    }
+
+    /// Warns, once per class, when the curves first show that no backend meets its SLO even
+    /// with one request alone, naming the best backend's figures.
+    pub fn warn_unmet_slos(&self) {
+        for standing in self.standings() {
+            let (Some(false), Some(best)) = (standing.feasible, &standing.best) else {
+                continue;
+            };
+            let Some(i) = self.classes.iter().position(|c| c.name == standing.class) else {
+                continue;
+            };
+            if self.unmet_warned[i].swap(true, Ordering::Relaxed) {
+                continue;
+            }
+            let slo = self.classes[i].slo;
+            tracing::warn!(
+                class = &*standing.class,
+                min_tps = slo.min_tps,
+                tps_percentile = slo.tps_percentile,
+                max_ttft_ms = slo.max_ttft_s.map(|s| s * 1e3),
+                ttft_percentile = slo.ttft_percentile,
+                best_backend = &*best.backend,
+                model = &*best.model,
+                tps_p10 = best.per_user_tps_p10,
+                tps_p50 = best.per_user_tps_p50,
+                ttft_p50_ms = best.ttft_p50_s * 1e3,
+                ttft_p90_ms = best.ttft_p90_s * 1e3,
+                chance = best.chance,
+                "no backend meets this class's SLO even with one request alone: its requests go \
+                 where they are likeliest to meet it (route reason best_chance); loosen the SLO \
+                 or add a faster backend"
+            );
+        }
     }
 }

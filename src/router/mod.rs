@@ -22,7 +22,7 @@ pub mod oracle;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use metrics::Counter;
@@ -37,7 +37,7 @@ use crate::error::{Error, ErrorKind};
 use crate::fleet::{Backend, Claimed, Hit, InFlightGuard, Line, Share};
 use crate::prefix::RequestPrefix;
 pub use candidates::Candidate;
-pub use caps::Cap;
+pub use caps::{Best, Cap, Standing};
 use oracle::Oracle;
 
 /// What the router needs to know about a request.
@@ -202,6 +202,8 @@ pub struct Router {
     explored: AtomicU64,
     /// Decision counters by class (the last row: requests without a class) and [`Reason`].
     counters: Vec<[Counter; Reason::ALL.len()]>,
+    /// Per class: the warning that no backend meets its SLO has been logged.
+    unmet_warned: Vec<AtomicBool>,
 }
 
 impl Router {
@@ -232,6 +234,7 @@ impl Router {
             routing.policy,
             labels,
         ));
+        let unmet_warned = classes.iter().map(|_| AtomicBool::new(false)).collect();
         Self {
             backends,
             entries,
@@ -243,6 +246,7 @@ impl Router {
             decided: AtomicU64::new(0),
             explored: AtomicU64::new(0),
             counters,
+            unmet_warned,
         }
     }
 

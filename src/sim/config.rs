@@ -127,6 +127,15 @@ pub struct EngineRaw {
     pub max_batch: Option<u32>,
     /// Prefill speed: a prompt of P tokens stalls decoding for P / this seconds.
     pub prefill_tokens_per_s: f64,
+    /// Each admission stalls every running request's decode this much longer than its prompt's
+    /// prefill, milliseconds: the newcomer's forward pass of its own, as engines without
+    /// chunked prefill run it whatever its length. Speed then falls with the arrival rate too,
+    /// and a request's speed with the arrivals during its decode.
+    pub prefill_stall_ms: f64,
+    /// Each request decodes at a speed of its own, drawn once at admission: log-normal about
+    /// the engine's, its 10th percentile this many percent below the median (0..=90). A
+    /// batching engine measured on an H100 spread so at 30 (p10 / p50 = 0.7 at concurrency 8).
+    pub speed_spread_pct: f64,
     /// Each token's emission time deviates from its grid point by up to this share of a step, in
     /// percent (0..=50). It does not drift: the mean rate stays exact.
     pub jitter_pct: f64,
@@ -145,6 +154,8 @@ impl Default for EngineRaw {
             step_per_seq_ms: 0.83,
             max_batch: None,
             prefill_tokens_per_s: 8000.0,
+            prefill_stall_ms: 0.0,
+            speed_spread_pct: 0.0,
             jitter_pct: 0.0,
             extra_ttft_ms: 0.0,
             default_max_tokens: 256,
@@ -255,6 +266,11 @@ pub struct Timing {
     pub max_batch: usize,
     /// Prefill speed, tokens per second.
     pub prefill_tokens_per_s: f64,
+    /// Decode stall of every admission beyond its prompt's prefill, seconds.
+    pub prefill_stall: f64,
+    /// The share below its median at which a request's own speed has its 10th percentile
+    /// (0..=0.9).
+    pub speed_spread: f64,
     /// Emission jitter as a fraction of a step (0..=0.5).
     pub jitter: f64,
     /// Delay before the engine sees the request.
@@ -271,7 +287,7 @@ impl Timing {
 
     /// Decode stall caused by admitting a prompt of `prompt_tokens`, seconds.
     pub fn prefill(&self, prompt_tokens: u32) -> f64 {
-        f64::from(prompt_tokens) / self.prefill_tokens_per_s
+        f64::from(prompt_tokens) / self.prefill_tokens_per_s + self.prefill_stall
     }
 }
 
@@ -497,6 +513,22 @@ impl EngineRaw {
             0.0,
             "use 0 or more",
         )?;
+        finite_at_least(
+            at,
+            "prefill_stall_ms",
+            self.prefill_stall_ms,
+            0.0,
+            "use 0 or more",
+        )?;
+        if !(0.0..=90.0).contains(&self.speed_spread_pct) {
+            return Err(ConfigError::at(
+                format!("{at}.speed_spread_pct"),
+                format!(
+                    "{} is out of range: use 0 to 90 (percent below the median at the 10th percentile)",
+                    self.speed_spread_pct
+                ),
+            ));
+        }
         if !(0.0..=50.0).contains(&self.jitter_pct) {
             return Err(ConfigError::at(
                 format!("{at}.jitter_pct"),
@@ -535,6 +567,8 @@ impl EngineRaw {
             step_per_seq: self.step_per_seq_ms / 1e3,
             max_batch,
             prefill_tokens_per_s: self.prefill_tokens_per_s,
+            prefill_stall: self.prefill_stall_ms / 1e3,
+            speed_spread: self.speed_spread_pct / 100.0,
             jitter: self.jitter_pct / 100.0,
             extra_ttft: Duration::from_secs_f64(self.extra_ttft_ms / 1e3),
             default_max_tokens: self.default_max_tokens,

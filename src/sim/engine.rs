@@ -10,8 +10,11 @@
 //! jitter, drawn per token from `±jitter` of a step around that grid point, so it never drifts).
 //!
 //! Admitting a request with a prompt of `P` tokens stalls decoding for all running requests by
-//! `P / prefill_tokens_per_s` (`V` stands still: the prefill lengthens the step it joins, as with
-//! chunked prefill); prompts admitted together prefill back to back. The newcomer's first token
+//! `P / prefill_tokens_per_s` plus `prefill_stall` (`V` stands still: the prefill lengthens the
+//! step it joins, and an engine without chunked prefill runs a forward pass of its own for it);
+//! prompts admitted together prefill back to back. With `speed_spread`, each request takes its
+//! own number of steps per token after the first, drawn once at admission: some requests
+//! decode slower than others at the same batch, as measured on real engines. The newcomer's first token
 //! comes one full step after its prefill ends. With nothing queued ahead, TTFT is therefore
 //! `P / prefill + s(b)` exactly, where `b` counts the newcomer.
 //!
@@ -174,6 +177,9 @@ struct Scheduler {
 
 struct Running {
     v0: f64,
+    /// Steps per token after the first: 1, or the request's own speed drawn at admission
+    /// (`Timing::speed_spread`).
+    pace: f64,
     emitted: u32,
     max_tokens: u32,
     tokens: mpsc::UnboundedSender<()>,
@@ -305,7 +311,7 @@ impl Scheduler {
                 self.running.remove(key);
                 self.stats.completed.fetch_add(1, AtomicOrdering::Relaxed);
             } else {
-                let v = run.v0 + f64::from(run.emitted + 1) + self.jitter();
+                let v = run.v0 + 1.0 + f64::from(run.emitted) * run.pace + self.jitter();
                 self.due.push(Due { v, key });
             }
         }
@@ -326,8 +332,10 @@ impl Scheduler {
             self.stall_until = self.stall_until.max(now) + prefill;
             let v0 = self.v;
             let first = v0 + 1.0 + self.jitter();
+            let pace = self.pace();
             let key = self.running.insert(Running {
                 v0,
+                pace,
                 emitted: 0,
                 max_tokens: job.max_tokens,
                 tokens: job.tokens,
@@ -335,6 +343,21 @@ impl Scheduler {
             self.due.push(Due { v: first, key });
             self.stats.admitted.fetch_add(1, AtomicOrdering::Relaxed);
         }
+    }
+
+    /// A new request's steps per token: log-normal about 1, so that its speed's 10th percentile
+    /// is `speed_spread` below the median (`z` of the 10th percentile: −1.2816).
+    fn pace(&mut self) -> f64 {
+        let spread = self.timing.speed_spread;
+        if spread <= 0.0 {
+            return 1.0;
+        }
+        let sigma = -(1.0 - spread).ln() / 1.281_552;
+        // Box–Muller: one standard normal from two uniforms.
+        let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
+        let v: f64 = self.rng.random();
+        let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+        (-sigma * z).exp()
     }
 
     fn jitter(&mut self) -> f64 {
@@ -366,6 +389,8 @@ mod tests {
             step_per_seq: per_seq_ms / 1e3,
             max_batch,
             prefill_tokens_per_s: 1000.0,
+            prefill_stall: 0.0,
+            speed_spread: 0.0,
             jitter: 0.0,
             extra_ttft: Duration::ZERO,
             default_max_tokens: 16,
@@ -462,5 +487,46 @@ mod tests {
         assert!(spread > 0.004, "gaps should vary: spread {spread}");
         let tpot = (times[200] - times[0]) / 200.0;
         assert!((tpot - 0.010).abs() < 0.0001, "mean TPOT {tpot}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_a_speed_spread_requests_of_one_batch_decode_at_speeds_of_their_own() {
+        let mut spread = timing(10.0, 0.0, 256);
+        spread.speed_spread = 0.3;
+        let engine = Engine::spawn(spread);
+        let start = Instant::now();
+        let rxs: Vec<_> = (0..200).map(|_| engine.submit(0, 41)).collect();
+        let all =
+            futures_util::future::join_all(rxs.into_iter().map(|rx| arrivals(rx, start))).await;
+        let mut tps: Vec<f64> = all.iter().map(|t| 40.0 / (t[40] - t[0])).collect();
+        tps.sort_by(f64::total_cmp);
+        // 100 tok/s at the median; the 10th percentile about 70 (200 draws: within five
+        // standard errors).
+        let (p10, p50) = (tps[20], tps[100]);
+        assert!((85.0..=118.0).contains(&p50), "{tps:?}");
+        assert!((0.55..=0.85).contains(&(p10 / p50)), "{tps:?}");
+        // The first token is one step after admission, whatever the request's own speed.
+        assert!(all.iter().all(|t| (t[0] - 0.010).abs() < 0.0011));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_admission_stalls_the_batch_for_its_forward_pass() {
+        let mut stalling = timing(10.0, 0.0, 8);
+        stalling.prefill_stall = 0.050;
+        let engine = Engine::spawn(stalling);
+        let start = Instant::now();
+        let first = tokio::spawn(arrivals(engine.submit(0, 20), start));
+        tokio::time::sleep(Duration::from_millis(105)).await;
+        // A second request joins: the first one's next token waits 50 ms longer.
+        let second = tokio::spawn(arrivals(engine.submit(0, 2), start));
+        let (first, second) = (first.await.unwrap(), second.await.unwrap());
+        let gaps: Vec<f64> = first.windows(2).map(|w| w[1] - w[0]).collect();
+        let longest = gaps.iter().copied().fold(0.0_f64, f64::max);
+        assert!((longest - 0.060).abs() < 0.0015, "{gaps:?}");
+        // Its own first token comes after its own stall and a step.
+        assert!(
+            (second[0] - (0.105 + 0.050 + 0.010)).abs() < 0.0015,
+            "{second:?}"
+        );
     }
 }

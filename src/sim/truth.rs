@@ -127,6 +127,8 @@ mod tests {
             step_per_seq: 0.001,
             max_batch,
             prefill_tokens_per_s: 1000.0,
+            prefill_stall: 0.0,
+            speed_spread: 0.0,
             jitter: 0.0,
             extra_ttft: Duration::from_millis(5),
             default_max_tokens: 16,

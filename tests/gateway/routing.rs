@@ -558,3 +558,71 @@ async fn a_prior_steers_the_first_requests_and_a_bench_file_imports_as_one() {
     assert_eq!(err.path, "backends[1].prior.bench_file");
     assert!(err.message.contains("missing.jsonl"), "{}", err.message);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_slo_no_backend_meets_even_alone_is_shown_to_the_operator_and_warned_of_once() {
+    // A 10 tok/s backend under a class that wants 25: not even a lone request meets it.
+    let (_fleet, slow) = support::start_engine("slow", support::engine(100.0, 0.0, 8)).await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        format!(
+            "listen: {{address: 127.0.0.1:0}}\nadmin: {{listen: 127.0.0.1:0}}\nbackends:\n{}\
+             classes:\n  - {{name: eager, min_tps: 25, max_ttft_ms: 2000, on_miss: shed}}\n\
+             default_class: eager\n",
+            support::backend_yaml("slow", slow, "openai", "    models: {m: m}\n"),
+        ),
+    )
+    .unwrap();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut command = support::tpsgate();
+    command
+        .args(["serve", "--config"])
+        .arg(file.path())
+        .stderr(log.reopen().unwrap());
+    let mut gw = support::spawn_listening(command).await;
+    let admin = support::admin_of(&gw);
+    let client = http_client(None).unwrap();
+    // The first request is the backend's cold start, and teaches its curve.
+    assert_eq!(chat(&client, gw.addr, &[]).await.status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let class = loop {
+        let curves = support::get_json(admin, "/admin/curves").await;
+        let class = curves["classes"][0].clone();
+        if class["feasible"] == json!(false) || Instant::now() > deadline {
+            break class;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(class["feasible"], json!(false), "{class}");
+    let best = &class["best_backend"];
+    assert_eq!(best["backend"], "slow", "{class}");
+    let tps = best["per_user_tps_p50"].as_f64().unwrap();
+    assert!((8.0..=11.0).contains(&tps), "{class}");
+    let metrics = support::exchange(admin, Method::GET, "/metrics", None).await;
+    let text = String::from_utf8(metrics.body()).unwrap();
+    assert!(
+        text.contains("tpsgate_slo_feasible{class=\"eager\"} 0"),
+        "{text}"
+    );
+    let dom = support::dashboard_dom(admin).await;
+    assert!(dom.contains(r#"data-class="eager""#), "{dom}");
+    // More requests, more checks: still one warning.
+    for _ in 0..3 {
+        chat(&client, gw.addr, &[]).await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let _ = gw.child.kill();
+    let _ = gw.child.wait();
+    let logged = std::fs::read_to_string(log.path()).unwrap();
+    let warnings: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("no backend meets this class's SLO"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{logged}");
+    assert!(
+        warnings[0].contains("eager") && warnings[0].contains("slow"),
+        "{}",
+        warnings[0]
+    );
+}
