@@ -7,9 +7,15 @@
 # arrivals (bench --seed k), so that policies differ only by where they send them. Writes the
 # table into BENCHMARKS.md between the goodput markers (median over runs).
 #
-# Usage: benches/goodput.sh [RUNS=3] [RATES=4,8,12] [DURATION_S=60] [POLICIES...]
-# Needs ports 8180, 9190 and 9101-9104 free. About 4 minutes per policy per run (a request not
-# done in 30 s counts as failed).
+# Usage: benches/goodput.sh [RUNS=3] [RATES=4,8,12] [DURATION_S=60] [ARMS...]
+# An arm is a policy, or `policy:on_miss` (`headroom:best_effort`): the interactive class's
+# `on_miss` is `queue` unless an arm names another.
+# Environment: FLEET=noisy runs config/sim-fleet-noisy.yaml behind benches/noisy-gateway.yaml
+# (two engines like the first real ones: speed spread from request to request, a prefill that
+# stalls the batch); SLO_TPS and SLO_TTFT_MS set the interactive SLO (default 25 tok/s, 1000
+# ms) in the gateway and the scoring alike. Only the default fleet and SLO write BENCHMARKS.md.
+# Needs ports 8180, 9190 and 9101-9104 (9111-9112 for FLEET=noisy) free. About 4 minutes per
+# policy per run (a request not done in 30 s counts as failed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -17,35 +23,49 @@ rates=${2:-4,8,12}
 duration=${3:-60}
 shift $(( $# < 3 ? $# : 3 ))
 policies=${*:-headroom round_robin least_inflight p2c_peak_ewma lowest_ttft oracle}
+fleet=${FLEET:-default}
+slo_tps=${SLO_TPS:-25}
+slo_ttft=${SLO_TTFT_MS:-1000}
+case "$fleet" in
+  default) sim_config=config/sim-fleet.yaml gateway=benches/goodput-gateway.yaml model=llama-3.1-8b ;;
+  noisy) sim_config=config/sim-fleet-noisy.yaml gateway=benches/noisy-gateway.yaml model=tiny-llama ;;
+  *) echo "FLEET is default or noisy" >&2; exit 2 ;;
+esac
 cargo build --release --quiet
-bin=target/release/tpsgate
+bin=${BIN:-target/release/tpsgate}
 out=target/goodput
+[ "$fleet/$slo_tps/$slo_ttft" = default/25/1000 ] || out="target/goodput-$fleet-$slo_tps-$slo_ttft"
 mkdir -p "$out"
 # Given policies re-measure just those: their old rows go, the others stay.
 if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
-  for policy in $policies; do sed -i "/\"policy\":\"$policy\"/d" "$out/results.jsonl"; done
+  for arm in $policies; do sed -i "/\"policy\":\"$arm\"/d" "$out/results.jsonl"; done
 else
   rm -f "$out"/*.jsonl
 fi
 source benches/procs.sh
 bench() { # extra args...
-  "$bin" bench --url http://127.0.0.1:8180 --model llama-3.1-8b --prompt-tokens 64 \
-    --max-tokens 128 --mix interactive=0.8,batch=0.2:512 --slo-tps 25 --slo-ttft-ms 1000 \
-    --timeout 30 "$@" 2>/dev/null
+  "$bin" bench --url http://127.0.0.1:8180 --model "$model" --prompt-tokens 64 \
+    --max-tokens 128 --mix interactive=0.8,batch=0.2:512 --slo-tps "$slo_tps" \
+    --slo-ttft-ms "$slo_ttft" --timeout 30 "$@" 2>/dev/null
 }
 for run in $(seq "$runs"); do
-  for policy in $policies; do
-    "$bin" sim --config config/sim-fleet.yaml >/dev/null 2>&1 & pids+=($!)
-    sed "s/^  policy: headroom/  policy: $policy/" benches/goodput-gateway.yaml >"$out/gateway-$policy.yaml"
-    "$bin" serve --config "$out/gateway-$policy.yaml" >"$out/gateway-$policy.log" 2>&1 & pids+=($!)
+  for arm in $policies; do
+    policy=${arm%%:*}
+    on_miss=queue
+    [ "$policy" = "$arm" ] || on_miss=${arm#*:}
+    "$bin" sim --config "$sim_config" >/dev/null 2>&1 & pids+=($!)
+    sed -e "s/^  policy: headroom/  policy: $policy/" -e "s/on_miss: queue/on_miss: $on_miss/" \
+      -e "s/min_tps: 25/min_tps: $slo_tps/" -e "s/max_ttft_ms: 1000/max_ttft_ms: $slo_ttft/" \
+      "$gateway" >"$out/gateway-$arm.yaml"
+    "$bin" serve --config "$out/gateway-$arm.yaml" >"$out/gateway-$arm.log" 2>&1 & pids+=($!)
     sleep 1
     bench --rate 5 --duration 20 --seed "$((1000 + run))" --json >/dev/null   # warm-up: curves form
     bench --rate "$rates" --duration "$duration" --seed "$run" --json \
-      | sed "s/^/{\"policy\":\"$policy\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results.jsonl"
-    echo "run $run: $policy done" >&2
+      | sed "s/^/{\"policy\":\"$arm\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results.jsonl"
+    echo "run $run: $arm done" >&2
     stop
   done
 done
-python3 benches/goodput_table.py "$out/results.jsonl" >"$out/table.md"
+SLO_TPS=$slo_tps SLO_TTFT_MS=$slo_ttft python3 benches/goodput_table.py "$out/results.jsonl" >"$out/table.md"
 cat "$out/table.md"
-python3 benches/splice.py goodput "$out/table.md"
+if [ "$out" = target/goodput ]; then python3 benches/splice.py goodput "$out/table.md"; fi
