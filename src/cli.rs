@@ -233,6 +233,24 @@ pub struct BenchArgs {
     /// closed loop).
     #[arg(long, value_delimiter = ',')]
     pub rate: Vec<f64>,
+    /// Replay a trace at its own arrival times, with its own prompt and output lengths (and
+    /// shared prefixes, where it has them): Mooncake JSON Lines or the Azure LLM inference CSV.
+    /// Reports per window of arrivals, then the whole replay.
+    #[arg(long, conflicts_with_all = ["rate", "prompts", "shared_prefix", "conversation", "mix"])]
+    pub trace: Option<PathBuf>,
+    /// Trace replay: arrival times multiplied by this (0.5 replays twice as fast).
+    #[arg(long, default_value_t = 1.0, requires = "trace")]
+    pub time_scale: f64,
+    /// Trace replay: prompt and output lengths (and the 512-token blocks of shared prefixes)
+    /// multiplied by this.
+    #[arg(long, default_value_t = 1.0, requires = "trace")]
+    pub token_scale: f64,
+    /// Trace replay: only the arrivals within this many seconds (after --time-scale).
+    #[arg(long, requires = "trace")]
+    pub trace_until: Option<f64>,
+    /// Trace replay: report per window of this many seconds of arrivals.
+    #[arg(long, default_value_t = 60.0, requires = "trace")]
+    pub window: f64,
     /// Open loop: how long arrivals go on at each rate, seconds.
     #[arg(long, default_value_t = 30.0)]
     pub duration: f64,
@@ -861,6 +879,9 @@ async fn run_bench(args: BenchArgs) -> Result<(), String> {
             say(&bench::table_row(report));
         }
     };
+    if let Some(file) = &args.trace {
+        return replay_trace(&args, file, &client, &spec, slo, limit, show).await;
+    }
     if !args.json {
         say(&format!("requests: {mix}"));
         say(bench::TABLE_HEADER);
@@ -886,6 +907,55 @@ async fn run_bench(args: BenchArgs) -> Result<(), String> {
                 show(report);
             }
         }
+    }
+    Ok(())
+}
+
+/// `bench --trace`: the trace's requests at their scaled times, reported per window and whole.
+async fn replay_trace(
+    args: &BenchArgs,
+    file: &std::path::Path,
+    client: &bench::HttpClient,
+    spec: &RequestSpec,
+    slo: Option<Slo>,
+    limit: Duration,
+    show: impl Fn(&LevelReport),
+) -> Result<(), String> {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.time_scale) || !positive(args.token_scale) || !positive(args.window) {
+        return Err("--time-scale, --token-scale and --window must be positive numbers".into());
+    }
+    if args.trace_until.is_some_and(|s| !positive(s)) {
+        return Err("--trace-until must be a positive number of seconds".into());
+    }
+    let requests = bench::trace::load(file)?;
+    let scale = bench::trace::Scale {
+        time: args.time_scale,
+        tokens: args.token_scale,
+    };
+    if !args.json {
+        say(&format!(
+            "trace: {} ({} requests; times x{}, tokens x{})",
+            file.display(),
+            requests.len(),
+            args.time_scale,
+            args.token_scale
+        ));
+        say(bench::TABLE_HEADER);
+    }
+    let bar = bench::progress_bar(requests.len() as u64, "trace".to_owned());
+    let replay = bench::trace::Replay {
+        requests: &requests,
+        scale,
+        until_s: args.trace_until,
+        window_s: args.window,
+        slo,
+        limit,
+    };
+    let reports = bench::trace::replay(client, spec, &replay, &bar).await;
+    bar.finish_and_clear();
+    for report in &reports {
+        show(report);
     }
     Ok(())
 }

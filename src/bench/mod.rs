@@ -19,6 +19,7 @@ pub mod client;
 pub mod conversation;
 pub mod mix;
 pub mod stats;
+pub mod trace;
 
 use std::time::Duration;
 
@@ -291,10 +292,11 @@ pub const TABLE_HEADER: &str = "level        reqs  err  ttft_p50  ttft_p90  ttft
 
 /// One row of the human table.
 pub fn table_row(r: &LevelReport) -> String {
-    let level = match (r.concurrency, r.rate_rps) {
-        (Some(c), _) => format!("c={c}"),
-        (None, Some(rate)) => format!("{rate}/s"),
-        (None, None) => "-".to_owned(),
+    let level = match (r.concurrency, r.rate_rps, r.window_s) {
+        (Some(c), _, _) => format!("c={c}"),
+        (None, Some(rate), _) => format!("{rate}/s"),
+        (None, None, Some([from, to])) => format!("{from:.0}-{to:.0}s"),
+        (None, None, None) => "all".to_owned(),
     };
     let level = match &r.class {
         Some(class) => format!("{level} {class}"),

@@ -108,6 +108,10 @@ pub struct LevelReport {
     /// requests whose usage said (absent when none did).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached_share: Option<f64>,
+    /// Trace replay: the window of arrival times, seconds from the replay's start, that these
+    /// requests arrived in (absent for the whole replay, and outside a replay).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<[f64; 2]>,
 }
 
 impl LevelReport {
@@ -155,6 +159,7 @@ impl LevelReport {
             slo_attainment: None,
             goodput_rps: None,
             first_error: samples.iter().find_map(|s| s.error.clone()),
+            window_s: None,
             class: None,
             backends: samples.iter().filter_map(|s| s.backend.clone()).fold(
                 std::collections::BTreeMap::new(),
