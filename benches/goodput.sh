@@ -14,7 +14,7 @@
 # (two engines like the first real ones: speed spread from request to request, a prefill that
 # stalls the batch); SLO_TPS and SLO_TTFT_MS set the interactive SLO (default 25 tok/s, 1000
 # ms) in the gateway and the scoring alike. Only the default fleet and SLO write BENCHMARKS.md.
-# Needs ports 8180, 9190 and 9101-9104 (9111-9112 for FLEET=noisy) free. About 4 minutes per
+# Needs ports 8180, 9190 and 9101-9104 (9121-9122 for FLEET=noisy) free. About 4 minutes per
 # policy per run (a request not done in 30 s counts as failed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +31,7 @@ case "$fleet" in
   noisy) sim_config=config/sim-fleet-noisy.yaml gateway=benches/noisy-gateway.yaml model=tiny-llama ;;
   *) echo "FLEET is default or noisy" >&2; exit 2 ;;
 esac
-cargo build --release --quiet
+[ -n "${BIN:-}" ] || cargo build --release --quiet
 bin=${BIN:-target/release/tpsgate}
 out=target/goodput
 [ "$fleet/$slo_tps/$slo_ttft" = default/25/1000 ] || out="target/goodput-$fleet-$slo_tps-$slo_ttft"

@@ -15,7 +15,8 @@ good = collections.defaultdict(list)   # (policy, rate) -> [goodput]
 batch = collections.defaultdict(list)  # (policy, rate) -> [system tps]
 for row in rows:
     r, key = row["r"], (row["policy"], row["r"]["rate_rps"])
-    if r.get("class") == "interactive":
+    # Without a mix (benches/real-routing.sh) every request is interactive and scored.
+    if r.get("class") == "interactive" or (r.get("class") is None and "slo_attainment" in r):
         att[key].append(r["slo_attainment"])
         good[key].append(r["goodput_rps"])
     elif r.get("class") == "batch":

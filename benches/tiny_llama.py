@@ -55,8 +55,11 @@ def main():
         pad_token_id=fast.pad_token_id,
     )
     model = LlamaForCausalLM(config)
-    # A random model that never says its end token: every request runs to max_tokens.
+    # A random model that never says its end token: every request runs to max_tokens. Nor any
+    # other special token: an engine strips those from the text, and a large vocabulary's few
+    # specials would otherwise be chunks without content.
     model.generation_config.eos_token_id = None
+    model.generation_config.suppress_tokens = [fast.convert_tokens_to_ids(t) for t in specials]
     model.save_pretrained(out)
     print(f"{out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"vocabulary {len(fast)}")
