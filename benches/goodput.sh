@@ -13,7 +13,8 @@
 # Environment: FLEET=noisy runs config/sim-fleet-noisy.yaml behind benches/noisy-gateway.yaml
 # (two engines like the first real ones: speed spread from request to request, a prefill that
 # stalls the batch); SLO_TPS and SLO_TTFT_MS set the interactive SLO (default 25 tok/s, 1000
-# ms) in the gateway and the scoring alike. Only the default fleet and SLO write BENCHMARKS.md.
+# ms) in the gateway and the scoring alike. Only the default fleet and SLO write BENCHMARKS.md,
+# and not with SPLICE=0.
 # Needs ports 8180, 9190 and 9101-9104 (9121-9122 for FLEET=noisy) free. About 4 minutes per
 # policy per run (a request not done in 30 s counts as failed).
 set -euo pipefail
@@ -68,4 +69,4 @@ for run in $(seq "$runs"); do
 done
 SLO_TPS=$slo_tps SLO_TTFT_MS=$slo_ttft python3 benches/goodput_table.py "$out/results.jsonl" >"$out/table.md"
 cat "$out/table.md"
-if [ "$out" = target/goodput ]; then python3 benches/splice.py goodput "$out/table.md"; fi
+if [ "$out" = target/goodput ] && [ "${SPLICE:-1}" = 1 ]; then python3 benches/splice.py goodput "$out/table.md"; fi

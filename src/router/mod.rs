@@ -511,15 +511,18 @@ impl Router {
 
     /// With no candidate feasible at the class's percentiles: the one where admitting the
     /// request adds the most expected good completions, its own chance of meeting both
-    /// targets less what it costs the requests already there ([`Router::others_loss`]), if
-    /// that is at least [`MIN_CHANCE`]. A prediction beyond the curve's evidence is a guess,
-    /// and counts only where the backend's ramp would admit it anyway.
+    /// targets less what it costs the requests already there ([`Router::chance_gain`]), if
+    /// that is at least [`MIN_CHANCE`]. For a class that queues, only backends that miss the
+    /// target even alone count (the others are full, and the line waits for them). A
+    /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
+    /// ramp would admit it anyway.
     fn best_chance(
         &self,
         ask: &Ask<'_>,
         policy: Policy,
         candidates: &[Candidate<'_>],
     ) -> Option<usize> {
+        let waits = self.on_miss(ask).0 == OnMiss::Queue;
         candidates
             .iter()
             .enumerate()
@@ -528,7 +531,7 @@ impl Router {
                 if p.beyond_evidence && !c.ramping {
                     return None;
                 }
-                let gain = c.chance - self.others_loss(ask, policy, c, &p);
+                let gain = self.chance_gain(ask, policy, c, &p, waits)?;
                 (gain >= MIN_CHANCE).then_some((i, gain))
             })
             .max_by(|(_, a), (_, b)| a.total_cmp(b))

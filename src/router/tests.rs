@@ -624,3 +624,50 @@ fn an_idle_backend_whose_thin_evidence_predicts_a_miss_is_explored_again() {
     teach_each(&router, 0, &[(1.0, 1.4, 64.0)]);
     assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Explore));
 }
+
+#[test]
+fn a_class_is_feasible_while_some_backend_meets_its_slo_alone_and_names_the_closest() {
+    let router = router_from(&["slow", "fast"], MARGINAL, 0.0);
+    assert_eq!(router.standings()[0].feasible, None, "no evidence yet");
+    // 8 tok/s alone: not even a lone request meets 10.
+    teach_each(&router, 0, &[(1.0, 0.1, 8.0); 6]);
+    let standing = &router.standings()[0];
+    assert_eq!(standing.feasible, Some(false));
+    let best = standing.best.as_ref().unwrap();
+    assert_eq!(&*best.backend, "slow");
+    assert!((best.per_user_tps_p50 - 8.0).abs() < 0.5, "{best:?}");
+    // A second backend at 30 tok/s alone meets it, and is the best.
+    teach_each(&router, 1, &[(1.0, 0.1, 30.0); 6]);
+    let standing = &router.standings()[0];
+    assert_eq!(standing.feasible, Some(true));
+    assert_eq!(&*standing.best.as_ref().unwrap().backend, "fast");
+}
+
+#[test]
+fn a_class_that_queues_waits_for_a_full_backend_but_takes_its_chance_on_one_short_of_the_target() {
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    // Meets 10 tok/s at the 90th percentile up to 4 in flight, about half the time at 6.
+    let full = router_from(&["full"], classes, 0.0);
+    let requests: Vec<_> = (1..=8_u32)
+        .flat_map(|c| {
+            let median = 14.0 - 2.0 * f64::from(c.saturating_sub(4));
+            [0.88, 0.92, 0.96, 1.0, 1.04, 1.08, 1.12].map(|k| (f64::from(c), 0.15, median * k))
+        })
+        .collect();
+    teach_each(&full, 0, &requests);
+    let _held = occupy(&full, 0, 0, 5);
+    assert_eq!(
+        reason_of(&full, &ask(&full, 0)),
+        Err(ErrorKind::NoBackendAvailable),
+        "it waits in line for a slot where the SLO holds"
+    );
+    // Short of the target even alone (its p10 about 9.5): waiting would not help.
+    let short = router_from(&["short"], classes, 0.0);
+    let speeds = [9.0, 9.5, 10.2, 10.6, 11.0, 11.4, 11.8, 12.4, 13.0];
+    let requests: Vec<_> = (1..=8)
+        .flat_map(|c| speeds.map(|tps| (f64::from(c), 0.15, tps)))
+        .collect();
+    teach_each(&short, 0, &requests);
+    let _held = occupy(&short, 0, 0, 2);
+    assert_eq!(reason_of(&short, &ask(&short, 0)), Ok(Reason::BestChance));
+}
