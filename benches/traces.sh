@@ -7,9 +7,12 @@
 # Arms: headroom (with the prefix index), prefix_hash (each prompt's first block pinned to one
 # pod), round_robin. Each arm gets a fresh simulator and gateway; every arm replays the same
 # requests at the same moments.
-#   mooncake  --time-scale 0.25 (four times as fast: about 16 req/s) --token-scale 0.2 (prompts
-#             of about 3,000 tokens, 30-token replies)
-#   azure     --time-scale 0.2 (five times as fast: about 12 req/s), lengths as recorded
+#   mooncake  as recorded in time (about 4 req/s), --token-scale 0.2 (prompts of about 3,000
+#             tokens, 30-token replies): about 40% of the pods' prefill
+#   azure     --time-scale 0.5 (twice as fast: about 5 req/s), lengths as recorded: about a
+#             third of the pods' prefill, in the trace's own bursts
+# (Four and five times as fast, the first scales tried, overloaded the pods' prefill 1.5 and
+# 0.8 times over: every arm attained 2-8%.)
 # Each replay stops at UNTIL_S seconds (default 60) and reports per WINDOW_S (default 20) and
 # whole.
 #
@@ -32,8 +35,8 @@ source benches/procs.sh
 for run in $(seq "$runs"); do
   for trace in mooncake azure; do
     case $trace in
-      mooncake) file=$traces/mooncake_synthetic.jsonl scale="--time-scale 0.25 --token-scale 0.2" ;;
-      azure) file=$traces/azure_llm_2023_code.csv scale="--time-scale 0.2" ;;
+      mooncake) file=$traces/mooncake_synthetic.jsonl scale="--token-scale 0.2" ;;
+      azure) file=$traces/azure_llm_2023_code.csv scale="--time-scale 0.5" ;;
     esac
     for arm in $arms; do
       "$bin" sim --config benches/conversations-fleet.yaml >/dev/null 2>&1 & pids+=($!)
