@@ -543,6 +543,26 @@ fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
 /// shedding what it cannot place.
 const MARGINAL: &str = "- {name: marginal, min_tps: 10, max_ttft_ms: 1000, on_miss: shed}\n";
 
+/// A noisy engine's requests at 1 to 8 in flight: 9 to 13 tok/s at every level (a p10 of about
+/// 9.5, a median of 11), first tokens in 150 ms.
+fn short_of_ten() -> Vec<(f64, f64, f64)> {
+    let speeds = [9.0, 9.5, 10.2, 10.6, 11.0, 11.4, 11.8, 12.4, 13.0];
+    (1..=8)
+        .flat_map(|c| speeds.map(|tps| (f64::from(c), 0.15, tps)))
+        .collect()
+}
+
+/// Requests whose speed falls with load, spread ±12% about it: 14 tok/s up to four in flight,
+/// 2 fewer per request beyond.
+fn falling() -> Vec<(f64, f64, f64)> {
+    (1..=8_u32)
+        .flat_map(|c| {
+            let median = 14.0 - 2.0 * f64::from(c.saturating_sub(4));
+            [0.88, 0.92, 0.96, 1.0, 1.04, 1.08, 1.12].map(|k| (f64::from(c), 0.15, median * k))
+        })
+        .collect()
+}
+
 fn reason_of(router: &Router, ask: &Ask<'_>) -> Result<Reason, ErrorKind> {
     match router.route(ask) {
         Ok(Some(d)) => Ok(d.reason),
@@ -556,10 +576,7 @@ fn a_backend_whose_p10_sits_just_below_the_target_still_serves() {
     // A noisy batching engine: per-user speed 9 to 13 tok/s at every level up to 8 (its p10
     // about 9.5, its median 11), first tokens in 150 ms. No level reaches a p10 of 10.
     let router = router_from(&["noisy"], MARGINAL, 0.0);
-    let speeds = [9.0, 9.5, 10.2, 10.6, 11.0, 11.4, 11.8, 12.4, 13.0];
-    let requests: Vec<_> = (1..=8)
-        .flat_map(|c| speeds.map(|tps| (f64::from(c), 0.15, tps)))
-        .collect();
+    let requests = short_of_ten();
     teach_each(&router, 0, &requests);
     let ask = ask(&router, 0);
     let candidates = router.candidates(&ask, Policy::Headroom);
@@ -575,12 +592,7 @@ fn a_request_that_would_cost_the_others_more_than_it_adds_gets_its_classs_on_mis
     // beyond four in flight. Joining as the 7th, a request meets 10 tok/s about half the
     // time, and makes it a coin toss for the six already there, who were likelier before.
     let router = router_from(&["falling"], MARGINAL, 0.0);
-    let requests: Vec<_> = (1..=8_u32)
-        .flat_map(|c| {
-            let median = 14.0 - 2.0 * f64::from(c.saturating_sub(4));
-            [0.88, 0.92, 0.96, 1.0, 1.04, 1.08, 1.12].map(|k| (f64::from(c), 0.15, median * k))
-        })
-        .collect();
+    let requests = falling();
     teach_each(&router, 0, &requests);
     let ask = ask(&router, 0);
     let _held = occupy(&router, 0, 0, 6);
@@ -648,12 +660,7 @@ fn a_class_that_queues_waits_for_a_full_backend_but_takes_its_chance_on_one_shor
     let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
     // Meets 10 tok/s at the 90th percentile up to 4 in flight, about half the time at 6.
     let full = router_from(&["full"], classes, 0.0);
-    let requests: Vec<_> = (1..=8_u32)
-        .flat_map(|c| {
-            let median = 14.0 - 2.0 * f64::from(c.saturating_sub(4));
-            [0.88, 0.92, 0.96, 1.0, 1.04, 1.08, 1.12].map(|k| (f64::from(c), 0.15, median * k))
-        })
-        .collect();
+    let requests = falling();
     teach_each(&full, 0, &requests);
     let _held = occupy(&full, 0, 0, 5);
     assert_eq!(
@@ -663,10 +670,7 @@ fn a_class_that_queues_waits_for_a_full_backend_but_takes_its_chance_on_one_shor
     );
     // Short of the target even alone (its p10 about 9.5): waiting would not help.
     let short = router_from(&["short"], classes, 0.0);
-    let speeds = [9.0, 9.5, 10.2, 10.6, 11.0, 11.4, 11.8, 12.4, 13.0];
-    let requests: Vec<_> = (1..=8)
-        .flat_map(|c| speeds.map(|tps| (f64::from(c), 0.15, tps)))
-        .collect();
+    let requests = short_of_ten();
     teach_each(&short, 0, &requests);
     let _held = occupy(&short, 0, 0, 2);
     assert_eq!(reason_of(&short, &ask(&short, 0)), Ok(Reason::BestChance));
