@@ -118,7 +118,7 @@ fn route(c: &mut Criterion) {
                 b.iter(|| {
                     let ask = Ask {
                         model: "m",
-                        dialect: BackendDialect::Openai,
+                        reach: tpsgate::router::Reach::own(BackendDialect::Openai),
                         prompt_tokens,
                         max_tokens: Some(128),
                         class: Some(0),

@@ -43,5 +43,6 @@ pub mod stack;
 pub mod telemetry;
 pub mod tenant;
 pub mod tls;
+pub mod translate;
 pub mod upstream;
 pub mod yaml;

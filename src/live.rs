@@ -85,7 +85,12 @@ impl Live {
                 .iter()
                 .zip(&of_entry)
                 .filter(|(b, range)| b.discovery.is_some() && range.is_empty())
-                .map(|(b, _)| (Arc::clone(&b.name), b.dialect, b.models.clone()))
+                .map(|(b, _)| crate::router::Vacant {
+                    name: Arc::clone(&b.name),
+                    dialect: b.dialect,
+                    translate: b.translate,
+                    models: b.models.clone(),
+                })
                 .collect(),
         };
         let mut backends = Vec::with_capacity(configs.len());

@@ -42,5 +42,7 @@ mod routing;
 mod sdk;
 #[path = "gateway/traces.rs"]
 mod traces;
+#[path = "gateway/translate.rs"]
+mod translate;
 #[path = "gateway/transport.rs"]
 mod transport;

@@ -238,6 +238,10 @@ pub struct BackendConfig {
     pub timeouts: Timeouts,
     /// Default `anthropic-version`.
     pub anthropic_version: HeaderValue,
+    /// Clients of the other dialect may reach it through translation.
+    pub translate: bool,
+    /// `max_tokens` for a request translated to it that set none (Anthropic requires one).
+    pub default_max_tokens: u32,
     /// Cold-start curve points, if configured.
     pub prior: Option<Vec<PriorPoint>>,
     /// Outlier ejection.
@@ -303,6 +307,8 @@ pub struct RouteRule {
     /// Index into `backends` of where a body naming no model on `path` goes (instead of
     /// `default_backend`), if the rule says.
     pub backend: Option<usize>,
+    /// `false`: matching requests are never translated for a backend of the other dialect.
+    pub translate: bool,
 }
 
 /// `cors:` validated.

@@ -369,6 +369,14 @@ pub struct RawBackend {
     /// `anthropic-version` sent when the client sends none; default `2023-06-01`.
     #[serde(default)]
     pub anthropic_version: Option<String>,
+    /// Clients of the other dialect reach this backend through translation (chat completions
+    /// and messages); `false`: only clients of its own dialect, requests never rewritten.
+    #[serde(default = "default_true")]
+    pub translate: bool,
+    /// The `max_tokens` an Anthropic backend is sent for a translated request that set none
+    /// (Anthropic requires one); default 4096.
+    #[serde(default = "default_translated_max_tokens")]
+    pub default_max_tokens: u32,
     /// What the backend is believed to do before it has been observed.
     #[serde(default)]
     pub prior: Option<RawPrior>,
@@ -464,6 +472,14 @@ fn default_stall_timeout_ms() -> u64 {
 
 fn default_max_event_bytes() -> u64 {
     1 << 20
+}
+
+const fn default_true() -> bool {
+    true
+}
+
+const fn default_translated_max_tokens() -> u32 {
+    4096
 }
 
 fn default_max_models() -> u32 {
@@ -595,6 +611,10 @@ pub struct RawRouteRule {
     /// on that path is forwarded to, instead of `default_backend`.
     #[serde(default)]
     pub backend: Option<String>,
+    /// `false`: matching requests go only to backends of the client's own dialect, never
+    /// translated; default `true`.
+    #[serde(default = "default_true")]
+    pub translate: bool,
 }
 
 /// `cors:`.

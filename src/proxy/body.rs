@@ -10,6 +10,10 @@
 //! - [`RequestEnd`](super::end::RequestEnd), owned by the metered body: what the request leaves
 //!   behind when the body ends, fails or is dropped.
 //!
+//! A response from a backend of the other dialect is metered as the backend sent it (its own
+//! usage counts) and then translated (`crate::translate::ResponseTranslator`) in the same
+//! poll: a stream event by event, so that its first content leaves when it arrives.
+//!
 //! Per frame: the time is read once; per event: byte searches for content and usage (JSON is
 //! parsed only for an event that mentions usage). The backend's occupancy lock is taken twice per
 //! request (first content, end), never per chunk.
@@ -30,6 +34,7 @@ use super::meter::StreamMeter;
 use crate::curve::Outcome;
 use crate::fleet::InFlightGuard;
 use crate::sse::events::StreamDialect;
+use crate::translate::ResponseTranslator;
 pub use crate::upstream::BodyError;
 use crate::upstream::PooledBody;
 
@@ -123,6 +128,8 @@ pin_project! {
         // The stream's meter (successful event streams only).
         meter: Option<StreamMeter>,
         dialect: Option<StreamDialect>,
+        // The response's translation for a client of the other dialect, if it is one.
+        translate: Option<Box<ResponseTranslator>>,
         // Set once the stream was cut and ended with an error event (or error).
         cut: bool,
         // Frames read ahead while the response waited for its first content; sent first.
@@ -157,11 +164,23 @@ impl<B> Metered<B> {
             meter: stream
                 .map(|(dialect, strip)| StreamMeter::new(dialect, strip).with_max_event(max_event)),
             dialect: stream.map(|(d, _)| d),
+            translate: None,
             cut: false,
             read: VecDeque::new(),
             reading_ahead: false,
             ended: false,
         }
+    }
+
+    /// Translates what goes out with `translator`; a stream's error events then take
+    /// `client`'s dialect.
+    #[must_use]
+    pub fn translated(mut self, translator: ResponseTranslator, client: StreamDialect) -> Self {
+        if self.dialect.is_some() {
+            self.dialect = Some(client);
+        }
+        self.translate = Some(Box::new(translator));
+        self
     }
 
     fn has_content(&self) -> bool {
@@ -273,19 +292,25 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                         Cut::Drained => (cut.to_string(), "gateway_shutdown"),
                         Cut::Upstream(_) => (cut.to_string(), "upstream_error"),
                     };
-                    let mut out = this
-                        .meter
-                        .as_mut()
-                        .and_then(StreamMeter::finish)
-                        .map(|b| b.to_vec())
-                        .unwrap_or_default();
+                    let rest = this.meter.as_mut().and_then(StreamMeter::finish);
+                    let mut out = match (rest, this.translate.as_mut()) {
+                        (Some(rest), Some(t)) => t.frame(&rest).to_vec(),
+                        (rest, _) => rest.map(|b| b.to_vec()).unwrap_or_default(),
+                    };
                     out.extend_from_slice(&error_event(dialect, &message, code));
                     return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                 }
                 None => {
                     this.end.ended(Outcome::Completed);
                     let rest = this.meter.as_mut().and_then(StreamMeter::finish);
-                    return Poll::Ready(rest.map(|r| Ok(Frame::data(r))));
+                    let Some(t) = this.translate.as_mut() else {
+                        return Poll::Ready(rest.map(|r| Ok(Frame::data(r))));
+                    };
+                    let mut out = rest.map(|r| t.frame(&r).to_vec()).unwrap_or_default();
+                    out.extend_from_slice(&t.finish());
+                    return Poll::Ready(
+                        (!out.is_empty()).then(|| Ok(Frame::data(Bytes::from(out)))),
+                    );
                 }
             };
             let data = match frame.into_data() {
@@ -294,6 +319,15 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
             };
             this.end.forwarded(data.len());
             let Some(meter) = this.meter.as_mut() else {
+                if let Some(t) = this.translate.as_mut() {
+                    // Kept whole until its end, translated there (the end comes as `None`).
+                    let out = t.frame(&data);
+                    this.inner.as_mut().flowing(Instant::now());
+                    if out.is_empty() {
+                        continue;
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(out))));
+                }
                 if this.inner.is_end_stream() {
                     // hyper stops polling a body that says it has ended: the last frame completes
                     // it (and there is no next frame to set a deadline for).
@@ -316,7 +350,10 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                     meter.max_event()
                 );
                 let dialect = this.dialect.unwrap_or(StreamDialect::OpenAi);
-                let mut bytes = out.to_vec();
+                let mut bytes = match this.translate.as_mut() {
+                    Some(t) => t.frame(&out).to_vec(),
+                    None => out.to_vec(),
+                };
                 bytes.extend_from_slice(&error_event(dialect, &message, "upstream_error"));
                 return Poll::Ready(Some(Ok(Frame::data(Bytes::from(bytes)))));
             }
@@ -334,6 +371,10 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
             if this.end.probing() {
                 this.end.probe_speed(&meter.timing, false);
             }
+            let out = match this.translate.as_mut() {
+                Some(t) if !out.is_empty() => t.frame(&out),
+                _ => out,
+            };
             if !out.is_empty() {
                 return Poll::Ready(Some(Ok(Frame::data(out))));
             }
@@ -342,14 +383,16 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
 
     fn is_end_stream(&self) -> bool {
         // Not while the meter keeps back the start of an unfinished event.
+        // A translation says more at the end: only `None` ends it.
         self.read.is_empty()
+            && self.translate.is_none()
             && self.inner.is_end_stream()
             && self.meter.as_ref().is_none_or(|m| !m.has_partial_event())
     }
 
     fn size_hint(&self) -> SizeHint {
         // A stream's length is unknown: the usage chunk may be removed, an error event added.
-        if self.meter.is_some() {
+        if self.meter.is_some() || self.translate.is_some() {
             SizeHint::default()
         } else {
             self.inner.size_hint()

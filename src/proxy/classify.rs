@@ -50,6 +50,9 @@ pub struct Classified {
     pub prompt_spans: [Option<Range<usize>>; PROMPT_FIELDS],
     /// The `prompt_cache_key` string (quotes included), a hint joining requests to one prefix.
     pub cache_key_span: Option<Range<usize>>,
+    /// It may go to a backend of the other dialect, translated: a chat completion or a message
+    /// that no `routes[]` rule with `translate: false` matches.
+    pub translate: bool,
 }
 
 impl Classified {
@@ -62,6 +65,14 @@ impl Classified {
                 crate::router::choose::ASSUMED_OUTPUT_TOKENS as u64
             }
             None => 0,
+        }
+    }
+
+    /// The backends it can reach: of its own dialect, and translated where it may be.
+    pub fn reach(&self) -> crate::router::Reach {
+        crate::router::Reach {
+            dialect: self.endpoint.dialect(),
+            translate: self.translate,
         }
     }
 
@@ -240,6 +251,12 @@ impl Classes {
         path: &str,
         key: Option<&KeyClass>,
     ) -> Result<(), Error> {
+        let model = c.model.as_deref();
+        c.translate &= !self.routes.iter().any(|r| {
+            !r.translate
+                && r.path.as_deref().is_none_or(|p| p == path)
+                && r.model.as_deref().is_none_or(|m| Some(m) == model)
+        });
         let index = self.pick(headers.get(&X_TPSGATE_CLASS), path, c.model.as_deref(), key)?;
         let class = index.and_then(|i| self.classes.get(i));
         c.class_index = index;
@@ -576,6 +593,7 @@ impl Classified {
             prompt_tokens: 0,
             prompt_spans: Default::default(),
             cache_key_span: None,
+            translate: false,
         }
     }
 }
@@ -675,6 +693,7 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         prompt_tokens: body.len() as u64 / BYTES_PER_TOKEN,
         prompt_spans: [system, instructions, tools, messages, prompt, input],
         cache_key_span: cache_key_span.filter(|span| body[span.start] == b'"'),
+        translate: matches!(endpoint, Endpoint::Chat | Endpoint::Messages),
     })
 }
 

@@ -24,6 +24,7 @@ use crate::fleet::Backend;
 use crate::signal::Signal;
 use crate::sse::events::StreamDialect;
 use crate::tenant::Charge;
+use crate::translate::{Direction, ResponseTranslator, client_status};
 use crate::upstream::{PooledBody, SendError, UpstreamBody};
 
 /// `x-tpsgate-backend`: which backend answered.
@@ -61,6 +62,9 @@ struct Pending {
     prediction: Option<crate::curve::Prediction>,
     reason: crate::router::Reason,
     drained: Signal,
+    /// The response's translation: which way, the client's stream dialect, and whether an
+    /// OpenAI client asked for the usage chunk.
+    translate: Option<(Direction, StreamDialect, bool)>,
 }
 
 impl Service<Request<UpstreamBody>> for Forward {
@@ -82,11 +86,19 @@ impl Service<Request<UpstreamBody>> for Forward {
         };
         let classified = req.extensions_mut().remove::<Classified>();
         let charge = req.extensions_mut().remove::<Arc<Charge>>();
+        let mut translate = None;
         let (model, stream, class, prompt_tokens) = match classified {
             Some(c) => {
-                let stream = c
-                    .stream
-                    .then(|| (c.endpoint.stream_dialect(), c.usage_injected()));
+                let stream = c.stream.then(|| match routed.translate {
+                    None => (c.endpoint.stream_dialect(), c.usage_injected()),
+                    // Metered as the backend sends it; the translation owns the usage.
+                    Some(Direction::ChatToMessages) => (StreamDialect::Anthropic, false),
+                    Some(Direction::MessagesToChat) => (StreamDialect::OpenAi, false),
+                });
+                translate = routed.translate.map(|d| {
+                    let asked = c.stream_options.as_ref().and_then(|o| o.include_usage);
+                    (d, c.endpoint.stream_dialect(), asked == Some(true))
+                });
                 (c.model, stream, c.class, c.prompt_tokens)
             }
             None => (None, None, None, 0),
@@ -130,6 +142,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                 prediction: routed.prediction,
                 reason: routed.reason,
                 drained: self.drained.clone(),
+                translate,
             }),
             failed: None,
         }
@@ -294,13 +307,24 @@ impl Future for ForwardFuture {
         // Only a stream is cut at the drain deadline (with an error event).
         let drained = stream.is_some().then_some(pending.drained);
         let timed = Timed::new(body, pending.deadlines, drained, backend);
+        let mut metered = Metered::new(timed, end, stream, pending.backend.config.max_event_bytes);
+        if let Some((direction, client, include_usage)) = pending.translate {
+            let status = parts.status.as_u16();
+            let translator =
+                ResponseTranslator::new(direction, stream.is_some(), status, include_usage);
+            metered = metered.translated(translator, client);
+            if stream.is_none() {
+                // Answers and errors are rebuilt as JSON in the client's dialect.
+                parts.headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                parts.status = http::StatusCode::from_u16(client_status(direction, status))
+                    .unwrap_or(parts.status);
+            }
+        }
         let body = ProxyBody::Upstream {
-            body: Box::new(Metered::new(
-                timed,
-                end,
-                stream,
-                pending.backend.config.max_event_bytes,
-            )),
+            body: Box::new(metered),
         };
         Poll::Ready(Ok(Response::from_parts(parts, body)))
     }

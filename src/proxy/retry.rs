@@ -141,12 +141,9 @@ impl<S> Retry<S> {
         let Some(c) = req.extensions().get::<Classified>() else {
             return false;
         };
-        c.model.as_deref().is_some_and(|model| {
-            self.shared
-                .router
-                .serving_count(model, c.endpoint.dialect())
-                > 1
-        })
+        c.model
+            .as_deref()
+            .is_some_and(|model| self.shared.router.serving_count(model, c.reach()) > 1)
     }
 }
 

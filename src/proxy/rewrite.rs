@@ -5,6 +5,10 @@
 //!   usage (the gateway strips that usage chunk from the response again);
 //! - headers: hop-by-hop headers dropped, the client's credentials dropped (unless the backend
 //!   says `forward_client_auth`), the backend's credentials and extra headers added.
+//!
+//! A request for a backend of the other dialect is translated instead (`crate::translate`):
+//! its body rebuilt, its path the backend's endpoint; a field the backend cannot express is a
+//! 400 naming it.
 
 use std::task::{Context, Poll};
 
@@ -17,6 +21,7 @@ use super::classify::Classified;
 use super::route::Routed;
 use crate::config::{BackendConfig, BackendDialect};
 use crate::error::{Error, ErrorKind};
+use crate::translate::{self, Direction};
 use crate::upstream::UpstreamBody;
 
 /// Rewrites requests for their backend.
@@ -80,16 +85,49 @@ pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
         .ok_or_else(|| Error::internal("rewrite: the request has no route"))?;
     let backend = &routed.backend.config;
 
-    let inject = classified.usage_injected();
-    let body = rewrite_body(&body, classified, routed.upstream_model.as_deref(), inject);
+    let body = match routed.translate {
+        None => {
+            let inject = classified.usage_injected();
+            rewrite_body(&body, classified, routed.upstream_model.as_deref(), inject)
+        }
+        Some(direction) => {
+            let model = routed
+                .upstream_model
+                .as_deref()
+                .or(classified.model.as_deref())
+                .unwrap_or_default();
+            let translated = match direction {
+                Direction::ChatToMessages => {
+                    translate::chat_to_messages(&body, model, backend.default_max_tokens)
+                }
+                Direction::MessagesToChat => translate::messages_to_chat(&body, model),
+            };
+            let translated = translated.map_err(|refused| {
+                Error::new(
+                    ErrorKind::InvalidRequest,
+                    format!(
+                        "backend {} speaks the other dialect and this request cannot be translated for it: {refused}",
+                        backend.name
+                    ),
+                )
+            })?;
+            if direction == Direction::MessagesToChat {
+                parts.headers.remove("anthropic-version");
+                parts.headers.remove("anthropic-beta");
+            }
+            Bytes::from(translated)
+        }
+    };
 
-    parts.uri = upstream_uri(backend, &parts.uri)?;
+    let path = routed.translate.map(Direction::backend_path);
+    parts.uri = upstream_uri(backend, &parts.uri, path)?;
     // The version stays the client's: the pool sets its connection's own.
     rewrite_headers(&mut parts.headers, backend, body.len());
     Ok(Request::from_parts(parts, UpstreamBody::new(body)))
 }
 
-fn upstream_uri(backend: &BackendConfig, client: &Uri) -> Result<Uri, Error> {
+/// The backend's URI for the client's `client` (its path replaced by `path` where given).
+fn upstream_uri(backend: &BackendConfig, client: &Uri, path: Option<&str>) -> Result<Uri, Error> {
     let unforwardable = || {
         Error::new(
             ErrorKind::InvalidRequest,
@@ -102,12 +140,15 @@ fn upstream_uri(backend: &BackendConfig, client: &Uri) -> Result<Uri, Error> {
     // puts a path in front, replaces its `/v1` or adds to its query.
     let path_and_query = match client.path_and_query() {
         Some(p)
-            if prefix.is_empty() && backend.path_prefix.is_none() && backend.query.is_none() =>
+            if path.is_none()
+                && prefix.is_empty()
+                && backend.path_prefix.is_none()
+                && backend.query.is_none() =>
         {
             p.clone()
         }
         _ => {
-            let mut path = client.path();
+            let mut path = path.unwrap_or(client.path());
             let mut out = String::with_capacity(128);
             out.push_str(prefix);
             if let Some(replacement) = &backend.path_prefix
@@ -306,6 +347,7 @@ mod tests {
             prompt_tokens: 0,
             prompt_spans: Default::default(),
             cache_key_span: None,
+            translate: false,
         };
         assert_eq!(
             rewrite_body(&Bytes::new(), &empty, None, true),

@@ -22,13 +22,14 @@ use tower::{Layer, Service};
 use super::body::ProxyBody;
 use super::classify::Classified;
 use super::request_id::Received;
-use crate::config::PrefixRouting;
+use crate::config::{BackendDialect, PrefixRouting};
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
 use crate::fleet::{Backend, InFlightGuard, Share};
 use crate::prefix::{Chain, RequestPrefix};
 use crate::router::{Ask, Decision, Reason, Router};
 use crate::tenant::Charge;
+use crate::translate::Direction;
 
 /// The routing decision, in the request's extensions.
 #[derive(Debug, Clone)]
@@ -42,6 +43,18 @@ pub struct Routed {
     pub prediction: Option<Prediction>,
     /// Why it was chosen.
     pub reason: Reason,
+    /// The backend speaks the other dialect: the request and its response are translated.
+    pub translate: Option<Direction>,
+}
+
+/// Which way a request of a client speaking `client` is translated for a backend speaking
+/// `backend`, if it is.
+pub fn translation(client: BackendDialect, backend: BackendDialect) -> Option<Direction> {
+    match (client, backend) {
+        (BackendDialect::Openai, BackendDialect::Anthropic) => Some(Direction::ChatToMessages),
+        (BackendDialect::Anthropic, BackendDialect::Openai) => Some(Direction::MessagesToChat),
+        _ => None,
+    }
 }
 
 /// The backends (by router index) a request that may be retried was sent to, in its
@@ -79,7 +92,7 @@ pub fn ask<'a>(
     Ask {
         prefix,
         model,
-        dialect: c.endpoint.dialect(),
+        reach: c.reach(),
         prompt_tokens: c.prompt_tokens,
         max_tokens: c.max_tokens,
         class: c.class_index,
@@ -169,6 +182,10 @@ where
     if let Some(tried) = req.extensions().get::<Tried>() {
         tried.add(decision.index);
     }
+    let translate = req
+        .extensions()
+        .get::<Classified>()
+        .and_then(|c| translation(c.endpoint.dialect(), decision.backend.config.dialect));
     let upstream_model = req
         .extensions()
         .get::<Classified>()
@@ -187,6 +204,7 @@ where
         upstream_model,
         prediction: decision.prediction,
         reason: decision.reason,
+        translate,
     });
     RouteFuture {
         inner: inner.call(req),

@@ -107,6 +107,7 @@ pub(crate) fn chat(router: &crate::router::Router, class: Option<usize>) -> http
         prompt_tokens: 3,
         prompt_spans: Default::default(),
         cache_key_span: None,
+        translate: true,
     });
     req
 }

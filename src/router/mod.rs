@@ -45,8 +45,8 @@ use oracle::Oracle;
 pub struct Ask<'a> {
     /// Client model name.
     pub model: &'a str,
-    /// The API the client speaks.
-    pub dialect: BackendDialect,
+    /// The backends the client can reach: of its own dialect, or translated.
+    pub reach: Reach,
     /// Prompt size, estimated from the body.
     pub prompt_tokens: u64,
     /// `max_tokens`, if the body sets it.
@@ -61,6 +61,31 @@ pub struct Ask<'a> {
     pub avoid: &'a [usize],
     /// Its prompt's prefix, when the prefix index is on.
     pub prefix: Option<&'a RequestPrefix>,
+}
+
+/// Which backends a client can reach: those of its own dialect, and where its request may be
+/// translated, those of the other dialect that translate (`backends[].translate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reach {
+    /// The dialect the client speaks.
+    pub dialect: BackendDialect,
+    /// Its request may be translated (a chat completion or a message, no rule forbidding it).
+    pub translate: bool,
+}
+
+impl Reach {
+    /// Reaches only backends of `dialect`.
+    pub const fn own(dialect: BackendDialect) -> Self {
+        Self {
+            dialect,
+            translate: false,
+        }
+    }
+
+    /// Whether a backend of `dialect` that `translates` (or not) is in reach.
+    pub fn reaches(self, dialect: BackendDialect, translates: bool) -> bool {
+        dialect == self.dialect || (self.translate && translates)
+    }
 }
 
 /// The share of a queueing class's TTFT target kept for its line while others wait there: a
@@ -185,7 +210,20 @@ pub struct Entries {
     pub by_path: Vec<(String, Vec<usize>)>,
     /// Discovered entries whose host resolves to no address now, each with its dialect and
     /// models: their models are there, their backends are not (503, not 404).
-    pub vacant: Vec<(Arc<str>, BackendDialect, ModelMap)>,
+    pub vacant: Vec<Vacant>,
+}
+
+/// A discovered entry whose host resolves to no address now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Vacant {
+    /// The entry's name.
+    pub name: Arc<str>,
+    /// Its dialect.
+    pub dialect: BackendDialect,
+    /// Whether it translates for clients of the other dialect.
+    pub translate: bool,
+    /// Its models.
+    pub models: ModelMap,
 }
 
 /// The backends, the classes and the policies' shared state.
@@ -371,8 +409,8 @@ impl Router {
     pub fn route(&self, ask: &Ask<'_>) -> Result<Option<Decision>, Error> {
         let served = self.serving(ask).count();
         if served == 0 {
-            if let Some((entry, _, _)) = self.entries.vacant.iter().find(|(_, dialect, models)| {
-                *dialect == ask.dialect && models.upstream(ask.model).is_some()
+            if let Some(Vacant { name: entry, .. }) = self.entries.vacant.iter().find(|v| {
+                ask.reach.reaches(v.dialect, v.translate) && v.models.upstream(ask.model).is_some()
             }) {
                 return Err(Error::new(
                     ErrorKind::NoBackendAvailable,
@@ -387,7 +425,7 @@ impl Router {
                 format!(
                     "model `{}` is not served by any backend; available: {}",
                     ask.model,
-                    self.model_list(ask.dialect)
+                    self.model_list(ask.reach)
                 ),
             ));
         }
@@ -744,38 +782,41 @@ impl Router {
         self.serving(ask).nth(nth).map(|(index, _)| index)
     }
 
-    /// Backends that serve `model` in `dialect`: with more than one, a failed attempt can be
+    /// Backends in `reach` that serve `model`: with more than one, a failed attempt can be
     /// tried again elsewhere.
-    pub fn serving_count(&self, model: &str, dialect: BackendDialect) -> usize {
+    pub fn serving_count(&self, model: &str, reach: Reach) -> usize {
         self.backends
             .iter()
-            .filter(|b| b.config.dialect == dialect && b.config.models.upstream(model).is_some())
+            .filter(|b| {
+                reach.reaches(b.config.dialect, b.config.translate)
+                    && b.config.models.upstream(model).is_some()
+            })
             .count()
     }
 
-    /// Backends that speak the dialect and serve the model, with their indices.
+    /// Backends in the request's reach that serve the model, with their indices.
     fn serving<'r, 'a>(
         &'r self,
         ask: &'a Ask<'_>,
     ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
         self.backends.iter().enumerate().filter(|(i, b)| {
-            b.config.dialect == ask.dialect
+            ask.reach.reaches(b.config.dialect, b.config.translate)
                 && b.config.models.upstream(ask.model).is_some()
                 && !ask.avoid.contains(i)
         })
     }
 
-    /// Client model names served in a dialect, sorted.
-    fn model_names(&self, dialect: BackendDialect) -> BTreeSet<&str> {
+    /// Client model names served in reach, sorted.
+    fn model_names(&self, reach: Reach) -> BTreeSet<&str> {
         self.backends
             .iter()
-            .filter(|b| b.config.dialect == dialect)
+            .filter(|b| reach.reaches(b.config.dialect, b.config.translate))
             .flat_map(|b| b.config.models.aliases.keys().map(String::as_str))
             .collect()
     }
 
-    fn model_list(&self, dialect: BackendDialect) -> String {
-        let names: Vec<&str> = self.model_names(dialect).into_iter().collect();
+    fn model_list(&self, reach: Reach) -> String {
+        let names: Vec<&str> = self.model_names(reach).into_iter().collect();
         if names.is_empty() {
             "none".to_owned()
         } else {

@@ -109,7 +109,7 @@ fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
 fn ask(router: &Router, class: usize) -> Ask<'static> {
     Ask {
         model: "m",
-        dialect: BackendDialect::Openai,
+        reach: Reach::own(BackendDialect::Openai),
         prompt_tokens: 10,
         max_tokens: None,
         class: Some(class),
@@ -323,7 +323,10 @@ fn a_retry_avoids_every_backend_that_failed_it_however_many_there_are() {
         let d = router.route(&retry).unwrap().unwrap();
         assert_eq!(&*d.backend.config.name, "b66");
     }
-    assert_eq!(router.serving_count("m", BackendDialect::Openai), 70);
+    assert_eq!(
+        router.serving_count("m", Reach::own(BackendDialect::Openai)),
+        70
+    );
 }
 
 /// A prompt of 40 blocks (2,560 tokens) held by backend `i`'s prefix index.

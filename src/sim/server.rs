@@ -294,7 +294,7 @@ impl SimBackend {
         }
         let request_id = seen.request_id.clone();
         self.remember(seen);
-        let gen_req = match parsed {
+        let mut gen_req = match parsed {
             Ok(r) => r,
             Err(bad) => {
                 return error(
@@ -338,10 +338,16 @@ impl SimBackend {
             _ => {}
         }
         let timing = &live.params.timing;
-        let (target, finish) = match gen_req.max_tokens {
+        let (mut target, mut finish) = match gen_req.max_tokens {
             Some(n) => (n, Finish::Length),
             None => (timing.default_max_tokens, Finish::Stop),
         };
+        if gen_req.tool.is_some() && dialect != Dialect::Completions {
+            finish = Finish::ToolUse;
+        } else if let Some((tokens, sequence)) = super::wire::stop_within(&gen_req.stop, target) {
+            (target, finish) = (tokens, Finish::StopSequence);
+            gen_req.stopped_by = Some(sequence);
+        }
         let tokens = self.engine.submit_after(
             timing.extra_ttft,
             gen_req.prompt_tokens - gen_req.cached_tokens,

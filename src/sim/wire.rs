@@ -42,6 +42,14 @@ pub struct GenRequest {
     /// The chained hashes of the prompt text's whole blocks ([`crate::prefix::Chain`]), when
     /// parsed for a prefix cache.
     pub prefix: Vec<u64>,
+    /// The tool the answer calls: the one `tool_choice` names, else the first of `tools`,
+    /// unless the conversation's last turn is a tool's result (then the answer is text) or
+    /// `tool_choice` is `none`.
+    pub tool: Option<String>,
+    /// `stop` (OpenAI) or `stop_sequences` (Anthropic).
+    pub stop: Vec<String>,
+    /// The stop sequence that ended the answer, once the server has found it in the text.
+    pub stopped_by: Option<String>,
 }
 
 /// Why a request body was refused; becomes a 400.
@@ -58,6 +66,10 @@ struct RawRequest {
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
     stream_options: Option<RawStreamOptions>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    stop: Option<Value>,
+    stop_sequences: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -98,8 +110,9 @@ impl Dialect {
             Self::Chat | Self::Messages => {
                 let messages = raw
                     .messages
+                    .as_ref()
                     .ok_or_else(|| BadRequest("missing required field `messages`".into()))?;
-                let Value::Array(list) = &messages else {
+                let Value::Array(list) = messages else {
                     return Err(BadRequest("`messages` must be an array".into()));
                 };
                 if let Some(system) = &raw.system {
@@ -128,7 +141,23 @@ impl Dialect {
                 .stream_options
                 .and_then(|o| o.include_usage)
                 .unwrap_or(false);
+        let tool = tool_to_call(
+            raw.tools.as_ref(),
+            raw.tool_choice.as_ref(),
+            raw.messages.as_ref(),
+        );
+        let stop = match raw.stop.or(raw.stop_sequences) {
+            Some(Value::String(s)) => vec![s],
+            Some(Value::Array(list)) => list
+                .into_iter()
+                .filter_map(|s| s.as_str().map(str::to_owned))
+                .collect(),
+            _ => Vec::new(),
+        };
         Ok(GenRequest {
+            tool,
+            stop,
+            stopped_by: None,
             model,
             stream: raw.stream.unwrap_or(false),
             max_tokens,
@@ -150,6 +179,57 @@ impl Dialect {
         };
         Bytes::from(body.to_string())
     }
+}
+
+/// The tool an answer to this request calls, in either dialect's shapes (see
+/// [`GenRequest::tool`]).
+fn tool_to_call(
+    tools: Option<&Value>,
+    choice: Option<&Value>,
+    messages: Option<&Value>,
+) -> Option<String> {
+    let first = tools?.as_array()?.first()?;
+    let answered = messages
+        .and_then(Value::as_array)
+        .and_then(|m| m.last())
+        .is_some_and(|last| {
+            last["role"] == "tool"
+                || last["content"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|b| b["type"] == "tool_result"))
+        });
+    let none = choice.is_some_and(|c| c == "none" || c["type"] == "none");
+    if answered || none {
+        return None;
+    }
+    let named = choice.and_then(|c| c["function"]["name"].as_str().or(c["name"].as_str()));
+    let name = named
+        .or(first["function"]["name"].as_str())
+        .or(first["name"].as_str())?;
+    Some(name.to_owned())
+}
+
+/// Where the first of `stop` appears in the answer's text of `target` tokens, after its first
+/// token: the tokens before it and the sequence (the stop sequence itself is not sent).
+pub fn stop_within(stop: &[String], target: u32) -> Option<(u32, String)> {
+    let text = token_text(0, target);
+    let first = WORDS[0].len();
+    let (at, sequence) = stop
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| Some((text[first..].find(s.as_str())? + first, s)))
+        .min_by_key(|(at, _)| *at)?;
+    let mut end = 0;
+    let mut tokens = 0;
+    while tokens < target {
+        let next = end + WORDS[tokens as usize % WORDS.len()].len();
+        if next > at {
+            break;
+        }
+        end = next;
+        tokens += 1;
+    }
+    Some((tokens.max(1), sequence.clone()))
 }
 
 /// The text of a content value, in order: a string, or text parts
@@ -199,13 +279,18 @@ pub enum Finish {
     Length,
     /// The model "chose" to stop (the request named no max_tokens).
     Stop,
+    /// A stop sequence came ([`GenRequest::stopped_by`]).
+    StopSequence,
+    /// The answer is a call of [`GenRequest::tool`].
+    ToolUse,
 }
 
 impl Finish {
     fn openai(self) -> &'static str {
         match self {
             Self::Length => "length",
-            Self::Stop => "stop",
+            Self::Stop | Self::StopSequence => "stop",
+            Self::ToolUse => "tool_calls",
         }
     }
 
@@ -213,6 +298,8 @@ impl Finish {
         match self {
             Self::Length => "max_tokens",
             Self::Stop => "end_turn",
+            Self::StopSequence => "stop_sequence",
+            Self::ToolUse => "tool_use",
         }
     }
 }
@@ -232,7 +319,17 @@ pub struct Framer {
     prompt_tokens: u32,
     cached_tokens: u32,
     reports_cache: bool,
+    /// The tool the answer calls, and the call's id: its tokens are the call's arguments,
+    /// `{"text":"…"}`.
+    tool: Option<(String, String)>,
+    /// The stop sequence that ended the answer, as a JSON string.
+    stopped_by: Option<String>,
 }
+
+/// The opening and closing of a tool call's arguments, escaped as a JSON string's content: the
+/// tokens stand between them.
+const ARGUMENTS_OPEN: &str = r#"{\"text\":\""#;
+const ARGUMENTS_CLOSE: &str = r#"\"}"#;
 
 impl Framer {
     /// A framer for one response; `id` and `created` (unix seconds) identify it.
@@ -276,6 +373,14 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             prompt_tokens: req.prompt_tokens,
             cached_tokens: req.cached_tokens,
             reports_cache: req.reports_cache,
+            tool: req.tool.clone().map(|name| {
+                let call = match dialect {
+                    Dialect::Messages => format!("toolu_{id}"),
+                    _ => format!("call_{id}"),
+                };
+                (call, Value::String(name).to_string())
+            }),
+            stopped_by: req.stopped_by.clone().map(|s| Value::String(s).to_string()),
         }
     }
 
@@ -306,10 +411,16 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             Dialect::Completions => None,
             Dialect::Messages => Some(Bytes::from(format!(
                 "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{{},\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{{},\"output_tokens\":1}}}}}}\n\n\
-                 event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+                 event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{}}}\n\n\
                  event: ping\ndata: {{\"type\":\"ping\"}}\n\n",
                 self.envelope,
-                anthropic_input(self.prompt_tokens, self.cached_tokens, self.reports_cache)
+                anthropic_input(self.prompt_tokens, self.cached_tokens, self.reports_cache),
+                match &self.tool {
+                    Some((id, name)) => format!(
+                        "{{\"type\":\"tool_use\",\"id\":\"{id}\",\"name\":{name},\"input\":{{}}}}"
+                    ),
+                    None => "{\"type\":\"text\",\"text\":\"\"}".to_owned(),
+                }
             ))),
         }
     }
@@ -317,6 +428,9 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
     /// One content event carrying tokens `first .. first + count`. `finish` marks the last one
     /// (OpenAI puts finish_reason, and usage when asked to, on it).
     pub fn content(&self, first: u32, count: u32, finish: Option<Finish>) -> Bytes {
+        if let Some((id, name)) = &self.tool {
+            return self.tool_content(id, name, first, count, finish);
+        }
         let mut buf = BytesMut::with_capacity(self.prefix.len() + 128 + 8 * count as usize);
         buf.put_slice(self.prefix.as_bytes());
         push_tokens(&mut buf, first, count);
@@ -337,12 +451,74 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
                 buf.put_slice(close.as_bytes());
                 buf.put_slice(b",\"logprobs\":null,\"finish_reason\":\"");
                 buf.put_slice(finish.openai().as_bytes());
-                buf.put_slice(b"\"}]");
+                buf.put_u8(b'"');
+                if let (Finish::StopSequence, Some(s)) = (finish, &self.stopped_by) {
+                    // vLLM names the stop string that ended the answer.
+                    buf.put_slice(b",\"stop_reason\":");
+                    buf.put_slice(s.as_bytes());
+                }
+                buf.put_slice(b"}]");
                 if self.include_usage && self.usage == UsageStyle::FinishChunk {
                     buf.put_u8(b',');
                     buf.put_slice(self.usage_json(first + count).as_bytes());
                 }
                 buf.put_slice(b"}\n\n");
+            }
+        }
+        buf.freeze()
+    }
+
+    /// A content event of a tool call: its arguments' next tokens (the first opens them with
+    /// the call's id and name, the last closes them).
+    fn tool_content(
+        &self,
+        id: &str,
+        name: &str,
+        first: u32,
+        count: u32,
+        finish: Option<Finish>,
+    ) -> Bytes {
+        let mut buf = BytesMut::with_capacity(self.envelope.len() + 256 + 8 * count as usize);
+        match self.dialect {
+            Dialect::Messages => buf.put_slice(
+                b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"",
+            ),
+            Dialect::Chat | Dialect::Completions => {
+                buf.put_slice(b"data: {");
+                buf.put_slice(self.envelope.as_bytes());
+                buf.put_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,");
+                if first == 0 {
+                    buf.put_slice(format!("\"id\":\"{id}\",\"type\":\"function\",\"function\":{{\"name\":{name},").as_bytes());
+                } else {
+                    buf.put_slice(b"\"function\":{");
+                }
+                buf.put_slice(b"\"arguments\":\"");
+            }
+        }
+        if first == 0 {
+            buf.put_slice(ARGUMENTS_OPEN.as_bytes());
+        }
+        push_tokens(&mut buf, first, count);
+        if finish.is_some() {
+            buf.put_slice(ARGUMENTS_CLOSE.as_bytes());
+        }
+        match self.dialect {
+            Dialect::Messages => buf.put_slice(b"\"}}\n\n"),
+            Dialect::Chat | Dialect::Completions => {
+                buf.put_slice(b"\"}}]},\"logprobs\":null,\"finish_reason\":");
+                match finish {
+                    Some(f) => {
+                        buf.put_u8(b'"');
+                        buf.put_slice(f.openai().as_bytes());
+                        buf.put_slice(b"\"}]");
+                        if self.include_usage && self.usage == UsageStyle::FinishChunk {
+                            buf.put_u8(b',');
+                            buf.put_slice(self.usage_json(first + count).as_bytes());
+                        }
+                        buf.put_slice(b"}\n\n");
+                    }
+                    None => buf.put_slice(b"null}]}\n\n"),
+                }
             }
         }
         buf.freeze()
@@ -375,9 +551,10 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             }
             Dialect::Messages => Bytes::from(format!(
                 "event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":0}}\n\n\
-                 event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":null}},\"usage\":{{\"output_tokens\":{output_tokens}}}}}\n\n\
+                 event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"{}\",\"stop_sequence\":{}}},\"usage\":{{\"output_tokens\":{output_tokens}}}}}\n\n\
                  event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n",
-                finish.anthropic()
+                finish.anthropic(),
+                self.stopped_by.as_deref().unwrap_or("null"),
             )),
         }
     }
@@ -417,7 +594,7 @@ pub fn complete_body(
     if req.reports_cache {
         usage["prompt_tokens_details"] = json!({"cached_tokens": req.cached_tokens});
     }
-    let body = match dialect {
+    let mut body = match dialect {
         Dialect::Chat => json!({
             "id": format!("chatcmpl-{id}"), "object": "chat.completion", "created": created,
             "model": req.model,
@@ -434,10 +611,28 @@ pub fn complete_body(
         Dialect::Messages => json!({
             "id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": req.model,
             "content": [{"type": "text", "text": text}],
-            "stop_reason": finish.anthropic(), "stop_sequence": null,
+            "stop_reason": finish.anthropic(), "stop_sequence": req.stopped_by,
             "usage": anthropic_usage_value(req, output_tokens),
         }),
     };
+    if let Some(name) = &req.tool {
+        let arguments = json!({"text": token_text(0, output_tokens)});
+        match dialect {
+            Dialect::Chat => {
+                body["choices"][0]["message"] = json!({"role": "assistant", "content": null,
+                    "tool_calls": [{"id": format!("call_{id}"), "type": "function",
+                                    "function": {"name": name, "arguments": arguments.to_string()}}]});
+            }
+            Dialect::Messages => {
+                body["content"] = json!([{"type": "tool_use", "id": format!("toolu_{id}"),
+                                          "name": name, "input": arguments}]);
+            }
+            Dialect::Completions => {}
+        }
+    }
+    if let (Dialect::Chat, Some(stop)) = (dialect, &req.stopped_by) {
+        body["choices"][0]["stop_reason"] = json!(stop);
+    }
     Bytes::from(body.to_string())
 }
 
@@ -607,5 +802,92 @@ mod tests {
             ]
         );
         assert_eq!(events(&all)[6]["usage"]["output_tokens"], 2);
+    }
+
+    /// A stream's whole output: head, `n` tokens one per event, tail.
+    fn stream(dialect: Dialect, r: &GenRequest, n: u32, finish: Finish) -> Vec<u8> {
+        let f = Framer::new(dialect, r, "1", 7, options(UsageStyle::FinalChunk));
+        let mut all = f.head().map(|h| h.to_vec()).unwrap_or_default();
+        for i in 0..n {
+            all.extend_from_slice(&f.content(i, 1, (i + 1 == n).then_some(finish)));
+        }
+        all.extend_from_slice(&f.tail(n, finish));
+        all
+    }
+
+    #[test]
+    fn with_tools_the_answer_calls_one_until_a_tool_has_answered() {
+        let tools = json!([{"type": "function", "function": {"name": "lookup"}}]);
+        let r = req(
+            Dialect::Chat,
+            &json!({"model": "m", "stream": true, "tools": tools,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(r.tool.as_deref(), Some("lookup"));
+        let evs = events(&stream(Dialect::Chat, &r, 3, Finish::ToolUse));
+        let calls: Vec<&Value> = evs
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+            .collect();
+        assert_eq!(calls[0]["id"], "call_1");
+        assert_eq!(calls[0]["function"]["name"], "lookup");
+        let arguments: String = calls
+            .iter()
+            .map(|c| c["function"]["arguments"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&arguments).unwrap(),
+            json!({"text": " the quick brown"})
+        );
+        assert_eq!(evs[3]["choices"][0]["finish_reason"], "tool_calls");
+
+        let r = req(
+            Dialect::Messages,
+            &json!({"model": "m", "max_tokens": 2, "tools": [{"name": "f", "input_schema": {}}],
+                    "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        let evs = events(&stream(Dialect::Messages, &r, 2, Finish::ToolUse));
+        assert_eq!(evs[1]["content_block"]["type"], "tool_use");
+        assert_eq!(evs[1]["content_block"]["name"], "f");
+        let partial: String = evs
+            .iter()
+            .filter_map(|e| e["delta"]["partial_json"].as_str())
+            .collect();
+        assert_eq!(partial, r#"{"text":" the quick"}"#);
+        assert_eq!(evs[6]["delta"]["stop_reason"], "tool_use");
+
+        let answered = req(
+            Dialect::Messages,
+            &json!({"model": "m", "max_tokens": 2, "tools": [{"name": "f"}],
+                    "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]}),
+        );
+        assert_eq!(answered.tool, None);
+        let declined = req(
+            Dialect::Chat,
+            &json!({"model": "m", "tools": tools, "tool_choice": "none", "messages": []}),
+        );
+        assert_eq!(declined.tool, None);
+    }
+
+    #[test]
+    fn a_stop_sequence_ends_the_answer_before_it_and_is_named() {
+        assert_eq!(
+            stop_within(&[" fox".to_owned()], 10),
+            Some((3, " fox".to_owned()))
+        );
+        assert_eq!(stop_within(&["cat".to_owned()], 10), None);
+        let mut r = req(
+            Dialect::Messages,
+            &json!({"model": "m", "max_tokens": 9, "stop_sequences": [" fox"], "messages": []}),
+        );
+        assert_eq!(r.stop, [" fox"]);
+        r.stopped_by = Some(" fox".to_owned());
+        let evs = events(&stream(Dialect::Messages, &r, 3, Finish::StopSequence));
+        assert_eq!(
+            evs[7]["delta"],
+            json!({"stop_reason": "stop_sequence", "stop_sequence": " fox"})
+        );
+        let evs = events(&stream(Dialect::Chat, &r, 3, Finish::StopSequence));
+        assert_eq!(evs[3]["choices"][0]["stop_reason"], " fox");
     }
 }

@@ -51,3 +51,107 @@ async fn official_sdks_stream_through_the_gateway() {
         "key-of-AN_KEY"
     );
 }
+
+/// Each SDK reaches a model only a backend of the other dialect serves: streaming, tools across
+/// two turns, images, stop sequences and refusals, every event and object validated against the
+/// SDK's own types (`tests/sdk/translate_through_gateway.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_official_sdk_reaches_a_backend_of_the_other_dialect_through_translation() {
+    let python = support::venv_program("python");
+    let (_oa, openai_sim) = support::start_engine("oa", support::engine(1.0, 0.0, 8)).await;
+    let (_an, anthropic_sim) = support::start_engine("an", support::engine(1.0, 0.0, 8)).await;
+    let gw = support::gateway(&format!(
+        "backends:\n{}{}",
+        support::backend_yaml("oa", openai_sim, "openai", "    models: {llama: m}\n"),
+        support::backend_yaml(
+            "an",
+            anthropic_sim,
+            "anthropic",
+            "    models: {claude: m}\n"
+        ),
+    ))
+    .await;
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/translate_through_gateway.py");
+    let url = gw.url();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(python).arg(script).arg(url).output().unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tool_input = serde_json::json!({"text": " the quick brown"});
+    assert_eq!(got["anthropic_text"], " the quick brown fox");
+    assert_eq!(got["anthropic_usage"], serde_json::json!([2, 4]));
+    assert_eq!(got["anthropic_stop"], "max_tokens");
+    assert_eq!(
+        got["anthropic_event_types"],
+        serde_json::json!([
+            "message_start",
+            "ping",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ])
+    );
+    assert_eq!(
+        got["anthropic_tool"],
+        serde_json::json!({"stop": "tool_use", "name": "lookup", "input": tool_input})
+    );
+    assert_eq!(
+        got["anthropic_after_tool"],
+        serde_json::json!(["max_tokens", " the quick"])
+    );
+    assert_eq!(got["anthropic_images"], " the quick");
+    assert_eq!(
+        got["anthropic_stop_sequence"],
+        serde_json::json!(["stop_sequence", " fox", " the quick brown"])
+    );
+    assert_eq!(got["anthropic_refused"][0], 400);
+    assert_eq!(got["anthropic_refused"][1], "invalid_request_error");
+    assert!(
+        got["anthropic_refused"][2]
+            .as_str()
+            .unwrap()
+            .contains("`thinking`")
+    );
+
+    assert_eq!(got["openai_text"], " the quick brown fox jumps");
+    assert_eq!(got["openai_usage"], serde_json::json!([2, 5]));
+    assert_eq!(got["openai_last_chunk"], "[DONE]");
+    assert_eq!(
+        got["openai_tool"],
+        serde_json::json!({"finish": "tool_calls", "name": "lookup", "arguments": tool_input})
+    );
+    assert_eq!(got["openai_streamed_arguments"], tool_input);
+    assert_eq!(
+        got["openai_after_tool"],
+        serde_json::json!(["length", " the quick"])
+    );
+    assert_eq!(got["openai_refused"][0], 400);
+    assert_eq!(got["openai_refused"][1], "invalid_request_error");
+    assert!(got["openai_refused"][2].as_str().unwrap().contains("`n`"));
+
+    // Each backend heard only its own dialect.
+    assert!(
+        support::seen(openai_sim)
+            .await
+            .iter()
+            .all(|s| s["path"] == "/v1/chat/completions")
+    );
+    assert!(
+        support::seen(anthropic_sim)
+            .await
+            .iter()
+            .all(|s| s["path"] == "/v1/messages")
+    );
+}

@@ -201,6 +201,12 @@ pub(super) fn backend(
             "not a valid header value",
         )
     })?;
+    if b.default_max_tokens == 0 {
+        return Err(ConfigError::at(
+            format!("{at}.default_max_tokens"),
+            "must be at least 1 (the limit a translated request without one is sent with)",
+        ));
+    }
     let prior = match &b.prior {
         Some(p) => Some(prior(&format!("{at}.prior"), p, b.max_concurrency, dir)?),
         None => None,
@@ -254,6 +260,8 @@ pub(super) fn backend(
             response: Duration::from_millis(b.response_timeout_ms),
         },
         anthropic_version,
+        translate: b.translate,
+        default_max_tokens: b.default_max_tokens,
     })
 }
 

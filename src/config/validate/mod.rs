@@ -320,10 +320,10 @@ fn route(
         }
         Some(name) => backend_index(&format!("{at}.backend"), name)?,
     };
-    if r.class.is_none() && r.backend.is_none() {
+    if r.class.is_none() && r.backend.is_none() && r.translate {
         return Err(ConfigError::at(
             at,
-            "a rule gives a class, a backend (for bodies naming no model), or both: give at least one",
+            "a rule gives a class, a backend (for bodies naming no model), `translate: false`, or several: give at least one",
         ));
     }
     Ok(RouteRule {
@@ -331,6 +331,7 @@ fn route(
         model: r.model.clone(),
         class,
         backend,
+        translate: r.translate,
     })
 }
 

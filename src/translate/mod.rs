@@ -1,0 +1,163 @@
+//! Translation between the two chat dialects: OpenAI chat completions and Anthropic messages,
+//! requests and responses, streamed or whole, both ways.
+//!
+//! Pure: bytes in, bytes out, no I/O and no clock but the `created` second a chunk carries.
+//! The routing decision does not know about it: a backend is one engine whatever its clients
+//! speak, and the body is translated after the decision (`proxy/rewrite.rs` for the request,
+//! `proxy/body.rs` for the response). What maps to what, and what is refused:
+//! docs/gateway.md, "Translation between dialects".
+//!
+//! A request field the target cannot express is refused ([`Refused`], a 400 naming it), never
+//! dropped, but for a short list of hints that change no answer (`DROPPED_HINTS` in each
+//! direction's module). A stream is translated event by event as it arrives: nothing is held
+//! back but an event whose end has not come, and a content event costs no allocation.
+
+mod chunks;
+mod events;
+mod request;
+mod whole;
+
+pub use chunks::ToChatChunks;
+pub use events::ToMessageEvents;
+pub use request::{chat_to_messages, messages_to_chat};
+pub use whole::{error_body, response_body};
+
+use bytes::{Bytes, BytesMut};
+
+/// Which way a request goes: the client's dialect to the backend's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// An OpenAI chat completions client, an Anthropic messages backend.
+    ChatToMessages,
+    /// An Anthropic messages client, an OpenAI chat completions backend.
+    MessagesToChat,
+}
+
+impl Direction {
+    /// The path the backend serves the translated request on.
+    pub const fn backend_path(self) -> &'static str {
+        match self {
+            Self::ChatToMessages => "/v1/messages",
+            Self::MessagesToChat => "/v1/chat/completions",
+        }
+    }
+
+    /// Whether the client speaks Anthropic's dialect.
+    pub const fn client_is_anthropic(self) -> bool {
+        matches!(self, Self::MessagesToChat)
+    }
+}
+
+/// Why a request cannot be translated: names the field and what the target lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused(pub String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A response on its way back to the client, translated as it comes: an event stream event by
+/// event, anything else (a whole answer, an error) once it has all arrived.
+#[derive(Debug)]
+pub enum ResponseTranslator {
+    /// Anthropic events in, OpenAI chunks out.
+    Chunks(ToChatChunks),
+    /// OpenAI chunks in, Anthropic events out.
+    Events(ToMessageEvents),
+    /// A body translated whole at its end.
+    Whole {
+        /// Which way.
+        direction: Direction,
+        /// The response's status (a success is an answer, anything else an error).
+        status: u16,
+        /// What has arrived of it.
+        body: BytesMut,
+        /// Its translation has been sent.
+        done: bool,
+    },
+}
+
+/// The most of a whole (not streamed) body kept to translate it: 64 MiB.
+pub const MAX_WHOLE_BYTES: usize = 64 << 20;
+
+impl ResponseTranslator {
+    /// A translator for a response of `status` to a request going `direction`; `stream` when it
+    /// is a successful event stream; `include_usage` when an OpenAI client asked for the usage
+    /// chunk.
+    pub fn new(direction: Direction, stream: bool, status: u16, include_usage: bool) -> Self {
+        match (stream, direction) {
+            (true, Direction::ChatToMessages) => Self::Chunks(ToChatChunks::new(include_usage)),
+            (true, Direction::MessagesToChat) => Self::Events(ToMessageEvents::new()),
+            (false, _) => Self::Whole {
+                direction,
+                status,
+                body: BytesMut::new(),
+                done: false,
+            },
+        }
+    }
+
+    /// Translates the next bytes; what can go to the client now (possibly nothing).
+    pub fn frame(&mut self, data: &[u8]) -> Bytes {
+        match self {
+            Self::Chunks(t) => t.feed(data),
+            Self::Events(t) => t.feed(data),
+            Self::Whole { body, .. } => {
+                if body.len() + data.len() <= MAX_WHOLE_BYTES {
+                    body.extend_from_slice(data);
+                }
+                Bytes::new()
+            }
+        }
+    }
+
+    /// The upstream body ended: whatever is left to send (once; later calls give nothing).
+    pub fn finish(&mut self) -> Bytes {
+        match self {
+            Self::Chunks(t) => t.finish(),
+            Self::Events(t) => t.finish(),
+            Self::Whole {
+                direction,
+                status,
+                body,
+                done,
+            } => {
+                if std::mem::replace(done, true) {
+                    return Bytes::new();
+                }
+                let body = std::mem::take(body);
+                Bytes::from(if (200..300).contains(status) {
+                    response_body(*direction, &body)
+                } else {
+                    error_body(*direction, *status, &body)
+                })
+            }
+        }
+    }
+}
+
+/// The status an error of `status` from the backend takes in the client's dialect: Anthropic's
+/// 529 (overloaded) is a 503 to an OpenAI client; every other status means the same in both.
+pub const fn client_status(direction: Direction, status: u16) -> u16 {
+    match (direction, status) {
+        (Direction::ChatToMessages, 529) => 503,
+        _ => status,
+    }
+}
+
+/// Writes `value` as a JSON string into `out` (escaped as JSON requires; nothing allocated).
+fn put_json_str(out: &mut BytesMut, value: &str) {
+    use bytes::BufMut as _;
+    // Writing into a BytesMut cannot fail.
+    let _ = serde_json::to_writer(out.writer(), value);
+}
+
+/// Writes `n` in decimal into `out`.
+fn put_u64(out: &mut BytesMut, n: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+#[cfg(test)]
+mod tests;

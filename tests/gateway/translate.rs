@@ -1,0 +1,223 @@
+//! Clients of either dialect reach backends of the other, translated (`src/translate/`): one
+//! engine is one backend, with one curve and one in-flight count, whatever its clients speak.
+//! The official SDKs' own flows are in `sdk.rs`; the mappings field by field in the unit tests.
+
+use std::net::SocketAddr;
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+use tpsgate::bench::http_client;
+use tpsgate::sim::config::{FaultKindRaw, FaultRaw, StreamRaw};
+
+use crate::support;
+
+/// A gateway in front of `sim` declared as one backend of `dialect`, with `extra` lines for the
+/// backend and `rest` of the config after the backends.
+async fn gateway(
+    sim: SocketAddr,
+    dialect: &str,
+    extra: &str,
+    rest: &str,
+) -> tpsgate::gateway::Gateway {
+    support::gateway(&format!(
+        "backends:\n{}{rest}",
+        support::backend_yaml(
+            "engine",
+            sim,
+            dialect,
+            &format!("    models: {{m: m}}\n{extra}")
+        )
+    ))
+    .await
+}
+
+async fn post(gw: SocketAddr, path: &str, body: &Value, key: Option<&str>) -> support::Exchange {
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(key) = key {
+        headers.push(("x-api-key", key));
+    }
+    support::send(
+        &http_client(None).unwrap(),
+        gw,
+        Method::POST,
+        path,
+        Some(body.to_string().as_bytes()),
+        &headers,
+    )
+    .await
+}
+
+fn message(max_tokens: u32, stream: bool) -> Value {
+    json!({"model": "m", "max_tokens": max_tokens, "stream": stream,
+           "messages": [{"role": "user", "content": "hello"}]})
+}
+
+fn fault(kind: FaultKindRaw) -> FaultRaw {
+    FaultRaw {
+        kind,
+        probability: None,
+        every: Some(1),
+        retry_after_s: (kind == FaultKindRaw::Http429).then_some(3),
+        delay_ms: None,
+        after_tokens: None,
+    }
+}
+
+#[tokio::test]
+async fn an_anthropic_client_streams_from_an_openai_backend_and_its_key_pays_the_backends_usage() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = gateway(
+        sim,
+        "openai",
+        "",
+        "api_keys:\n  - {key_env: A, name: team-a}\n",
+    )
+    .await;
+    let ex = post(
+        gw.addr(),
+        "/v1/messages",
+        &message(4, true),
+        Some("key-of-A"),
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::OK);
+    assert_eq!(ex.headers["content-type"], "text/event-stream");
+    let events: Vec<Value> = ex
+        .data_events()
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds[..3], ["message_start", "ping", "content_block_start"]);
+    assert_eq!(
+        kinds[kinds.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["delta"]["text"].as_str())
+        .collect();
+    assert_eq!(text, " the quick brown fox");
+    let delta = &events[events.len() - 2];
+    assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
+    assert_eq!(delta["usage"]["output_tokens"], 4);
+    assert_eq!(delta["usage"]["input_tokens"], 2);
+
+    let seen = support::seen(sim).await;
+    assert_eq!(seen[0]["path"], "/v1/chat/completions");
+    assert_eq!(seen[0]["max_tokens"], 4);
+    // The key pays what the backend reported, read from its own (OpenAI) usage chunk.
+    let keys = support::get_json(gw.admin_addr(), "/admin/keys").await;
+    let key = &keys["keys"][0];
+    assert_eq!(key["name"], "team-a");
+    assert_eq!(key["input_tokens_total"], 2);
+    assert_eq!(key["output_tokens_total"], 4);
+}
+
+#[tokio::test]
+async fn an_openai_client_gets_a_whole_answer_from_an_anthropic_backend_with_the_default_max_tokens()
+ {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let gw = gateway(sim, "anthropic", "    default_max_tokens: 3\n", "").await;
+    let body = json!({"model": "m", "messages": [{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "hello"}]});
+    let ex = post(gw.addr(), "/v1/chat/completions", &body, None).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    assert_eq!(ex.headers["content-type"], "application/json");
+    let answer = ex.json();
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(
+        answer["choices"][0]["message"]["content"],
+        " the quick brown"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
+    assert_eq!(answer["usage"]["completion_tokens"], 3);
+    let seen = support::seen(sim).await;
+    assert_eq!(seen[0]["path"], "/v1/messages");
+    assert_eq!(seen[0]["max_tokens"], 3);
+    assert_eq!(seen[0]["anthropic_version"], "2023-06-01");
+}
+
+#[tokio::test]
+async fn clients_of_both_dialects_share_one_backends_in_flight_count() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 8)).await;
+    let gw = gateway(sim, "openai", "    max_concurrency: 1\n", "").await;
+    let open = support::open_stream(gw.addr(), "m", 50).await;
+    // The one slot is taken by an OpenAI client: an Anthropic client finds the engine full.
+    let ex = post(gw.addr(), "/v1/messages", &message(2, true), None).await;
+    assert_eq!(ex.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(ex.json()["type"], "error");
+    assert_eq!(ex.json()["error"]["type"], "overloaded_error");
+    drop(open);
+}
+
+#[tokio::test]
+async fn translate_false_on_a_backend_or_a_route_keeps_clients_of_the_other_dialect_away() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let off = gateway(sim, "openai", "    translate: false\n", "").await;
+    let ex = post(off.addr(), "/v1/messages", &message(2, false), None).await;
+    assert_eq!(ex.status, StatusCode::NOT_FOUND);
+    assert_eq!(ex.json()["error"]["type"], "not_found_error");
+    let ruled = gateway(
+        sim,
+        "openai",
+        "",
+        "routes:\n  - {path: /v1/messages, translate: false}\n",
+    )
+    .await;
+    let ex = post(ruled.addr(), "/v1/messages", &message(2, false), None).await;
+    assert_eq!(ex.status, StatusCode::NOT_FOUND);
+    let ok = post(
+        ruled.addr(),
+        "/v1/chat/completions",
+        &message(2, false),
+        None,
+    )
+    .await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert!(
+        support::seen(sim)
+            .await
+            .iter()
+            .all(|s| s["path"] == "/v1/chat/completions")
+    );
+}
+
+#[tokio::test]
+async fn the_backends_errors_and_refusals_reach_the_client_in_its_own_dialect() {
+    let start = |kind| async move {
+        support::start(support::spec(
+            "sim",
+            support::engine(1.0, 0.0, 8),
+            StreamRaw::default(),
+            vec![fault(kind)],
+        ))
+        .await
+    };
+    let (_limited, limited) = start(FaultKindRaw::Http429).await;
+    let gw = gateway(limited, "openai", "", "").await;
+    let ex = post(gw.addr(), "/v1/messages", &message(2, true), None).await;
+    assert_eq!(ex.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(ex.headers["retry-after"], "3");
+    assert_eq!(ex.headers["content-type"], "application/json");
+    let err = ex.json();
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "rate_limit_error");
+
+    let (_overloaded, overloaded) = start(FaultKindRaw::Http503).await;
+    let gw = gateway(overloaded, "anthropic", "", "").await;
+    let chat =
+        json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let ex = post(gw.addr(), "/v1/chat/completions", &chat, None).await;
+    assert_eq!(ex.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(ex.json()["error"]["type"], "server_error");
+    assert_eq!(ex.json()["error"]["code"], "overloaded_error");
+
+    let mut two = chat.clone();
+    two["n"] = json!(2);
+    let ex = post(gw.addr(), "/v1/chat/completions", &two, None).await;
+    assert_eq!(ex.status, StatusCode::BAD_REQUEST);
+    assert_eq!(ex.json()["error"]["type"], "invalid_request_error");
+    let message = ex.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("`n`"), "{message}");
+}
