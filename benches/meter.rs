@@ -1,5 +1,7 @@
 //! Cost of the timed body per forwarded chunk: the stream meter on a vLLM-shaped content chunk,
-//! with and without usage stripping armed, and the SSE parser alone.
+//! with and without usage stripping armed, and the SSE parser alone; and the same chunk metered
+//! and translated for an Anthropic client, beside an Anthropic chunk metered and translated for
+//! an OpenAI client (`translate_*`: the meter's work included, as the gateway does both).
 //!
 //! Run: `cargo bench --bench meter`. Results are in BENCHMARKS.md.
 
@@ -11,6 +13,10 @@ use tokio::time::Instant;
 use tpsgate::proxy::meter::StreamMeter;
 use tpsgate::sse::SseParser;
 use tpsgate::sse::events::StreamDialect;
+use tpsgate::translate::{Direction, ResponseTranslator};
+
+const ANTHROPIC: &str = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" quick\"}}\n\n";
+const ANTHROPIC_START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_01\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n";
 
 const CHUNK: &str = "data: {\"id\":\"chatcmpl-6a1d3a2c\",\"object\":\"chat.completion.chunk\",\"created\":1795371613,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" quick\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n";
 
@@ -33,6 +39,46 @@ fn meter(c: &mut Criterion) {
             })
         })
     });
+    let cases = [
+        (
+            "translate_openai_to_anthropic",
+            Direction::MessagesToChat,
+            StreamDialect::OpenAi,
+            CHUNK,
+            CHUNK,
+        ),
+        (
+            "translate_anthropic_to_openai",
+            Direction::ChatToMessages,
+            StreamDialect::Anthropic,
+            ANTHROPIC_START,
+            ANTHROPIC,
+        ),
+        (
+            "meter_anthropic",
+            Direction::ChatToMessages,
+            StreamDialect::Anthropic,
+            "",
+            ANTHROPIC,
+        ),
+    ];
+    for (name, direction, dialect, start, chunk) in cases {
+        let mut m = StreamMeter::new(dialect, false);
+        let chunk = Bytes::from_static(chunk.as_bytes());
+        let mut t = ResponseTranslator::new(direction, true, 200, false);
+        t.frame(start.as_bytes());
+        let translate = name.starts_with("translate");
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let (out, _) = m.frame(black_box(chunk.clone()), now);
+                if translate {
+                    black_box(t.frame(&out));
+                } else {
+                    black_box(out);
+                }
+            })
+        });
+    }
     group.finish();
 }
 

@@ -11,6 +11,8 @@
 //! - [`mod@bench`]: an active sweep client (`tpsgate bench`) that measures TTFT, per-user TPS and
 //!   goodput of any OpenAI- or Anthropic-compatible server.
 //! - [`sse`]: an incremental Server-Sent Events parser (pure: no I/O).
+//! - [`translate`]: OpenAI chat completions and Anthropic messages translated both ways,
+//!   requests, streams and errors, for clients reaching a backend of the other dialect (pure).
 //! - [`listen`]: the accept loop shared by every server we run (TCP or TLS, HTTP/1.1 and h2).
 //! - [`yaml`]: YAML loading with errors that name file, line, column and field.
 //! - [`cli`]: the command line.

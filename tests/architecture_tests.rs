@@ -89,6 +89,23 @@ const NEVER: &[(&str, &[&str], &str)] = &[
         "prefix hashing and its LRU are pure, shared by the simulator's truth and the index",
     ),
     (
+        "translate",
+        &[
+            "config",
+            "proxy",
+            "router",
+            "fleet",
+            "upstream",
+            "curve",
+            "telemetry",
+            "live",
+            "gateway",
+            "admin",
+            "stack",
+        ],
+        "translation is bytes to bytes, below the layers that call it, after the decision",
+    ),
+    (
         "tenant",
         &[
             "proxy", "router", "fleet", "upstream", "live", "gateway", "admin", "stack",

@@ -2,8 +2,9 @@
 //! once this request is added (docs/ARCHITECTURE.md, "Routing"), or what the class does when none
 //! will. Pure decisions over the [fleet](crate::fleet): it knows nothing of HTTP or the stack.
 //!
-//! - Candidates ([`candidates`]): backends that speak the dialect, serve the model, are
-//!   under their hard `max_concurrency`, and are healthy (all of them if none is).
+//! - Candidates ([`candidates`]): backends in the client's reach ([`Reach`]: its dialect, or the
+//!   other through translation) that serve the model, are under their hard `max_concurrency`,
+//!   and are healthy (all of them if none is).
 //! - Each is asked what this request would see there at in-flight + 1: from the curve's cached
 //!   [`Model`](crate::curve::Model), a configured prior, or (policy `oracle`) the simulator's truth.
 //! - Feasible: the prediction meets the SLO at its percentiles, the concurrency is within twice

@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use serde::de::{Deserialize, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{put_json_str, put_u64};
+use super::{put_raw_str, put_u64, unquoted};
 use crate::sse::SseParser;
 
 /// Deserializes an array as its first element, skipping the rest (a translated request asks
@@ -61,9 +61,9 @@ struct Event<'a> {
 #[derive(serde::Deserialize)]
 struct Message<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    model: Option<&'a RawValue>,
     #[serde(default)]
     usage: Option<Usage>,
 }
@@ -73,15 +73,15 @@ struct Block<'a> {
     #[serde(rename = "type", borrow)]
     kind: Cow<'a, str>,
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
+    name: Option<&'a RawValue>,
 }
 
 #[derive(serde::Deserialize)]
 struct Delta<'a> {
     #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
+    kind: Option<&'a RawValue>,
     #[serde(borrow, default)]
     text: Option<&'a RawValue>,
     #[serde(borrow, default)]
@@ -89,7 +89,7 @@ struct Delta<'a> {
     #[serde(borrow, default)]
     thinking: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    stop_reason: Option<Cow<'a, str>>,
+    stop_reason: Option<&'a RawValue>,
 }
 
 #[derive(serde::Deserialize, Default, Clone, Copy)]
@@ -198,19 +198,17 @@ impl ToChatChunks {
         match &*ev.kind {
             "message_start" => {
                 let message = ev.message;
-                let (id, model) = message
-                    .as_ref()
-                    .map_or((None, None), |m| (m.id.as_deref(), m.model.as_deref()));
+                let (id, model) = message.as_ref().map_or((None, None), |m| (m.id, m.model));
                 let mut envelope = BytesMut::with_capacity(160);
                 envelope.extend_from_slice(b"{\"id\":");
-                put_json_str(&mut envelope, id.unwrap_or("chatcmpl"));
+                put_raw_str(&mut envelope, id, "chatcmpl");
                 envelope.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
                 let created = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
                 put_u64(&mut envelope, created);
                 envelope.extend_from_slice(b",\"model\":");
-                put_json_str(&mut envelope, model.unwrap_or(""));
+                put_raw_str(&mut envelope, model, "");
                 envelope.extend_from_slice(b",\"choices\":[");
                 self.envelope = String::from_utf8_lossy(&envelope).into_owned();
                 if let Some(u) = message.and_then(|m| m.usage) {
@@ -231,9 +229,9 @@ impl ToChatChunks {
                     self.put(b"{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":");
                     put_u64(&mut self.out, index);
                     self.put(b",\"id\":");
-                    put_json_str(&mut self.out, block.id.as_deref().unwrap_or(""));
+                    put_raw_str(&mut self.out, block.id, "");
                     self.put(b",\"type\":\"function\",\"function\":{\"name\":");
-                    put_json_str(&mut self.out, block.name.as_deref().unwrap_or(""));
+                    put_raw_str(&mut self.out, block.name, "");
                     self.put(
                         b",\"arguments\":\"\"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
                     );
@@ -243,7 +241,7 @@ impl ToChatChunks {
                 let Some(delta) = ev.delta else {
                     return;
                 };
-                match delta.kind.as_deref() {
+                match unquoted(delta.kind) {
                     Some("text_delta") => {
                         if let Some(t) = text(delta.text) {
                             self.choice(b"{\"content\":", t, b"}");
@@ -272,7 +270,7 @@ impl ToChatChunks {
                 if let Some(u) = ev.usage {
                     self.usage(u);
                 }
-                let reason = match ev.delta.as_ref().and_then(|d| d.stop_reason.as_deref()) {
+                let reason = match ev.delta.as_ref().and_then(|d| unquoted(d.stop_reason)) {
                     Some("max_tokens" | "model_context_window_exceeded") => "length",
                     Some("tool_use") => "tool_calls",
                     Some("refusal") => "content_filter",

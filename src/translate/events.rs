@@ -7,13 +7,11 @@
 //! Text and arguments are copied as the JSON strings they came as: never unescaped, never
 //! allocated.
 
-use std::borrow::Cow;
-
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{put_json_str, put_u64};
+use super::{json_str, put_json_str, put_raw_str, put_u64, unquoted};
 use crate::sse::SseParser;
 
 /// The block open in the Anthropic stream.
@@ -58,9 +56,9 @@ impl Default for ToMessageEvents {
 #[derive(Deserialize)]
 struct Chunk<'a> {
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    model: Option<Cow<'a, str>>,
+    model: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "super::chunks::first")]
     choices: Option<Choice<'a>>,
     #[serde(default)]
@@ -74,7 +72,7 @@ struct Choice<'a> {
     #[serde(borrow, default)]
     delta: Option<Delta<'a>>,
     #[serde(borrow, default)]
-    finish_reason: Option<Cow<'a, str>>,
+    finish_reason: Option<&'a RawValue>,
     /// vLLM's: the stop string that ended the generation (or a token id).
     #[serde(borrow, default)]
     stop_reason: Option<&'a RawValue>,
@@ -93,7 +91,7 @@ struct ToolDelta<'a> {
     #[serde(default)]
     index: u64,
     #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
+    id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     function: Option<FunctionDelta<'a>>,
 }
@@ -101,7 +99,7 @@ struct ToolDelta<'a> {
 #[derive(Deserialize)]
 struct FunctionDelta<'a> {
     #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
+    name: Option<&'a RawValue>,
     #[serde(borrow, default)]
     arguments: Option<&'a RawValue>,
 }
@@ -187,7 +185,7 @@ impl ToMessageEvents {
             return;
         }
         if !self.started {
-            self.start(chunk.id.as_deref(), chunk.model.as_deref());
+            self.start(chunk.id, chunk.model);
         }
         if let Some(choice) = chunk.choices {
             if let Some(delta) = choice.delta {
@@ -206,12 +204,12 @@ impl ToMessageEvents {
                     self.tool_delta(call);
                 }
             }
-            if let Some(reason) = choice.finish_reason {
+            if let Some(reason) = unquoted(choice.finish_reason) {
                 self.close_block();
                 let sequence = choice
                     .stop_reason
                     .and_then(|r| serde_json::from_str::<String>(r.get()).ok());
-                let reason = match (&*reason, &sequence) {
+                let reason = match (reason, &sequence) {
                     ("stop", Some(_)) => "stop_sequence",
                     ("length", _) => "max_tokens",
                     ("tool_calls" | "function_call", _) => "tool_use",
@@ -240,12 +238,12 @@ impl ToMessageEvents {
         self.out.extend_from_slice(bytes);
     }
 
-    fn start(&mut self, id: Option<&str>, model: Option<&str>) {
+    fn start(&mut self, id: Option<&RawValue>, model: Option<&RawValue>) {
         self.started = true;
         self.put(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":");
-        put_json_str(&mut self.out, id.unwrap_or("msg"));
+        put_raw_str(&mut self.out, id, "msg");
         self.put(b",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":");
-        put_json_str(&mut self.out, model.unwrap_or(""));
+        put_raw_str(&mut self.out, model, "");
         self.put(b",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}\n\nevent: ping\ndata: {\"type\":\"ping\"}\n\n");
     }
 
@@ -259,7 +257,7 @@ impl ToMessageEvents {
 
     fn tool_delta(&mut self, call: &ToolDelta<'_>) {
         let function = call.function.as_ref();
-        if let Some(id) = call.id.as_deref()
+        if let Some(id) = json_str(call.id).filter(|id| id.len() <= super::MAX_NAME_BYTES)
             && self.open != Open::Tool(call.index)
         {
             self.close_block();
@@ -268,12 +266,9 @@ impl ToMessageEvents {
             );
             put_u64(&mut self.out, self.next_block);
             self.put(b",\"content_block\":{\"type\":\"tool_use\",\"id\":");
-            put_json_str(&mut self.out, id);
+            self.put(id.as_bytes());
             self.put(b",\"name\":");
-            put_json_str(
-                &mut self.out,
-                function.and_then(|f| f.name.as_deref()).unwrap_or(""),
-            );
+            put_raw_str(&mut self.out, function.and_then(|f| f.name), "");
             self.put(b",\"input\":{}}}\n\n");
             self.next_block += 1;
             self.open = Open::Tool(call.index);

@@ -147,6 +147,32 @@ pub const fn client_status(direction: Direction, status: u16) -> u16 {
     }
 }
 
+/// A raw JSON value that is a string: its text, quotes included. (`Option<Cow<str>>` would
+/// allocate for every chunk: serde borrows only a bare `Cow`, so strings are read raw.)
+fn json_str(raw: Option<&serde_json::value::RawValue>) -> Option<&str> {
+    raw.map(serde_json::value::RawValue::get)
+        .filter(|t| t.len() >= 2 && t.starts_with('"'))
+}
+
+/// A raw JSON string's content, for comparing with a name (escapes left as they are: the
+/// names compared have none).
+fn unquoted(raw: Option<&serde_json::value::RawValue>) -> Option<&str> {
+    json_str(raw).map(|t| &t[1..t.len() - 1])
+}
+
+/// The longest id or name copied from the backend's stream: the model name is repeated in every
+/// OpenAI chunk, and a backend must not make each tiny event a huge one.
+const MAX_NAME_BYTES: usize = 256;
+
+/// Writes a raw JSON string into `out`, or `fallback` as one where there is none (or it is
+/// over [`MAX_NAME_BYTES`]).
+fn put_raw_str(out: &mut BytesMut, raw: Option<&serde_json::value::RawValue>, fallback: &str) {
+    match json_str(raw).filter(|t| t.len() <= MAX_NAME_BYTES) {
+        Some(t) => out.extend_from_slice(t.as_bytes()),
+        None => put_json_str(out, fallback),
+    }
+}
+
 /// Writes `value` as a JSON string into `out` (escaped as JSON requires; nothing allocated).
 fn put_json_str(out: &mut BytesMut, value: &str) {
     use bytes::BufMut as _;

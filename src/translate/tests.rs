@@ -1,3 +1,4 @@
+use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
@@ -386,4 +387,79 @@ fn whole_answers_and_errors_take_the_clients_shape() {
         serde_json::from_slice(&error_body(Direction::MessagesToChat, 502, b"Bad Gateway"))
             .unwrap();
     assert_eq!(plain["error"]["message"], "Bad Gateway");
+}
+
+/// The events of both sample streams, and a few that are not what they claim: the material
+/// adversarial streams are made of.
+fn event_pieces() -> Vec<String> {
+    let mut pieces: Vec<String> = [OPENAI_STREAM, ANTHROPIC_STREAM]
+        .iter()
+        .flat_map(|s| s.split_inclusive("\n\n").map(str::to_owned))
+        .collect();
+    pieces.extend(
+        [
+            "data: {\"choices\":null}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":7,\"function\":{\"arguments\":\"x\"}}]}}]}\n\n",
+            "data: {\"error\":{\"message\":1}}\n\n",
+            "event: error\ndata: {\"type\":\"error\",\"error\":\"x\"}\n\n",
+            "data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":5}}\n\n",
+            "data: [DONE]\n\n",
+            "data: {\"type\":\"message_delta\"}\n\n",
+            ": comment\r\n\r\n",
+        ]
+        .map(str::to_owned),
+    );
+    pieces
+}
+
+proptest! {
+    #[test]
+    fn any_stream_cut_anywhere_translates_without_panic_and_grows_boundedly(
+        picks in proptest::collection::vec(any::<prop::sample::Index>(), 0..40),
+        noise in proptest::collection::vec(any::<u8>(), 0..64),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let pieces = event_pieces();
+        let mut stream: Vec<u8> = picks.iter().flat_map(|i| pieces[i.index(pieces.len())].bytes()).collect();
+        let at = cut.index(stream.len() + 1);
+        stream.splice(at..at, noise);
+        for direction in [Direction::ChatToMessages, Direction::MessagesToChat] {
+            for streamed in [true, false] {
+                let mut t = ResponseTranslator::new(direction, streamed, 200, true);
+                let mut out = t.frame(&stream[..at]).len();
+                out += t.frame(&stream[at..]).len();
+                out += t.finish().len();
+                // Each event yields at most a few small ones (names are capped): linear growth.
+                prop_assert!(out <= 32 * stream.len() + 4096, "{out} bytes out of {}", stream.len());
+            }
+        }
+    }
+
+    #[test]
+    fn any_request_body_translates_or_is_refused_and_a_translation_is_json(
+        picks in proptest::collection::vec(any::<prop::sample::Index>(), 0..6),
+        noise in proptest::collection::vec(any::<u8>(), 0..32),
+    ) {
+        let values = [
+            json!({"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}),
+            json!({"messages": [{"role": "tool", "content": [{"type": "text", "text": "x"}]}]}),
+            json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f"}]}]}),
+            json!({"tools": [{"name": "f"}], "tool_choice": {"type": "tool"}}),
+            json!({"stop": ["a"], "stop_sequences": "b", "system": [{"type": "image"}]}),
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}]}),
+        ];
+        let mut body = serde_json::Map::new();
+        for pick in &picks {
+            if let Value::Object(o) = &values[pick.index(values.len())] {
+                body.extend(o.clone());
+            }
+        }
+        let mut bytes = Value::Object(body).to_string().into_bytes();
+        if picks.len() % 2 == 1 {
+            bytes.extend_from_slice(&noise);
+        }
+        for out in [messages_to_chat(&bytes, "up"), chat_to_messages(&bytes, "up", 8)].into_iter().flatten() {
+            prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
+        }
+    }
 }

@@ -359,29 +359,33 @@ async fn a_signal_the_moment_the_gateway_says_it_listens_is_handled() {
     assert!(status.success(), "{status:?}");
 }
 
-/// README's "With your own backends" config is one `tpsgate check` accepts, as written.
+/// README's configs ("With your own backends", "Any client, any engine") are ones `tpsgate
+/// check` accepts, as written.
 #[test]
-fn the_readme_config_for_your_own_backends_passes_check() {
+fn the_readme_configs_pass_check() {
     let readme =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let section = readme.split("## With your own backends").nth(1).unwrap();
-    let yaml = section
-        .split("```yaml\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("my-gateway.yaml");
-    std::fs::write(&file, yaml).unwrap();
-    let out = tpsgate()
-        .args(["check", "--config"])
-        .arg(&file)
-        .env("TOGETHER_API_KEY", "test-key")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{yaml}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for heading in ["## With your own backends", "## Any client, any engine"] {
+        let section = readme.split(heading).nth(1).unwrap();
+        let yaml = section
+            .split("```yaml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("gateway.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        let out = tpsgate()
+            .args(["check", "--config"])
+            .arg(&file)
+            .env("TOGETHER_API_KEY", "test-key")
+            .env("ANTHROPIC_API_KEY", "test-key")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{heading}: {}\n{yaml}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
