@@ -188,13 +188,30 @@ fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> std::cmp::Ordering {
         .then(a.slack.total_cmp(&b.slack))
 }
 
+/// Where nothing is feasible: an idle backend whose thin evidence predicts a miss, tried again
+/// as a cold one is, outside the exploration budget and from the line too. A first answer
+/// slowed by the engine's own cold start, or a fit through two samples, must not lock a
+/// backend out while requests wait or fail elsewhere, and trying it costs nobody else
+/// anything. Least confidence first.
+pub fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| {
+            c.joining == 1 && c.leaves_room && c.prediction.is_some_and(|p| p.confidence < 0.5)
+        })
+        .min_by(|(_, a), (_, b)| {
+            let conf = |c: &Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
+            conf(a).total_cmp(&conf(b))
+        })
+        .map(|(i, _)| i)
+}
+
 /// Where exploring teaches the most without breaking an SLO that can be predicted: a backend
 /// whose curve has no confident answer at this concurrency (never observed, beyond twice the
 /// concurrency it has seen, or a bucket gone stale), whose prediction — when there is one —
 /// keeps this request's SLO, the speed of every class already there and (for batch work, which
-/// holds a slot for long) room for the next latency request. An idle backend is tried even
-/// where thin evidence predicts a miss, as a cold one is: a fit through two samples must not
-/// lock it out for good (it costs nobody else anything). Least confidence first.
+/// holds a slot for long) room for the next latency request. Least confidence first.
 pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()

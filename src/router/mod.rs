@@ -505,9 +505,17 @@ impl Router {
             choose::among_feasible(policy, &candidates, ask)
         };
         // A percentile is a target for choosing, not a cliff: with none feasible at it, a
-        // latency request still goes where it adds the most good completions.
+        // latency request tries an idle backend whose evidence is too thin to condemn it, else
+        // goes where it adds the most good completions.
+        let mut unproven = false;
         let (pick, by_chance) = match pick {
-            None if !throughput => (self.best_chance(ask, policy, &candidates), true),
+            None if !throughput => match choose::idle_unproven(&candidates) {
+                Some(i) => {
+                    unproven = true;
+                    (Some(i), false)
+                }
+                None => (self.best_chance(ask, policy, &candidates), true),
+            },
             pick => (pick, false),
         };
         if tracing::enabled!(tracing::Level::DEBUG)
@@ -536,6 +544,8 @@ impl Router {
             let c = &candidates[i];
             let reason = if by_chance {
                 Reason::BestChance
+            } else if unproven {
+                Reason::Explore
             } else if queued {
                 Reason::Queued
             } else if c.prediction.is_none() {

@@ -641,6 +641,23 @@ fn an_idle_backend_whose_thin_evidence_predicts_a_miss_is_explored_again() {
 }
 
 #[test]
+fn a_backend_slowed_by_its_cold_start_is_tried_again_while_idle_by_a_class_that_queues() {
+    // A fresh engine's first answer came after 16 s (its warm-up), and no exploration budget is
+    // left: still, while it is idle, the next request goes there rather than waiting in line
+    // for nothing (seen on two fresh `transformers serve` engines: every request refused).
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["warming"], classes, 0.0);
+    teach_each(&router, 0, &[(1.0, 16.0, 64.0)]);
+    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Explore));
+    // Busy, it is not tried on that evidence: the request waits for it.
+    let _held = occupy(&router, 0, 0, 1);
+    assert_eq!(
+        reason_of(&router, &ask(&router, 0)),
+        Err(ErrorKind::NoBackendAvailable)
+    );
+}
+
+#[test]
 fn a_class_is_feasible_while_some_backend_meets_its_slo_alone_and_names_the_closest() {
     let router = router_from(&["slow", "fast"], MARGINAL, 0.0);
     assert_eq!(router.standings()[0].feasible, None, "no evidence yet");
