@@ -1,7 +1,8 @@
 //! Cost of the timed body per forwarded chunk: the stream meter on a vLLM-shaped content chunk,
 //! with and without usage stripping armed, and the SSE parser alone; and the same chunk metered
 //! and translated for an Anthropic client, beside an Anthropic chunk metered and translated for
-//! an OpenAI client (`translate_*`: the meter's work included, as the gateway does both).
+//! an OpenAI client (`translate_*`: the meter's work included, as the gateway does both); and a
+//! request's translation each way (`per_request`).
 //!
 //! Run: `cargo bench --bench meter`. Results are in BENCHMARKS.md.
 
@@ -82,5 +83,42 @@ fn meter(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, meter);
+/// A request's translation: a short conversation with a system prompt, a tool and a tool's
+/// result (about 1 KB), each way: the CPU a translated request spends before it is sent.
+fn request(c: &mut Criterion) {
+    let messages = serde_json::json!({
+        "model": "claude", "max_tokens": 256, "stream": true,
+        "system": "You are a careful assistant. Answer briefly and cite the tool's output.",
+        "tools": [{"name": "lookup", "description": "Looks a term up",
+                   "input_schema": {"type": "object", "properties": {"term": {"type": "string"}}}}],
+        "messages": [
+            {"role": "user", "content": "What does the gateway do with a request it cannot translate?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "lookup", "input": {"term": "translation"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "A field the target cannot express is refused with a 400 naming it."}]},
+        ],
+    })
+    .to_string();
+    let chat = tpsgate::translate::messages_to_chat(messages.as_bytes(), "m").unwrap();
+    let mut group = c.benchmark_group("per_request");
+    group.bench_function("translate_messages_to_chat", |b| {
+        b.iter(|| {
+            black_box(tpsgate::translate::messages_to_chat(
+                black_box(messages.as_bytes()),
+                "m",
+            ))
+        })
+    });
+    group.bench_function("translate_chat_to_messages", |b| {
+        b.iter(|| {
+            black_box(tpsgate::translate::chat_to_messages(
+                black_box(&chat),
+                "m",
+                4096,
+            ))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, meter, request);
 criterion_main!(benches);

@@ -545,6 +545,11 @@ fn check(file: &std::path::Path, no_env: bool) -> ExitCode {
             models.join(", ")
         ));
     }
+    for (a, b) in config.engines_declared_twice() {
+        eprintln!(
+            "warning: backends {a} and {b} have the same URL in two dialects: one engine split into two curves and two in-flight counts, which misleads the router; declare it once (clients of the other dialect reach it translated: docs/gateway.md, \"Translation between dialects\")"
+        );
+    }
     for (i, c) in config.classes.iter().enumerate() {
         let default = if config.default_class == Some(i) {
             " (default)"

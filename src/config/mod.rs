@@ -64,6 +64,24 @@ pub struct Config {
     pub tracing: Option<TracingConfig>,
 }
 
+impl Config {
+    /// Pairs of backends that are one engine declared once per dialect (the same URL and
+    /// address): each half gets a curve and an in-flight count of its own, so neither tells
+    /// the router what the engine carries. Declared once, its clients of the other dialect
+    /// reach it translated.
+    pub fn engines_declared_twice(&self) -> Vec<(&str, &str)> {
+        let mut pairs = Vec::new();
+        for (i, a) in self.backends.iter().enumerate() {
+            for b in &self.backends[i + 1..] {
+                if a.url == b.url && a.dial == b.dial && a.dialect != b.dialect {
+                    pairs.push((&*a.name, &*b.name));
+                }
+            }
+        }
+        pairs
+    }
+}
+
 /// `tracing:` validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TracingConfig {

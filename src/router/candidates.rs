@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::oracle::Oracle;
-use super::{Ask, Router, choose};
+use super::{Ask, QUEUE_CHANCE, Router, choose};
 use crate::config::Policy;
 use crate::curve::{Model, Prediction};
 use crate::fleet::claim::EDGE;
@@ -262,11 +262,11 @@ impl Router {
     /// good completions: its own chance of meeting its SLO, less what it costs the requests
     /// already there (per latency class decoding there, its requests times how much less likely
     /// each is to reach its speed target with one more beside it; their first tokens are behind
-    /// them, or ahead of this one in the queue). `None` where the class would rather wait
-    /// (`waits`) and the backend meets its SLO at the class's percentiles alone: such a backend
-    /// is full, not short of the target, and committing the request to it now, past the load
-    /// where it keeps the SLO, takes the slot a waiting request would get whichever backend
-    /// frees first (on the default fleet at 16 and 20 req/s, that cost 30% of the goodput).
+    /// them, or ahead of this one in the queue). Where the class would rather wait (`waits`)
+    /// and the backend meets its SLO at the class's percentiles alone, the backend is full, not
+    /// short of the target: the request is committed to it only where that adds at least
+    /// [`QUEUE_CHANCE`] (else `None`), as it takes the slot a waiting request would get
+    /// whichever backend frees first.
     pub(super) fn chance_gain(
         &self,
         ask: &Ask<'_>,
@@ -283,13 +283,10 @@ impl Router {
             Instant::now(),
             c.cache.cached_tokens,
         );
-        if waits
+        let full = waits
             && predictor
                 .at(1.0)
-                .is_some_and(|alone| ask.slo.slack(&alone) >= 0.0)
-        {
-            return None;
-        }
+                .is_some_and(|alone| ask.slo.slack(&alone) >= 0.0);
         let loss = match predictor.at(f64::from(c.joining.saturating_sub(1))) {
             Some(before) if c.joining > 1 => self
                 .classes
@@ -302,7 +299,8 @@ impl Router {
                 .sum(),
             _ => 0.0,
         };
-        Some(c.chance - loss)
+        let gain = c.chance - loss;
+        (!full || gain >= QUEUE_CHANCE).then_some(gain)
     }
 
     /// Whether every class with requests decoding on `backend` keeps its speed at `p`.

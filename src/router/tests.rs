@@ -641,6 +641,21 @@ fn an_idle_backend_whose_thin_evidence_predicts_a_miss_is_explored_again() {
 }
 
 #[test]
+fn a_class_that_queues_takes_a_full_backend_where_its_request_is_likelier_than_not_to_be_good() {
+    // A noisy engine on shared cores: first tokens in 0.1 s alone; at two in flight eight in
+    // ten in 0.2 s and two in ten after 2 s, so its p90 misses the 1-s target there while most
+    // requests meet it. Waiting for it to be idle again would refuse most of them.
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["noisy"], classes, 0.0);
+    let mut requests = vec![(1.0, 0.1, 60.0); 8];
+    requests.extend([(2.0, 0.2, 60.0); 8]);
+    requests.extend([(2.0, 2.0, 60.0); 2]);
+    teach_each(&router, 0, &requests);
+    let _held = occupy(&router, 0, 0, 1);
+    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::BestChance));
+}
+
+#[test]
 fn a_backend_slowed_by_its_cold_start_is_tried_again_while_idle_by_a_class_that_queues() {
     // A fresh engine's first answer came after 16 s (its warm-up), and no exploration budget is
     // left: still, while it is idle, the next request goes there rather than waiting in line

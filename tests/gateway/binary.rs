@@ -144,6 +144,29 @@ fn check_no_env_lints_a_config_whose_secrets_are_elsewhere() {
 }
 
 #[test]
+fn check_warns_of_one_engine_declared_once_per_dialect() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("twice.yaml");
+    std::fs::write(
+        &file,
+        "backends:\n  - {name: vllm, url: http://10.0.0.5:8000, dialect: openai, models: {m: m}}\n  - {name: vllm-messages, url: http://10.0.0.5:8000, dialect: anthropic, models: {m: m}}\n",
+    )
+    .unwrap();
+    let out = tpsgate()
+        .args(["check", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "a warning, not an error");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .contains("warning: backends vllm and vllm-messages have the same URL in two dialects"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn the_config_path_can_come_from_tpsgate_config() {
     let gateway = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/gateway.yaml");
     let out = tpsgate()
