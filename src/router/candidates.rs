@@ -262,18 +262,18 @@ impl Router {
     /// good completions: its own chance of meeting its SLO, less what it costs the requests
     /// already there (per latency class decoding there, its requests times how much less likely
     /// each is to reach its speed target with one more beside it; their first tokens are behind
-    /// them, or ahead of this one in the queue). Where the class would rather wait (`waits`)
-    /// and the backend meets its SLO at the class's percentiles alone, the backend is full, not
-    /// short of the target: the request is committed to it only where that adds at least
-    /// [`QUEUE_CHANCE`] (else `None`), as it takes the slot a waiting request would get
-    /// whichever backend frees first.
+    /// them, or ahead of this one in the queue). Where the class would rather wait (`waits` is
+    /// `Some`) and the backend meets its SLO at the class's percentiles alone, the backend is
+    /// full, not short of the target: the request is committed to it only where it found the
+    /// line empty (`Some(true)`) and that adds at least [`QUEUE_CHANCE`] (else `None`), as it
+    /// takes the slot a waiting request would get whichever backend frees first.
     pub(super) fn chance_gain(
         &self,
         ask: &Ask<'_>,
         policy: Policy,
         c: &Candidate<'_>,
         p: &Prediction,
-        waits: bool,
+        waits: Option<bool>,
     ) -> Option<f64> {
         let predictor = self.predictor(
             c.index,
@@ -283,7 +283,7 @@ impl Router {
             Instant::now(),
             c.cache.cached_tokens,
         );
-        let full = waits
+        let full = waits.is_some()
             && predictor
                 .at(1.0)
                 .is_some_and(|alone| ask.slo.slack(&alone) >= 0.0);
@@ -300,7 +300,7 @@ impl Router {
             _ => 0.0,
         };
         let gain = c.chance - loss;
-        (!full || gain >= QUEUE_CHANCE).then_some(gain)
+        (!full || (waits == Some(true) && gain >= QUEUE_CHANCE)).then_some(gain)
     }
 
     /// Whether every class with requests decoding on `backend` keeps its speed at `p`.

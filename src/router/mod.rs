@@ -104,11 +104,13 @@ pub const MIN_CHANCE: f64 = 0.05;
 
 /// The least a request of a class that queues must add to the expected good completions (its
 /// chance less its cost to the others) to be committed to a backend that is full, meeting the
-/// SLO alone but not with one more: likelier than not. Waiting pays where a backend past its
-/// edge would fail the request (the default fleet at twice its capacity: committing cost 30% of
-/// the goodput); where a percentile is missed by a few outliers while most requests meet the
-/// SLO (two `transformers serve` engines on CPU: a p90 TTFT over 1 s at two in flight, eight in
-/// ten requests well within it), waiting for an idle engine refused most requests.
+/// SLO alone but not with one more: likelier than not, and only by a request that finds its
+/// class's line empty. Waiting pays where a backend past its edge would fail the request (the
+/// default fleet at twice its capacity: committing every arrival cost 30% of the goodput, and
+/// every arrival likelier than not to be good 11%); where a percentile is missed by a few
+/// outliers while most requests meet the SLO (two `transformers serve` engines on CPU: a p90
+/// TTFT over 1 s at two in flight, most requests well within it), waiting for an idle engine
+/// refused most requests.
 pub const QUEUE_CHANCE: f64 = 0.5;
 
 /// A request whose claims keep being refused is decided again at most this many times: each
@@ -580,7 +582,12 @@ impl Router {
         policy: Policy,
         candidates: &[Candidate<'_>],
     ) -> Option<usize> {
-        let waits = self.on_miss(ask).0 == OnMiss::Queue;
+        // A class that queues commits a request to a full backend only where it finds its line
+        // empty: behind others it waits its turn, as they do.
+        let waits = (self.on_miss(ask).0 == OnMiss::Queue).then(|| {
+            ask.class
+                .is_some_and(|class| self.line.waiting_in(class) == 0)
+        });
         candidates
             .iter()
             .enumerate()
