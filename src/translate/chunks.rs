@@ -10,12 +10,11 @@
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use serde::de::{Deserialize, Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::{put_raw_str, put_u64, unquoted};
-use crate::sse::SseParser;
+use super::{EventTranslation, put_raw_str, put_u64, unquoted};
 
 /// Deserializes an array as its first element, skipping the rest (a translated request asks
 /// for one choice, so no more come).
@@ -107,7 +106,6 @@ struct Usage {
 /// Translates one Anthropic stream into OpenAI chunks. See the module.
 #[derive(Debug)]
 pub struct ToChatChunks {
-    parser: SseParser,
     out: BytesMut,
     include_usage: bool,
     /// `{"id":…,"object":"chat.completion.chunk","created":…,"model":…,"choices":[`, made at
@@ -135,7 +133,6 @@ impl ToChatChunks {
     /// chunk.
     pub fn new(include_usage: bool) -> Self {
         Self {
-            parser: SseParser::new(),
             out: BytesMut::with_capacity(4096),
             include_usage,
             envelope: String::new(),
@@ -147,26 +144,6 @@ impl ToChatChunks {
             finished: false,
             done: false,
         }
-    }
-
-    /// Translates the next bytes of the Anthropic stream: the chunks they complete.
-    pub fn feed(&mut self, data: &[u8]) -> Bytes {
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.feed(data, &mut |ev| self.event(ev.data));
-        self.parser = parser;
-        self.out.split().freeze()
-    }
-
-    /// The stream ended: an event left without its blank line is read, and a finished answer
-    /// whose `message_stop` never came gets its `[DONE]`.
-    pub fn finish(&mut self) -> Bytes {
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.feed(b"\n\n", &mut |ev| self.event(ev.data));
-        if self.finished && !self.done {
-            self.done = true;
-            self.put(b"data: [DONE]\n\n");
-        }
-        self.out.split().freeze()
     }
 
     fn put(&mut self, bytes: &[u8]) {
@@ -186,6 +163,20 @@ impl ToChatChunks {
         self.put(raw.as_bytes());
         self.put(delta_close);
         self.put(b",\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+    }
+}
+
+impl EventTranslation for ToChatChunks {
+    fn out(&mut self) -> &mut BytesMut {
+        &mut self.out
+    }
+
+    /// A finished answer whose `message_stop` never came gets its `[DONE]`.
+    fn end(&mut self) {
+        if self.finished && !self.done {
+            self.done = true;
+            self.put(b"data: [DONE]\n\n");
+        }
     }
 
     fn event(&mut self, data: &[u8]) {
@@ -312,7 +303,9 @@ impl ToChatChunks {
             _ => {}
         }
     }
+}
 
+impl ToChatChunks {
     /// Notes usage: Anthropic's input tokens exclude those read from (or written to) the
     /// cache, which OpenAI's prompt tokens include.
     fn usage(&mut self, u: Usage) {

@@ -7,12 +7,11 @@
 //! Text and arguments are copied as the JSON strings they came as: never unescaped, never
 //! allocated.
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{json_str, put_json_str, put_raw_str, put_u64, unquoted};
-use crate::sse::SseParser;
+use super::{EventTranslation, json_str, put_json_str, put_raw_str, put_u64, unquoted};
 
 /// The block open in the Anthropic stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +33,6 @@ struct Usage {
 /// Translates one OpenAI stream into Anthropic events. See the module.
 #[derive(Debug)]
 pub struct ToMessageEvents {
-    parser: SseParser,
     out: BytesMut,
     started: bool,
     open: Open,
@@ -130,7 +128,6 @@ impl ToMessageEvents {
     /// A translator at the start of a stream.
     pub fn new() -> Self {
         Self {
-            parser: SseParser::new(),
             out: BytesMut::with_capacity(4096),
             started: false,
             open: Open::None,
@@ -138,99 +135,6 @@ impl ToMessageEvents {
             stop: None,
             usage: None,
             done: false,
-        }
-    }
-
-    /// Translates the next bytes of the OpenAI stream: the Anthropic events they complete.
-    pub fn feed(&mut self, data: &[u8]) -> Bytes {
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.feed(data, &mut |ev| self.event(ev.data));
-        self.parser = parser;
-        self.out.split().freeze()
-    }
-
-    /// The stream ended: an event left without its blank line is read, and a finished message
-    /// whose usage never came is closed.
-    pub fn finish(&mut self) -> Bytes {
-        let mut parser = std::mem::take(&mut self.parser);
-        parser.feed(b"\n\n", &mut |ev| self.event(ev.data));
-        if self.stop.is_some() {
-            self.close_message();
-        }
-        self.out.split().freeze()
-    }
-
-    fn event(&mut self, data: &[u8]) {
-        if self.done {
-            return;
-        }
-        if data == b"[DONE]" {
-            // A server that sends no finish reason still ends the message here.
-            if self.started {
-                self.close_message();
-            }
-            return;
-        }
-        let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
-            // Not a chunk (a comment-like line a server added): nothing of the answer.
-            return;
-        };
-        if let Some(error) = chunk.error {
-            self.put(b"event: error\ndata: {\"type\":\"error\",\"error\":");
-            self.out.extend_from_slice(
-                super::whole::anthropic_error_object(error.get().as_bytes()).as_bytes(),
-            );
-            self.put(b"}\n\n");
-            self.done = true;
-            return;
-        }
-        if !self.started {
-            self.start(chunk.id, chunk.model);
-        }
-        if let Some(choice) = chunk.choices {
-            if let Some(delta) = choice.delta {
-                if let Some(t) = text(delta.content) {
-                    if self.open != Open::Text {
-                        self.close_block();
-                        self.open_text();
-                    }
-                    self.put(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
-                    put_u64(&mut self.out, self.next_block - 1);
-                    self.put(b",\"delta\":{\"type\":\"text_delta\",\"text\":");
-                    self.put(t.as_bytes());
-                    self.put(b"}}\n\n");
-                }
-                for call in delta.tool_calls.iter().flatten() {
-                    self.tool_delta(call);
-                }
-            }
-            if let Some(reason) = unquoted(choice.finish_reason) {
-                self.close_block();
-                let sequence = choice
-                    .stop_reason
-                    .and_then(|r| serde_json::from_str::<String>(r.get()).ok());
-                let reason = match (reason, &sequence) {
-                    ("stop", Some(_)) => "stop_sequence",
-                    ("length", _) => "max_tokens",
-                    ("tool_calls" | "function_call", _) => "tool_use",
-                    ("content_filter", _) => "refusal",
-                    _ => "end_turn",
-                };
-                self.stop = Some((reason, sequence));
-            }
-        }
-        if let Some(u) = chunk.usage {
-            self.usage = Some(Usage {
-                prompt: u.prompt_tokens,
-                completion: u.completion_tokens,
-                cached: u
-                    .prompt_tokens_details
-                    .and_then(|d| d.cached_tokens)
-                    .unwrap_or(0),
-            });
-            if self.stop.is_some() {
-                self.close_message();
-            }
         }
     }
 
@@ -322,5 +226,92 @@ impl ToMessageEvents {
         self.put(b",\"output_tokens\":");
         put_u64(&mut self.out, usage.completion);
         self.put(b"}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    }
+}
+
+impl EventTranslation for ToMessageEvents {
+    fn out(&mut self) -> &mut BytesMut {
+        &mut self.out
+    }
+
+    /// A finished message whose usage never came is closed.
+    fn end(&mut self) {
+        if self.stop.is_some() {
+            self.close_message();
+        }
+    }
+
+    fn event(&mut self, data: &[u8]) {
+        if self.done {
+            return;
+        }
+        if data == b"[DONE]" {
+            // A server that sends no finish reason still ends the message here.
+            if self.started {
+                self.close_message();
+            }
+            return;
+        }
+        let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(data) else {
+            // Not a chunk (a comment-like line a server added): nothing of the answer.
+            return;
+        };
+        if let Some(error) = chunk.error {
+            self.put(b"event: error\ndata: {\"type\":\"error\",\"error\":");
+            self.out.extend_from_slice(
+                super::whole::anthropic_error_object(error.get().as_bytes()).as_bytes(),
+            );
+            self.put(b"}\n\n");
+            self.done = true;
+            return;
+        }
+        if !self.started {
+            self.start(chunk.id, chunk.model);
+        }
+        if let Some(choice) = chunk.choices {
+            if let Some(delta) = choice.delta {
+                if let Some(t) = text(delta.content) {
+                    if self.open != Open::Text {
+                        self.close_block();
+                        self.open_text();
+                    }
+                    self.put(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
+                    put_u64(&mut self.out, self.next_block - 1);
+                    self.put(b",\"delta\":{\"type\":\"text_delta\",\"text\":");
+                    self.put(t.as_bytes());
+                    self.put(b"}}\n\n");
+                }
+                for call in delta.tool_calls.iter().flatten() {
+                    self.tool_delta(call);
+                }
+            }
+            if let Some(reason) = unquoted(choice.finish_reason) {
+                self.close_block();
+                let sequence = choice
+                    .stop_reason
+                    .and_then(|r| serde_json::from_str::<String>(r.get()).ok());
+                let reason = match (reason, &sequence) {
+                    ("stop", Some(_)) => "stop_sequence",
+                    ("length", _) => "max_tokens",
+                    ("tool_calls" | "function_call", _) => "tool_use",
+                    ("content_filter", _) => "refusal",
+                    _ => "end_turn",
+                };
+                self.stop = Some((reason, sequence));
+            }
+        }
+        if let Some(u) = chunk.usage {
+            self.usage = Some(Usage {
+                prompt: u.prompt_tokens,
+                completion: u.completion_tokens,
+                cached: u
+                    .prompt_tokens_details
+                    .and_then(|d| d.cached_tokens)
+                    .unwrap_or(0),
+            });
+            if self.stop.is_some() {
+                self.close_message();
+            }
+        }
     }
 }

@@ -24,6 +24,8 @@ pub use whole::{error_body, response_body};
 
 use bytes::{Bytes, BytesMut};
 
+use crate::sse::SseParser;
+
 /// Which way a request goes: the client's dialect to the backend's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -58,14 +60,56 @@ impl std::fmt::Display for Refused {
     }
 }
 
+/// One direction of a stream's translation: what each complete event becomes, written into its
+/// buffer, and what the stream's end adds.
+pub trait EventTranslation {
+    /// Where translated events are written, until they go.
+    fn out(&mut self) -> &mut BytesMut;
+    /// Translates one complete event (its data).
+    fn event(&mut self, data: &[u8]);
+    /// The stream ended, its last event read.
+    fn end(&mut self);
+}
+
+/// A stream read event by event (the SSE parser beside one direction's translation).
+#[derive(Debug)]
+pub struct Stream<T> {
+    parser: SseParser,
+    events: T,
+}
+
+impl<T: EventTranslation> Stream<T> {
+    fn new(events: T) -> Self {
+        Self {
+            parser: SseParser::new(),
+            events,
+        }
+    }
+
+    /// Translates the next bytes: the events they complete, translated.
+    fn feed(&mut self, data: &[u8]) -> Bytes {
+        let events = &mut self.events;
+        self.parser.feed(data, &mut |ev| events.event(ev.data));
+        events.out().split().freeze()
+    }
+
+    /// The stream ended: an event left without its blank line is read, then the end's own.
+    fn finish(&mut self) -> Bytes {
+        let events = &mut self.events;
+        self.parser.feed(b"\n\n", &mut |ev| events.event(ev.data));
+        events.end();
+        events.out().split().freeze()
+    }
+}
+
 /// A response on its way back to the client, translated as it comes: an event stream event by
 /// event, anything else (a whole answer, an error) once it has all arrived.
 #[derive(Debug)]
 pub enum ResponseTranslator {
     /// Anthropic events in, OpenAI chunks out.
-    Chunks(ToChatChunks),
+    Chunks(Stream<ToChatChunks>),
     /// OpenAI chunks in, Anthropic events out.
-    Events(ToMessageEvents),
+    Events(Stream<ToMessageEvents>),
     /// A body translated whole at its end.
     Whole {
         /// Which way.
@@ -88,8 +132,10 @@ impl ResponseTranslator {
     /// chunk.
     pub fn new(direction: Direction, stream: bool, status: u16, include_usage: bool) -> Self {
         match (stream, direction) {
-            (true, Direction::ChatToMessages) => Self::Chunks(ToChatChunks::new(include_usage)),
-            (true, Direction::MessagesToChat) => Self::Events(ToMessageEvents::new()),
+            (true, Direction::ChatToMessages) => {
+                Self::Chunks(Stream::new(ToChatChunks::new(include_usage)))
+            }
+            (true, Direction::MessagesToChat) => Self::Events(Stream::new(ToMessageEvents::new())),
             (false, _) => Self::Whole {
                 direction,
                 status,

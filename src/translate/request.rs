@@ -45,6 +45,23 @@ fn only(o: &Object, known: &[&str], path: &str, target: &str) -> Result<(), Refu
     }
 }
 
+/// Each item of the array `value` (at `path`) mapped by `f`, which is given the item's path.
+fn each(
+    value: Value,
+    path: &str,
+    f: fn(Value, &str) -> Result<Value, Refused>,
+) -> Result<Value, Refused> {
+    let Value::Array(items) = value else {
+        return refuse(format!("`{path}` must be an array"));
+    };
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| f(item, &format!("{path}[{i}].")))
+        .collect::<Result<Vec<_>, _>>()
+        .map(Value::Array)
+}
+
 fn str_of<'a>(o: &'a Object, key: &str, path: &str) -> Result<&'a str, Refused> {
     match o.get(key) {
         Some(Value::String(s)) => Ok(s),
@@ -84,12 +101,8 @@ pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Vec<u8>, Refused> {
     match req.remove("system") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) => messages.push(json!({"role": "system", "content": s})),
-        Some(Value::Array(blocks)) => {
-            let parts = blocks
-                .into_iter()
-                .enumerate()
-                .map(|(i, b)| text_part(b, &format!("system[{i}].")))
-                .collect::<Result<Vec<_>, _>>()?;
+        Some(blocks @ Value::Array(_)) => {
+            let parts = each(blocks, "system", text_part)?;
             messages.push(json!({"role": "system", "content": parts}));
         }
         Some(_) => return refuse("`system` must be a string or an array of text blocks"),
@@ -125,16 +138,8 @@ pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Vec<u8>, Refused> {
         }
         out.insert("stream".into(), stream);
     }
-    if let Some(v) = req.remove("tools") {
-        let Value::Array(tools) = v else {
-            return refuse("`tools` must be an array");
-        };
-        let tools = tools
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| anthropic_tool(t, &format!("tools[{i}].")))
-            .collect::<Result<Vec<_>, _>>()?;
-        out.insert("tools".into(), Value::Array(tools));
+    if let Some(tools) = req.remove("tools") {
+        out.insert("tools".into(), each(tools, "tools", anthropic_tool)?);
     }
     if let Some(v) = req.remove("tool_choice") {
         let Value::Object(choice) = v else {
@@ -439,16 +444,8 @@ pub fn chat_to_messages(
     if let Some(stream) = req.remove("stream") {
         out.insert("stream".into(), stream);
     }
-    if let Some(v) = req.remove("tools") {
-        let Value::Array(tools) = v else {
-            return refuse("`tools` must be an array");
-        };
-        let tools = tools
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| openai_tool(t, &format!("tools[{i}].")))
-            .collect::<Result<Vec<_>, _>>()?;
-        out.insert("tools".into(), Value::Array(tools));
+    if let Some(tools) = req.remove("tools") {
+        out.insert("tools".into(), each(tools, "tools", openai_tool)?);
     }
     let serial = req.remove("parallel_tool_calls") == Some(Value::Bool(false));
     let mut choice = match req.remove("tool_choice") {

@@ -1,35 +1,36 @@
 //! The official OpenAI and Anthropic Python SDKs stream through the gateway with only their base
-//! URL changed. `.ci/test` installs both into the tests' venv; without them the test fails and
-//! says so.
+//! URL changed, to backends of their own dialect and, translated, of the other. `.ci/test`
+//! installs both into the tests' venv; without them the test fails and says so.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 
+use serde_json::{Value, json};
+
 use crate::support;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn official_sdks_stream_through_the_gateway() {
+/// Two simulated engines behind one gateway, the first declared an OpenAI backend named `oa`
+/// serving `openai_models`, the second an Anthropic one named `an` serving `anthropic_models`
+/// (YAML lines under the entry); then the Python script `tests/sdk/SCRIPT` against the gateway.
+/// What it printed, and the engines' addresses.
+async fn sdk_script(
+    script: &str,
+    openai_entry: &str,
+    anthropic_entry: &str,
+) -> (Value, SocketAddr, SocketAddr, support::FleetGuard) {
     let python = support::venv_program("python");
-    let (_oa, openai_sim) = support::start_engine("oa", support::engine(1.0, 0.0, 8)).await;
-    let (_an, anthropic_sim) = support::start_engine("an", support::engine(1.0, 0.0, 8)).await;
+    let (oa, openai_sim) = support::start_engine("oa", support::engine(1.0, 0.0, 8)).await;
+    let (an, anthropic_sim) = support::start_engine("an", support::engine(1.0, 0.0, 8)).await;
     let gw = support::gateway(&format!(
         "backends:\n{}{}",
-        support::backend_yaml(
-            "oa",
-            openai_sim,
-            "openai",
-            "    models: {m: m}\n    api_key_env: OA_KEY\n"
-        ),
-        support::backend_yaml(
-            "an",
-            anthropic_sim,
-            "anthropic",
-            "    models: {claude: m}\n    api_key_env: AN_KEY\n"
-        ),
+        support::backend_yaml("oa", openai_sim, "openai", openai_entry),
+        support::backend_yaml("an", anthropic_sim, "anthropic", anthropic_entry),
     ))
     .await;
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/stream_through_gateway.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/sdk")
+        .join(script);
     let url = gw.url();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(python).arg(script).arg(url).output().unwrap()
@@ -41,7 +42,23 @@ async fn official_sdks_stream_through_the_gateway() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let printed = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        printed,
+        openai_sim,
+        anthropic_sim,
+        support::FleetGuard(vec![oa, an]),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_sdks_stream_through_the_gateway() {
+    let (result, _, anthropic_sim, _fleets) = sdk_script(
+        "stream_through_gateway.py",
+        "    models: {m: m}\n    api_key_env: OA_KEY\n",
+        "    models: {claude: m}\n    api_key_env: AN_KEY\n",
+    )
+    .await;
     assert_eq!(result["openai_text"], " the quick brown fox jumps");
     assert_eq!(result["openai_usage"], 5);
     assert_eq!(result["anthropic_text"], " the quick brown fox");
@@ -57,41 +74,19 @@ async fn official_sdks_stream_through_the_gateway() {
 /// SDK's own types (`tests/sdk/translate_through_gateway.py`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_official_sdk_reaches_a_backend_of_the_other_dialect_through_translation() {
-    let python = support::venv_program("python");
-    let (_oa, openai_sim) = support::start_engine("oa", support::engine(1.0, 0.0, 8)).await;
-    let (_an, anthropic_sim) = support::start_engine("an", support::engine(1.0, 0.0, 8)).await;
-    let gw = support::gateway(&format!(
-        "backends:\n{}{}",
-        support::backend_yaml("oa", openai_sim, "openai", "    models: {llama: m}\n"),
-        support::backend_yaml(
-            "an",
-            anthropic_sim,
-            "anthropic",
-            "    models: {claude: m}\n"
-        ),
-    ))
+    let (got, openai_sim, anthropic_sim, _fleets) = sdk_script(
+        "translate_through_gateway.py",
+        "    models: {llama: m}\n",
+        "    models: {claude: m}\n",
+    )
     .await;
-    let script =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/translate_through_gateway.py");
-    let url = gw.url();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(python).arg(script).arg(url).output().unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tool_input = serde_json::json!({"text": " the quick brown"});
+    let tool_input = json!({"text": " the quick brown"});
     assert_eq!(got["anthropic_text"], " the quick brown fox");
-    assert_eq!(got["anthropic_usage"], serde_json::json!([2, 4]));
+    assert_eq!(got["anthropic_usage"], json!([2, 4]));
     assert_eq!(got["anthropic_stop"], "max_tokens");
     assert_eq!(
         got["anthropic_event_types"],
-        serde_json::json!([
+        json!([
             "message_start",
             "ping",
             "content_block_start",
@@ -105,16 +100,16 @@ async fn each_official_sdk_reaches_a_backend_of_the_other_dialect_through_transl
     );
     assert_eq!(
         got["anthropic_tool"],
-        serde_json::json!({"stop": "tool_use", "name": "lookup", "input": tool_input})
+        json!({"stop": "tool_use", "name": "lookup", "input": tool_input})
     );
     assert_eq!(
         got["anthropic_after_tool"],
-        serde_json::json!(["max_tokens", " the quick"])
+        json!(["max_tokens", " the quick"])
     );
     assert_eq!(got["anthropic_images"], " the quick");
     assert_eq!(
         got["anthropic_stop_sequence"],
-        serde_json::json!(["stop_sequence", " fox", " the quick brown"])
+        json!(["stop_sequence", " fox", " the quick brown"])
     );
     assert_eq!(got["anthropic_refused"][0], 400);
     assert_eq!(got["anthropic_refused"][1], "invalid_request_error");
@@ -126,17 +121,14 @@ async fn each_official_sdk_reaches_a_backend_of_the_other_dialect_through_transl
     );
 
     assert_eq!(got["openai_text"], " the quick brown fox jumps");
-    assert_eq!(got["openai_usage"], serde_json::json!([2, 5]));
+    assert_eq!(got["openai_usage"], json!([2, 5]));
     assert_eq!(got["openai_last_chunk"], "[DONE]");
     assert_eq!(
         got["openai_tool"],
-        serde_json::json!({"finish": "tool_calls", "name": "lookup", "arguments": tool_input})
+        json!({"finish": "tool_calls", "name": "lookup", "arguments": tool_input})
     );
     assert_eq!(got["openai_streamed_arguments"], tool_input);
-    assert_eq!(
-        got["openai_after_tool"],
-        serde_json::json!(["length", " the quick"])
-    );
+    assert_eq!(got["openai_after_tool"], json!(["length", " the quick"]));
     assert_eq!(got["openai_refused"][0], 400);
     assert_eq!(got["openai_refused"][1], "invalid_request_error");
     assert!(got["openai_refused"][2].as_str().unwrap().contains("`n`"));
