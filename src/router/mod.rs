@@ -489,6 +489,12 @@ impl Router {
         policy: Policy,
         queued: bool,
     ) -> Result<Decision, Vec<Candidate<'_>>> {
+        // A request whose first-token target has passed while it waited cannot be helped by
+        // trying an unproven backend: it would only take the slot from the ones behind it.
+        let hopeful = ask
+            .slo
+            .max_ttft_s
+            .is_none_or(|t| ask.received.elapsed().as_secs_f64() < t);
         let held;
         let ask = match self.line_reserve(ask, queued) {
             Some(reserve_s) => {
@@ -520,7 +526,7 @@ impl Router {
         // goes where it adds the most good completions.
         let mut unproven = false;
         let (pick, by_chance) = match pick {
-            None if !throughput => match choose::idle_unproven(&candidates) {
+            None if !throughput => match choose::idle_unproven(&candidates).filter(|_| hopeful) {
                 Some(i) => {
                     unproven = true;
                     (Some(i), false)

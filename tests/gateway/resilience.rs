@@ -172,7 +172,9 @@ async fn timing_out(
         vec![faulty],
     ))
     .await;
-    let extra = format!("    models: {{m: m}}\n{timeouts}");
+    // One engine for each dialect's clients, each reaching only its own (no translation): one
+    // backend serves a model per dialect.
+    let extra = format!("    models: {{m: m}}\n    translate: false\n{timeouts}");
     let gw = support::gateway(&format!(
         "backends:\n{}{}",
         support::backend_yaml("oa", sim, "openai", &extra),
