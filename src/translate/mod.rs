@@ -126,6 +126,10 @@ pub enum ResponseTranslator {
 /// The most of a whole (not streamed) body kept to translate it: 64 MiB.
 pub const MAX_WHOLE_BYTES: usize = 64 << 20;
 
+/// What stands for a whole body over [`MAX_WHOLE_BYTES`]: not JSON, so its translation is an
+/// error that says why.
+const TOO_LARGE: &[u8] = b"the backend's answer is over 64 MiB, too large to translate";
+
 impl ResponseTranslator {
     /// A translator for a response of `status` to a request going `direction`; `stream` when it
     /// is a successful event stream; `include_usage` when an OpenAI client asked for the usage
@@ -151,8 +155,13 @@ impl ResponseTranslator {
             Self::Chunks(t) => t.feed(data),
             Self::Events(t) => t.feed(data),
             Self::Whole { body, .. } => {
+                // Past the limit the body is not kept whole: it cannot be translated, and its
+                // end says so instead of sending what would be cut JSON.
                 if body.len() + data.len() <= MAX_WHOLE_BYTES {
                     body.extend_from_slice(data);
+                } else {
+                    body.clear();
+                    body.extend_from_slice(TOO_LARGE);
                 }
                 Bytes::new()
             }
@@ -174,7 +183,7 @@ impl ResponseTranslator {
                     return Bytes::new();
                 }
                 let body = std::mem::take(body);
-                Bytes::from(if (200..300).contains(status) {
+                Bytes::from(if (200..300).contains(status) && body != TOO_LARGE {
                     response_body(*direction, &body)
                 } else {
                     error_body(*direction, *status, &body)

@@ -463,3 +463,15 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_whole_answer_too_large_to_translate_ends_as_an_error_saying_so() {
+    let mut t = ResponseTranslator::new(Direction::ChatToMessages, false, 200, false);
+    let mebibyte = vec![b' '; 1 << 20];
+    for _ in 0..65 {
+        assert!(t.frame(&mebibyte).is_empty());
+    }
+    let out: Value = serde_json::from_slice(&t.finish()).unwrap();
+    let message = out["error"]["message"].as_str().unwrap();
+    assert!(message.contains("too large to translate"), "{message}");
+}
