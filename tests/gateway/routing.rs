@@ -101,7 +101,9 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
         let tps: f64 = header(&ex.headers, "x-tpsgate-predicted-tps")
             .parse()
             .unwrap();
-        assert!((60.0..=120.0).contains(&tps), "predicted {tps} tok/s");
+        // 100 tok/s, measured over a 6-token stream's five gaps of one 10-ms step each: a few
+        // ms of timer jitter on a loaded machine move a request's speed by a fifth or more.
+        assert!((60.0..=150.0).contains(&tps), "predicted {tps} tok/s");
         let ttft: f64 = header(&ex.headers, "x-tpsgate-predicted-ttft-ms")
             .parse()
             .unwrap();
