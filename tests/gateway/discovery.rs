@@ -194,11 +194,17 @@ async fn each_address_of_a_name_is_a_backend_that_joins_cold_and_drains_when_it_
     dns.answer(&[POD_A]);
     until_backends(admin, &["pods/127.0.0.2"]).await;
     let started = tokio::time::Instant::now();
+    let seen_a = || async { support::seen(sim_a.addr("a").unwrap()).await.len() };
+    let before_long = seen_a().await;
     let long: Vec<_> = (0..4)
         .map(|_| tokio::spawn(chat_once(proxy, 100)))
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let a_before = support::seen(sim_a.addr("a").unwrap()).await.len();
+    // All four reached the pod (on a loaded machine a spawned request may take a while to go).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while seen_a().await < before_long + 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let a_before = seen_a().await;
     dns.answer(&[POD_B]);
     until_backends(admin, &["pods/127.0.0.3"]).await;
     let gone = started.elapsed();
