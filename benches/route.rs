@@ -124,6 +124,7 @@ fn route(c: &mut Criterion) {
                         class: Some(0),
                         slo,
                         received: Instant::now(),
+                        now: Instant::now(),
                         avoid: &[],
                         prefix,
                     };

@@ -433,6 +433,45 @@ fn each_floor_keeps_its_rule_of_what_it_never_imports() {
     assert!(broken.is_empty(), "{}", broken.join("\n"));
 }
 
+/// What reads the clock or waits: a module that does neither takes time as an argument.
+const CLOCK_OR_WAIT: &[&str] = &[
+    "Instant::now",
+    "SystemTime::now",
+    ".elapsed()",
+    "async fn",
+    ".await",
+];
+
+#[test]
+fn routing_decisions_and_curves_read_no_clock_and_wait_on_nothing() {
+    // The router's benchmark-only oracle asks the simulator; its line is where a request waits.
+    let apart = [["router", "line"], ["router", "oracle"]];
+    let mut broken = Vec::new();
+    let mut read = 0;
+    for (module, file) in modules() {
+        let floor = module.first().map(String::as_str);
+        if !matches!(floor, Some("router" | "curve")) || apart.iter().any(|a| module == a) {
+            continue;
+        }
+        read += 1;
+        let text = code(&std::fs::read_to_string(&file).unwrap());
+        for word in CLOCK_OR_WAIT {
+            if text.contains(word) {
+                broken.push(format!("{} uses `{word}`", name(&module)));
+            }
+        }
+    }
+    assert!(
+        read >= 10,
+        "the router's and curve's files were read: {read}"
+    );
+    assert!(
+        broken.is_empty(),
+        "a decision takes `Ask::now`, a curve its `now` argument; waiting belongs in router/line.rs:\n{}",
+        broken.join("\n")
+    );
+}
+
 #[test]
 fn the_check_sees_a_circle_and_a_forbidden_import_when_there_is_one() {
     // The reader itself, on lines shaped as the source writes them.

@@ -154,12 +154,6 @@ impl State {
     }
 }
 
-impl Default for Occupancy {
-    fn default() -> Self {
-        Self::new(Instant::now())
-    }
-}
-
 impl Occupancy {
     /// Nothing in flight as of `now`.
     pub fn new(now: Instant) -> Self {
@@ -215,11 +209,11 @@ impl Occupancy {
         })
     }
 
-    /// The request admitted at `admitted` stopped waiting: it will have no first token (not a
-    /// stream).
-    pub fn stop_waiting(&self, admitted: Instant) {
+    /// The request admitted at `admitted` stopped waiting at `now`: it will have no first token
+    /// (not a stream).
+    pub fn stop_waiting(&self, admitted: Instant, now: Instant) {
         let at = self.since_epoch(admitted);
-        self.update(Instant::now(), |s| s.unwait(at));
+        self.update(now, |s| s.unwait(at));
     }
 
     /// The first token of the request admitted at `admitted`, where it found `found`, came at
@@ -368,7 +362,7 @@ mod tests {
         assert!((occ.waited(at(1000)) - 0.8).abs() < 1e-9);
         occ.first_token(at(0), &first, at(1000));
         assert!((occ.waited(at(1000)) - 0.7).abs() < 1e-9);
-        occ.stop_waiting(at(200));
+        occ.stop_waiting(at(200), at(200));
         occ.release(at(1000), Some(at(400)));
         assert_eq!(occ.waited(at(1000)), 0.0);
     }

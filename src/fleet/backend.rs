@@ -102,7 +102,7 @@ impl Backend {
             name_header: http::HeaderValue::from_str(&config.name).ok(),
             config,
             pool,
-            occupancy: Occupancy::default(),
+            occupancy: Occupancy::new(Instant::now()),
             curves,
             metrics: ByModel::default(),
             health: Health::new(now),

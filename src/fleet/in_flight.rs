@@ -169,7 +169,9 @@ impl InFlightGuard {
     pub fn stop_waiting(&mut self) {
         self.prefill_done();
         if std::mem::take(&mut self.waiting) {
-            self.backend.occupancy.stop_waiting(self.admitted);
+            self.backend
+                .occupancy
+                .stop_waiting(self.admitted, Instant::now());
         }
     }
 

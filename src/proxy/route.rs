@@ -98,6 +98,7 @@ pub fn ask<'a>(
         class: c.class_index,
         slo: c.slo,
         received,
+        now: Instant::now(),
         avoid,
     }
 }

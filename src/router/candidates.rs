@@ -95,8 +95,7 @@ impl Router {
                 .max_concurrency
                 .is_none_or(|limit| b.in_flight() < limit)
         };
-        // One clock read for every check of this decision.
-        let now = Instant::now();
+        let now = ask.now;
         let healthy_exists = self
             .serving(ask)
             .any(|(_, b)| under_limit(b) && b.is_healthy(now));
@@ -201,7 +200,7 @@ impl Router {
         if choose::is_baseline(policy) {
             return edge(cap, c.joining, |_| true);
         }
-        let now = Instant::now();
+        let now = ask.now;
         let slo = ask.slo_at(now);
         let predictor = self.predictor(c.index, backend, ask, policy, now, c.cache.cached_tokens);
         let batch = policy == Policy::Throughput || ask.slo.is_batch();
@@ -280,7 +279,7 @@ impl Router {
             c.backend,
             ask,
             policy,
-            Instant::now(),
+            ask.now,
             c.cache.cached_tokens,
         );
         let full = waits.is_some()

@@ -15,10 +15,14 @@
 //! - Choice among the feasible: [`choose`]. No feasible backend: the class's `on_miss`.
 //! - Exploration: a budgeted share of requests goes where the curve knows least, but only where
 //!   no prediction says it would break an SLO (its own or anyone's already there).
+//!
+//! A decision is synchronous and reads no clock: [`Ask::now`] is the moment it is taken. Where a
+//! request waits (in its class's line, or on a claim another replica may contest) is [`line`].
 
 pub mod candidates;
 pub mod caps;
 pub mod choose;
+pub mod line;
 pub mod oracle;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,7 +39,7 @@ use crate::config::{
 };
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
-use crate::fleet::{Backend, Claimed, Hit, InFlightGuard, Line, Share};
+use crate::fleet::{Backend, Hit, InFlightGuard, Line};
 use crate::prefix::RequestPrefix;
 pub use candidates::Candidate;
 pub use caps::{Best, Cap, Standing};
@@ -58,6 +62,9 @@ pub struct Ask<'a> {
     pub slo: Slo,
     /// When the gateway received it: queueing counts against the TTFT budget from here.
     pub received: Instant,
+    /// The moment of this decision: every check of it reads this, and the router no clock
+    /// (its caller reads one; [`line`] again each time a waiting request tries again).
+    pub now: Instant,
     /// Backends (by index) not to use: a retry avoids those that failed it.
     pub avoid: &'a [usize],
     /// Its prompt's prefix, when the prefix index is on.
@@ -116,9 +123,13 @@ pub const QUEUE_CHANCE: f64 = 0.5;
 /// A request whose claims keep being refused is decided again at most this many times: each
 /// refusal brings the fleet's counts fresh, so a second is rare and a fourth means counts that
 /// move faster than a round trip.
-const CLAIM_TRIES: usize = 3;
-
 impl Ask<'_> {
+    /// The same request, decided again at `now`.
+    #[must_use]
+    pub fn at(&self, now: Instant) -> Self {
+        Self { now, ..*self }
+    }
+
     /// As if it had already waited `reserve_s` at `now` (if it has not waited that long): the
     /// TTFT budget it is held to while requests wait in its class's line.
     fn holding_back(&self, now: Instant, reserve_s: f64) -> Self {
@@ -491,14 +502,16 @@ impl Router {
     ) -> Result<Decision, Vec<Candidate<'_>>> {
         // A request whose first-token target has passed while it waited cannot be helped by
         // trying an unproven backend: it would only take the slot from the ones behind it.
-        let hopeful = ask
-            .slo
-            .max_ttft_s
-            .is_none_or(|t| ask.received.elapsed().as_secs_f64() < t);
+        let hopeful = ask.slo.max_ttft_s.is_none_or(|t| {
+            ask.now
+                .saturating_duration_since(ask.received)
+                .as_secs_f64()
+                < t
+        });
         let held;
         let ask = match self.line_reserve(ask, queued) {
             Some(reserve_s) => {
-                held = ask.holding_back(Instant::now(), reserve_s);
+                held = ask.holding_back(ask.now, reserve_s);
                 &held
             }
             None => ask,
@@ -609,113 +622,11 @@ impl Router {
             .map(|(i, _)| i)
     }
 
-    /// Waits in the class's line (in weighted fair order by tokens within the class, as
-    /// `share`) until a backend is feasible, or sheds with 429 when the class's queue wait,
-    /// counted from receipt, runs out.
-    pub async fn wait_in_line(&self, ask: &Ask<'_>, share: Share) -> Result<Decision, Error> {
-        let policy = self.policy(ask);
-        let (_, max_wait) = self.on_miss(ask);
-        let Some(class) = ask.class else {
-            return Err(self.shed(ask, "no backend is predicted to meet the SLO"));
-        };
-        let deadline = ask.received + max_wait;
-        let place = self.line.join(class, share);
-        let wake = place.wake();
-        loop {
-            let notified = wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if let Some(round) = place.turn() {
-                match self.try_decide(ask, policy, true) {
-                    Ok(decision) => match self.claim(ask, decision).await {
-                        Some(decision) => {
-                            place.served();
-                            return Ok(decision);
-                        }
-                        // Another replica took the slot; the counts are fresh now.
-                        None => place.pass(round),
-                    },
-                    Err(_) => place.pass(round),
-                }
-            }
-            // Curves also change without a release (a refresh after a completion elsewhere):
-            // look again at the curve's refresh period at the latest.
-            let tick = Instant::now() + crate::curve::REFRESH;
-            tokio::select! {
-                () = &mut notified => {}
-                () = tokio::time::sleep_until(tick.min(deadline)) => place.look_again(),
-            }
-            if Instant::now() >= deadline {
-                let why = if ask.slo.is_batch() {
-                    "no backend had room for batch work within the class's queue wait"
-                } else {
-                    "no backend could meet the SLO within the class's queue wait"
-                };
-                return Err(self.shed(ask, why));
-            }
-        }
-    }
-
-    /// Settles a decision near its backend's edge with the other replicas
-    /// ([`crate::fleet::claim`]): its slot is claimed in Redis, and where another replica took
-    /// it first, the slot is let go and the request decided again on the fleet's fresh counts
-    /// (in its class's line, if nothing is feasible and the class queues). A decision without a
-    /// claim goes as it is.
-    pub async fn settle(
-        &self,
-        ask: &Ask<'_>,
-        decision: Decision,
-        share: Share,
-    ) -> Result<Decision, Error> {
-        let mut decision = decision;
-        for _ in 0..CLAIM_TRIES {
-            if let Some(settled) = self.claim(ask, decision).await {
-                return Ok(settled);
-            }
-            decision = match self.route(ask)? {
-                Some(next) => next,
-                None if !ask.avoid.is_empty() => {
-                    return Err(Error::new(
-                        ErrorKind::NoBackendAvailable,
-                        "no other backend can take the request now",
-                    ));
-                }
-                None => return self.wait_in_line(ask, share).await,
-            };
-        }
-        self.claim(ask, decision).await.ok_or_else(|| {
-            Error::new(
-                ErrorKind::NoBackendAvailable,
-                "other gateway replicas kept taking the slots this request was routed to; retry shortly",
-            )
-        })
-    }
-
-    /// The decision, once its slot is claimed where it needs to be (or the claim went
-    /// unanswered: the request goes on this replica's view); `None` when another replica had
-    /// taken the slot, and the decision is undone.
-    async fn claim(&self, ask: &Ask<'_>, decision: Decision) -> Option<Decision> {
-        let Some(limit) = decision.claim else {
-            return Some(decision);
-        };
-        if decision.backend.claim(limit).await == Claimed::Refused {
-            tracing::debug!(
-                backend = &*decision.backend.config.name,
-                limit,
-                "slot claimed by another replica first"
-            );
-            return None;
-        }
-        self.count(ask, decision.reason);
-        self.placed(ask, &decision.backend, decision.guard.expected());
-        Some(decision)
-    }
-
     /// The request goes to `backend`, which should hold `cache` of its prompt: its prefix
     /// index (and the peers') holds the whole prompt from now on.
     fn placed(&self, ask: &Ask<'_>, backend: &Backend, cache: Hit) {
         if let (Some(index), Some(prefix)) = (&backend.prefix, ask.prefix) {
-            index.routed(prefix, cache, ask.prompt_tokens, Instant::now());
+            index.routed(prefix, cache, ask.prompt_tokens, ask.now);
             backend.share_prefix(prefix);
         }
     }
@@ -724,7 +635,7 @@ impl Router {
     fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
         let mut guard = InFlightGuard::try_admit(c.backend, ask.class)?;
         if c.on_ramp() {
-            let slo = ask.slo_at(Instant::now());
+            let slo = ask.slo_at(ask.now);
             guard.probe(slo.max_ttft_s, slo.min_tps);
         }
         guard.expect_prefill(ask.prompt_tokens, c.cache);

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::curve::{FirstToken, Observation, Outcome};
-use crate::fleet::Hit;
+use crate::fleet::{Hit, Share};
 
 /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
 /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`
@@ -115,6 +115,7 @@ fn ask(router: &Router, class: usize) -> Ask<'static> {
         class: Some(class),
         slo: router.classes[class].slo,
         received: Instant::now(),
+        now: Instant::now(),
         avoid: &[],
         prefix: None,
     }
