@@ -17,7 +17,7 @@ use redis::aio::MultiplexedConnection;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use super::Keys;
+use super::RedisKeys;
 use super::round::{self, Outgoing, Standing};
 use super::sums::{self, Kind};
 use super::wire::{Clock, Sample, SampleBody};
@@ -134,7 +134,7 @@ pub async fn run(args: ReplicasArgs) -> Result<Report, String> {
         .load_async(&mut pool[0])
         .await
         .map_err(|e| format!("loading the script: {e}"))?;
-    let keys = Keys::new(&args.key_prefix);
+    let keys = RedisKeys::new(&args.key_prefix);
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup_s);
     let hold_from = measure_from + Duration::from_secs_f64(args.measure_s);
@@ -223,7 +223,7 @@ pub async fn run(args: ReplicasArgs) -> Result<Report, String> {
 /// What every emulated replica shares.
 struct Shared {
     args: ReplicasArgs,
-    keys: Keys,
+    keys: RedisKeys,
     script: redis::Script,
     measure_from: Instant,
     hold_from: Instant,

@@ -10,7 +10,7 @@ use redis::streams::{StreamId, StreamRangeReply, StreamReadReply};
 
 use tokio::time::Instant;
 
-use super::Keys;
+use super::RedisKeys;
 use super::sums::{self, Kind, Mine, Mode, Totals};
 use super::thin::Thinning;
 
@@ -107,7 +107,7 @@ pub(super) struct Part<'a> {
 fn invoke<'p>(
     pipe: &'p mut redis::Pipeline,
     script: &redis::Script,
-    keys: &Keys,
+    keys: &RedisKeys,
     part: Part<'_>,
     mode: Mode,
 ) -> &'p mut redis::Pipeline {
@@ -128,7 +128,7 @@ fn invoke<'p>(
 /// load now rather than when its lease runs out).
 pub(super) async fn leave<C: ConnectionLike>(
     conn: &mut C,
-    keys: &Keys,
+    keys: &RedisKeys,
     script: &redis::Script,
     replica: &str,
     incarnation: &str,
@@ -172,7 +172,7 @@ pub(super) enum ClaimReply {
 /// one pipeline over `conn`.
 pub(super) async fn claim<C: ConnectionLike>(
     conn: &mut C,
-    keys: &Keys,
+    keys: &RedisKeys,
     script: &redis::Script,
     part: Part<'_>,
     claims: &[Condition<'_>],
@@ -210,7 +210,7 @@ pub(super) async fn claim<C: ConnectionLike>(
 /// error, load it again before the next round (Redis may have restarted).
 pub(super) async fn round_trip<C: ConnectionLike>(
     conn: &mut C,
-    keys: &Keys,
+    keys: &RedisKeys,
     script: &redis::Script,
     out: &Outgoing<'_>,
 ) -> redis::RedisResult<Incoming> {

@@ -5,16 +5,17 @@
 
 use redis::aio::ConnectionManager;
 
-use super::sums::{self, Kind};
-use super::wire::Clock;
-use super::{Sync, lease, round};
+use super::SyncTask;
+use crate::cluster::sums::{self, Kind};
+use crate::cluster::wire::Clock;
+use crate::cluster::{lease, round};
 use crate::fleet::Claimed;
 use crate::fleet::claim::Claim;
 
 /// Claims stated in one pipeline at most.
 const CLAIMS_PER_CALL: usize = 64;
 
-impl Sync {
+impl SyncTask {
     /// Answers `first` and the claims queued behind it ([`crate::fleet::claim`]): each states
     /// this replica's load on its backend, its request included, if the fleet's count there
     /// then stays within its limit; the sums read after them become the peers' load at once,
