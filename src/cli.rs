@@ -5,15 +5,13 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use http::{HeaderName, HeaderValue};
 
-use crate::bench::{self, BenchDialect, Lengths, LevelReport, Mix, RequestSpec, Slo};
+use crate::bench;
 use crate::console::say;
 use crate::logging::LogFormat;
-use crate::signal::{received, shutdown_signal};
+use crate::signal::shutdown_signal;
 use crate::sim::config::{BackendRaw, EngineRaw, Mode, PrefixCacheRaw, StreamRaw, UsageStyle};
 use crate::sim::{Fleet, FleetRaw};
 use crate::yaml;
@@ -52,7 +50,7 @@ pub enum Command {
     /// Serve simulated LLM backends (OpenAI and Anthropic APIs) with a known curve.
     Sim(SimArgs),
     /// Measure TTFT, per-user TPS and goodput of a server, closed or open loop.
-    Bench(Box<BenchArgs>),
+    Bench(Box<bench::BenchArgs>),
     /// Run simulated backends, the gateway in front of them and traffic; watch the dashboard.
     Demo(crate::demo::DemoArgs),
     /// Emulate gateway replicas on a cluster's Redis (the scale harness): they speak the
@@ -186,114 +184,6 @@ pub struct EngineFlags {
     pub prefix_block_tokens: u32,
 }
 
-/// `tpsgate bench` arguments.
-#[derive(Debug, Args)]
-pub struct BenchArgs {
-    /// Server root, e.g. http://127.0.0.1:8080 (bench appends /v1/...).
-    #[arg(long)]
-    pub url: String,
-    /// Model to ask for.
-    #[arg(long)]
-    pub model: String,
-    /// Closed loop: concurrency levels to sweep, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1")]
-    pub concurrency: Vec<usize>,
-    /// Closed loop: measured requests per level (warm-up and filler requests come on top).
-    #[arg(long, default_value_t = 64)]
-    pub requests: usize,
-    /// Output tokens per request (max_tokens): N, uniform:min=N,max=N or
-    /// normal:mean=N,sd=N,min=N,max=N.
-    #[arg(long, default_value = "128")]
-    pub max_tokens: Lengths,
-    /// Prompt length in tokens (4 bytes of text each), written as --max-tokens is.
-    #[arg(long, default_value = "64", conflicts_with = "prompts")]
-    pub prompt_tokens: Lengths,
-    /// Prompts from a file of conversations (JSON Lines, or a JSON array as ShareGPT ships):
-    /// each record's first user turn, drawn at random.
-    #[arg(long)]
-    pub prompts: Option<PathBuf>,
-    /// Requests that share system prompts: `groups=G,system=S,question=Q[,hot=H]` (G system
-    /// prompts of S tokens, each request one of them and a question of Q tokens of its own;
-    /// `hot`: group 0 takes that share). Per level, the share of prompt tokens the server
-    /// reported served from its cache.
-    #[arg(long, conflicts_with_all = ["prompts", "prompt_tokens"])]
-    pub shared_prefix: Option<bench::conversation::SharedPrefix>,
-    /// Each arrival a conversation: `turns=T,think_s=X` (T turns, each re-sending the whole
-    /// history, X seconds after the previous reply). Open loop only (`--rate`): the rate is of
-    /// conversations.
-    #[arg(long, requires = "rate")]
-    pub conversation: Option<bench::conversation::Conversation>,
-    /// API dialect.
-    #[arg(long, value_enum, default_value = "openai")]
-    pub dialect: BenchDialect,
-    /// Ask for whole JSON responses instead of streams (reports latency, no TTFT).
-    #[arg(long)]
-    pub no_stream: bool,
-    /// Open loop: Poisson arrival rates, requests per second, comma-separated (replaces the
-    /// closed loop).
-    #[arg(long, value_delimiter = ',')]
-    pub rate: Vec<f64>,
-    /// Replay a trace at its own arrival times, with its own prompt and output lengths (and
-    /// shared prefixes, where it has them): Mooncake JSON Lines or the Azure LLM inference CSV.
-    /// Reports per window of arrivals, then the whole replay.
-    #[arg(long, conflicts_with_all = ["rate", "prompts", "shared_prefix", "conversation", "mix"])]
-    pub trace: Option<PathBuf>,
-    /// Trace replay: arrival times multiplied by this (0.5 replays twice as fast).
-    #[arg(long, default_value_t = 1.0, requires = "trace")]
-    pub time_scale: f64,
-    /// Trace replay: prompt and output lengths (and the 512-token blocks of shared prefixes)
-    /// multiplied by this.
-    #[arg(long, default_value_t = 1.0, requires = "trace")]
-    pub token_scale: f64,
-    /// Trace replay: only the arrivals within this many seconds (after --time-scale).
-    #[arg(long, requires = "trace")]
-    pub trace_until: Option<f64>,
-    /// Trace replay: report per window of this many seconds of arrivals.
-    #[arg(long, default_value_t = 60.0, requires = "trace")]
-    pub window: f64,
-    /// Open loop: how long arrivals go on at each rate, seconds.
-    #[arg(long, default_value_t = 30.0)]
-    pub duration: f64,
-    /// Seed for the draws (arrival times, classes, lengths, prompts): runs with the same seed
-    /// offer the same requests (at the same moments, in open loop); default: fresh draws.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Open loop SLO: largest acceptable TTFT, ms (with --slo-tps).
-    #[arg(long, requires = "slo_tps")]
-    pub slo_ttft_ms: Option<f64>,
-    /// Open loop SLO: smallest acceptable per-user tokens per second (with --slo-ttft-ms).
-    #[arg(long, requires = "slo_ttft_ms")]
-    pub slo_tps: Option<f64>,
-    /// Open loop: a mix of classes, `NAME=WEIGHT[:MAX_TOKENS]`, comma-separated (e.g.
-    /// `interactive=0.8,batch=0.2:512`); each request is sent with `x-tpsgate-class: NAME` and
-    /// reported per class.
-    #[arg(long, value_delimiter = ',', requires = "rate")]
-    pub mix: Vec<String>,
-    /// Open loop with --mix: the classes scored against the SLO (default: the first in --mix).
-    #[arg(long, value_delimiter = ',', requires = "mix")]
-    pub slo_class: Vec<String>,
-    /// Extra request header, `Name: value` (repeatable).
-    #[arg(long = "header")]
-    pub headers: Vec<String>,
-    /// API key: sent as `Authorization: Bearer` (openai) or `x-api-key` (anthropic).
-    #[arg(long, env = "TPSGATE_BENCH_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// Read the API key from this environment variable (a hosted API's, e.g. OPENAI_API_KEY),
-    /// so that it never appears on a command line.
-    #[arg(long, conflicts_with = "api_key")]
-    pub api_key_env: Option<String>,
-    /// Extra PEM root certificates to trust for an https:// --url (beside the platform's).
-    #[arg(long)]
-    pub ca_file: Option<std::path::PathBuf>,
-    /// Give up on a request after this many seconds.
-    #[arg(long, default_value_t = 300.0)]
-    pub timeout: f64,
-    /// Print one JSON object per level instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
-/// Runs a parsed command line.
 pub fn run(cli: Cli) -> ExitCode {
     // The demo's screen is for its URLs and a status line: its request lines stay out of the
     // log unless RUST_LOG asks for them.
@@ -302,7 +192,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let threads = cli.threads;
     let code = match cli.command {
         Command::Serve(args) => block_on(threads, serve(args.config)),
-        Command::Check(args) => check(&args.config.config, args.no_env),
+        Command::Check(args) => crate::check::check(&args.config.config, args.no_env),
         Command::Demo(args) => block_on(threads, crate::demo::run(args)),
         Command::Completions { shell } => {
             use clap::CommandFactory as _;
@@ -312,7 +202,7 @@ pub fn run(cli: Cli) -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Sim(args) => block_on(threads, sim(args)),
-        Command::Bench(args) => block_on(threads, run_bench(*args)),
+        Command::Bench(args) => block_on(threads, bench::run(*args)),
         Command::Curves(args) => block_on(threads, curves(args)),
         Command::Replicas(args) => block_on(threads, replicas(args)),
     };
@@ -320,11 +210,11 @@ pub fn run(cli: Cli) -> ExitCode {
     code
 }
 
-// === serve and check ===
+// === serve ===
 
 async fn serve(file: PathBuf) -> Result<(), String> {
     // Taken before the file is read, so that a change made from now on is seen as one.
-    let loaded = fingerprint(&file);
+    let loaded = crate::live::watcher::fingerprint(&file);
     let config = crate::config::load(&file).map_err(|e| e.to_string())?;
     let gateway = crate::gateway::Gateway::start(&config).await?;
     // Both handlers are in place before the line that says the gateway listens.
@@ -337,7 +227,7 @@ async fn serve(file: PathBuf) -> Result<(), String> {
         gateway.admin_addr(),
         config.backends.len()
     ));
-    let watcher = tokio::spawn(reload_on_change(
+    let watcher = tokio::spawn(crate::live::watcher::reload_on_change(
         file,
         loaded,
         gateway.reloader(),
@@ -352,221 +242,6 @@ async fn serve(file: PathBuf) -> Result<(), String> {
     );
     gateway.stop().await;
     Ok(())
-}
-
-/// How often the config file is looked at, and how long a change must stay put before it is
-/// read (an editor or a deploy tool writing it in several steps).
-const WATCH_EVERY: Duration = Duration::from_millis(500);
-const SETTLE: Duration = Duration::from_millis(200);
-
-/// A hash of the file's content, `None` when it cannot be read.
-fn fingerprint(file: &std::path::Path) -> Option<u64> {
-    use std::hash::{Hash as _, Hasher as _};
-    let bytes = std::fs::read(file).ok()?;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    Some(h.finish())
-}
-
-/// Reloads the config on SIGHUP, and when the file's content changes (once per change: a file
-/// caught half-written fails validation, and the next write is another change).
-async fn reload_on_change(
-    file: PathBuf,
-    loaded: Option<u64>,
-    reloader: crate::live::Reloader,
-    #[cfg(unix)] mut hangup: Option<tokio::signal::unix::Signal>,
-) {
-    let apply = async |why: &str| {
-        tracing::info!(file = %file.display(), why, "reloading the config");
-        // Whatever a file holds, the watcher goes on: a panic while reading or applying one is
-        // a refused reload (logged, on /admin/reload), not the end of reloading.
-        let attempt = std::panic::AssertUnwindSafe(async {
-            match crate::config::load(&file) {
-                Ok(config) => {
-                    let _ = reloader.reload(&config).await;
-                }
-                Err(err) => {
-                    let message = err.to_string();
-                    tracing::error!(error = %message, "config reload refused; the running config stays");
-                    reloader.refused(message);
-                }
-            }
-        });
-        if let Err(panic) = futures_util::FutureExt::catch_unwind(attempt).await {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic".to_owned());
-            let message =
-                format!("internal error while reloading (a bug; please report it): {what}");
-            tracing::error!(error = %message, "config reload refused; the running config stays");
-            reloader.refused(message);
-        }
-    };
-    let mut seen = loaded;
-    let mut every = tokio::time::interval(WATCH_EVERY);
-    loop {
-        #[cfg(unix)]
-        let hup = received(&mut hangup);
-        #[cfg(not(unix))]
-        let hup = std::future::pending::<()>();
-        tokio::select! {
-            () = hup => {
-                seen = fingerprint(&file);
-                apply("SIGHUP").await;
-            }
-            _ = every.tick() => {
-                let now = fingerprint(&file);
-                if now == seen {
-                    continue;
-                }
-                tokio::time::sleep(SETTLE).await;
-                let settled = fingerprint(&file);
-                if settled != now {
-                    continue; // still being written: look again next tick
-                }
-                seen = settled;
-                apply("the file changed").await;
-            }
-        }
-    }
-}
-
-/// A simulator fleet lists backends by `listen` address; a gateway config by `url`.
-fn is_sim_fleet(file: &std::path::Path) -> bool {
-    let Ok(text) = std::fs::read_to_string(file) else {
-        return false;
-    };
-    let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(&text) else {
-        return false;
-    };
-    doc.get("backends")
-        .and_then(|b| b.as_sequence())
-        .and_then(|b| b.first())
-        .is_some_and(|first| first.get("listen").is_some() && first.get("url").is_none())
-}
-
-fn check(file: &std::path::Path, no_env: bool) -> ExitCode {
-    if is_sim_fleet(file) {
-        return match yaml::from_file::<FleetRaw>(file)
-            .and_then(|f| f.validate().map_err(|e| e.in_file(file)))
-        {
-            Ok(specs) => {
-                say(&format!("{}: ok (simulator fleet)", file.display()));
-                for spec in specs {
-                    say(&format!(
-                        "sim backend {} on {}: {}",
-                        spec.name,
-                        spec.listen,
-                        spec.models.join(", ")
-                    ));
-                }
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("{err}");
-                ExitCode::FAILURE
-            }
-        };
-    }
-    let loaded = if no_env {
-        crate::config::load_with(file, |_| Some("set-by-check".to_owned()))
-    } else {
-        crate::config::load(file)
-    };
-    let config = match loaded {
-        Ok(config) => config,
-        Err(err) => {
-            eprintln!("{err}");
-            if err.count() > 1 {
-                eprintln!("{} errors", err.count());
-            }
-            return ExitCode::FAILURE;
-        }
-    };
-    let unchecked = if no_env {
-        " (environment variables not read: --no-env)"
-    } else {
-        ""
-    };
-    say(&format!("{}: ok{unchecked}", file.display()));
-    let scheme = if config.tls.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    say(&format!(
-        "listen {scheme}://{}  admin http://{}",
-        config.listen, config.admin_listen
-    ));
-    for b in &config.backends {
-        let mut models: Vec<String> = b
-            .models
-            .aliases
-            .iter()
-            .map(|(client, upstream)| {
-                if client == upstream {
-                    client.clone()
-                } else {
-                    format!("{client} -> {upstream}")
-                }
-            })
-            .collect();
-        if b.models.passthrough {
-            models.push("* (any, passed through)".to_owned());
-        }
-        let dialect = match b.dialect {
-            crate::config::BackendDialect::Openai => "openai",
-            crate::config::BackendDialect::Anthropic => "anthropic",
-        };
-        let key = if b.api_key.is_some() { ", key set" } else { "" };
-        // Where a client's /v1/chat/completions goes, when the backend reshapes the path.
-        let shape = match (&b.path_prefix, &b.query) {
-            (None, None) => String::new(),
-            (prefix, query) => format!(
-                ", /v1/chat/completions -> {}{}/chat/completions{}",
-                b.url.path().trim_end_matches('/'),
-                prefix.as_deref().unwrap_or("/v1"),
-                query.as_deref().map_or(String::new(), |q| format!("?{q}"))
-            ),
-        };
-        let discovered = b.discovery.map_or(String::new(), |d| {
-            format!(
-                ", one backend per address of {} (DNS, every {} s)",
-                b.url.host().unwrap_or_default(),
-                d.refresh.as_secs_f64()
-            )
-        });
-        say(&format!(
-            "backend {} ({dialect}, {}{key}{shape}{discovered}): {}",
-            b.name,
-            b.url,
-            models.join(", ")
-        ));
-    }
-    for (a, b) in config.engines_declared_twice() {
-        eprintln!(
-            "warning: backends {a} and {b} have the same URL in two dialects: one engine split into two curves and two in-flight counts, which misleads the router; declare it once (clients of the other dialect reach it translated: docs/gateway.md, \"Translation between dialects\")"
-        );
-    }
-    for (i, c) in config.classes.iter().enumerate() {
-        let default = if config.default_class == Some(i) {
-            " (default)"
-        } else {
-            ""
-        };
-        say(&format!("class {}{default}", c.name));
-    }
-    if let Some(c) = &config.cluster {
-        say(&format!(
-            "cluster {} (key prefix {}, sync every {} ms)",
-            crate::config::without_password(c.redis_url.expose()),
-            c.key_prefix,
-            c.sync_interval.as_millis()
-        ));
-    }
-    ExitCode::SUCCESS
 }
 
 fn block_on(threads: Option<usize>, work: impl Future<Output = Result<(), String>>) -> ExitCode {
@@ -732,235 +407,6 @@ async fn curves(args: CurvesArgs) -> Result<(), String> {
     }
     if args.svg.is_none() && args.csv.is_none() {
         say(crate::admin::export::csv(&doc).trim_end());
-    }
-    Ok(())
-}
-
-// === bench ===
-
-impl BenchArgs {
-    fn request_spec(&self) -> Result<RequestSpec, String> {
-        let mut headers = Vec::with_capacity(self.headers.len() + 1);
-        for raw in &self.headers {
-            let (name, value) = raw
-                .split_once(':')
-                .ok_or_else(|| format!("--header `{raw}`: write it as `Name: value`"))?;
-            let name = HeaderName::try_from(name.trim())
-                .map_err(|e| format!("--header `{raw}`: bad header name: {e}"))?;
-            let value = HeaderValue::try_from(value.trim())
-                .map_err(|e| format!("--header `{raw}`: bad header value: {e}"))?;
-            headers.push((name, value));
-        }
-        let from_env = match &self.api_key_env {
-            Some(var) => Some(
-                std::env::var(var)
-                    .ok()
-                    .filter(|k| !k.is_empty())
-                    .ok_or_else(|| {
-                        format!("--api-key-env: environment variable {var} is not set (or empty)")
-                    })?,
-            ),
-            None => None,
-        };
-        if let Some(key) = from_env.as_ref().or(self.api_key.as_ref()) {
-            let (name, value) = match self.dialect {
-                BenchDialect::Openai => ("authorization", format!("Bearer {key}")),
-                BenchDialect::Anthropic => ("x-api-key", key.clone()),
-            };
-            let mut value = HeaderValue::try_from(value)
-                .map_err(|_| "--api-key contains characters not allowed in a header".to_owned())?;
-            value.set_sensitive(true);
-            headers.push((HeaderName::from_static(name), value));
-        }
-        let spec = RequestSpec::new(
-            &self.url,
-            self.dialect,
-            &self.model,
-            self.prompt_tokens.typical(),
-            self.max_tokens.typical(),
-            headers,
-        )?;
-        Ok(if self.no_stream {
-            spec.unstreamed()
-        } else {
-            spec
-        })
-    }
-
-    fn mix(&self) -> Result<Mix, String> {
-        let prompts = match &self.prompts {
-            Some(file) => Some((bench::mix::load_prompts(file)?, file.display().to_string())),
-            None => None,
-        };
-        Ok(Mix {
-            prompt: self.prompt_tokens,
-            output: self.max_tokens,
-            prompts,
-            seed: self.seed,
-            shared: self.shared_prefix.clone(),
-            conversation: self.conversation,
-        })
-    }
-}
-
-/// The open-loop arms: one plain arm, or one per `--mix` entry.
-fn mix_arms(
-    args: &BenchArgs,
-    spec: &RequestSpec,
-    mix: &Mix,
-    slo: Option<Slo>,
-) -> Result<Vec<bench::Arm>, String> {
-    if args.mix.is_empty() {
-        return Ok(vec![bench::Arm {
-            class: None,
-            spec: spec.clone(),
-            mix: mix.clone(),
-            weight: 1.0,
-            slo,
-        }]);
-    }
-    let mut arms = Vec::with_capacity(args.mix.len());
-    for (i, entry) in args.mix.iter().enumerate() {
-        let bad = || format!("--mix `{entry}`: write NAME=WEIGHT or NAME=WEIGHT:MAX_TOKENS");
-        let (name, rest) = entry.split_once('=').ok_or_else(bad)?;
-        let (weight, max_tokens) = match rest.split_once(':') {
-            Some((w, t)) => (w, Some(t.parse::<u32>().map_err(|_| bad())?)),
-            None => (rest, None),
-        };
-        let weight: f64 = weight.parse().map_err(|_| bad())?;
-        if name.is_empty() || !(weight.is_finite() && weight > 0.0) {
-            return Err(bad());
-        }
-        let (mut arm_spec, arm_mix) = match max_tokens {
-            Some(t) => (spec.with_max_tokens(t), mix.with_output(t)),
-            None => (spec.clone(), mix.clone()),
-        };
-        let value = HeaderValue::try_from(name).map_err(|_| bad())?;
-        arm_spec
-            .headers
-            .push((HeaderName::from_static("x-tpsgate-class"), value));
-        let scored = if args.slo_class.is_empty() {
-            i == 0
-        } else {
-            args.slo_class.iter().any(|c| c == name)
-        };
-        arms.push(bench::Arm {
-            class: Some(name.to_owned()),
-            spec: arm_spec,
-            mix: arm_mix,
-            weight,
-            slo: slo.filter(|_| scored),
-        });
-    }
-    Ok(arms)
-}
-
-async fn run_bench(args: BenchArgs) -> Result<(), String> {
-    let spec = args.request_spec()?;
-    let mix = args.mix()?;
-    if args.concurrency.contains(&0) {
-        return Err("--concurrency: levels must be at least 1".into());
-    }
-    if args.rate.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
-        return Err("--rate: rates must be positive numbers".into());
-    }
-    let positive = |x: f64| x.is_finite() && x > 0.0;
-    if !positive(args.duration) || !positive(args.timeout) {
-        return Err("--duration and --timeout must be positive numbers of seconds".into());
-    }
-    let slo = match (args.slo_ttft_ms, args.slo_tps) {
-        (Some(ttft_ms), Some(tps)) => Some(Slo {
-            ttft_s: ttft_ms / 1e3,
-            tps,
-        }),
-        _ => None,
-    };
-    let client = bench::http_client(args.ca_file.as_deref())?;
-    let limit = Duration::from_secs_f64(args.timeout);
-    let show = |report: &LevelReport| {
-        if args.json {
-            say(&serde_json::to_string(report).unwrap_or_default());
-        } else {
-            say(&bench::table_row(report));
-        }
-    };
-    if let Some(file) = &args.trace {
-        return replay_trace(&args, file, &client, &spec, slo, limit, show).await;
-    }
-    if !args.json {
-        say(&format!("requests: {mix}"));
-        say(bench::TABLE_HEADER);
-    }
-    if args.rate.is_empty() {
-        for &c in &args.concurrency {
-            let bar = bench::progress_bar(args.requests as u64, format!("c={c}"));
-            let report =
-                bench::closed_loop(&client, &spec, &mix, c, args.requests, limit, &bar).await;
-            bar.finish_and_clear();
-            show(&report);
-        }
-    } else {
-        let arms = mix_arms(&args, &spec, &mix, slo)?;
-        let duration = Duration::from_secs_f64(args.duration);
-        for &rate in &args.rate {
-            let expected = (rate * args.duration).ceil() as u64;
-            let bar = bench::progress_bar(expected, format!("{rate}/s"));
-            let reports =
-                bench::open_loop(&client, &arms, rate, duration, limit, args.seed, &bar).await;
-            bar.finish_and_clear();
-            for report in &reports {
-                show(report);
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `bench --trace`: the trace's requests at their scaled times, reported per window and whole.
-async fn replay_trace(
-    args: &BenchArgs,
-    file: &std::path::Path,
-    client: &bench::HttpClient,
-    spec: &RequestSpec,
-    slo: Option<Slo>,
-    limit: Duration,
-    show: impl Fn(&LevelReport),
-) -> Result<(), String> {
-    let positive = |x: f64| x.is_finite() && x > 0.0;
-    if !positive(args.time_scale) || !positive(args.token_scale) || !positive(args.window) {
-        return Err("--time-scale, --token-scale and --window must be positive numbers".into());
-    }
-    if args.trace_until.is_some_and(|s| !positive(s)) {
-        return Err("--trace-until must be a positive number of seconds".into());
-    }
-    let requests = bench::trace::load(file)?;
-    let scale = bench::trace::Scale {
-        time: args.time_scale,
-        tokens: args.token_scale,
-    };
-    if !args.json {
-        say(&format!(
-            "trace: {} ({} requests; times x{}, tokens x{})",
-            file.display(),
-            requests.len(),
-            args.time_scale,
-            args.token_scale
-        ));
-        say(bench::TABLE_HEADER);
-    }
-    let bar = bench::progress_bar(requests.len() as u64, "trace".to_owned());
-    let replay = bench::trace::Replay {
-        requests: &requests,
-        scale,
-        until_s: args.trace_until,
-        window_s: args.window,
-        slo,
-        limit,
-    };
-    let reports = bench::trace::replay(client, spec, &replay, &bar).await;
-    bar.finish_and_clear();
-    for report in &reports {
-        show(report);
     }
     Ok(())
 }

@@ -21,6 +21,7 @@
 
 pub mod admin;
 pub mod bench;
+pub mod check;
 pub mod cli;
 pub mod cluster;
 pub mod config;

@@ -15,6 +15,7 @@
 //! the number of such requests per second of wall time (first arrival to last completion).
 //! Per-request definitions are in [`client`].
 
+pub mod args;
 pub mod client;
 pub mod conversation;
 pub mod mix;
@@ -30,6 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+pub use args::{BenchArgs, run};
 pub use client::{BenchDialect, HttpClient, Prompt, RequestSpec, Sample, http_client};
 pub use mix::{Lengths, Mix};
 pub use stats::{LevelReport, Slo};

@@ -13,6 +13,8 @@
 //! addresses, the same way: members still there are carried over, new ones join cold, and those
 //! gone are no longer routed to while their streams finish on the backend they hold.
 
+pub mod watcher;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
