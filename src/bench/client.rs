@@ -19,11 +19,10 @@ use http_body_util::{BodyExt, Full};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::curve::StreamTiming;
 use crate::curve::observation::decode_tpot;
-use crate::proxy::meter::read_event;
 use crate::sse::events::StreamDialect;
 use crate::sse::{SseEvent, SseParser};
+use crate::sse::{StreamTiming, read_event};
 
 /// The API bench speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 pub use model::{Model, Prediction};
-pub use observation::{Observation, Outcome, StreamTiming};
+pub use observation::{Observation, Outcome};
 pub use occupancy::{Admitted, LocalLoad, Occupancy, PeerLoad, Reading};
 pub use spread::Spread;
 pub use window::FirstToken;

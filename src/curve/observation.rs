@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use super::occupancy::Reading;
+use crate::sse::StreamTiming;
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,25 +51,6 @@ pub struct Observation {
     pub concurrency: Option<f64>,
 }
 
-/// What a stream's meter saw, in the terms an observation needs.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct StreamTiming {
-    /// First content event.
-    pub first_content: Option<Instant>,
-    /// Last content event.
-    pub last_content: Option<Instant>,
-    /// Content events seen.
-    pub content_events: u32,
-    /// Output tokens from usage.
-    pub output_tokens: Option<u64>,
-    /// Prompt tokens from usage.
-    pub prompt_tokens: Option<u64>,
-    /// Of those, served from the backend's prefix cache, from usage.
-    pub cached_tokens: Option<u64>,
-    /// The event that ended the generation (a finish reason, a stop reason, a completion).
-    pub finished: Option<Instant>,
-}
-
 /// Seconds per output token after the first content event: `tokens` over `events` content
 /// events, the first and last of them `visible_s` apart, the generation ending `window_s` after
 /// the first (the same, unless text was held back at the end).
@@ -86,20 +68,6 @@ pub fn decode_tpot(tokens: f64, events: u32, visible_s: f64, window_s: f64) -> O
     let first = tokens / (1.0 + f64::from(events - 1) * window_s / visible_s);
     let after_first = tokens - first;
     (after_first > 0.0).then(|| window_s / after_first)
-}
-
-impl StreamTiming {
-    /// When the last token was made. With a token count from usage, that is the event that
-    /// finished the generation: an engine that holds back text (bytes that are not yet valid
-    /// UTF-8) goes silent before it, and the silent tokens were decoded all the same. Without
-    /// usage, the tokens are the content events, and the last of them ends the count.
-    pub fn decode_end(&self) -> Option<Instant> {
-        let last = self.last_content?;
-        Some(match (self.output_tokens, self.finished) {
-            (Some(_), Some(finished)) => finished.max(last),
-            _ => last,
-        })
-    }
 }
 
 impl Observation {

@@ -12,9 +12,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::meter::StreamMeter;
-use crate::curve::{FirstToken, Observation, Outcome, Reading, StreamTiming};
+use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::fleet::InFlightGuard;
 use crate::logging::RequestLine;
+use crate::sse::StreamTiming;
 use crate::tenant::Charge;
 
 /// One request's response on its way out: what its end will say and teach.
@@ -307,7 +308,7 @@ impl RequestEnd {
     /// where it reported none), a whole response at its estimate (its body's usage is not
     /// read), priced by the backend's `cost`. A stream that sent nothing used nothing: the
     /// charge, dropped unsettled, gives its estimate back.
-    fn settle(&self, charge: &Charge, timing: Option<&crate::curve::StreamTiming>) {
+    fn settle(&self, charge: &Charge, timing: Option<&StreamTiming>) {
         let cost = self
             .slot
             .as_ref()
@@ -332,7 +333,7 @@ impl RequestEnd {
     fn end_span(
         &self,
         span: &crate::otel::RequestSpan,
-        timing: Option<&crate::curve::StreamTiming>,
+        timing: Option<&StreamTiming>,
         outcome: &'static str,
         now: Instant,
     ) {

@@ -13,13 +13,8 @@
 use bytes::{BufMut, Bytes, BytesMut};
 use tokio::time::Instant;
 
-use crate::curve::StreamTiming;
-use crate::sse::SseParser;
-use crate::sse::events::{self, StreamDialect};
-
-/// The most tokens a usage count may report and be believed: more than any model's context or
-/// output holds (16 Mi).
-pub const MAX_PLAUSIBLE_TOKENS: u64 = 1 << 24;
+use crate::sse::events::StreamDialect;
+use crate::sse::{SseParser, StreamTiming, read_event};
 
 /// The longest line or event a stream may send by default: 1 MiB (a token is a few bytes; the
 /// largest real events, tool-call arguments or a whole non-streamed answer, are kilobytes).
@@ -216,58 +211,6 @@ impl StreamMeter {
                 }
             }
         }
-    }
-}
-
-/// What one event was, for whoever reads the stream after [`read_event`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventRead {
-    /// It carried generated content.
-    pub content: bool,
-    /// It was an OpenAI chunk with nothing but usage.
-    pub usage_only: bool,
-}
-
-/// Records what one event at `now` tells a stream's timing: content, the end of the generation,
-/// usage. The gateway's meter and `tpsgate bench` read streams through this one function, so that
-/// they count alike.
-pub fn read_event(
-    t: &mut StreamTiming,
-    dialect: StreamDialect,
-    event: &[u8],
-    data: &[u8],
-    now: Instant,
-) -> EventRead {
-    let content = events::is_content(dialect, event, data);
-    if content {
-        t.first_content.get_or_insert(now);
-        t.last_content = Some(now);
-        t.content_events += 1;
-    }
-    if t.finished.is_none() && events::is_finish(dialect, event, data) {
-        t.finished = Some(now);
-    }
-    let Some(u) = events::usage(dialect, event, data) else {
-        return EventRead {
-            content,
-            usage_only: false,
-        };
-    };
-    // A count no generation reaches (2^64 - 1 was seen) is no count: the stream is then timed
-    // as one without usage, from its content events.
-    let plausible = |n: &u64| *n <= MAX_PLAUSIBLE_TOKENS;
-    if let Some(p) = u.usage.prompt_tokens.filter(plausible) {
-        t.prompt_tokens = Some(p);
-    }
-    if let Some(c) = u.usage.cached_tokens.filter(plausible) {
-        t.cached_tokens = Some(c);
-    }
-    if let Some(o) = u.usage.output_tokens.filter(plausible) {
-        t.output_tokens = Some(o);
-    }
-    EventRead {
-        content,
-        usage_only: u.usage_only,
     }
 }
 
