@@ -47,14 +47,14 @@ struct Tally {
 }
 
 impl Tally {
-    fn record(&self, sample: &bench::Sample, interactive: bool) {
+    fn record(&self, sample: &bench::Measurement, interactive: bool) {
         self.done.fetch_add(1, Ordering::Relaxed);
         if sample.error.is_some() {
             self.failed.fetch_add(1, Ordering::Relaxed);
         }
         if interactive {
             self.interactive.fetch_add(1, Ordering::Relaxed);
-            let met = bench::Slo {
+            let met = bench::BenchSlo {
                 ttft_s: SLO_TTFT_S,
                 tps: SLO_TPS,
             }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::Args;
 use http::{HeaderName, HeaderValue};
 
-use super::{BenchDialect, Lengths, LevelReport, Mix, RequestSpec, Slo};
+use super::{BenchDialect, BenchSlo, Lengths, LevelReport, Mix, RequestSpec};
 use crate::console::say;
 
 /// `tpsgate bench` arguments.
@@ -188,7 +188,7 @@ fn mix_arms(
     args: &BenchArgs,
     spec: &RequestSpec,
     mix: &Mix,
-    slo: Option<Slo>,
+    slo: Option<BenchSlo>,
 ) -> Result<Vec<super::Arm>, String> {
     if args.mix.is_empty() {
         return Ok(vec![super::Arm {
@@ -249,7 +249,7 @@ pub async fn run(args: BenchArgs) -> Result<(), String> {
         return Err("--duration and --timeout must be positive numbers of seconds".into());
     }
     let slo = match (args.slo_ttft_ms, args.slo_tps) {
-        (Some(ttft_ms), Some(tps)) => Some(Slo {
+        (Some(ttft_ms), Some(tps)) => Some(BenchSlo {
             ttft_s: ttft_ms / 1e3,
             tps,
         }),
@@ -302,7 +302,7 @@ async fn replay_trace(
     file: &std::path::Path,
     client: &super::HttpClient,
     spec: &RequestSpec,
-    slo: Option<Slo>,
+    slo: Option<BenchSlo>,
     limit: Duration,
     show: impl Fn(&LevelReport),
 ) -> Result<(), String> {

@@ -200,7 +200,7 @@ pub enum Prompt {
 
 /// What one request measured.
 #[derive(Debug, Clone, Default)]
-pub struct Sample {
+pub struct Measurement {
     /// Why it failed, if it did.
     pub error: Option<String>,
     /// Seconds from send to the first content event.
@@ -234,7 +234,7 @@ pub struct Sample {
     pub cached_tokens: Option<u32>,
 }
 
-impl Sample {
+impl Measurement {
     /// Time per output token after the first, seconds; needs two content events.
     pub fn tpot(&self) -> Option<f64> {
         if self.error.is_some() {
@@ -253,7 +253,7 @@ impl Sample {
 pub use crate::tls::{HttpClient, http_client};
 
 /// Sends one request and times its stream.
-pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
+pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Measurement {
     let mut builder = Request::builder()
         .method(Method::POST)
         .uri(spec.uri.clone())
@@ -330,7 +330,7 @@ pub async fn run_one(client: &HttpClient, spec: &RequestSpec) -> Sample {
 }
 
 /// A whole JSON response: its output tokens from usage.
-fn unstreamed(dialect: BenchDialect, body: &[u8]) -> Sample {
+fn unstreamed(dialect: BenchDialect, body: &[u8]) -> Measurement {
     let Ok(value) = serde_json::from_slice::<Value>(body) else {
         return failed("the response is not JSON".to_owned());
     };
@@ -338,20 +338,20 @@ fn unstreamed(dialect: BenchDialect, body: &[u8]) -> Sample {
         BenchDialect::Openai => &value["usage"]["completion_tokens"],
         BenchDialect::Anthropic => &value["usage"]["output_tokens"],
     };
-    Sample {
+    Measurement {
         output_tokens: tokens
             .as_u64()
             .and_then(|t| u32::try_from(t).ok())
             .unwrap_or(0),
         estimated: tokens.is_null(),
-        ..Sample::default()
+        ..Measurement::default()
     }
 }
 
-fn failed(error: String) -> Sample {
-    Sample {
+fn failed(error: String) -> Measurement {
+    Measurement {
         error: Some(error),
-        ..Sample::default()
+        ..Measurement::default()
     }
 }
 
@@ -398,14 +398,14 @@ impl StreamTimer {
     /// The sample of a stream that ended at `end`. It is complete when an event finished the
     /// generation (`[DONE]` or not: transformers serve sends none); with usage, decode runs to
     /// that event, through any text the engine held back.
-    fn finish(self, end: Instant) -> Sample {
+    fn finish(self, end: Instant) -> Measurement {
         let t = &self.timing;
         let error = self.error.or_else(|| {
             t.finished
                 .is_none()
                 .then(|| "stream ended before the event that finishes a generation".to_owned())
         });
-        Sample {
+        Measurement {
             error,
             ttft: t.first_content.map(|f| (f - self.start).as_secs_f64()),
             decode: match (t.first_content, t.decode_end()) {
@@ -425,7 +425,7 @@ impl StreamTimer {
             total: (end - self.start).as_secs_f64(),
             reported_prompt_tokens: t.prompt_tokens.and_then(|n| u32::try_from(n).ok()),
             cached_tokens: t.cached_tokens.and_then(|n| u32::try_from(n).ok()),
-            ..Sample::default()
+            ..Measurement::default()
         }
     }
 }
@@ -439,26 +439,26 @@ mod tests {
     #[test]
     fn tpot_excludes_the_tokens_of_the_first_chunk() {
         // 32 tokens in 8 chunks of 4, one chunk every 40 ms: 4 tokens per 40 ms = 10 ms a token.
-        let chunked = Sample {
+        let chunked = Measurement {
             decode: 0.280,
             visible: 0.280,
             output_tokens: 32,
             content_events: 8,
-            ..Sample::default()
+            ..Measurement::default()
         };
         assert!((chunked.tpot().unwrap() - 0.010).abs() < 1e-12);
-        let single = Sample {
+        let single = Measurement {
             decode: 0.310,
             visible: 0.310,
             output_tokens: 32,
             content_events: 32,
-            ..Sample::default()
+            ..Measurement::default()
         };
         assert!((single.tpot().unwrap() - 0.010).abs() < 1e-12);
     }
 
     /// Feeds `events` (name, data, ms after the start) to a timer.
-    fn timed(dialect: BenchDialect, events: &[(&str, &str, u64)]) -> Sample {
+    fn timed(dialect: BenchDialect, events: &[(&str, &str, u64)]) -> Measurement {
         let t0 = Instant::now();
         let mut timer = StreamTimer::new(dialect, t0);
         let mut parser = SseParser::new();

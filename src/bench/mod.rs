@@ -32,23 +32,23 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 pub use args::{BenchArgs, run};
-pub use client::{BenchDialect, HttpClient, Prompt, RequestSpec, Sample, http_client};
+pub use client::{BenchDialect, HttpClient, Measurement, Prompt, RequestSpec, http_client};
 pub use mix::{Lengths, Mix};
-pub use stats::{LevelReport, Slo};
+pub use stats::{BenchSlo, LevelReport};
 
 /// Runs one request with a time limit.
-async fn timed(client: &HttpClient, spec: &RequestSpec, limit: Duration) -> Sample {
+async fn timed(client: &HttpClient, spec: &RequestSpec, limit: Duration) -> Measurement {
     let sample = match tokio::time::timeout(limit, client::run_one(client, spec)).await {
         Ok(sample) => sample,
-        Err(_) => Sample {
+        Err(_) => Measurement {
             error: Some(format!(
                 "no complete response within {}s",
                 limit.as_secs_f64()
             )),
-            ..Sample::default()
+            ..Measurement::default()
         },
     };
-    Sample {
+    Measurement {
         prompt_tokens: spec.prompt_tokens(),
         max_tokens: spec.max_tokens,
         ..sample
@@ -129,7 +129,7 @@ pub async fn closed_loop(
             mine
         });
     }
-    let samples: Vec<Sample> = workers.join_all().await.into_iter().flatten().collect();
+    let samples: Vec<Measurement> = workers.join_all().await.into_iter().flatten().collect();
     // Little's law on a closed loop: c requests always in flight, each yielding tokens/total.
     let ok = samples.iter().filter(|s| s.error.is_none());
     let tokens: f64 = ok.clone().map(|s| f64::from(s.output_tokens)).sum();
@@ -165,7 +165,7 @@ pub struct Arm {
     /// Relative share of arrivals.
     pub weight: f64,
     /// What a request of this kind must meet to count as good.
-    pub slo: Option<Slo>,
+    pub slo: Option<BenchSlo>,
 }
 
 /// Sends Poisson arrivals at `rate` per second for `duration`, each drawn from `arms` by weight,
@@ -242,12 +242,13 @@ pub async fn open_loop(
             turns
         });
     }
-    let samples: Vec<(usize, Sample)> = inflight.join_all().await.into_iter().flatten().collect();
+    let samples: Vec<(usize, Measurement)> =
+        inflight.join_all().await.into_iter().flatten().collect();
     let wall = (Instant::now() - start).as_secs_f64().max(1e-9);
     arms.iter()
         .enumerate()
         .map(|(i, a)| {
-            let mine: Vec<Sample> = samples
+            let mine: Vec<Measurement> = samples
                 .iter()
                 .filter(|(arm, _)| *arm == i)
                 .map(|(_, s)| s.clone())

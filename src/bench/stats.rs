@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::client::Sample;
+use super::client::Measurement;
 
 /// The `q` quantile (0..=1) of `values`, linearly interpolated between order statistics (numpy's
 /// default). `None` when there are no values.
@@ -19,16 +19,16 @@ pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
 
 /// An SLO a request must meet to count as good.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Slo {
+pub struct BenchSlo {
     /// Largest acceptable TTFT, seconds.
     pub ttft_s: f64,
     /// Smallest acceptable per-user TPS.
     pub tps: f64,
 }
 
-impl Slo {
+impl BenchSlo {
     /// Whether a sample met both targets.
-    pub fn met(&self, s: &Sample) -> bool {
+    pub fn met(&self, s: &Measurement) -> bool {
         s.error.is_none()
             && s.ttft.is_some_and(|t| t <= self.ttft_s)
             && s.per_user_tps().is_some_and(|tps| tps >= self.tps)
@@ -82,7 +82,7 @@ pub struct LevelReport {
     pub estimated: usize,
     /// Open loop: the SLO requests were scored against.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub slo: Option<Slo>,
+    pub slo: Option<BenchSlo>,
     /// Open loop: share of measured requests that met the SLO.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slo_attainment: Option<f64>,
@@ -116,10 +116,10 @@ pub struct LevelReport {
 
 impl LevelReport {
     /// Summarises `samples`; `system_tps` is computed by the caller, who knows the load shape.
-    pub fn from_samples(samples: &[Sample], system_tps: f64) -> Self {
+    pub fn from_samples(samples: &[Measurement], system_tps: f64) -> Self {
         let ok = || samples.iter().filter(|s| s.error.is_none());
         let mut ttft: Vec<f64> = ok().filter_map(|s| s.ttft).collect();
-        let mut tps: Vec<f64> = ok().filter_map(Sample::per_user_tps).collect();
+        let mut tps: Vec<f64> = ok().filter_map(Measurement::per_user_tps).collect();
         let mut gaps: Vec<f64> = ok().flat_map(|s| s.gaps.iter().copied()).collect();
         let mut latency: Vec<f64> = ok().map(|s| s.total).collect();
         let mean = |values: &mut dyn Iterator<Item = u32>| {
@@ -187,23 +187,23 @@ mod tests {
 
     #[test]
     fn slo_needs_both_ttft_and_speed() {
-        let slo = Slo {
+        let slo = BenchSlo {
             ttft_s: 1.0,
             tps: 20.0,
         };
-        let fast = Sample {
+        let fast = Measurement {
             ttft: Some(0.5),
             decode: 0.09,
             visible: 0.09,
             output_tokens: 10,
             content_events: 10,
-            ..Sample::default()
+            ..Measurement::default()
         };
-        let slow_start = Sample {
+        let slow_start = Measurement {
             ttft: Some(1.5),
             ..fast.clone()
         };
-        let slow_decode = Sample {
+        let slow_decode = Measurement {
             decode: 1.0,
             visible: 1.0,
             ..fast.clone()

@@ -26,8 +26,8 @@ use serde::Deserialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::client::{HttpClient, Prompt, RequestSpec, Sample};
-use super::stats::{LevelReport, Slo};
+use super::client::{HttpClient, Measurement, Prompt, RequestSpec};
+use super::stats::{BenchSlo, LevelReport};
 
 /// Tokens per block of a Mooncake trace's `hash_ids`.
 pub const MOONCAKE_BLOCK_TOKENS: f64 = 512.0;
@@ -239,7 +239,7 @@ pub struct Replay<'a> {
     /// Reports per window of this many seconds of arrivals.
     pub window_s: f64,
     /// What a request must meet to count as good.
-    pub slo: Option<Slo>,
+    pub slo: Option<BenchSlo>,
     /// A request not complete after this long failed.
     pub limit: Duration,
 }
@@ -278,14 +278,14 @@ pub async fn replay(
             (at, sample)
         });
     }
-    let mut samples: Vec<(f64, Sample)> = inflight.join_all().await;
+    let mut samples: Vec<(f64, Measurement)> = inflight.join_all().await;
     samples.sort_by(|a, b| a.0.total_cmp(&b.0));
     let last = samples.last().map_or(0.0, |s| s.0);
     let windows = (last / window_s).floor() as usize + 1;
     let mut reports: Vec<LevelReport> = (0..windows)
         .map(|k| {
             let (from, to) = (k as f64 * window_s, (k + 1) as f64 * window_s);
-            let mine: Vec<Sample> = samples
+            let mine: Vec<Measurement> = samples
                 .iter()
                 .filter(|(at, _)| (from..to).contains(at))
                 .map(|(_, s)| s.clone())
@@ -293,15 +293,15 @@ pub async fn replay(
             score(&mine, slo, window_s, Some([from, to]))
         })
         .collect();
-    let all: Vec<Sample> = samples.into_iter().map(|(_, s)| s).collect();
+    let all: Vec<Measurement> = samples.into_iter().map(|(_, s)| s).collect();
     reports.push(score(&all, slo, windows as f64 * window_s, None));
     reports
 }
 
 /// The report of `samples`, which arrived over `span_s` seconds (the window, if it is one).
 fn score(
-    samples: &[Sample],
-    slo: Option<Slo>,
+    samples: &[Measurement],
+    slo: Option<BenchSlo>,
     span_s: f64,
     window: Option<[f64; 2]>,
 ) -> LevelReport {

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::RedisKeys;
 use super::round::{self, Outgoing, Standing};
 use super::sums::{self, Kind};
-use super::wire::{Clock, Sample, SampleBody};
+use super::wire::{Clock, SampleBody, SharedSample};
 use crate::curve::{LocalLoad, Outcome};
 
 /// `tpsgate replicas` arguments.
@@ -316,7 +316,7 @@ struct Emulated {
     standing: Standing,
     cursor: Option<String>,
     backends: Vec<BackendState>,
-    pending: Vec<Sample>,
+    pending: Vec<SharedSample>,
     next_arrival: f64,
     last: f64,
     stats: Stats,
@@ -518,7 +518,7 @@ impl Emulated {
                 self.stats.taken += 1;
             }
             if self.standing.sample_taken(backend, &args.model) {
-                self.pending.push(Sample {
+                self.pending.push(SharedSample {
                     backend: backend.clone(),
                     model: args.model.clone(),
                     wall_ms: wall,

@@ -41,7 +41,7 @@ pub(super) struct Outgoing<'a> {
     pub(super) mode: Mode,
     /// The fields stated.
     pub(super) fields: &'a [(String, i64)],
-    /// The samples to append, JSON, and the prompts routed (see [`super::wire::Routed`]).
+    /// The samples to append, JSON, and the prompts routed (see [`super::wire::RoutedPrompt`]).
     pub(super) samples: Option<String>,
     /// See `samples`.
     pub(super) routed: Option<String>,

@@ -1,5 +1,5 @@
 //! What replicas write to Redis and read back as JSON (small, and readable with `redis-cli`):
-//! the curve [`Sample`]s a replica learned, the prompts it routed, and the [`HealthNote`] of a
+//! the curve [`SharedSample`]s a replica learned, the prompts it routed, and the [`HealthNote`] of a
 //! backend it ejected or saw cool down (its load travels as fields of the fleet's sums). Times
 //! cross machines as Unix milliseconds and become this process's instants on arrival
 //! ([`Clock`]).
@@ -17,7 +17,7 @@ use crate::fleet::Learned;
 /// coarse block hashes ([`crate::prefix::coarse`]) and its hint. The hashes are already
 /// seeded by the model, so no model travels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Routed {
+pub struct RoutedPrompt {
     /// Backend name.
     #[serde(rename = "b")]
     pub backend: String,
@@ -31,7 +31,7 @@ pub struct Routed {
 
 /// One curve sample, as it travels.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Sample {
+pub struct SharedSample {
     /// Backend name.
     #[serde(rename = "b")]
     pub backend: String,
@@ -158,7 +158,7 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-impl Sample {
+impl SharedSample {
     /// A sample of `backend` for `model`, its instant read against `clock`.
     pub fn new(backend: &str, model: &str, learned: &Learned, clock: &Clock) -> Self {
         let (at, body) = match learned {
@@ -259,10 +259,10 @@ mod tests {
                 concurrency: Some(2.5),
             }),
         ] {
-            let sample = Sample::new("vllm", "llama", &learned, &clock);
+            let sample = SharedSample::new("vllm", "llama", &learned, &clock);
             assert_eq!(sample.wall_ms, 1_699_999_999_750);
             let json = serde_json::to_string(&sample).unwrap();
-            let back: Sample = serde_json::from_str(&json).unwrap();
+            let back: SharedSample = serde_json::from_str(&json).unwrap();
             assert_eq!(back, sample, "{json}");
             // Read by a peer whose process started later: the same moment, in its own time.
             let later = Instant::now() + Duration::from_secs(5);

@@ -19,7 +19,7 @@ use super::redis_keys::RedisKeys;
 use super::round::Standing;
 use super::status::{PeerInfo, Status};
 use super::sums::{self, Kind};
-use super::wire::{Clock, HealthNote, Routed, Sample};
+use super::wire::{Clock, HealthNote, RoutedPrompt, SharedSample};
 use super::{api_keys, lease, round};
 
 mod claims;
@@ -53,9 +53,9 @@ pub(super) struct SyncTask {
     /// Where reading the sample stream goes on; `None` until the recent samples were loaded.
     cursor: Option<String>,
     /// Samples not yet sent (Redis away), oldest first.
-    pending: Vec<Sample>,
+    pending: Vec<SharedSample>,
     /// Prompts routed since the last round that went through, for the peers' prefix indexes.
-    routed: Vec<Routed>,
+    routed: Vec<RoutedPrompt>,
     /// Samples the outbox had dropped as of the last look.
     dropped: u64,
     /// Health notes not yet sent, per backend.
@@ -245,7 +245,7 @@ impl SyncTask {
                 } => {
                     if self.standing.sample_taken(&backend, &model) {
                         self.pending
-                            .push(Sample::new(&backend, &model, &learned, &clock));
+                            .push(SharedSample::new(&backend, &model, &learned, &clock));
                     } else {
                         thinned += 1;
                     }
@@ -262,7 +262,7 @@ impl SyncTask {
                     backend,
                     hashes,
                     hint,
-                } => self.routed.push(Routed {
+                } => self.routed.push(RoutedPrompt {
                     backend: backend.to_string(),
                     hashes,
                     hint,
@@ -415,7 +415,7 @@ impl SyncTask {
             }
             if let Some(routed) = entry
                 .get::<String>("p")
-                .and_then(|p| serde_json::from_str::<Vec<Routed>>(&p).ok())
+                .and_then(|p| serde_json::from_str::<Vec<RoutedPrompt>>(&p).ok())
             {
                 for r in routed {
                     if let Some(index) = backends
@@ -429,7 +429,7 @@ impl SyncTask {
             }
             let Some(samples) = entry
                 .get::<String>("s")
-                .and_then(|s| serde_json::from_str::<Vec<Sample>>(&s).ok())
+                .and_then(|s| serde_json::from_str::<Vec<SharedSample>>(&s).ok())
             else {
                 continue;
             };
