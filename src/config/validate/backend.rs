@@ -34,6 +34,8 @@ fn reserved(name: &HeaderName) -> bool {
     .contains(name)
 }
 
+/// One `backends[]` entry at `at`, its prefix index sized by `prefix`, its key read by `env`,
+/// its prior's file relative to `dir`.
 pub(super) fn backend(
     at: &str,
     b: &RawBackend,
@@ -41,6 +43,82 @@ pub(super) fn backend(
     env: &dyn Fn(&str) -> Option<String>,
     dir: &Path,
 ) -> Result<BackendConfig> {
+    name(at, b)?;
+    let url = upstream_url(&format!("{at}.url"), &b.url)?;
+    let api_key = api_key(at, b, env)?;
+    let headers = headers(at, b)?;
+    let models = models(&format!("{at}.models"), &b.models)?;
+    bounds(at, b)?;
+    let cost = cost(at, b)?;
+    if let Some(ca) = &b.ca_file {
+        readable(&format!("{at}.ca_file"), ca)?;
+        if url.scheme_str() != Some("https") {
+            return Err(ConfigError::at(
+                format!("{at}.ca_file"),
+                "only applies to https:// backends",
+            ));
+        }
+    }
+    let version = b.anthropic_version.as_deref().unwrap_or("2023-06-01");
+    let anthropic_version = HeaderValue::try_from(version).map_err(|_| {
+        ConfigError::at(
+            format!("{at}.anthropic_version"),
+            "not a valid header value",
+        )
+    })?;
+    let prior = match &b.prior {
+        Some(p) => Some(prior(&format!("{at}.prior"), p, b.max_concurrency, dir)?),
+        None => None,
+    };
+    let e = b.ejection;
+    let host = host_header(&url).ok_or_else(|| {
+        ConfigError::at(
+            format!("{at}.url"),
+            "its host cannot be sent as a Host header; write a plain host name or IP address",
+        )
+    })?;
+    let (path_prefix, query) = provider_paths(at, b)?;
+    let discovery = discovery(at, b, &url)?;
+    Ok(BackendConfig {
+        prefix_index: prefix_index(at, b, prefix)?,
+        discovery,
+        dial: None,
+        prior,
+        host,
+        path_prefix,
+        query,
+        ejection: Ejection {
+            after_failures: e.after_failures,
+            base: Duration::from_millis(e.base_ms),
+            max: Duration::from_millis(e.max_ms),
+        },
+        name: Arc::from(b.name.as_str()),
+        url,
+        dialect: b.dialect,
+        api_key,
+        headers,
+        models,
+        max_concurrency: b.max_concurrency,
+        max_models: b.max_models as usize,
+        max_event_bytes: usize::try_from(b.max_event_bytes).unwrap_or(usize::MAX),
+        cost,
+        ca_file: b.ca_file.clone(),
+        forward_client_auth: b.forward_client_auth,
+        connect_timeout: Duration::from_millis(b.connect_timeout_ms),
+        timeouts: Timeouts {
+            first_token: Duration::from_millis(b.first_token_timeout_ms),
+            stall: Duration::from_millis(b.stall_timeout_ms),
+            total: b.total_timeout_ms.map(Duration::from_millis),
+            response: Duration::from_millis(b.response_timeout_ms),
+        },
+        anthropic_version,
+        translate: b.translate,
+        default_max_tokens: b.default_max_tokens,
+    })
+}
+
+/// `name`: letters, digits, '-', '_' and '.'.
+fn name(at: &str, b: &RawBackend) -> Result<()> {
     let valid_name = !b.name.is_empty()
         && b.name
             .bytes()
@@ -54,7 +132,16 @@ pub(super) fn backend(
             ),
         ));
     }
-    let url = upstream_url(&format!("{at}.url"), &b.url)?;
+    Ok(())
+}
+
+/// The credential the gateway sends (`api_key_env`, in `api_key_header` or the dialect's own
+/// header), where the client's is not forwarded instead.
+fn api_key(
+    at: &str,
+    b: &RawBackend,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<(HeaderName, HeaderValue)>> {
     let key_header = match &b.api_key_header {
         None => None,
         Some(_) if b.api_key_env.is_none() => {
@@ -107,6 +194,11 @@ pub(super) fn backend(
             "conflicts with api_key_env: either the gateway's key or the client's goes upstream, not both",
         ));
     }
+    Ok(api_key)
+}
+
+/// `headers`: names and values valid, none the gateway manages; values kept out of logs.
+fn headers(at: &str, b: &RawBackend) -> Result<HeaderMap> {
     let mut headers = HeaderMap::with_capacity(b.headers.len());
     for (name, value) in &b.headers {
         let field = format!("{at}.headers.{name}");
@@ -124,7 +216,12 @@ pub(super) fn backend(
         value.set_sensitive(true);
         headers.insert(header_name, value);
     }
-    let models = models(&format!("{at}.models"), &b.models)?;
+    Ok(headers)
+}
+
+/// The numbers with a range: models kept, event size, concurrency, timeouts, the translated
+/// requests' default limit, ejection.
+fn bounds(at: &str, b: &RawBackend) -> Result<()> {
     if !(1..=10_000).contains(&b.max_models) {
         return Err(ConfigError::at(
             format!("{at}.max_models"),
@@ -149,7 +246,42 @@ pub(super) fn backend(
             "must be at least 1",
         ));
     }
-    let cost = match b.cost {
+    for (field, ms) in [
+        ("connect_timeout_ms", Some(b.connect_timeout_ms)),
+        ("first_token_timeout_ms", Some(b.first_token_timeout_ms)),
+        ("stall_timeout_ms", Some(b.stall_timeout_ms)),
+        ("total_timeout_ms", b.total_timeout_ms),
+        ("response_timeout_ms", Some(b.response_timeout_ms)),
+    ] {
+        if let Some(ms) = ms
+            && !(1..=MAX_TIMEOUT_MS).contains(&ms)
+        {
+            return Err(ConfigError::at(
+                format!("{at}.{field}"),
+                format!("{ms} ms is out of range: give 1 to {MAX_TIMEOUT_MS} (a day)"),
+            ));
+        }
+    }
+    if b.default_max_tokens == 0 {
+        return Err(ConfigError::at(
+            format!("{at}.default_max_tokens"),
+            "must be at least 1 (the limit a translated request without one is sent with)",
+        ));
+    }
+    let e = b.ejection;
+    if e.after_failures == 0 || e.base_ms == 0 || e.max_ms < e.base_ms || e.max_ms > MAX_TIMEOUT_MS
+    {
+        return Err(ConfigError::at(
+            format!("{at}.ejection"),
+            "after_failures and base_ms must be at least 1, and max_ms at least base_ms and at most 86400000 (a day)",
+        ));
+    }
+    Ok(())
+}
+
+/// `cost`: prices within range.
+fn cost(at: &str, b: &RawBackend) -> Result<Option<Cost>> {
+    Ok(match b.cost {
         None => None,
         Some(c) => {
             for (field, v) in [
@@ -168,100 +300,6 @@ pub(super) fn backend(
                 output_per_1m: c.output_per_1m,
             })
         }
-    };
-    if let Some(ca) = &b.ca_file {
-        readable(&format!("{at}.ca_file"), ca)?;
-        if url.scheme_str() != Some("https") {
-            return Err(ConfigError::at(
-                format!("{at}.ca_file"),
-                "only applies to https:// backends",
-            ));
-        }
-    }
-    for (field, ms) in [
-        ("connect_timeout_ms", Some(b.connect_timeout_ms)),
-        ("first_token_timeout_ms", Some(b.first_token_timeout_ms)),
-        ("stall_timeout_ms", Some(b.stall_timeout_ms)),
-        ("total_timeout_ms", b.total_timeout_ms),
-        ("response_timeout_ms", Some(b.response_timeout_ms)),
-    ] {
-        if let Some(ms) = ms
-            && !(1..=MAX_TIMEOUT_MS).contains(&ms)
-        {
-            return Err(ConfigError::at(
-                format!("{at}.{field}"),
-                format!("{ms} ms is out of range: give 1 to {MAX_TIMEOUT_MS} (a day)"),
-            ));
-        }
-    }
-    let version = b.anthropic_version.as_deref().unwrap_or("2023-06-01");
-    let anthropic_version = HeaderValue::try_from(version).map_err(|_| {
-        ConfigError::at(
-            format!("{at}.anthropic_version"),
-            "not a valid header value",
-        )
-    })?;
-    if b.default_max_tokens == 0 {
-        return Err(ConfigError::at(
-            format!("{at}.default_max_tokens"),
-            "must be at least 1 (the limit a translated request without one is sent with)",
-        ));
-    }
-    let prior = match &b.prior {
-        Some(p) => Some(prior(&format!("{at}.prior"), p, b.max_concurrency, dir)?),
-        None => None,
-    };
-    let e = b.ejection;
-    if e.after_failures == 0 || e.base_ms == 0 || e.max_ms < e.base_ms || e.max_ms > MAX_TIMEOUT_MS
-    {
-        return Err(ConfigError::at(
-            format!("{at}.ejection"),
-            "after_failures and base_ms must be at least 1, and max_ms at least base_ms and at most 86400000 (a day)",
-        ));
-    }
-    let host = host_header(&url).ok_or_else(|| {
-        ConfigError::at(
-            format!("{at}.url"),
-            "its host cannot be sent as a Host header; write a plain host name or IP address",
-        )
-    })?;
-    let (path_prefix, query) = provider_paths(at, b)?;
-    let discovery = discovery(at, b, &url)?;
-    Ok(BackendConfig {
-        prefix_index: prefix_index(at, b, prefix)?,
-        discovery,
-        dial: None,
-        prior,
-        host,
-        path_prefix,
-        query,
-        ejection: Ejection {
-            after_failures: e.after_failures,
-            base: Duration::from_millis(e.base_ms),
-            max: Duration::from_millis(e.max_ms),
-        },
-        name: Arc::from(b.name.as_str()),
-        url,
-        dialect: b.dialect,
-        api_key,
-        headers,
-        models,
-        max_concurrency: b.max_concurrency,
-        max_models: b.max_models as usize,
-        max_event_bytes: usize::try_from(b.max_event_bytes).unwrap_or(usize::MAX),
-        cost,
-        ca_file: b.ca_file.clone(),
-        forward_client_auth: b.forward_client_auth,
-        connect_timeout: Duration::from_millis(b.connect_timeout_ms),
-        timeouts: Timeouts {
-            first_token: Duration::from_millis(b.first_token_timeout_ms),
-            stall: Duration::from_millis(b.stall_timeout_ms),
-            total: b.total_timeout_ms.map(Duration::from_millis),
-            response: Duration::from_millis(b.response_timeout_ms),
-        },
-        anthropic_version,
-        translate: b.translate,
-        default_max_tokens: b.default_max_tokens,
     })
 }
 

@@ -30,12 +30,38 @@ impl Errors {
         result.map_err(|e| self.0.push(e)).ok()
     }
 
+    /// An optional section, validated by `check` where the config has it.
+    fn section<R, T>(&mut self, raw: Option<&R>, check: impl FnOnce(&R) -> Result<T>) -> Option<T> {
+        raw.and_then(|r| self.keep(check(r)))
+    }
+
     /// The first error, carrying the others; `None` when there were none.
     fn into_error(self) -> Option<ConfigError> {
         let mut all = self.0.into_iter();
         let mut first = all.next()?;
         first.also = all.collect();
         Some(first)
+    }
+}
+
+/// Finds a named entry: its index among the valid ones; `None` (no second error) where the
+/// entry of that name failed on its own.
+type Lookup<'a> = dyn Fn(&str, &str) -> Result<Option<usize>> + 'a;
+
+/// The index of the entry called `name` among `valid`, for the field at `at`: `None` where one
+/// of `all` is so called but failed on its own (no second error), an error saying `otherwise`
+/// where none is.
+fn lookup<'n>(
+    at: &str,
+    name: &str,
+    mut valid: impl Iterator<Item = &'n str>,
+    mut all: impl Iterator<Item = &'n str>,
+    otherwise: impl FnOnce() -> String,
+) -> Result<Option<usize>> {
+    match valid.position(|n| n == name) {
+        Some(i) => Ok(Some(i)),
+        None if all.any(|n| n == name) => Ok(None),
+        None => Err(ConfigError::at(at, otherwise())),
     }
 }
 
@@ -62,134 +88,68 @@ pub fn validate(
         .flatten();
     let admin_hosts = errors.keep(admin_hosts(raw));
 
-    if raw.backends.is_empty() {
-        errors.0.push(ConfigError::at(
-            "backends",
-            "no backends: list at least one upstream (name, url, dialect, models)",
-        ));
-    }
-    let mut backends: Vec<BackendConfig> = Vec::with_capacity(raw.backends.len());
-    // Names of every entry, valid or not: a default or a route naming a backend whose entry
-    // failed is not a second error.
-    let named = |name: &str| raw.backends.iter().any(|b| b.name == name);
-    for (i, b) in raw.backends.iter().enumerate() {
-        let at = format!("backends[{i}]");
-        let Some(backend) = errors.keep(backend(&at, b, &raw.prefix_cache, env, dir)) else {
-            continue;
-        };
-        if backends.iter().any(|other| other.name == backend.name) {
-            errors.0.push(ConfigError::at(
-                format!("{at}.name"),
-                format!(
-                    "duplicate backend name `{}`: names must be unique",
-                    backend.name
-                ),
-            ));
-            continue;
-        }
-        backends.push(backend);
-    }
-    let backend_index = |at: &str, name: &str| -> Result<Option<usize>> {
-        match backends.iter().position(|b| &*b.name == name) {
-            Some(i) => Ok(Some(i)),
-            None if named(name) => Ok(None),
-            None => Err(ConfigError::at(
-                at,
+    let backends = backends(raw, env, dir, &mut errors);
+    let backend_index = |at: &str, name: &str| {
+        let valid = backends.iter().map(|b| &*b.name);
+        lookup(
+            at,
+            name,
+            valid,
+            raw.backends.iter().map(|b| &*b.name),
+            || {
                 format!(
                     "no backend is called `{name}`; use one of: {}",
                     names(&backends)
-                ),
-            )),
-        }
+                )
+            },
+        )
     };
-    let default_backend = match &raw.default_backend {
-        None => None,
-        Some(name) => errors
+    let default_backend = raw.default_backend.as_ref().and_then(|name| {
+        errors
             .keep(backend_index("default_backend", name))
-            .flatten(),
-    };
+            .flatten()
+    });
 
     let routing = errors.keep(routing(raw));
     let policy = routing.map_or(Policy::Headroom, |r| r.policy);
-    let mut classes: Vec<ClassConfig> = Vec::with_capacity(raw.classes.len());
-    for (i, c) in raw.classes.iter().enumerate() {
-        let at = format!("classes[{i}]");
-        if classes.iter().any(|other| *other.name == *c.name) {
-            errors.0.push(ConfigError::at(
-                format!("{at}.name"),
-                format!("duplicate class `{}`", c.name),
-            ));
-            continue;
-        }
-        if let Some(class) = errors.keep(class(&at, c, policy)) {
-            classes.push(class);
-        }
-    }
-    let class_named = |name: &str| raw.classes.iter().any(|c| c.name == name);
-    let class_index = |at: &str, name: &str| -> Result<Option<usize>> {
-        match classes.iter().position(|c| &*c.name == name) {
-            Some(i) => Ok(Some(i)),
-            None if class_named(name) => Ok(None),
-            None => Err(ConfigError::at(
-                at,
-                format!("no class is called `{name}`; define it under classes"),
-            )),
-        }
+    let classes = classes(raw, policy, &mut errors);
+    let class_index = |at: &str, name: &str| {
+        let valid = classes.iter().map(|c| &*c.name);
+        lookup(
+            at,
+            name,
+            valid,
+            raw.classes.iter().map(|c| &*c.name),
+            || format!("no class is called `{name}`; define it under classes"),
+        )
     };
     let default_class = match &raw.default_class {
         None => (!classes.is_empty()).then_some(0),
         Some(name) => errors.keep(class_index("default_class", name)).flatten(),
     };
-    let mut routes = Vec::with_capacity(raw.routes.len());
-    for (i, r) in raw.routes.iter().enumerate() {
-        if let Some(rule) = errors.keep(route(
-            &format!("routes[{i}]"),
-            r,
-            &class_index,
-            &backend_index,
-        )) {
-            routes.push(rule);
-        }
-    }
-    let mut api_keys: Vec<ApiKey> = Vec::with_capacity(raw.api_keys.len());
-    for (i, k) in raw.api_keys.iter().enumerate() {
-        let at = format!("api_keys[{i}]");
-        if let Some(key) = errors.keep(api_key(&at, k, env, &class_index)) {
-            // Names key the usage kept across reloads and the metrics: one per key.
-            if api_keys.iter().any(|other| other.name == key.name) {
-                errors.0.push(ConfigError::at(
-                    format!("{at}.name"),
-                    format!(
-                        "another key is already named {:?}: give each key a name of its own",
-                        &*key.name
-                    ),
-                ));
-                continue;
-            }
-            api_keys.push(key);
-        }
-    }
+    let routes = raw
+        .routes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            errors.keep(route(
+                &format!("routes[{i}]"),
+                r,
+                &class_index,
+                &backend_index,
+            ))
+        })
+        .collect();
+    let api_keys = api_keys(raw, env, &class_index, &mut errors);
     errors.keep(within(
         "curves.half_life_s",
         raw.curves.half_life_s,
         7.0 * DAY_S,
     ));
-    let cluster = match &raw.cluster {
-        Some(c) => errors.keep(cluster(c, env)),
-        None => None,
-    };
-    let cors = match &raw.cors {
-        Some(c) => errors.keep(cors(c)),
-        None => None,
-    };
-    let resolver = match &raw.resolver {
-        Some(r) => errors.keep(resolver(r)),
-        None => None,
-    };
-    let tracing = match &raw.tracing {
-        Some(t) => errors.keep(tracing(t)),
-        None => None,
-    };
+    let cluster = errors.section(raw.cluster.as_ref(), |c| cluster(c, env));
+    let cors = errors.section(raw.cors.as_ref(), cors);
+    let resolver = errors.section(raw.resolver.as_ref(), resolver);
+    let tracing = errors.section(raw.tracing.as_ref(), tracing);
     if let Some(error) = errors.into_error() {
         return Err(error);
     }
@@ -222,6 +182,88 @@ pub fn validate(
         routing,
         cluster,
     })
+}
+
+/// `backends[]`: each entry, and names unique.
+fn backends(
+    raw: &RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    dir: &Path,
+    errors: &mut Errors,
+) -> Vec<BackendConfig> {
+    if raw.backends.is_empty() {
+        errors.0.push(ConfigError::at(
+            "backends",
+            "no backends: list at least one upstream (name, url, dialect, models)",
+        ));
+    }
+    let mut backends: Vec<BackendConfig> = Vec::with_capacity(raw.backends.len());
+    for (i, b) in raw.backends.iter().enumerate() {
+        let at = format!("backends[{i}]");
+        let Some(backend) = errors.keep(backend(&at, b, &raw.prefix_cache, env, dir)) else {
+            continue;
+        };
+        if backends.iter().any(|other| other.name == backend.name) {
+            errors.0.push(ConfigError::at(
+                format!("{at}.name"),
+                format!(
+                    "duplicate backend name `{}`: names must be unique",
+                    backend.name
+                ),
+            ));
+            continue;
+        }
+        backends.push(backend);
+    }
+    backends
+}
+
+/// `classes[]`: each entry (its policy defaulting to the routing's), and names unique.
+fn classes(raw: &RawConfig, policy: Policy, errors: &mut Errors) -> Vec<ClassConfig> {
+    let mut classes: Vec<ClassConfig> = Vec::with_capacity(raw.classes.len());
+    for (i, c) in raw.classes.iter().enumerate() {
+        let at = format!("classes[{i}]");
+        if classes.iter().any(|other| *other.name == *c.name) {
+            errors.0.push(ConfigError::at(
+                format!("{at}.name"),
+                format!("duplicate class `{}`", c.name),
+            ));
+            continue;
+        }
+        if let Some(class) = errors.keep(class(&at, c, policy)) {
+            classes.push(class);
+        }
+    }
+    classes
+}
+
+/// `api_keys[]`: each entry, and names unique (a name keys the usage kept across reloads and
+/// the metrics).
+fn api_keys(
+    raw: &RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    class_index: &Lookup<'_>,
+    errors: &mut Errors,
+) -> Vec<ApiKey> {
+    let mut api_keys: Vec<ApiKey> = Vec::with_capacity(raw.api_keys.len());
+    for (i, k) in raw.api_keys.iter().enumerate() {
+        let at = format!("api_keys[{i}]");
+        let Some(key) = errors.keep(api_key(&at, k, env, class_index)) else {
+            continue;
+        };
+        if api_keys.iter().any(|other| other.name == key.name) {
+            errors.0.push(ConfigError::at(
+                format!("{at}.name"),
+                format!(
+                    "another key is already named {:?}: give each key a name of its own",
+                    &*key.name
+                ),
+            ));
+            continue;
+        }
+        api_keys.push(key);
+    }
+    api_keys
 }
 
 /// `listen.tls`: both files readable.
@@ -297,8 +339,8 @@ fn secret_from(
 fn route(
     at: &str,
     r: &crate::config::raw::RawRouteRule,
-    class_index: &dyn Fn(&str, &str) -> Result<Option<usize>>,
-    backend_index: &dyn Fn(&str, &str) -> Result<Option<usize>>,
+    class_index: &Lookup<'_>,
+    backend_index: &Lookup<'_>,
 ) -> Result<RouteRule> {
     if r.path.is_none() && r.model.is_none() {
         return Err(ConfigError::at(
@@ -340,7 +382,7 @@ fn api_key(
     at: &str,
     k: &crate::config::raw::RawApiKey,
     env: &dyn Fn(&str) -> Option<String>,
-    class_index: &dyn Fn(&str, &str) -> Result<Option<usize>>,
+    class_index: &Lookup<'_>,
 ) -> Result<ApiKey> {
     let key = secret_from(
         env,
