@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio::time::Instant;
-use tpsgate::curve::{Curve, FirstToken, Observation, Outcome};
+use tpsgate::{Curve, FirstToken, Observation, Outcome};
 
 /// A backend seen at every concurrency from 1 to 64 for long enough to fill every window it
 /// touched: 256 samples in each of 12 speed buckets and 20 TTFT levels.

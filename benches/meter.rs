@@ -11,7 +11,7 @@ use std::hint::black_box;
 use bytes::Bytes;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use tokio::time::Instant;
-use tpsgate::proxy::meter::StreamMeter;
+use tpsgate::StreamMeter;
 use tpsgate::sse::SseParser;
 use tpsgate::sse::events::StreamDialect;
 use tpsgate::translate::{Direction, ResponseTranslator};

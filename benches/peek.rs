@@ -10,8 +10,8 @@ use std::hint::black_box;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use tpsgate::proxy::classify::peek;
-use tpsgate::proxy::endpoint::Endpoint;
+use tpsgate::Endpoint;
+use tpsgate::peek;
 
 /// The former peek's fields: every value borrowed raw, for its span.
 #[derive(Deserialize)]

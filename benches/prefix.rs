@@ -1,5 +1,5 @@
 //! Cost of the prefix index on the request path: hashing a request's prompt into chained
-//! blocks ([`tpsgate::proxy::route::prefix_of`]) at 1, 8, 32 and 128 KB prompts, and looking a
+//! blocks ([`tpsgate::prefix_of`]) at 1, 8, 32 and 128 KB prompts, and looking a
 //! prompt up in one backend's index that holds it whole (what each candidate costs a routing
 //! decision), beside reading the same body (classify's peek, which every routed request pays)
 //! and the routing decision itself (`cargo bench --bench route`).
@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tpsgate::Endpoint;
 use tpsgate::config::{PrefixIndexSize, PrefixRouting};
-use tpsgate::fleet::{Hit, PrefixIndex};
-use tpsgate::proxy::classify::peek;
-use tpsgate::proxy::endpoint::Endpoint;
-use tpsgate::proxy::route::prefix_of;
+use tpsgate::peek;
+use tpsgate::prefix_of;
+use tpsgate::{Hit, PrefixIndex};
 
 /// A chat request whose system prompt is about `bytes` long, then a short question.
 fn chat(bytes: usize) -> Bytes {

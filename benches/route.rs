@@ -17,9 +17,9 @@ use std::sync::Arc;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use tokio::time::Instant;
 use tpsgate::config::BackendDialect;
-use tpsgate::curve::{FirstToken, Observation, Outcome};
-use tpsgate::fleet::{Backend, InFlightGuard, Line};
-use tpsgate::router::{Ask, Router};
+use tpsgate::{Ask, Router};
+use tpsgate::{Backend, InFlightGuard, Line};
+use tpsgate::{FirstToken, Observation, Outcome};
 
 /// A router over `n` backends serving `m`, each taught a batching curve, with an interactive
 /// class (>= 20 tok/s at the median, TTFT <= 1 s) that sheds on a miss.
@@ -102,7 +102,7 @@ fn route(c: &mut Criterion) {
     // with `prefix_cache.enabled: false`). `prefix`: the default path, a 2,000-token prompt (31
     // blocks of 64) whose every candidate's index is looked up; each decision holds the prompt
     // on its backend, so later decisions find holders, as a conversation's turns do.
-    let prompt = tpsgate::prefix::RequestPrefix {
+    let prompt = tpsgate::RequestPrefix {
         hashes: (1..=31).collect(),
         hint: None,
     };
@@ -118,7 +118,7 @@ fn route(c: &mut Criterion) {
                 b.iter(|| {
                     let ask = Ask {
                         model: "m",
-                        reach: tpsgate::router::Reach::own(BackendDialect::Openai),
+                        reach: tpsgate::Reach::own(BackendDialect::Openai),
                         prompt_tokens,
                         max_tokens: Some(128),
                         class: Some(0),

@@ -23,7 +23,7 @@ fn is_sim_fleet(file: &std::path::Path) -> bool {
 
 /// Checks `file` (without reading the environment's secrets when `no_env`), says what it
 /// holds, and exits 1 with its errors when it has any.
-pub fn check(file: &std::path::Path, no_env: bool) -> ExitCode {
+pub(crate) fn check(file: &std::path::Path, no_env: bool) -> ExitCode {
     if is_sim_fleet(file) {
         sim_fleet(file)
     } else {

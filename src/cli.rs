@@ -20,7 +20,7 @@ use crate::yaml;
 /// concurrency, and routes by them.
 #[derive(Debug, Parser)]
 #[command(name = "tpsgate", version, about, long_about = None)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Tokio worker threads (default: one per core the process may use; with one, the runtime
     /// runs on the main thread alone).
     #[arg(long, global = true, help_heading = "Global options")]
@@ -41,7 +41,7 @@ pub struct Cli {
 
 /// Subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the gateway.
     Serve(ConfigArg),
     /// Validate a gateway config and print a summary (exit 1 with every error, one per line:
@@ -67,7 +67,7 @@ pub enum Command {
 
 /// `--config FILE`.
 #[derive(Debug, Args)]
-pub struct ConfigArg {
+pub(crate) struct ConfigArg {
     /// Gateway config file (YAML).
     #[arg(long, short, env = "TPSGATE_CONFIG")]
     pub config: PathBuf,
@@ -75,7 +75,7 @@ pub struct ConfigArg {
 
 /// `tpsgate curves` arguments.
 #[derive(Debug, Args)]
-pub struct CurvesArgs {
+pub(crate) struct CurvesArgs {
     /// The gateway's admin plane, e.g. http://127.0.0.1:9090.
     #[arg(long)]
     pub url: String,
@@ -96,7 +96,7 @@ pub struct CurvesArgs {
 
 /// `tpsgate check` arguments.
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// The config.
     #[command(flatten)]
     pub config: ConfigArg,
@@ -108,7 +108,7 @@ pub struct CheckArgs {
 
 /// `tpsgate sim` arguments: a fleet file, or one backend described by flags.
 #[derive(Debug, Args)]
-pub struct SimArgs {
+pub(crate) struct SimArgs {
     /// Fleet file with several backends (e.g. config/sim-fleet.yaml).
     #[arg(long, short, conflicts_with_all = ["listen", "name", "model"])]
     pub config: Option<PathBuf>,
@@ -129,7 +129,7 @@ pub struct SimArgs {
 /// Engine flags of `tpsgate sim`; unset flags keep the defaults of a large batching server.
 #[derive(Debug, Args)]
 #[group(conflicts_with = "config")]
-pub struct EngineFlags {
+pub(crate) struct EngineFlags {
     /// `batching` or `serial` [default: batching].
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
@@ -184,7 +184,7 @@ pub struct EngineFlags {
     pub prefix_block_tokens: u32,
 }
 
-pub fn run(cli: Cli) -> ExitCode {
+pub(crate) fn run(cli: Cli) -> ExitCode {
     // The demo's screen is for its URLs and a status line: its request lines stay out of the
     // log unless RUST_LOG asks for them.
     let quiet = matches!(cli.command, Command::Demo(_)).then_some("info,tpsgate::request=warn");

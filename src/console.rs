@@ -2,7 +2,7 @@
 
 /// Prints one line to stdout: the only place the binary writes there. A closed stdout (a pipe
 /// whose reader left) loses the line instead of panicking as `println!` would.
-pub fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
@@ -10,7 +10,7 @@ pub fn say(line: &str) {
 
 /// Rewrites the terminal's current line with `line` (a status that updates in place): for a
 /// terminal only; elsewhere, [`say`] it.
-pub fn status(line: &str) {
+pub(crate) fn status(line: &str) {
     use std::io::Write as _;
     let mut out = std::io::stdout().lock();
     // Carriage return, then erase to the end of the line.

@@ -84,7 +84,7 @@ impl Tally {
 
 /// `tpsgate demo` settings.
 #[derive(Debug, Clone, clap::Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Gateway address.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
@@ -128,7 +128,7 @@ fn gateway_yaml(fleet: &Fleet, args: &DemoArgs) -> String {
 }
 
 /// Runs the demo until Ctrl-C or SIGTERM.
-pub async fn run(args: DemoArgs) -> Result<(), String> {
+pub(crate) async fn run(args: DemoArgs) -> Result<(), String> {
     if !(args.rate.is_finite() && args.rate >= 0.0) {
         return Err("--rate: use a number of requests per second, 0 or more".into());
     }

@@ -9,7 +9,7 @@ use http::StatusCode;
 
 /// What went wrong, in the terms a response needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorKind {
+pub(crate) enum ErrorKind {
     /// 400: the body is not JSON, or a required field is missing or of the wrong type.
     InvalidRequest,
     /// 404: no such endpoint.
@@ -54,7 +54,7 @@ pub enum ErrorKind {
 
 /// Which side caused an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// The client sent something we cannot serve.
     Client,
     /// An upstream failed.
@@ -67,7 +67,7 @@ pub enum Fault {
 
 impl ErrorKind {
     /// The HTTP status.
-    pub fn status(self) -> StatusCode {
+    pub(crate) fn status(self) -> StatusCode {
         match self {
             Self::InvalidRequest => StatusCode::BAD_REQUEST,
             Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
@@ -89,7 +89,7 @@ impl ErrorKind {
     }
 
     /// OpenAI's `error.type` (Anthropic's `error.type` is derived from the status).
-    pub fn openai_type(self) -> &'static str {
+    pub(crate) fn openai_type(self) -> &'static str {
         match self {
             Self::SloUnmet | Self::RateLimited => return "rate_limit_error",
             Self::BudgetExhausted => return "insufficient_quota",
@@ -102,7 +102,7 @@ impl ErrorKind {
     }
 
     /// Every kind, so that each error counter exists (at zero) before its first error.
-    pub const ALL: [Self; 18] = [
+    pub(crate) const ALL: [Self; 18] = [
         Self::InvalidRequest,
         Self::NotFound,
         Self::ModelNotFound,
@@ -124,7 +124,7 @@ impl ErrorKind {
     ];
 
     /// A stable `error.code`, also the metric label.
-    pub fn code(self) -> &'static str {
+    pub(crate) fn code(self) -> &'static str {
         match self {
             Self::InvalidRequest => "invalid_request",
             Self::NotFound => "not_found",
@@ -147,7 +147,7 @@ impl ErrorKind {
     }
 
     /// Who is at fault.
-    pub fn fault(self) -> Fault {
+    pub(crate) fn fault(self) -> Fault {
         match self {
             Self::InvalidRequest
             | Self::NotFound
@@ -182,7 +182,7 @@ pub struct Error {
 
 impl Error {
     /// An error of `kind` with a message for the client.
-    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
         Self {
             kind,
             message: message.into(),
@@ -193,7 +193,7 @@ impl Error {
 
     /// The same error, telling the client to retry after `seconds` (`Retry-After`).
     #[must_use]
-    pub fn retry_after(self, seconds: u32) -> Self {
+    pub(crate) fn retry_after(self, seconds: u32) -> Self {
         Self {
             retry_after_s: Some(seconds),
             ..self
@@ -202,7 +202,7 @@ impl Error {
 
     /// The same error, its response carrying `headers` too (added to any it carries).
     #[must_use]
-    pub fn with_headers(mut self, headers: http::HeaderMap) -> Self {
+    pub(crate) fn with_headers(mut self, headers: http::HeaderMap) -> Self {
         match &mut self.headers {
             Some(mine) => mine.extend(headers),
             None => self.headers = Some(Box::new(headers)),
@@ -211,28 +211,28 @@ impl Error {
     }
 
     /// Headers its response carries besides its own.
-    pub fn headers(&self) -> Option<&http::HeaderMap> {
+    pub(crate) fn headers(&self) -> Option<&http::HeaderMap> {
         self.headers.as_deref()
     }
 
     /// Seconds the client should wait before retrying, if the error says.
-    pub fn retry_after_s(&self) -> Option<u32> {
+    pub(crate) fn retry_after_s(&self) -> Option<u32> {
         self.retry_after_s
     }
 
     /// Its kind.
-    pub fn kind(&self) -> ErrorKind {
+    pub(crate) fn kind(&self) -> ErrorKind {
         self.kind
     }
 
     /// The message for the client.
-    pub fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         &self.message
     }
 
     /// A gateway bug: `what` the layer found missing or broken (logged; the client is told
     /// it is ours).
-    pub fn internal(what: &'static str) -> Self {
+    pub(crate) fn internal(what: &'static str) -> Self {
         Self::new(ErrorKind::Internal, what)
     }
 }

@@ -231,7 +231,7 @@ impl Gateway {
     }
 
     /// A handle that reloads this gateway's config.
-    pub fn reloader(&self) -> Reloader {
+    pub(crate) fn reloader(&self) -> Reloader {
         self.reloader.clone()
     }
 
@@ -280,11 +280,6 @@ impl Gateway {
         if let Some(tracing) = self.admin.live.load().tracing.clone() {
             let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
         }
-    }
-
-    /// The cluster link's state, when the gateway runs in a cluster.
-    pub fn cluster(&self) -> Option<&crate::cluster::Status> {
-        self.admin.cluster.as_deref()
     }
 }
 

@@ -29,7 +29,7 @@ use tracing_subscriber::registry::LookupSpan;
 
 /// How log lines look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// Human-readable lines.
     Pretty,
     /// One JSON object per line.
@@ -41,7 +41,7 @@ static FORMAT: OnceLock<LogFormat> = OnceLock::new();
 
 /// Installs the global subscriber (level from `RUST_LOG`, else `default_filter`, else `info`);
 /// a second call keeps the first.
-pub fn init(format: LogFormat, default_filter: Option<&str>) {
+pub(crate) fn init(format: LogFormat, default_filter: Option<&str>) {
     let _ = FORMAT.set(format);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter.unwrap_or("info")));
@@ -74,7 +74,7 @@ fn pending() -> MutexGuard<'static, Vec<u8>> {
 
 /// Writes the gathered log lines to stderr. The runtime calls it before its threads go idle;
 /// call it before the process exits.
-pub fn flush() {
+pub(crate) fn flush() {
     let mut lines = {
         let mut gathered = pending();
         // Most calls find nothing: keep the allocation where it is.
@@ -149,7 +149,7 @@ impl<'a> MakeWriter<'a> for Stderr {
 
 /// What one proxied request logs when its response ends.
 #[derive(Debug, Clone, Copy)]
-pub struct RequestLine<'a> {
+pub(crate) struct RequestLine<'a> {
     /// The request id (the client's or a minted one).
     pub request_id: &'a str,
     /// The backend that answered, or `-`.
@@ -174,13 +174,13 @@ pub struct RequestLine<'a> {
 
 /// The target request lines are logged under: `RUST_LOG=info,tpsgate::request=off` silences
 /// them alone.
-pub const REQUEST_TARGET: &str = "tpsgate::request";
+pub(crate) const REQUEST_TARGET: &str = "tpsgate::request";
 
 /// Logs one request line at `info`, in the chosen format, with the gathered lines. It is
 /// written here rather than through tracing's field-by-field dispatch, which cost about a tenth
 /// of a proxied request's instructions; the line is the same as a tracing event with these
 /// fields and the message `request` would give.
-pub fn request_line(line: &RequestLine<'_>) {
+pub(crate) fn request_line(line: &RequestLine<'_>) {
     if !tracing::enabled!(target: REQUEST_TARGET, Level::INFO) {
         return;
     }
@@ -323,7 +323,7 @@ impl fmt::Write for ByteWriter<'_> {
 
 /// Formats each event as one JSON object.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct JsonLines;
+pub(crate) struct JsonLines;
 
 impl<S, N> FormatEvent<S, N> for JsonLines
 where
@@ -468,7 +468,7 @@ impl<W: fmt::Write> fmt::Write for Escaped<'_, W> {
 /// thread.
 /// `unix_s` as an RFC 3339 date and time in UTC to the second, without the zone
 /// (`2026-11-25T12:00:00`); the epoch where out of the calendar's range.
-pub fn date_time(unix_s: i64) -> String {
+pub(crate) fn date_time(unix_s: i64) -> String {
     let at = time::OffsetDateTime::from_unix_timestamp(unix_s)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     format!(

@@ -1,8 +1,6 @@
-//! The `tpsgate` binary: parse the command line and hand it to the library.
+//! The `tpsgate` binary: the library's `main`, with the allocator the binary runs on.
 
 use std::process::ExitCode;
-
-use clap::Parser;
 
 // Why jemalloc rather than the system allocator: Cargo.toml, beside the dependency.
 #[cfg(not(target_env = "msvc"))]
@@ -10,6 +8,5 @@ use clap::Parser;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    let cli = tpsgate::cli::Cli::parse();
-    tpsgate::cli::run(cli)
+    tpsgate::main()
 }

@@ -28,7 +28,7 @@ const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The gateway's tracer: spans in, OTLP out. Cheap to share.
 #[derive(Debug, Clone)]
-pub struct Tracing {
+pub(crate) struct Tracing {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
     propagator: Arc<TraceContextPropagator>,
@@ -36,7 +36,10 @@ pub struct Tracing {
 
 impl Tracing {
     /// Starts the exporter for `config`, sending on `runtime` (the gateway's).
-    pub fn start(config: &TracingConfig, runtime: tokio::runtime::Handle) -> Result<Self, String> {
+    pub(crate) fn start(
+        config: &TracingConfig,
+        runtime: tokio::runtime::Handle,
+    ) -> Result<Self, String> {
         let client = OnRuntime {
             client: crate::tls::http_client(None)?,
             runtime,
@@ -69,7 +72,7 @@ impl Tracing {
 
     /// A span for a request that arrived with `headers` at `start`: a child of the client's
     /// trace when it sent a `traceparent`, else the root of a new one.
-    pub fn start_request(
+    pub(crate) fn start_request(
         &self,
         headers: &http::HeaderMap,
         method: &str,
@@ -98,7 +101,7 @@ impl Tracing {
     }
 
     /// Exports what is buffered and stops the exporter (blocks: call off the runtime).
-    pub fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         if let Err(err) = self.provider.shutdown() {
             tracing::warn!(%err, "traces not all exported at shutdown");
         }
@@ -107,7 +110,7 @@ impl Tracing {
 
 /// One request's span, shared by the layers that add to it; the first to end it wins.
 #[derive(Debug, Clone)]
-pub struct RequestSpan {
+pub(crate) struct RequestSpan {
     context: SpanContext,
     propagator: Arc<TraceContextPropagator>,
     span: Arc<Mutex<Option<opentelemetry_sdk::trace::Span>>>,
@@ -115,7 +118,7 @@ pub struct RequestSpan {
 
 impl RequestSpan {
     /// Tells the backend this span is its request's parent (`traceparent`, `tracestate`).
-    pub fn inject(&self, headers: &mut http::HeaderMap) {
+    pub(crate) fn inject(&self, headers: &mut http::HeaderMap) {
         use opentelemetry::propagation::TextMapPropagator as _;
         let cx = Context::new().with_remote_span_context(self.context.clone());
         self.propagator
@@ -123,7 +126,7 @@ impl RequestSpan {
     }
 
     /// Adds attributes while the span is open.
-    pub fn set(&self, attributes: impl IntoIterator<Item = KeyValue>) {
+    pub(crate) fn set(&self, attributes: impl IntoIterator<Item = KeyValue>) {
         if let Some(span) = self.lock().as_mut() {
             span.set_attributes(attributes);
         }
@@ -131,7 +134,7 @@ impl RequestSpan {
 
     /// Ends the span now, named `name` (when given), with `attributes`, as an error when
     /// `error` names its type; later calls do nothing.
-    pub fn end(
+    pub(crate) fn end(
         &self,
         name: Option<String>,
         attributes: impl IntoIterator<Item = KeyValue>,

@@ -13,7 +13,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 /// A signal that fires once; cloning shares it.
 #[derive(Debug, Clone, Default)]
-pub struct Signal(Arc<Inner>);
+pub(crate) struct Signal(Arc<Inner>);
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -23,24 +23,24 @@ struct Inner {
 
 impl Signal {
     /// An unfired signal.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Fires it: every waiter wakes, and [`Signal::has_fired`] says so from then on.
-    pub fn fire(&self) {
+    pub(crate) fn fire(&self) {
         // Set before the wake-up, so that a woken task reads it.
         self.0.fired.store(true, Ordering::Release);
         self.0.wake.cancel();
     }
 
     /// Whether it has fired.
-    pub fn has_fired(&self) -> bool {
+    pub(crate) fn has_fired(&self) -> bool {
         self.0.fired.load(Ordering::Acquire)
     }
 
     /// A future that completes once it has fired.
-    pub fn fired(&self) -> WaitForCancellationFutureOwned {
+    pub(crate) fn fired(&self) -> WaitForCancellationFutureOwned {
         self.0.wake.clone().cancelled_owned()
     }
 }
@@ -48,7 +48,7 @@ impl Signal {
 /// Resolves on Ctrl-C or SIGTERM, listened for from the moment this is called, not from the
 /// first poll: a signal that comes before its handler is registered takes its default action
 /// and kills the process, streams and all. Servers call it before they say they listen.
-pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+pub(crate) fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -69,7 +69,7 @@ pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
 
 /// The next delivery of `signal`; never, when it could not be registered.
 #[cfg(unix)]
-pub async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
+pub(crate) async fn received(signal: &mut Option<tokio::signal::unix::Signal>) {
     match signal {
         Some(s) => {
             s.recv().await;

@@ -26,15 +26,16 @@ use crate::signal::Signal;
 use crate::tenant::Tenants;
 
 /// The gateway's request stack, outermost first.
-pub type Stack = RequestIdService<Either<Cors<Inner>, Inner>>;
+pub(crate) type Stack = RequestIdService<Either<Cors<Inner>, Inner>>;
 
 /// Below the optional CORS layer.
-pub type Inner = Rescue<HeadLimit<Auth<Classify<Models<Quotas<Retry<Route<Rewrite<Forward>>>>>>>>>;
+pub(crate) type Inner =
+    Rescue<HeadLimit<Auth<Classify<Models<Quotas<Retry<Route<Rewrite<Forward>>>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`, holding its API keys to
 /// `tenants` (one per key, in order); `drained` ends the streams still open at the drain
 /// deadline; `tracing` makes a span of each request.
-pub fn build(
+pub(crate) fn build(
     config: &Config,
     router: Arc<Router>,
     tenants: &Tenants,

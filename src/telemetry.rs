@@ -19,11 +19,11 @@ pub const TTFT: &str = "gen_ai_server_time_to_first_token_seconds";
 /// `gen_ai.server.time_per_output_token`, seconds.
 pub const TPOT: &str = "gen_ai_server_time_per_output_token_seconds";
 /// `gen_ai.client.token.usage`, tokens, labelled `token_type` = `input` | `output`.
-pub const TOKEN_USAGE: &str = "gen_ai_client_token_usage";
+pub(crate) const TOKEN_USAGE: &str = "gen_ai_client_token_usage";
 /// Per-user tokens per second of each completed stream.
 pub const PER_USER_TPS: &str = "tpsgate_per_user_tps";
 /// The longest silence between two content chunks of each stream, seconds.
-pub const MAX_CHUNK_GAP: &str = "tpsgate_max_chunk_gap_seconds";
+pub(crate) const MAX_CHUNK_GAP: &str = "tpsgate_max_chunk_gap_seconds";
 /// Requests answered by a backend, by backend, model, class, status and outcome.
 pub const REQUESTS: &str = "tpsgate_requests_total";
 /// Requests the gateway answered itself with an error, by code (`model_not_found`,
@@ -42,15 +42,15 @@ pub const ROUTE_DECISIONS: &str = "tpsgate_route_decisions_total";
 pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
 /// Per latency class: 1 while some backend's curve meets its SLO with one request alone, 0
 /// while none does (unset before any curve has evidence).
-pub const SLO_FEASIBLE: &str = "tpsgate_slo_feasible";
+pub(crate) const SLO_FEASIBLE: &str = "tpsgate_slo_feasible";
 /// Recent share of a backend's completed requests that met their class's SLO, per class.
 pub const SLO_ATTAINMENT: &str = "tpsgate_slo_attainment";
 /// Blocks a backend's prefix index holds, and the most it may hold (calibrated), by `kind`
 /// (`held`, `capacity`).
-pub const PREFIX_INDEX_BLOCKS: &str = "tpsgate_prefix_index_blocks";
+pub(crate) const PREFIX_INDEX_BLOCKS: &str = "tpsgate_prefix_index_blocks";
 /// Recent share of prompt tokens found in a backend's prefix cache, by `source`: `estimated`
 /// (the index, at routing) or `reported` (the backend's usage).
-pub const PREFIX_HIT_RATIO: &str = "tpsgate_prefix_cache_hit_ratio";
+pub(crate) const PREFIX_HIT_RATIO: &str = "tpsgate_prefix_cache_hit_ratio";
 /// 1 while a backend is healthy, 0 while it is failing.
 pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
 /// Streams (or responses) cut by a timeout, by backend and kind (`first_token`, `stall`,
@@ -58,7 +58,7 @@ pub const BACKEND_HEALTHY: &str = "tpsgate_backend_healthy";
 pub const TIMEOUTS: &str = "tpsgate_upstream_timeouts_total";
 /// Client connections failed because the client took no bytes for the write timeout (it stopped
 /// reading); what they held upstream is released.
-pub const CLIENT_WRITE_TIMEOUTS: &str = "tpsgate_client_write_timeouts_total";
+pub(crate) const CLIENT_WRITE_TIMEOUTS: &str = "tpsgate_client_write_timeouts_total";
 /// Retries on another backend (before any content reached the client).
 pub const RETRIES: &str = "tpsgate_retries_total";
 /// Ejections of backends after upstream failures.
@@ -67,35 +67,35 @@ pub const EJECTIONS: &str = "tpsgate_ejections_total";
 pub const QUEUE_WAITING: &str = "tpsgate_queue_waiting";
 /// 1 while this replica's last round trip to the cluster's Redis got through, else 0 (absent
 /// without `cluster:`).
-pub const CLUSTER_CONNECTED: &str = "tpsgate_cluster_connected";
+pub(crate) const CLUSTER_CONNECTED: &str = "tpsgate_cluster_connected";
 /// Other replicas this one sees publishing.
-pub const CLUSTER_PEERS: &str = "tpsgate_cluster_peers";
+pub(crate) const CLUSTER_PEERS: &str = "tpsgate_cluster_peers";
 /// Curve samples shared with the other replicas, by direction (`sent`, `received`, `dropped`:
 /// queued while Redis was away for longer than the queue holds).
-pub const CLUSTER_SAMPLES: &str = "tpsgate_cluster_samples_total";
+pub(crate) const CLUSTER_SAMPLES: &str = "tpsgate_cluster_samples_total";
 /// Slots claimed fleet-wide at a backend's edge, by outcome (`granted`, `refused`,
 /// `unanswered`; [`crate::fleet::claim`]).
-pub const CLUSTER_CLAIMS: &str = "tpsgate_cluster_claims_total";
+pub(crate) const CLUSTER_CLAIMS: &str = "tpsgate_cluster_claims_total";
 /// 1, labelled with the version: joins any series to the build that made it.
 pub const BUILD_INFO: &str = "tpsgate_build_info";
 /// Config reloads by result (`applied`, `refused`).
 pub const CONFIG_RELOADS: &str = "tpsgate_config_reload_total";
 /// When the last reload was tried, Unix seconds.
-pub const CONFIG_LAST_RELOAD: &str = "tpsgate_config_last_reload_timestamp_seconds";
+pub(crate) const CONFIG_LAST_RELOAD: &str = "tpsgate_config_last_reload_timestamp_seconds";
 /// 1 when the last reload was applied, 0 when it was refused.
-pub const CONFIG_LAST_RELOAD_OK: &str = "tpsgate_config_last_reload_successful";
+pub(crate) const CONFIG_LAST_RELOAD_OK: &str = "tpsgate_config_last_reload_successful";
 
 /// Requests admitted per API key, by `key` (the key's configured name, never the key).
-pub const KEY_REQUESTS: &str = "tpsgate_key_requests_total";
+pub(crate) const KEY_REQUESTS: &str = "tpsgate_key_requests_total";
 /// Tokens used per API key, by `key` and `token_type` (`input`, `output`).
-pub const KEY_TOKENS: &str = "tpsgate_key_tokens_total";
+pub(crate) const KEY_TOKENS: &str = "tpsgate_key_tokens_total";
 /// Dollars an API key spent in its current budget period (priced by `backends[].cost`).
-pub const KEY_SPEND: &str = "tpsgate_key_spend_usd";
+pub(crate) const KEY_SPEND: &str = "tpsgate_key_spend_usd";
 /// Requests an API key's limits refused, by `key` and `limit` (`requests`, `tokens`,
 /// `concurrency`, `budget`).
-pub const KEY_LIMITED: &str = "tpsgate_key_limited_total";
+pub(crate) const KEY_LIMITED: &str = "tpsgate_key_limited_total";
 /// Requests in flight per API key.
-pub const KEY_IN_FLIGHT: &str = "tpsgate_key_in_flight";
+pub(crate) const KEY_IN_FLIGHT: &str = "tpsgate_key_in_flight";
 
 /// What a metric is, for its `# TYPE`.
 #[derive(Clone, Copy)]
@@ -324,7 +324,7 @@ pub const GAUGE_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 /// Sets the gauges that stand between events (the build; the last reload, when there was one:
 /// Unix seconds and whether it was applied), so that the idle timeout keeps them: call before
 /// rendering the page.
-pub fn refresh_standing(last_reload: Option<(u64, bool)>) {
+pub(crate) fn refresh_standing(last_reload: Option<(u64, bool)>) {
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     if let Some((at, applied)) = last_reload {
         metrics::gauge!(CONFIG_LAST_RELOAD).set(at as f64);
@@ -361,13 +361,13 @@ fn describe() {
 }
 
 /// Collects the process metrics: call before rendering the page.
-pub fn collect_process() {
+pub(crate) fn collect_process() {
     process().collect();
 }
 
 /// Counts one config reload (its time and outcome are the reload status's, read at the next
 /// scrape).
-pub fn count_reload(applied: bool) {
+pub(crate) fn count_reload(applied: bool) {
     let _ = prometheus();
     let result = if applied { "applied" } else { "refused" };
     counter!(CONFIG_RELOADS, "result" => result).increment(1);
@@ -392,7 +392,7 @@ const GAP_BUCKETS: &[f64] = &[0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 
 
 /// The process's Prometheus recorder, installed on first use (one per process: gateways started
 /// in the same process, as in tests, share it).
-pub fn prometheus() -> Option<&'static PrometheusHandle> {
+pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
     static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
@@ -432,7 +432,7 @@ pub fn prometheus() -> Option<&'static PrometheusHandle> {
 /// response counter of each status × outcome, built the first time that one is seen (a registry
 /// lookup hashes and copies every label: BENCHMARKS.md, "Instructions per request").
 #[derive(Debug)]
-pub struct ModelMetrics {
+pub(crate) struct ModelMetrics {
     labels: [(&'static str, String); 3],
     responses: Vec<(u16, Outcome, Counter)>,
     ttft: Histogram,
@@ -445,7 +445,7 @@ pub struct ModelMetrics {
 
 impl ModelMetrics {
     /// Builds the handles (once per backend × model × class).
-    pub fn new(backend: &str, model: &str, class: &str) -> Self {
+    pub(crate) fn new(backend: &str, model: &str, class: &str) -> Self {
         let _ = prometheus();
         let labels = [
             ("backend", backend.to_owned()),
@@ -466,7 +466,7 @@ impl ModelMetrics {
     }
 
     /// The `tpsgate_requests_total` counter for `status` × `outcome`, if it was built already.
-    pub fn responses(&self, status: u16, outcome: Outcome) -> Option<&Counter> {
+    pub(crate) fn responses(&self, status: u16, outcome: Outcome) -> Option<&Counter> {
         self.responses
             .iter()
             .find(|(s, o, _)| *s == status && *o == outcome)
@@ -474,12 +474,12 @@ impl ModelMetrics {
     }
 
     /// The class these handles count.
-    pub fn class(&self) -> &str {
+    pub(crate) fn class(&self) -> &str {
         &self.labels[2].1
     }
 
     /// Builds (once) and returns the counter for `status` × `outcome`.
-    pub fn add_responses(&mut self, status: u16, outcome: Outcome) -> &Counter {
+    pub(crate) fn add_responses(&mut self, status: u16, outcome: Outcome) -> &Counter {
         let at = match self
             .responses
             .iter()
@@ -497,7 +497,7 @@ impl ModelMetrics {
     }
 
     /// Records one request.
-    pub fn record(&self, obs: &Observation, max_gap_s: f64) {
+    pub(crate) fn record(&self, obs: &Observation, max_gap_s: f64) {
         if obs.outcome != Outcome::Completed {
             return;
         }
@@ -528,7 +528,7 @@ fn outcome_label(outcome: Outcome) -> &'static str {
 
 /// Counts one response from a backend through the registry (for responses without a model;
 /// the others count through their [`ModelMetrics`]).
-pub fn count_response(
+pub(crate) fn count_response(
     backend: &str,
     model: Option<&str>,
     class: &str,
@@ -559,32 +559,32 @@ fn responses_counter(
 }
 
 /// Counts one timeout (rare: the labels are built here).
-pub fn count_timeout(backend: &str, kind: &'static str) {
+pub(crate) fn count_timeout(backend: &str, kind: &'static str) {
     let _ = prometheus();
     counter!(TIMEOUTS, "backend" => backend.to_owned(), "kind" => kind).increment(1);
 }
 
 /// Counts one retry.
-pub fn count_retry() {
+pub(crate) fn count_retry() {
     let _ = prometheus();
     counter!(RETRIES).increment(1);
 }
 
 /// Counts one ejection (rare: the label is built here).
-pub fn count_ejection(backend: &str) {
+pub(crate) fn count_ejection(backend: &str) {
     let _ = prometheus();
     counter!(EJECTIONS, "backend" => backend.to_owned()).increment(1);
 }
 
 /// Counts one error the gateway answered itself.
-pub fn count_gateway_error(kind: crate::error::ErrorKind) {
+pub(crate) fn count_gateway_error(kind: crate::error::ErrorKind) {
     let _ = prometheus();
     counter!(GATEWAY_ERRORS, "code" => kind.code()).increment(1);
 }
 
 /// One API key's metric handles, built once so that a request costs atomic adds.
 #[derive(Debug)]
-pub struct KeyMetrics {
+pub(crate) struct KeyMetrics {
     /// Requests admitted.
     pub requests: Counter,
     /// Prompt tokens used.
@@ -602,7 +602,7 @@ pub struct KeyMetrics {
 impl KeyMetrics {
     /// The handles of the key named `key`, one refusal counter per label of `limits` (in the
     /// order [`KeyMetrics::limited`] is indexed by); they exist at zero from now.
-    pub fn new(key: &str, limits: [&'static str; 4]) -> Self {
+    pub(crate) fn new(key: &str, limits: [&'static str; 4]) -> Self {
         let _ = prometheus();
         let limited = limits.map(|limit| {
             let c = counter!(KEY_LIMITED, "key" => key.to_owned(), "limit" => limit);
@@ -622,7 +622,7 @@ impl KeyMetrics {
 
 /// The decision counters of one class (`""` for requests without one), one per reason label,
 /// built once so that a decision costs an atomic add.
-pub fn decision_counters<const N: usize>(
+pub(crate) fn decision_counters<const N: usize>(
     class: &str,
     policy: Policy,
     reasons: [&'static str; N],
@@ -638,26 +638,26 @@ pub fn decision_counters<const N: usize>(
 }
 
 /// Counts `n` curve samples shared with the other replicas in `direction`.
-pub fn count_cluster_samples(direction: &'static str, n: u64) {
+pub(crate) fn count_cluster_samples(direction: &'static str, n: u64) {
     let _ = prometheus();
     counter!(CLUSTER_SAMPLES, "direction" => direction).increment(n);
 }
 
 /// Counts one claim of a slot at a backend's edge, by its outcome.
-pub fn count_claim(outcome: &'static str) {
+pub(crate) fn count_claim(outcome: &'static str) {
     let _ = prometheus();
     counter!(CLUSTER_CLAIMS, "outcome" => outcome).increment(1);
 }
 
 /// The cluster link's state: connected or not, and how many peers publish.
-pub fn set_cluster(connected: bool, peers: usize) {
+pub(crate) fn set_cluster(connected: bool, peers: usize) {
     let _ = prometheus();
     metrics::gauge!(CLUSTER_CONNECTED).set(if connected { 1.0 } else { 0.0 });
     metrics::gauge!(CLUSTER_PEERS).set(peers as f64);
 }
 
 /// Counts one client connection failed for taking no bytes.
-pub fn count_client_write_timeout() {
+pub(crate) fn count_client_write_timeout() {
     let _ = prometheus();
     counter!(CLIENT_WRITE_TIMEOUTS).increment(1);
 }

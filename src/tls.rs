@@ -18,7 +18,10 @@ pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// A client config trusting the platform's roots (else webpki's bundle) and, if given, the
 /// certificates in `ca_file`; errors name `what` (the config field it came from).
-pub fn client_config(ca_file: Option<&Path>, what: &str) -> Result<rustls::ClientConfig, String> {
+pub(crate) fn client_config(
+    ca_file: Option<&Path>,
+    what: &str,
+) -> Result<rustls::ClientConfig, String> {
     let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     let (added, _) = roots.add_parsable_certificates(native.certs);
@@ -45,7 +48,7 @@ pub fn client_config(ca_file: Option<&Path>, what: &str) -> Result<rustls::Clien
 }
 
 /// A TLS acceptor for PEM certificate chain and key files, offering h2 and http/1.1.
-pub fn acceptor(cert_file: &Path, key_file: &Path) -> Result<TlsAcceptor, String> {
+pub(crate) fn acceptor(cert_file: &Path, key_file: &Path) -> Result<TlsAcceptor, String> {
     let certs = CertificateDer::pem_file_iter(cert_file)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("listen.tls.cert_file {}: {e}", cert_file.display()))?;

@@ -27,7 +27,7 @@ pub struct ConfigError {
 
 impl ConfigError {
     /// An error found after parsing, at a field path.
-    pub fn at(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn at(path: impl Into<String>, message: impl Into<String>) -> Self {
         Self {
             file: None,
             location: None,
@@ -39,7 +39,7 @@ impl ConfigError {
 
     /// The same error (and those it carries), attributed to `file`.
     #[must_use]
-    pub fn in_file(mut self, file: &Path) -> Self {
+    pub(crate) fn in_file(mut self, file: &Path) -> Self {
         self.file = Some(file.to_path_buf());
         self.also = std::mem::take(&mut self.also)
             .into_iter()
@@ -49,7 +49,7 @@ impl ConfigError {
     }
 
     /// How many errors this one stands for (itself and those it carries).
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         1 + self.also.len()
     }
 }
@@ -100,7 +100,7 @@ pub fn from_str<T: DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
 /// It re-reads the document with a visitor that walks down the path and fails on purpose at the
 /// target: the YAML deserializer stamps that error with the node's position, which is exactly what
 /// an error found after parsing (a duplicate name, a missing environment variable) lacks.
-pub fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
+pub(crate) fn locate(text: &str, path: &str) -> Option<(usize, usize)> {
     let segments = split_path(path);
     (0..=segments.len()).rev().find_map(|n| {
         let de = serde_yaml::Deserializer::from_str(text);

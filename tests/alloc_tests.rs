@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use tokio::time::Instant;
-use tpsgate::proxy::meter::StreamMeter;
+use tpsgate::StreamMeter;
 use tpsgate::sse::events::StreamDialect;
 use tpsgate::translate::{Direction, ResponseTranslator};
 

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt as _, Empty};
 use hyper_util::rt::TokioIo;
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tpsgate::upstream::h1::{Error, read_response};
+use tpsgate::{H1Error as Error, read_response};
 
 type Read = (response::Parts, Vec<u8>, Option<HeaderMap>);
 

@@ -4,9 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tpsgate::proxy::classify::peek;
-use tpsgate::proxy::endpoint::Endpoint;
-use tpsgate::proxy::rewrite::rewrite_body;
+use tpsgate::peek;
+use tpsgate::Endpoint;
+use tpsgate::rewrite_body;
 
 fuzz_target!(|data: &[u8]| {
     for endpoint in [

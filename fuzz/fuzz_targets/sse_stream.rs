@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use tokio::time::Instant;
-use tpsgate::proxy::meter::StreamMeter;
+use tpsgate::StreamMeter;
 use tpsgate::sse::events::StreamDialect;
 
 fuzz_target!(|data: &[u8]| {

@@ -31,7 +31,7 @@ const SLO: &str = "#ff6b6b";
 
 /// A file the curves are taken away as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// The dashboard's picture.
     Svg,
     /// The numbers.
@@ -40,7 +40,7 @@ pub enum Format {
 
 impl Format {
     /// The format an admin path asks for (`/admin/curves.svg`, `/admin/curves.csv`).
-    pub fn of_path(path: &str) -> Option<Self> {
+    pub(crate) fn of_path(path: &str) -> Option<Self> {
         match path {
             "/admin/curves.svg" => Some(Self::Svg),
             "/admin/curves.csv" => Some(Self::Csv),
@@ -49,7 +49,7 @@ impl Format {
     }
 
     /// The file, from an `/admin/curves` document.
-    pub fn render(self, doc: &Value) -> String {
+    pub(crate) fn render(self, doc: &Value) -> String {
         match self {
             Self::Svg => svg(doc),
             Self::Csv => csv(doc),
@@ -57,7 +57,7 @@ impl Format {
     }
 
     /// Its `Content-Type`.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Self::Svg => "image/svg+xml",
             Self::Csv => "text/csv; charset=utf-8",
@@ -66,7 +66,7 @@ impl Format {
 
     /// Its `Content-Disposition`: a file to keep, not a page to open in place (an SVG opened
     /// in place could run script).
-    pub fn disposition(self) -> &'static str {
+    pub(crate) fn disposition(self) -> &'static str {
         match self {
             Self::Svg => "attachment; filename=\"tpsgate-curves.svg\"",
             Self::Csv => "attachment; filename=\"tpsgate-curves.csv\"",
@@ -78,7 +78,7 @@ impl Format {
 const CSV_HEADER: &str = "backend,model,concurrency,samples,per_user_tps_p50,per_user_tps_p10,ttft_p50_s,ttft_p90_s,fit_per_user_tps,fit_ttft_s";
 
 /// The curves as CSV: each measured point with the fit's value at its concurrency.
-pub fn csv(doc: &Value) -> String {
+pub(crate) fn csv(doc: &Value) -> String {
     let mut out = String::from(CSV_HEADER);
     out.push('\n');
     for curve in curves(doc) {
@@ -107,7 +107,7 @@ pub fn csv(doc: &Value) -> String {
 /// The curves as one SVG picture: per backend and model, per-user TPS and TTFT against
 /// concurrency, with the measured points and their whiskers, the fitted line and each class's
 /// SLO, as the dashboard draws them.
-pub fn svg(doc: &Value) -> String {
+pub(crate) fn svg(doc: &Value) -> String {
     let drawn: Vec<&Value> = curves(doc).filter(|c| points(c).next().is_some()).collect();
     let width = 2.0 * W + 3.0 * PAGE_PAD;
     let card = CARD_HEAD + H + 8.0;

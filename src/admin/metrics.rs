@@ -11,7 +11,7 @@ use crate::telemetry::{
 
 /// Renders `/metrics`: refreshes the in-flight, curve, process and standing gauges (with the
 /// last reload's time and outcome, if there was one), then the exposition text.
-pub fn render(router: &Router, last_reload: Option<(u64, bool)>) -> String {
+pub(crate) fn render(router: &Router, last_reload: Option<(u64, bool)>) -> String {
     let Some(handle) = prometheus() else {
         return String::new();
     };

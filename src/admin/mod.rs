@@ -3,8 +3,8 @@
 //! `/admin/backends`, `/admin/curves`, `/admin/cluster`, `/admin/reload` and the dashboard at
 //! `/`.
 
-pub mod export;
-pub mod metrics;
+pub(crate) mod export;
+pub(crate) mod metrics;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,7 +25,7 @@ const DASHBOARD: &str = include_str!("dashboard.html");
 
 /// What the admin endpoints read.
 #[derive(Debug)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// The running config's stack and router (swapped by reloads).
     pub live: Arc<arc_swap::ArcSwap<Live>>,
     /// False once draining has begun.
@@ -104,7 +104,7 @@ fn secure(resp: &mut Response<Full<Bytes>>, page: bool) {
 }
 
 /// Answers one admin request.
-pub async fn handle<B>(
+pub(crate) async fn handle<B>(
     state: Arc<AdminState>,
     req: Request<B>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {

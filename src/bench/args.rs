@@ -12,7 +12,7 @@ use crate::console::say;
 
 /// `tpsgate bench` arguments.
 #[derive(Debug, Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Server root, e.g. http://127.0.0.1:8080 (bench appends /v1/...).
     #[arg(long)]
     pub url: String,
@@ -235,7 +235,7 @@ fn mix_arms(
     Ok(arms)
 }
 
-pub async fn run(args: BenchArgs) -> Result<(), String> {
+pub(crate) async fn run(args: BenchArgs) -> Result<(), String> {
     let spec = args.request_spec()?;
     let mix = args.mix()?;
     if args.concurrency.contains(&0) {

@@ -91,7 +91,7 @@ impl RequestSpec {
 
     /// The same request asking for one JSON response instead of a stream.
     #[must_use]
-    pub fn unstreamed(&self) -> Self {
+    pub(crate) fn unstreamed(&self) -> Self {
         Self {
             stream: false,
             ..self.clone()
@@ -107,7 +107,7 @@ impl RequestSpec {
 
     /// The same request with `prompt` and `max_tokens` of output.
     #[must_use]
-    pub fn with_shape(&self, prompt: Prompt, max_tokens: u32) -> Self {
+    pub(crate) fn with_shape(&self, prompt: Prompt, max_tokens: u32) -> Self {
         let (system, turns) = match &prompt {
             Prompt::Words(n) => (None, vec!["word".repeat(*n as usize)]),
             Prompt::Text(text) => (None, vec![text.to_string()]),
@@ -148,7 +148,7 @@ impl RequestSpec {
     }
 
     /// The prompt's size in tokens, as sent (a text's estimated at 4 bytes a token).
-    pub fn prompt_tokens(&self) -> u32 {
+    pub(crate) fn prompt_tokens(&self) -> u32 {
         let bytes = match &self.prompt {
             Prompt::Words(n) => return *n,
             Prompt::Text(text) => text.len(),
@@ -164,7 +164,7 @@ impl RequestSpec {
     /// long; a placeholder of that length, since what a prefix cache sees is that the next
     /// turn re-sends the same bytes), and `question`.
     #[must_use]
-    pub fn next_turn(&self, reply_tokens: u32, question: String) -> Self {
+    pub(crate) fn next_turn(&self, reply_tokens: u32, question: String) -> Self {
         let (system, mut turns) = match &self.prompt {
             Prompt::Chat { system, turns } => (system.clone(), turns.to_vec()),
             Prompt::Words(n) => (None, vec![Arc::from("word".repeat(*n as usize))]),
@@ -236,7 +236,7 @@ pub struct Measurement {
 
 impl Measurement {
     /// Time per output token after the first, seconds; needs two content events.
-    pub fn tpot(&self) -> Option<f64> {
+    pub(crate) fn tpot(&self) -> Option<f64> {
         if self.error.is_some() {
             return None;
         }

@@ -22,7 +22,7 @@ const WORDS: [&str; 16] = [
 ];
 
 /// `tokens` words drawn from `rng`.
-pub fn words(tokens: u32, rng: &mut SmallRng) -> String {
+pub(crate) fn words(tokens: u32, rng: &mut SmallRng) -> String {
     (0..tokens)
         .map(|_| WORDS[rng.random_range(0..WORDS.len())])
         .collect()
@@ -46,7 +46,7 @@ pub struct SharedPrefix {
 
 impl SharedPrefix {
     /// The group of the next request.
-    pub fn group(&self, rng: &mut SmallRng) -> usize {
+    pub(crate) fn group(&self, rng: &mut SmallRng) -> usize {
         match self.hot {
             Some(hot) if rng.random::<f64>() < hot => 0,
             Some(_) if self.groups > 1 => rng.random_range(1..self.groups as usize),
@@ -55,7 +55,7 @@ impl SharedPrefix {
     }
 
     /// The system prompt of `group`.
-    pub fn system(&self, group: usize) -> Arc<str> {
+    pub(crate) fn system(&self, group: usize) -> Arc<str> {
         Arc::clone(&self.systems[group % self.systems.len()])
     }
 }

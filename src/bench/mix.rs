@@ -46,7 +46,7 @@ const LENGTHS_FORMS: &str =
 
 impl Lengths {
     /// One length.
-    pub fn draw(&self, rng: &mut SmallRng) -> u32 {
+    pub(crate) fn draw(&self, rng: &mut SmallRng) -> u32 {
         match *self {
             Self::Fixed(n) => n,
             Self::Uniform { min, max } => rng.random_range(min..=max),
@@ -63,7 +63,7 @@ impl Lengths {
     }
 
     /// The typical length: the fixed one, or the distribution's middle.
-    pub fn typical(&self) -> u32 {
+    pub(crate) fn typical(&self) -> u32 {
         match *self {
             Self::Fixed(n) => n,
             Self::Uniform { min, max } => min + (max - min) / 2,
@@ -172,7 +172,7 @@ impl Mix {
     }
 
     /// Whether every request is the same (nothing to draw).
-    pub fn is_fixed(&self) -> bool {
+    pub(crate) fn is_fixed(&self) -> bool {
         self.prompts.is_none()
             && self.shared.is_none()
             && self.prompt.is_fixed()
@@ -181,7 +181,7 @@ impl Mix {
 
     /// The same mix with every output `max_tokens` long.
     #[must_use]
-    pub fn with_output(&self, max_tokens: u32) -> Self {
+    pub(crate) fn with_output(&self, max_tokens: u32) -> Self {
         Self {
             output: Lengths::Fixed(max_tokens),
             ..self.clone()
@@ -189,7 +189,7 @@ impl Mix {
     }
 
     /// `spec` reshaped into the next request of the mix.
-    pub fn draw(&self, spec: &RequestSpec, rng: &mut SmallRng) -> RequestSpec {
+    pub(crate) fn draw(&self, spec: &RequestSpec, rng: &mut SmallRng) -> RequestSpec {
         if self.is_fixed() {
             return spec.clone();
         }
@@ -231,7 +231,7 @@ impl fmt::Display for Mix {
 /// Each record gives its first user turn: `conversations: [{from: human|user, value}]`
 /// (ShareGPT), `messages: [{role: user, content}]` (OpenAI), or `prompt`. Records without one
 /// are skipped; a file without any is an error.
-pub fn load_prompts(file: &Path) -> Result<Arc<[Arc<str>]>, String> {
+pub(crate) fn load_prompts(file: &Path) -> Result<Arc<[Arc<str>]>, String> {
     let name = file.display();
     let text =
         std::fs::read_to_string(file).map_err(|e| format!("--prompts {name}: cannot read: {e}"))?;

@@ -15,12 +15,12 @@
 //! the number of such requests per second of wall time (first arrival to last completion).
 //! Per-request definitions are in [`client`].
 
-pub mod args;
+pub(crate) mod args;
 pub mod client;
-pub mod conversation;
-pub mod mix;
-pub mod stats;
-pub mod trace;
+pub(crate) mod conversation;
+pub(crate) mod mix;
+pub(crate) mod stats;
+pub(crate) mod trace;
 
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-pub use args::{BenchArgs, run};
+pub(crate) use args::{BenchArgs, run};
 pub use client::{BenchDialect, HttpClient, Measurement, Prompt, RequestSpec, http_client};
 pub use mix::{Lengths, Mix};
 pub use stats::{BenchSlo, LevelReport};
@@ -155,7 +155,7 @@ pub async fn closed_loop(
 
 /// One kind of request in an open-loop mix.
 #[derive(Debug, Clone)]
-pub struct Arm {
+pub(crate) struct Arm {
     /// The class it is sent as (`x-tpsgate-class`), if any.
     pub class: Option<String>,
     /// The request.
@@ -172,7 +172,7 @@ pub struct Arm {
 /// then waits for them all; one report per arm. The same `seed` draws the same sequence of arms
 /// and the same arrival times (scaled by the rate), and each arm's mix the same requests, so
 /// that policies compared side by side are offered identical work.
-pub async fn open_loop(
+pub(crate) async fn open_loop(
     client: &HttpClient,
     arms: &[Arm],
     rate: f64,
@@ -280,7 +280,7 @@ pub async fn open_loop(
 }
 
 /// A progress bar on stderr (hidden when stderr is not a terminal).
-pub fn progress_bar(len: u64, label: String) -> ProgressBar {
+pub(crate) fn progress_bar(len: u64, label: String) -> ProgressBar {
     let bar = ProgressBar::new(len);
     if let Ok(style) = ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} {elapsed}")
     {
@@ -291,10 +291,10 @@ pub fn progress_bar(len: u64, label: String) -> ProgressBar {
 }
 
 /// The human table's header line.
-pub const TABLE_HEADER: &str = "level        reqs  err  ttft_p50  ttft_p90  ttft_p99 | tps_p10  tps_p50  tps_p90 | sys_tps  gap_p99   slo_ok  goodput   cached";
+pub(crate) const TABLE_HEADER: &str = "level        reqs  err  ttft_p50  ttft_p90  ttft_p99 | tps_p10  tps_p50  tps_p90 | sys_tps  gap_p99   slo_ok  goodput   cached";
 
 /// One row of the human table.
-pub fn table_row(r: &LevelReport) -> String {
+pub(crate) fn table_row(r: &LevelReport) -> String {
     let level = match (r.concurrency, r.rate_rps, r.window_s) {
         (Some(c), _, _) => format!("c={c}"),
         (None, Some(rate), _) => format!("{rate}/s"),

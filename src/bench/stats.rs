@@ -6,7 +6,7 @@ use super::client::Measurement;
 
 /// The `q` quantile (0..=1) of `values`, linearly interpolated between order statistics (numpy's
 /// default). `None` when there are no values.
-pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
+pub(crate) fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
@@ -28,7 +28,7 @@ pub struct BenchSlo {
 
 impl BenchSlo {
     /// Whether a sample met both targets.
-    pub fn met(&self, s: &Measurement) -> bool {
+    pub(crate) fn met(&self, s: &Measurement) -> bool {
         s.error.is_none()
             && s.ttft.is_some_and(|t| t <= self.ttft_s)
             && s.per_user_tps().is_some_and(|tps| tps >= self.tps)
@@ -116,7 +116,7 @@ pub struct LevelReport {
 
 impl LevelReport {
     /// Summarises `samples`; `system_tps` is computed by the caller, who knows the load shape.
-    pub fn from_samples(samples: &[Measurement], system_tps: f64) -> Self {
+    pub(crate) fn from_samples(samples: &[Measurement], system_tps: f64) -> Self {
         let ok = || samples.iter().filter(|s| s.error.is_none());
         let mut ttft: Vec<f64> = ok().filter_map(|s| s.ttft).collect();
         let mut tps: Vec<f64> = ok().filter_map(Measurement::per_user_tps).collect();

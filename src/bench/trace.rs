@@ -30,11 +30,11 @@ use super::client::{HttpClient, Measurement, Prompt, RequestSpec};
 use super::stats::{BenchSlo, LevelReport};
 
 /// Tokens per block of a Mooncake trace's `hash_ids`.
-pub const MOONCAKE_BLOCK_TOKENS: f64 = 512.0;
+pub(crate) const MOONCAKE_BLOCK_TOKENS: f64 = 512.0;
 
 /// One recorded request.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TraceRequest {
+pub(crate) struct TraceRequest {
     /// When it arrived, seconds after the trace's first request.
     pub at_s: f64,
     /// Prompt tokens.
@@ -47,7 +47,7 @@ pub struct TraceRequest {
 
 /// How a replay stretches the trace.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Scale {
+pub(crate) struct Scale {
     /// Arrival times are multiplied by this (0.5: twice as fast).
     pub time: f64,
     /// Prompt and output lengths, and the block size, are multiplied by this.
@@ -65,14 +65,14 @@ struct MooncakeLine {
 }
 
 /// Reads a trace; an error names the file, the line and what is wrong with it.
-pub fn load(path: &Path) -> Result<Vec<TraceRequest>, String> {
+pub(crate) fn load(path: &Path) -> Result<Vec<TraceRequest>, String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("--trace {}: {e}", path.display()))?;
     parse(&text).map_err(|(line, why)| format!("{}:{line}: {why}", path.display()))
 }
 
 /// Parses a trace's text; on a bad line, its number (from 1) and why.
-pub fn parse(text: &str) -> Result<Vec<TraceRequest>, (usize, String)> {
+pub(crate) fn parse(text: &str) -> Result<Vec<TraceRequest>, (usize, String)> {
     let mut lines = text
         .lines()
         .enumerate()
@@ -201,7 +201,7 @@ impl Scale {
 /// The prompt of request `index` of a trace: its blocks' texts, each of a block's tokens (four
 /// bytes a token) and drawn from its id alone, cut to its scaled length; without ids, a text of
 /// its own from the first byte.
-pub fn prompt_of(request: &TraceRequest, index: usize, scale: Scale) -> String {
+pub(crate) fn prompt_of(request: &TraceRequest, index: usize, scale: Scale) -> String {
     let bytes = 4 * scale.tokens(request.input_tokens) as usize;
     let block_bytes = 4 * ((MOONCAKE_BLOCK_TOKENS * scale.tokens).round() as usize).max(1);
     let mut text = String::with_capacity(bytes + block_bytes);
@@ -229,7 +229,7 @@ fn repeat_until(text: &mut String, word: &str, len: usize) {
 
 /// A replay: which requests, how stretched, how scored.
 #[derive(Debug, Clone, Copy)]
-pub struct Replay<'a> {
+pub(crate) struct Replay<'a> {
     /// The trace.
     pub requests: &'a [TraceRequest],
     /// How its times and lengths are stretched.
@@ -247,7 +247,7 @@ pub struct Replay<'a> {
 /// Sends every request of the replay at its scaled time, each shaped from `spec` with its
 /// prompt and output length, then scores them: one report per window of arrivals (its
 /// `window_s` set), then one for the whole replay.
-pub async fn replay(
+pub(crate) async fn replay(
     client: &HttpClient,
     spec: &RequestSpec,
     replay: &Replay<'_>,

@@ -25,7 +25,7 @@ use crate::curve::{LocalLoad, Outcome};
 
 /// `tpsgate replicas` arguments.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ReplicasArgs {
+pub(crate) struct ReplicasArgs {
     /// The Redis URL.
     #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
     pub redis_url: String,
@@ -72,7 +72,7 @@ pub struct ReplicasArgs {
 
 /// What `tpsgate replicas` reports (JSON).
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Emulated replicas, backends, interval.
     pub replicas: usize,
     /// See `replicas`.
@@ -114,7 +114,7 @@ pub struct Report {
 }
 
 /// Runs the emulated replicas; the report.
-pub async fn run(args: ReplicasArgs) -> Result<Report, String> {
+pub(crate) async fn run(args: ReplicasArgs) -> Result<Report, String> {
     if args.replicas == 0 || args.backends.is_empty() || args.connections == 0 {
         return Err("--replicas, --backends and --connections need at least one".to_owned());
     }

@@ -34,14 +34,14 @@
 
 mod api_keys;
 mod client;
-pub mod emulate;
+pub(crate) mod emulate;
 mod redis_keys;
 mod round;
 mod status;
 mod sums;
 mod sync_task;
 mod thin;
-pub mod wire;
+pub(crate) mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,13 +52,13 @@ use tokio::sync::watch;
 use crate::config::ClusterConfig;
 use crate::fleet::Inbox;
 use crate::live::Live;
-pub use redis_keys::RedisKeys;
-pub use status::{PeerInfo, Status, StatusReport};
+pub(crate) use redis_keys::RedisKeys;
+pub(crate) use status::Status;
 use sync_task::SyncTask;
 
 /// A running cluster link: the status, and the task that syncs until stopped.
 #[derive(Debug)]
-pub struct Cluster {
+pub(crate) struct Cluster {
     /// What it shows.
     pub status: Arc<Status>,
     /// The sync task.
@@ -67,7 +67,7 @@ pub struct Cluster {
 
 /// Starts syncing the backends of `live` with the other replicas through the Redis of
 /// `config`, until `stop` says so; `inbox` is where the backends' samples arrive.
-pub fn start(
+pub(crate) fn start(
     config: &ClusterConfig,
     live: Arc<ArcSwap<Live>>,
     inbox: Inbox,

@@ -3,7 +3,7 @@
 
 /// The names of one fleet's keys in Redis (not API keys: those are [`super::api_keys`]).
 #[derive(Debug, Clone)]
-pub struct RedisKeys {
+pub(crate) struct RedisKeys {
     pub(super) prefix: String,
     pub(super) sums: String,
     pub(super) leases: String,
@@ -13,7 +13,7 @@ pub struct RedisKeys {
 
 impl RedisKeys {
     /// The keys under `prefix`.
-    pub fn new(prefix: &str) -> Self {
+    pub(crate) fn new(prefix: &str) -> Self {
         Self {
             prefix: prefix.to_owned(),
             sums: format!("{{{prefix}}}:sums"),

@@ -11,7 +11,7 @@ use crate::config::{ClusterConfig, without_password};
 
 /// What the admin plane and the metrics show of the cluster.
 #[derive(Debug)]
-pub struct Status {
+pub(crate) struct Status {
     replica: String,
     pub(super) redis: String,
     key_prefix: String,
@@ -36,7 +36,7 @@ pub(super) struct View {
 
 /// A peer, as `/admin/cluster` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct PeerInfo {
+pub(crate) struct PeerInfo {
     /// Its replica id.
     pub replica: String,
     /// Seconds since its last round got through.
@@ -45,7 +45,7 @@ pub struct PeerInfo {
 
 /// `/admin/cluster`.
 #[derive(Debug, Serialize)]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     /// This replica's id.
     pub replica: String,
     /// The Redis URL, password removed.
@@ -92,7 +92,7 @@ impl Status {
     }
 
     /// What `/admin/cluster` answers.
-    pub fn report(&self) -> StatusReport {
+    pub(crate) fn report(&self) -> StatusReport {
         let view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
         StatusReport {
             replica: self.replica.clone(),
@@ -112,13 +112,7 @@ impl Status {
     }
 
     /// Whether the last round trip got through.
-    pub fn connected(&self) -> bool {
+    pub(crate) fn connected(&self) -> bool {
         self.connected.load(Ordering::Relaxed)
-    }
-
-    /// Live peers.
-    pub fn peers(&self) -> usize {
-        let view = self.view.lock().unwrap_or_else(PoisonError::into_inner);
-        usize::try_from(view.replicas.saturating_sub(1)).unwrap_or(usize::MAX)
     }
 }

@@ -17,7 +17,7 @@ use crate::fleet::Learned;
 /// coarse block hashes ([`crate::prefix::coarse`]) and its hint. The hashes are already
 /// seeded by the model, so no model travels.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RoutedPrompt {
+pub(crate) struct RoutedPrompt {
     /// Backend name.
     #[serde(rename = "b")]
     pub backend: String,
@@ -31,7 +31,7 @@ pub struct RoutedPrompt {
 
 /// One curve sample, as it travels.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SharedSample {
+pub(crate) struct SharedSample {
     /// Backend name.
     #[serde(rename = "b")]
     pub backend: String,
@@ -49,7 +49,7 @@ pub struct SharedSample {
 /// A first token or a request's end.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "k")]
-pub enum SampleBody {
+pub(crate) enum SampleBody {
     /// [`FirstToken`] without its instant.
     #[serde(rename = "t")]
     FirstToken {
@@ -93,7 +93,7 @@ pub enum SampleBody {
 /// What a replica noted of a backend's health: ejected or cooling until these Unix
 /// milliseconds (0: not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct HealthNote {
+pub(crate) struct HealthNote {
     /// End of an ejection after upstream failures.
     #[serde(rename = "e", default)]
     pub ejected_until_ms: u64,
@@ -106,14 +106,14 @@ pub struct HealthNote {
 /// instant into Unix milliseconds and back (peers' clocks are assumed in step, as NTP keeps
 /// them, to within a few milliseconds).
 #[derive(Debug, Clone, Copy)]
-pub struct Clock {
+pub(crate) struct Clock {
     now: Instant,
     wall_ms: u64,
 }
 
 impl Clock {
     /// The clocks now.
-    pub fn read() -> Self {
+    pub(crate) fn read() -> Self {
         let wall_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -123,18 +123,19 @@ impl Clock {
         }
     }
 
+    #[cfg(test)]
     /// The pair given (for tests).
-    pub const fn at(now: Instant, wall_ms: u64) -> Self {
+    pub(crate) const fn at(now: Instant, wall_ms: u64) -> Self {
         Self { now, wall_ms }
     }
 
     /// The local instant of the clock's reading.
-    pub const fn now(&self) -> Instant {
+    pub(crate) const fn now(&self) -> Instant {
         self.now
     }
 
     /// `at` in Unix milliseconds.
-    pub fn wall(&self, at: Instant) -> u64 {
+    pub(crate) fn wall(&self, at: Instant) -> u64 {
         let ago = u64::try_from(self.now.saturating_duration_since(at).as_millis()).unwrap_or(0);
         let ahead = u64::try_from(at.saturating_duration_since(self.now).as_millis()).unwrap_or(0);
         self.wall_ms.saturating_sub(ago).saturating_add(ahead)
@@ -142,14 +143,14 @@ impl Clock {
 
     /// Unix milliseconds `wall_ms` as an instant of this process; one in the future is now (a
     /// sample cannot be from later than its arrival), one before the process began is `None`.
-    pub fn local(&self, wall_ms: u64) -> Option<Instant> {
+    pub(crate) fn local(&self, wall_ms: u64) -> Option<Instant> {
         self.now
             .checked_sub(Duration::from_millis(self.wall_ms.saturating_sub(wall_ms)))
     }
 
     /// Unix milliseconds `wall_ms` as an instant of this process, future ones kept (the end of
     /// an ejection); `None` when already past.
-    pub fn until(&self, wall_ms: u64) -> Option<Instant> {
+    pub(crate) fn until(&self, wall_ms: u64) -> Option<Instant> {
         (wall_ms > self.wall_ms).then(|| self.now + Duration::from_millis(wall_ms - self.wall_ms))
     }
 }
@@ -160,7 +161,7 @@ fn is_zero(n: &u32) -> bool {
 
 impl SharedSample {
     /// A sample of `backend` for `model`, its instant read against `clock`.
-    pub fn new(backend: &str, model: &str, learned: &Learned, clock: &Clock) -> Self {
+    pub(crate) fn new(backend: &str, model: &str, learned: &Learned, clock: &Clock) -> Self {
         let (at, body) = match learned {
             Learned::FirstToken(t) => (
                 t.at,
@@ -194,7 +195,7 @@ impl SharedSample {
 
     /// What it teaches, dated in this process's time; `None` for a sample older than the
     /// process.
-    pub fn learned(&self, clock: &Clock) -> Option<Learned> {
+    pub(crate) fn learned(&self, clock: &Clock) -> Option<Learned> {
         let at = clock.local(self.wall_ms)?;
         Some(match self.body {
             SampleBody::FirstToken {

@@ -2,8 +2,8 @@
 //! [`Config`]. There is one way in — [`load`] — and a config is either entirely valid or rejected
 //! with an error naming the file, line, column, field path and the fix.
 
-pub mod raw;
-pub mod slo;
+pub(crate) mod raw;
+pub(crate) mod slo;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -16,10 +16,10 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, Uri};
 
 pub use raw::{BackendDialect, BudgetPeriod, OnMiss, Policy};
-pub use slo::Slo;
-pub use validate::{validate, without_password};
+pub(crate) use slo::Slo;
+pub(crate) use validate::{validate, without_password};
 
-pub use crate::curve::PriorPoint;
+pub(crate) use crate::curve::PriorPoint;
 use crate::yaml::{self, ConfigError};
 
 /// A validated gateway config.
@@ -69,7 +69,7 @@ impl Config {
     /// address): each half gets a curve and an in-flight count of its own, so neither tells
     /// the router what the engine carries. Declared once, its clients of the other dialect
     /// reach it translated.
-    pub fn engines_declared_twice(&self) -> Vec<(&str, &str)> {
+    pub(crate) fn engines_declared_twice(&self) -> Vec<(&str, &str)> {
         let mut pairs = Vec::new();
         for (i, a) in self.backends.iter().enumerate() {
             for b in &self.backends[i + 1..] {
@@ -164,12 +164,12 @@ pub struct Secret(String);
 
 impl Secret {
     /// Wraps a secret value.
-    pub fn new(value: String) -> Self {
+    pub(crate) fn new(value: String) -> Self {
         Self(value)
     }
 
     /// The value, for the one place that sends it.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -197,7 +197,7 @@ pub struct ModelMap {
 
 impl ModelMap {
     /// The upstream name for a client's model, if this backend serves it.
-    pub fn upstream<'a>(&'a self, client: &'a str) -> Option<&'a str> {
+    pub(crate) fn upstream<'a>(&'a self, client: &'a str) -> Option<&'a str> {
         match self.aliases.get(client) {
             Some(upstream) => Some(upstream),
             None => self.passthrough.then_some(client),
@@ -368,12 +368,7 @@ pub struct KeyLimits {
     pub budget: Option<Budget>,
 }
 
-impl KeyLimits {
-    /// No limit of any kind.
-    pub fn is_empty(&self) -> bool {
-        *self == Self::default()
-    }
-}
+impl KeyLimits {}
 
 /// A spend budget: US dollars per calendar period (UTC).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -421,7 +416,7 @@ pub struct PrefixRouting {
 
 impl PrefixRouting {
     /// Request bytes per block ([`crate::prefix::Chain`] cuts bytes; a token is taken as 4).
-    pub fn block_bytes(&self) -> usize {
+    pub(crate) fn block_bytes(&self) -> usize {
         self.block_tokens as usize * 4
     }
 }
@@ -439,12 +434,15 @@ pub struct PrefixIndexSize {
 
 /// Reads, parses and validates a config file, reading API keys from the process environment.
 /// Relative paths in it (`prior.bench_file`) are relative to the file's directory.
-pub fn load(file: &Path) -> Result<Config, ConfigError> {
+pub(crate) fn load(file: &Path) -> Result<Config, ConfigError> {
     load_with(file, |name| std::env::var(name).ok())
 }
 
 /// [`load`], with `env` looking up environment variables.
-pub fn load_with(file: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+pub(crate) fn load_with(
+    file: &Path,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(file)
         .map_err(|err| ConfigError::at("", format!("cannot read the file: {err}")).in_file(file))?;
     let dir = file.parent().unwrap_or_else(|| Path::new("."));

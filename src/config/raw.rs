@@ -9,7 +9,7 @@ use serde::Deserialize;
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawConfig {
+pub(crate) struct RawConfig {
     /// Client-facing listener.
     #[serde(default)]
     pub listen: RawListen,
@@ -62,7 +62,7 @@ pub struct RawConfig {
 /// `prefix_cache:`.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawPrefixCache {
+pub(crate) struct RawPrefixCache {
     /// Keep the index and route by it; default true.
     pub enabled: bool,
     /// Tokens per indexed block (a token taken as 4 bytes of the request); default 64.
@@ -91,7 +91,7 @@ impl Default for RawPrefixCache {
 /// `tracing:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawTracing {
+pub(crate) struct RawTracing {
     /// Where spans go: an OTLP/HTTP traces endpoint, e.g.
     /// `http://otel-collector:4318/v1/traces` (protobuf).
     pub otlp_endpoint: String,
@@ -115,7 +115,7 @@ fn default_sample_ratio() -> f64 {
 /// `resolver:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawResolver {
+pub(crate) struct RawResolver {
     /// Nameservers to ask, `IP:PORT` (port 53 when left out), in order.
     pub nameservers: Vec<String>,
     /// How long one query may take, ms; default 2000.
@@ -130,7 +130,7 @@ fn default_resolver_timeout_ms() -> u64 {
 /// How a backend's addresses are found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum RawDiscovery {
+pub(crate) enum RawDiscovery {
     /// Every address the URL's host resolves to is a backend of its own.
     Dns,
 }
@@ -138,7 +138,7 @@ pub enum RawDiscovery {
 /// `cluster:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawCluster {
+pub(crate) struct RawCluster {
     /// `redis://HOST:PORT/DB` or `rediss://...` (TLS).
     pub redis_url: String,
     /// Environment variable holding the Redis password (instead of one in the URL).
@@ -171,7 +171,7 @@ fn default_sync_interval_ms() -> u64 {
 /// `curves:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawCurves {
+pub(crate) struct RawCurves {
     /// An observation's weight halves every this many seconds; default 300.
     pub half_life_s: f64,
 }
@@ -185,7 +185,7 @@ impl Default for RawCurves {
 /// `listen:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawListen {
+pub(crate) struct RawListen {
     /// `IP:port`; default `127.0.0.1:8080`.
     #[serde(default = "default_listen")]
     pub address: String,
@@ -210,7 +210,7 @@ fn default_listen() -> String {
 /// `listen.tls:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawTls {
+pub(crate) struct RawTls {
     /// PEM certificate chain.
     pub cert_file: PathBuf,
     /// PEM private key.
@@ -220,7 +220,7 @@ pub struct RawTls {
 /// `admin:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawAdmin {
+pub(crate) struct RawAdmin {
     /// `IP:port`; default `127.0.0.1:9090` (loopback: the admin plane is not for the internet).
     #[serde(default = "default_admin")]
     pub listen: String,
@@ -250,7 +250,7 @@ fn default_admin() -> String {
 /// `limits:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawLimits {
+pub(crate) struct RawLimits {
     /// Largest request body, bytes; default 4 MiB.
     pub max_body_bytes: u64,
     /// How long a client may take to send its request headers, seconds; default 10.
@@ -303,7 +303,7 @@ pub enum BackendDialect {
 /// One `backends[]` entry.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawBackend {
+pub(crate) struct RawBackend {
     /// Unique name, used in metrics, logs and `x-tpsgate-backend`.
     pub name: String,
     /// Base URL, `http://` or `https://`, e.g. `http://10.0.0.5:8000`; a path prefix is kept.
@@ -399,7 +399,7 @@ pub struct RawBackend {
 /// `backends[].ejection`.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawEjection {
+pub(crate) struct RawEjection {
     /// Upstream failures in a row (connect errors, 5xx, broken streams) that eject; default 3.
     pub after_failures: u32,
     /// First ejection, ms; doubled after each failed probe; default 5000.
@@ -421,7 +421,7 @@ impl Default for RawEjection {
 /// `backends[].prior`: exactly one of `points`, `fit` or `bench_file`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPrior {
+pub(crate) struct RawPrior {
     /// Measured or published points.
     #[serde(default)]
     pub points: Option<Vec<RawPriorPoint>>,
@@ -436,7 +436,7 @@ pub struct RawPrior {
 /// `backends[].prior.points[]`.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPriorPoint {
+pub(crate) struct RawPriorPoint {
     /// Requests in flight.
     pub concurrency: f64,
     /// Per-user tokens per second there.
@@ -449,7 +449,7 @@ pub struct RawPriorPoint {
 /// ttft_per_seq_ms x c.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawPriorFit {
+pub(crate) struct RawPriorFit {
     /// Time per output token of a lone request, ms.
     pub tpot_base_ms: f64,
     /// Added per concurrent request, ms.
@@ -497,7 +497,7 @@ fn default_connect_timeout_ms() -> u64 {
 /// `backends[].cost`.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawCost {
+pub(crate) struct RawCost {
     /// USD per million input tokens.
     pub input_per_1m: f64,
     /// USD per million output tokens.
@@ -508,7 +508,7 @@ pub struct RawCost {
 /// how to route and what to do when no backend can meet the SLO.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawClass {
+pub(crate) struct RawClass {
     /// Name, as sent in `x-tpsgate-class`.
     pub name: String,
     /// Smallest acceptable per-user tokens per second.
@@ -597,7 +597,7 @@ pub enum OnMiss {
 /// class in `x-tpsgate-class`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRouteRule {
+pub(crate) struct RawRouteRule {
     /// Exact request path, e.g. `/v1/completions`.
     #[serde(default)]
     pub path: Option<String>,
@@ -620,7 +620,7 @@ pub struct RawRouteRule {
 /// `cors:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawCors {
+pub(crate) struct RawCors {
     /// Origins allowed (`https://app.example.com`), or `["*"]` for any.
     pub allowed_origins: Vec<String>,
     /// How long a browser may keep a preflight's answer, seconds; default 600.
@@ -635,7 +635,7 @@ fn default_cors_max_age_s() -> u64 {
 /// One `api_keys[]` entry.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawApiKey {
+pub(crate) struct RawApiKey {
     /// Environment variable holding the key (read at start-up).
     pub key_env: String,
     /// Class of this key's requests when neither the header nor a route rule gives one.
@@ -667,7 +667,7 @@ fn one() -> f64 {
 /// `api_keys[].limits`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawKeyLimits {
+pub(crate) struct RawKeyLimits {
     /// Requests per minute.
     pub requests_per_minute: Option<u64>,
     /// Tokens (prompt and output) per minute.
@@ -683,7 +683,7 @@ pub struct RawKeyLimits {
 /// `routing:`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawRouting {
+pub(crate) struct RawRouting {
     /// Policy of classes that name none, and of requests without a class; default `headroom`.
     pub policy: Policy,
     /// Share of requests that may try a backend at a concurrency its curve has not seen;
@@ -713,7 +713,7 @@ impl Default for RawRouting {
 /// `routing.oracle:`.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RawOracle {
+pub(crate) struct RawOracle {
     /// Prompt tokens; default 64.
     pub prompt_tokens: u32,
     /// Output tokens; default 128.

@@ -22,12 +22,12 @@ pub struct Slo {
 
 impl Slo {
     /// Neither target is set: the request wants throughput, not latency.
-    pub fn is_batch(&self) -> bool {
+    pub(crate) fn is_batch(&self) -> bool {
         self.min_tps.is_none() && self.max_ttft_s.is_none()
     }
 
     /// The predicted per-user TPS at this SLO's percentile.
-    pub fn tps(&self, p: &Prediction) -> f64 {
+    pub(crate) fn tps(&self, p: &Prediction) -> f64 {
         if self.tps_percentile >= 90 {
             p.per_user_tps_p10
         } else {
@@ -36,7 +36,7 @@ impl Slo {
     }
 
     /// The predicted TTFT at this SLO's percentile, seconds.
-    pub fn ttft(&self, p: &Prediction) -> f64 {
+    pub(crate) fn ttft(&self, p: &Prediction) -> f64 {
         if self.ttft_percentile >= 90 {
             p.ttft_p90_s
         } else {
@@ -47,7 +47,7 @@ impl Slo {
     /// How far a prediction is inside the SLO, as the smaller relative margin of its targets:
     /// 0.2 means 20% to spare on the tighter target, negative means a predicted miss by that
     /// share. A batch SLO has infinite slack.
-    pub fn slack(&self, p: &Prediction) -> f64 {
+    pub(crate) fn slack(&self, p: &Prediction) -> f64 {
         let tps = self
             .min_tps
             .map_or(f64::INFINITY, |min| (self.tps(p) - min) / min);
@@ -64,7 +64,7 @@ impl Slo {
 
     /// Whether the speed target holds (TTFT aside): what requests already decoding on a
     /// backend care about when one more joins.
-    pub fn speed_holds(&self, p: &Prediction) -> bool {
+    pub(crate) fn speed_holds(&self, p: &Prediction) -> bool {
         self.min_tps.is_none_or(|min| self.tps(p) >= min)
     }
 
@@ -72,7 +72,7 @@ impl Slo {
     /// from 1 and stopping at the first miss (a curve past its knee does not come back) or
     /// where the prediction goes beyond the curve's evidence (admission does not trust it there
     /// either); 0 when even a lone request misses.
-    pub fn derived_cap(&self, limit: u32, predict: impl Fn(f64) -> Prediction) -> u32 {
+    pub(crate) fn derived_cap(&self, limit: u32, predict: impl Fn(f64) -> Prediction) -> u32 {
         let mut cap = 0;
         for n in 1..=limit {
             let p = predict(f64::from(n));

@@ -8,7 +8,9 @@
 /// Solves the weighted least-squares problem `min Σ w (y - x·β)²` for up to three parameters by
 /// Gaussian elimination on the normal equations. `None` when they are singular (the data cannot
 /// tell the parameters apart, e.g. every x the same).
-pub fn wls<const N: usize>(rows: impl Iterator<Item = ([f64; N], f64, f64)>) -> Option<[f64; N]> {
+pub(crate) fn wls<const N: usize>(
+    rows: impl Iterator<Item = ([f64; N], f64, f64)>,
+) -> Option<[f64; N]> {
     let mut a = [[0.0; N]; N];
     let mut b = [0.0; N];
     for (x, y, w) in rows {
@@ -24,7 +26,7 @@ pub fn wls<const N: usize>(rows: impl Iterator<Item = ([f64; N], f64, f64)>) -> 
 
 /// Solves the normal equations `a·β = b` (`a = Σ w·x·xᵀ`, `b = Σ w·x·y`), summed elsewhere;
 /// `None` when they are singular.
-pub fn solve<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
+pub(crate) fn solve<const N: usize>(mut a: [[f64; N]; N], mut b: [f64; N]) -> Option<[f64; N]> {
     // A column's own scale before elimination: what is left of it once the columns before it
     // are taken out is compared with that, so that a column that is a multiple of another
     // (every sample at one occupancy) is found singular rather than solved in rounding noise.

@@ -6,12 +6,12 @@
 //! fits TPOT(c) = a + b·c and TTFT(c, P) = t0 + t1·(c − 1) + P/r ([`fit`]; c − 1 requests ahead); [`Curve::predict`] answers
 //! from a bucket with enough evidence, else from the fit, with a confidence.
 
-pub mod fit;
-pub mod model;
-pub mod observation;
-pub mod occupancy;
-pub mod spread;
-pub mod window;
+pub(crate) mod fit;
+pub(crate) mod model;
+pub(crate) mod observation;
+pub(crate) mod occupancy;
+pub(crate) mod spread;
+pub(crate) mod window;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,15 +19,15 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-pub use model::{Model, Prediction};
+pub(crate) use model::{Model, Prediction};
 pub use observation::{Observation, Outcome};
-pub use occupancy::{Admitted, LocalLoad, Occupancy, PeerLoad, Reading};
-pub use spread::Spread;
+pub(crate) use occupancy::{Admitted, LocalLoad, Occupancy, PeerLoad, Reading};
+pub(crate) use spread::Spread;
 pub use window::FirstToken;
 use window::{Decay, Levels, PrefillRate, Sample, StartSummary, Window};
 
 /// Bucket concurrency levels.
-pub const BUCKETS: [u32; 24] = [
+pub(crate) const BUCKETS: [u32; 24] = [
     1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
     3072, 4096,
 ];
@@ -35,14 +35,14 @@ pub const BUCKETS: [u32; 24] = [
 /// Occupancy levels of TTFT buckets: every count up to 16, then the speed levels above it. A
 /// server's batch limit is an exact count and the request after it waits for a slot, so TTFT can
 /// jump between neighbouring counts where limits are small; apart, the jump stays visible.
-pub const TTFT_LEVELS: [u32; 30] = [
+pub(crate) const TTFT_LEVELS: [u32; 30] = [
     1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384,
     512, 768, 1024, 1536, 2048,
 ];
 
 /// The TTFT bucket of occupancy `n` at admission: itself up to 16, else the nearest level in log
 /// space.
-pub fn ttft_bucket_of(n: f64) -> usize {
+pub(crate) fn ttft_bucket_of(n: f64) -> usize {
     let n = n.max(1.0);
     if n < 16.5 {
         return n.round() as usize - 1;
@@ -67,10 +67,10 @@ fn nearest_in_log(levels: &[u32], x: f64) -> usize {
 const QUEUE_GONE_SHARE: f64 = 0.8;
 
 /// Decayed sample weight a bucket needs before its own quantiles are trusted over the fit.
-pub const MIN_BUCKET_WEIGHT: f64 = 5.0;
+pub(crate) const MIN_BUCKET_WEIGHT: f64 = 5.0;
 
 /// The bucket nearest to concurrency `c` in log space.
-pub fn bucket_of(c: f64) -> usize {
+pub(crate) fn bucket_of(c: f64) -> usize {
     nearest_in_log(&BUCKETS, c.max(1.0))
 }
 
@@ -92,7 +92,7 @@ pub struct Fit {
 /// One bucket as `/admin/curves` shows it. Speed is bucketed by experienced concurrency, TTFT by
 /// the occupancy a request found at admission, so a level may have one without the other.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Point {
+pub(crate) struct Point {
     /// The bucket's concurrency level.
     pub concurrency: u32,
     /// Speed samples in its window.
@@ -127,7 +127,7 @@ impl Point {
 }
 
 /// How stale a curve's [`Model`] may get while observations arrive.
-pub const REFRESH: Duration = Duration::from_millis(100);
+pub(crate) const REFRESH: Duration = Duration::from_millis(100);
 
 /// Observations before which every one refreshes the model. A rebuild re-summarises the windows
 /// that changed since the last one (a walk over their samples each) and adds up the rest: little
@@ -176,7 +176,7 @@ pub struct PriorPoint {
 
 /// Counters of a curve.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Observations recorded (completed, cancelled or failed).
     pub observations: u64,
     /// Share of completed samples whose token count was estimated.
@@ -205,7 +205,7 @@ impl Curve {
     /// A curve that starts from `prior`: each point becomes [`MIN_BUCKET_WEIGHT`] samples dated
     /// `now`, which decay and leave the window like real ones, so observations overwrite the
     /// prior within a few half-lives (or sooner, at high rates).
-    pub fn seeded(half_life_s: f64, prior: &[PriorPoint], now: Instant) -> Self {
+    pub(crate) fn seeded(half_life_s: f64, prior: &[PriorPoint], now: Instant) -> Self {
         let mut curve = Self::new(half_life_s);
         for p in prior {
             for _ in 0..MIN_BUCKET_WEIGHT as usize {
@@ -337,14 +337,14 @@ impl Curve {
     /// Rebuilds the model as of `now` if first tokens from a drained queue are due to be
     /// forgotten: without traffic nothing else rebuilds it, and a backend that looks slow after
     /// a burst gets no traffic. Cheap when nothing is due (a comparison).
-    pub fn forget_due(&mut self, now: Instant) {
+    pub(crate) fn forget_due(&mut self, now: Instant) {
         if self.forgets_by(now) {
             self.refresh(now);
         }
     }
 
     /// Whether first tokens from a drained queue are due to be forgotten by `now`.
-    pub fn forgets_by(&self, now: Instant) -> bool {
+    pub(crate) fn forgets_by(&self, now: Instant) -> bool {
         self.queue_evidence_until.is_some_and(|until| until <= now)
     }
 
@@ -359,7 +359,7 @@ impl Curve {
 
     /// Refreshes the model as of `now` if it is [`REFRESH`] old (samples that arrive late, from
     /// other replicas, refresh it as of their own time, which may be earlier).
-    pub fn refresh_due(&mut self, now: Instant) {
+    pub(crate) fn refresh_due(&mut self, now: Instant) {
         if self
             .refreshed_at
             .is_none_or(|at| now.saturating_duration_since(at) >= REFRESH)
@@ -419,7 +419,7 @@ impl Curve {
     }
 
     /// Counters.
-    pub fn counts(&self) -> Counts {
+    pub(crate) fn counts(&self) -> Counts {
         let samples: usize = self
             .buckets
             .windows()
@@ -439,13 +439,13 @@ impl Curve {
 
     /// The buckets that hold samples: speed by experienced concurrency, TTFT by the occupancy
     /// requests found at admission.
-    pub fn points(&self, now: Instant) -> Vec<Point> {
+    pub(crate) fn points(&self, now: Instant) -> Vec<Point> {
         self.build(now).map_or_else(Vec::new, |m| m.points())
     }
 
     /// Decayed share of recent samples that met an SLO (`min_tps` and `max_ttft_s`, either may
     /// be absent); `None` before the first sample.
-    pub fn attainment(&self, min_tps: Option<f64>, max_ttft_s: Option<f64>) -> Option<f64> {
+    pub(crate) fn attainment(&self, min_tps: Option<f64>, max_ttft_s: Option<f64>) -> Option<f64> {
         // A share of decayed weights: the same whenever it is asked, as every weight decays
         // alike.
         let (mut good, mut all) = (0.0, 0.0);
@@ -459,14 +459,15 @@ impl Curve {
     }
 
     /// Fits TPOT and TTFT as of `now`; `None` before the first sample.
-    pub fn fit(&self, now: Instant) -> Option<Fit> {
+    pub(crate) fn fit(&self, now: Instant) -> Option<Fit> {
         self.build(now).map(|m| m.fit)
     }
 
+    #[cfg(test)]
     /// What a request joining at `concurrency` (itself included) with `prompt_tokens` should
     /// expect as of `now`; `None` before the first sample. Routing reads [`Curve::model`]
     /// instead, which is cached.
-    pub fn predict(
+    pub(crate) fn predict(
         &self,
         concurrency: f64,
         prompt_tokens: u64,

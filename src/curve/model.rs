@@ -56,7 +56,7 @@ pub struct Prediction {
 
 impl Prediction {
     /// A prediction of these spreads, its quantiles read off them.
-    pub fn new(tps: Spread, ttft: Spread, confidence: f64, beyond_evidence: bool) -> Self {
+    pub(crate) fn new(tps: Spread, ttft: Spread, confidence: f64, beyond_evidence: bool) -> Self {
         Self {
             per_user_tps_p50: tps.median(),
             per_user_tps_p10: tps.quantile(0.1),
@@ -70,7 +70,7 @@ impl Prediction {
     }
 
     /// The same, with a first token no sooner than `at_least_s` (a wait seen live).
-    pub fn ttft_at_least(self, at_least_s: f64) -> Self {
+    pub(crate) fn ttft_at_least(self, at_least_s: f64) -> Self {
         Self::new(
             self.tps,
             self.ttft.at_least(at_least_s, at_least_s),
@@ -81,7 +81,7 @@ impl Prediction {
 
     /// How likely a request is to reach `min_tps` (either may be absent) and to see its first
     /// token within `max_ttft_s`, speed and TTFT taken as independent.
-    pub fn chance(&self, min_tps: Option<f64>, max_ttft_s: Option<f64>) -> f64 {
+    pub(crate) fn chance(&self, min_tps: Option<f64>, max_ttft_s: Option<f64>) -> f64 {
         let speed = min_tps.map_or(1.0, |m| self.tps.share_above(m));
         let first = max_ttft_s.map_or(1.0, |m| {
             if m > 0.0 {
@@ -139,7 +139,7 @@ impl Model {
     /// Fits speed from the speed windows' summaries and TTFT from the TTFT windows', whose
     /// anchor-relative weights are worth `factor` each as of the moment fitted (see
     /// [`super::window::Decay`]); `None` before the first completed request.
-    pub fn build(
+    pub(crate) fn build(
         speed: &[Option<Summary>; BUCKETS.len()],
         starts: &[Option<StartSummary>; TTFT_LEVELS.len()],
         factor: f64,
@@ -225,7 +225,7 @@ impl Model {
     /// fit from where its samples were to this exact concurrency); else the fit, weighed
     /// against the level's own few observations ([`FIT_WEIGHT`]), in the shape the levels with
     /// evidence spread.
-    pub fn predict(&self, concurrency: f64, prompt_tokens: u64) -> Prediction {
+    pub(crate) fn predict(&self, concurrency: f64, prompt_tokens: u64) -> Prediction {
         let i = bucket_of(concurrency);
         let j = ttft_bucket_of(concurrency);
         let fit = &self.fit;
@@ -295,7 +295,7 @@ impl Model {
     }
 
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.
-    pub fn points(&self) -> Vec<Point> {
+    pub(crate) fn points(&self) -> Vec<Point> {
         let mut points = std::collections::BTreeMap::new();
         for (level, speed) in BUCKETS.iter().zip(&self.buckets) {
             if let Some(s) = speed {
@@ -326,7 +326,9 @@ fn shape(spreads: impl Iterator<Item = (f64, Spread)>) -> Option<Spread> {
 }
 
 /// The TTFT fit over the TTFT windows' summaries: (t0, t1, r) of TTFT = t0 + t1·c + P/r.
-pub fn ttft_fit(starts: &[Option<StartSummary>; TTFT_LEVELS.len()]) -> (f64, f64, Option<f64>) {
+pub(crate) fn ttft_fit(
+    starts: &[Option<StartSummary>; TTFT_LEVELS.len()],
+) -> (f64, f64, Option<f64>) {
     // The normal equations are sums over samples, so over windows.
     let mut xx = [[0.0; 3]; 3];
     let mut xy = [0.0; 3];

@@ -61,7 +61,7 @@ pub struct Observation {
 /// so `k = tokens / (1 + (events - 1) * window_s / visible_s)`. With no text held back that is
 /// `tokens / events` (`1` when every event is a token); with text held back it stays the tokens
 /// an event carried, not the average over the silent tokens too.
-pub fn decode_tpot(tokens: f64, events: u32, visible_s: f64, window_s: f64) -> Option<f64> {
+pub(crate) fn decode_tpot(tokens: f64, events: u32, visible_s: f64, window_s: f64) -> Option<f64> {
     if events < 2 || visible_s <= 0.0 || window_s < visible_s {
         return None;
     }
@@ -74,7 +74,7 @@ impl Observation {
     /// A stream's observation as of its end `now`: `sent` is when it went to the backend (TTFT
     /// runs from there), `first` the occupancy reading at its first content event and `end` the
     /// reading at `now`.
-    pub fn of_stream(
+    pub(crate) fn of_stream(
         timing: &StreamTiming,
         outcome: Outcome,
         sent: Instant,

@@ -52,7 +52,7 @@ const RECENT: usize = 64;
 
 /// The load the other replicas put on a backend, as their last publications say.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct PeerLoad {
+pub(crate) struct PeerLoad {
     /// Their requests in flight.
     pub count: u32,
     /// Their integrals summed, request-seconds, as of the sync (only its growth matters: any
@@ -66,7 +66,7 @@ pub struct PeerLoad {
 
 /// What this replica alone puts on a backend, for its peers.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LocalLoad {
+pub(crate) struct LocalLoad {
     /// Requests in flight through this replica.
     pub count: u32,
     /// Its running integral of them, request-seconds.
@@ -79,7 +79,7 @@ pub struct LocalLoad {
 
 /// What a request found on its backend when it was admitted, fleet-wide.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Admitted {
+pub(crate) struct Admitted {
     /// In flight, itself included: what its TTFT is bucketed by.
     pub in_flight: u32,
     /// Requests admitted before it and still waiting for their first token: a queue, which a
@@ -94,7 +94,7 @@ pub struct Admitted {
 
 /// A reading of the integral.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Reading {
+pub(crate) struct Reading {
     /// Request-seconds since the backend was created.
     pub area: f64,
     /// In flight at the moment of reading.
@@ -106,7 +106,7 @@ pub struct Reading {
 impl Reading {
     /// The same integral as it stood at `earlier` (no admit or release between): what accrued
     /// since then, `count` requests for the time between, taken back.
-    pub fn rewound_to(&self, earlier: Instant) -> Reading {
+    pub(crate) fn rewound_to(&self, earlier: Instant) -> Reading {
         Reading {
             area: self.area - f64::from(self.count) * (self.at - earlier).as_secs_f64(),
             count: self.count,
@@ -115,7 +115,7 @@ impl Reading {
     }
 
     /// Mean in-flight count between `self` and a later reading.
-    pub fn mean_until(&self, later: &Reading) -> Option<f64> {
+    pub(crate) fn mean_until(&self, later: &Reading) -> Option<f64> {
         let secs = (later.at - self.at).as_secs_f64();
         (secs > 0.0).then(|| (later.area - self.area) / secs)
     }
@@ -156,7 +156,7 @@ impl State {
 
 impl Occupancy {
     /// Nothing in flight as of `now`.
-    pub fn new(now: Instant) -> Self {
+    pub(crate) fn new(now: Instant) -> Self {
         Self {
             state: Mutex::new(State {
                 count: 0,
@@ -191,7 +191,7 @@ impl Occupancy {
 
     /// One more in flight (and waiting for its first token) if fewer than `limit` are,
     /// fleet-wide; returns what it found, itself included.
-    pub fn try_admit(&self, now: Instant, limit: u32) -> Option<Admitted> {
+    pub(crate) fn try_admit(&self, now: Instant, limit: u32) -> Option<Admitted> {
         let at = self.since_epoch(now);
         self.update(now, |s| {
             (s.fleet_count() < limit).then(|| {
@@ -211,7 +211,7 @@ impl Occupancy {
 
     /// The request admitted at `admitted` stopped waiting at `now`: it will have no first token
     /// (not a stream).
-    pub fn stop_waiting(&self, admitted: Instant, now: Instant) {
+    pub(crate) fn stop_waiting(&self, admitted: Instant, now: Instant) {
         let at = self.since_epoch(admitted);
         self.update(now, |s| s.unwait(at));
     }
@@ -226,7 +226,7 @@ impl Occupancy {
     /// its whole wait: that counts the requests admitted after it too (behind it, in an
     /// engine's queue), and a slow first token learned at an occupancy that high leaves the
     /// levels where it was really admitted looking clean.
-    pub fn first_token(
+    pub(crate) fn first_token(
         &self,
         admitted: Instant,
         found: &Admitted,
@@ -251,7 +251,7 @@ impl Occupancy {
     }
 
     /// One fewer in flight; `waiting_since` is its admission time if it never stopped waiting.
-    pub fn release(&self, now: Instant, waiting_since: Option<Instant>) {
+    pub(crate) fn release(&self, now: Instant, waiting_since: Option<Instant>) {
         let at = waiting_since.map(|t| self.since_epoch(t));
         self.update(now, |s| {
             s.count = s.count.saturating_sub(1);
@@ -265,7 +265,7 @@ impl Occupancy {
     /// `now`; 0 when none is. A request arriving now queues behind them: in a steady queue it
     /// waits about as long as they have, so this is a floor under its predicted TTFT that needs
     /// no first token to have come back yet. The peers' waiting requests count too.
-    pub fn waited(&self, now: Instant) -> f64 {
+    pub(crate) fn waited(&self, now: Instant) -> f64 {
         let at = self.since_epoch(now);
         self.update(now, |s| {
             let waiting = s.waiting + s.peers.waiting;
@@ -279,13 +279,13 @@ impl Occupancy {
     }
 
     /// The integral up to `now`.
-    pub fn read(&self, now: Instant) -> Reading {
+    pub(crate) fn read(&self, now: Instant) -> Reading {
         let at = self.since_epoch(now);
         self.update(now, |s| s.reading(now, at))
     }
 
     /// In flight now, fleet-wide. (Reading the count leaves the integral alone: no clock read.)
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -293,7 +293,7 @@ impl Occupancy {
     }
 
     /// In flight through this replica alone.
-    pub fn local_count(&self) -> u32 {
+    pub(crate) fn local_count(&self) -> u32 {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -301,7 +301,7 @@ impl Occupancy {
     }
 
     /// This replica's own load as of `now`, for its peers.
-    pub fn local(&self, now: Instant) -> LocalLoad {
+    pub(crate) fn local(&self, now: Instant) -> LocalLoad {
         let at = self.since_epoch(now);
         self.update(now, |s| LocalLoad {
             count: s.count,
@@ -313,7 +313,7 @@ impl Occupancy {
 
     /// The peers' load as of `now`; their count is carried forward from here until the next.
     /// Whether they hold fewer requests than before (room freed elsewhere).
-    pub fn set_peers(&self, now: Instant, load: PeerLoad) -> bool {
+    pub(crate) fn set_peers(&self, now: Instant, load: PeerLoad) -> bool {
         let at = self.since_epoch(now);
         self.update(now, |s| {
             let fewer = load.count < s.peers.count;

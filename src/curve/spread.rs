@@ -11,7 +11,7 @@
 use serde::Serialize;
 
 /// The probabilities a [`Spread`] keeps the quantiles of.
-pub const KNOTS: [f64; 11] = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95];
+pub(crate) const KNOTS: [f64; 11] = [0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95];
 
 /// Standard normal quantiles at [`KNOTS`]: the shape of a guessed spread.
 const NORMAL_AT_KNOTS: [f64; 11] = [
@@ -29,7 +29,7 @@ pub struct Spread([f64; KNOTS.len()]);
 impl Spread {
     /// The spread whose quantile at each of [`KNOTS`] is `quantile(knot)`; values are sorted so
     /// that the result is a distribution whatever rounding gave.
-    pub fn from_fn(quantile: impl Fn(f64) -> f64) -> Self {
+    pub(crate) fn from_fn(quantile: impl Fn(f64) -> f64) -> Self {
         let mut knots = KNOTS.map(quantile);
         knots.sort_unstable_by(f64::total_cmp);
         Self(knots)
@@ -37,7 +37,7 @@ impl Spread {
 
     /// A log-normal spread about `median` whose `q` quantile is `ratio` times the median: the
     /// guess where a curve has seen no spread to go by.
-    pub fn log_normal(median: f64, q: f64, ratio: f64) -> Self {
+    pub(crate) fn log_normal(median: f64, q: f64, ratio: f64) -> Self {
         let z = NORMAL_AT_KNOTS[KNOTS.iter().position(|k| *k == q).unwrap_or(1)];
         let sigma = if z == 0.0 { 0.0 } else { ratio.ln() / z };
         let mut knots = NORMAL_AT_KNOTS.map(|z| median * (sigma * z).exp());
@@ -46,7 +46,7 @@ impl Spread {
     }
 
     /// The `q` quantile, linear between knots (the outer knots beyond them).
-    pub fn quantile(&self, q: f64) -> f64 {
+    pub(crate) fn quantile(&self, q: f64) -> f64 {
         let i = KNOTS.partition_point(|k| *k < q);
         if i == 0 {
             return self.0[0];
@@ -60,12 +60,12 @@ impl Spread {
     }
 
     /// The median.
-    pub fn median(&self) -> f64 {
+    pub(crate) fn median(&self) -> f64 {
         self.0[MEDIAN]
     }
 
     /// The share of the distribution at or below `x`.
-    pub fn share_below(&self, x: f64) -> f64 {
+    pub(crate) fn share_below(&self, x: f64) -> f64 {
         let v = &self.0;
         let last = v.len() - 1;
         let slope = |i: usize| {
@@ -93,22 +93,22 @@ impl Spread {
     }
 
     /// The share of the distribution at or above `x`.
-    pub fn share_above(&self, x: f64) -> f64 {
+    pub(crate) fn share_above(&self, x: f64) -> f64 {
         1.0 - self.share_below(x)
     }
 
     /// Every quantile times `factor` (a speed moved along the fit).
-    pub fn scaled(&self, factor: f64) -> Self {
+    pub(crate) fn scaled(&self, factor: f64) -> Self {
         Self(self.0.map(|v| v * factor))
     }
 
     /// Every quantile plus `by`, never below zero (a wait moved along the fit).
-    pub fn shifted(&self, by: f64) -> Self {
+    pub(crate) fn shifted(&self, by: f64) -> Self {
         Self(self.0.map(|v| (v + by).max(0.0)))
     }
 
     /// The shape of this spread: every quantile over the median (`None` for a median of 0).
-    pub fn relative(&self) -> Option<Self> {
+    pub(crate) fn relative(&self) -> Option<Self> {
         let m = self.median();
         (m > 0.0 && m.is_finite()).then(|| self.scaled(1.0 / m))
     }
@@ -116,7 +116,7 @@ impl Spread {
     /// Moved up so that the median is at least `p50` and the 90th percentile at least `p90`
     /// (what a floor on a TTFT says: the whole distribution shifts up to the median's floor,
     /// and the tail is raised to its own).
-    pub fn at_least(&self, p50: f64, p90: f64) -> Self {
+    pub(crate) fn at_least(&self, p50: f64, p90: f64) -> Self {
         let shifted = self.shifted((p50 - self.median()).max(0.0));
         let mut knots = shifted.0;
         for (v, k) in knots.iter_mut().zip(KNOTS) {
@@ -128,7 +128,7 @@ impl Spread {
     }
 
     /// The weighted mean of spreads, knot by knot (a pooled shape); `None` without weight.
-    pub fn pooled(spreads: impl Iterator<Item = (f64, Self)>) -> Option<Self> {
+    pub(crate) fn pooled(spreads: impl Iterator<Item = (f64, Self)>) -> Option<Self> {
         let mut sum = [0.0; KNOTS.len()];
         let mut total = 0.0;
         for (w, s) in spreads {

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use super::spread::Spread;
 
 /// Samples kept per bucket.
-pub const WINDOW: usize = 256;
+pub(crate) const WINDOW: usize = 256;
 
 /// How far past the anchor samples may be taken, in half-lives, before weights are rebased onto
 /// a later anchor: `2^64` keeps every weight and weighted sum far inside `f64`.
@@ -28,7 +28,7 @@ const REBASE_AFTER_HALF_LIVES: f64 = 64.0;
 
 /// One completed request's speed and latency: what speed buckets hold.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// When it completed.
     pub at: Instant,
     /// Per-user tokens per second.
@@ -65,16 +65,16 @@ pub struct FirstToken {
 }
 
 /// How many of its own TTFTs a first token that came behind a queue stays evidence for.
-pub const QUEUE_MEMORY_TTFTS: f64 = 3.0;
+pub(crate) const QUEUE_MEMORY_TTFTS: f64 = 3.0;
 
 /// What a first token that shared a queue weighs in the TTFT fit, against one that shared none:
 /// the fit describes joining a backend with no queue ahead (a queue now is seen live, and in
 /// the recent quantiles of its level), yet where every first token shared one they still shape
 /// it.
-pub const QUEUE_FIT_WEIGHT: f64 = 0.1;
+pub(crate) const QUEUE_FIT_WEIGHT: f64 = 0.1;
 
 /// The least time a first token that came behind a queue stays evidence for.
-pub const QUEUE_MEMORY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const QUEUE_MEMORY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl FirstToken {
     /// Until when this first token is surely evidence of what joining its backend costs:
@@ -86,7 +86,7 @@ impl FirstToken {
     /// it believes slow, so that level may see no newer sample of its own). The queue waiting
     /// now is seen live: routing floors a prediction at how long the requests still waiting
     /// have waited.
-    pub fn evidence_until(&self) -> Option<Instant> {
+    pub(crate) fn evidence_until(&self) -> Option<Instant> {
         (self.queued_with > 0).then(|| {
             let memory = std::time::Duration::from_secs_f64(
                 (QUEUE_MEMORY_TTFTS * self.ttft).clamp(0.0, 3600.0),
@@ -101,7 +101,7 @@ impl FirstToken {
 /// that a fitted rate wandering in its noise between rebuilds leaves the windows' summaries
 /// kept; rounding moves a 2,000-token prefill at 8,000 tokens/s by 6 ms at most.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PrefillRate(Option<i32>);
+pub(crate) struct PrefillRate(Option<i32>);
 
 impl PrefillRate {
     /// Steps per octave.
@@ -109,7 +109,7 @@ impl PrefillRate {
 
     /// The step nearest `tokens_per_s` (none for none, or a rate that is not positive and
     /// finite).
-    pub fn near(tokens_per_s: Option<f64>) -> Self {
+    pub(crate) fn near(tokens_per_s: Option<f64>) -> Self {
         Self(
             tokens_per_s
                 .filter(|r| r.is_finite() && *r > 0.0)
@@ -118,7 +118,7 @@ impl PrefillRate {
     }
 
     /// Seconds to prefill `tokens` at this rate; 0 without one.
-    pub fn prefill_s(self, tokens: f64) -> f64 {
+    pub(crate) fn prefill_s(self, tokens: f64) -> f64 {
         self.0
             .map_or(0.0, |step| tokens / (f64::from(step) / Self::STEPS).exp2())
     }
@@ -126,7 +126,7 @@ impl PrefillRate {
 
 /// What a window holds: anything with a value whose quantiles it keeps. (Its age is in the
 /// weight it is pushed with.)
-pub trait Ranked {
+pub(crate) trait Ranked {
     /// The value ranked for quantiles.
     fn value(&self) -> f64;
 }
@@ -146,14 +146,14 @@ impl Ranked for FirstToken {
 /// Exponential decay with a half-life, measured from an anchor: the time of the first sample
 /// weighed, until weights are rebased onto a later one.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Decay {
+pub(crate) struct Decay {
     anchor: Option<Instant>,
     half_life_s: f64,
 }
 
 impl Decay {
     /// Decay halving every `half_life_s`.
-    pub const fn new(half_life_s: f64) -> Self {
+    pub(crate) const fn new(half_life_s: f64) -> Self {
         Self {
             anchor: None,
             half_life_s,
@@ -171,20 +171,20 @@ impl Decay {
     }
 
     /// The weight, relative to the anchor, of a sample taken at `at`: `2^((at - anchor) / h)`.
-    pub fn weigh(&mut self, at: Instant) -> f64 {
+    pub(crate) fn weigh(&mut self, at: Instant) -> f64 {
         let anchor = *self.anchor.get_or_insert(at);
         Self::half_lives(anchor, at, self.half_life_s).exp2()
     }
 
     /// What one unit of anchor-relative weight weighs at `now`: `2^(-(now - anchor) / h)`.
-    pub fn factor(&self, now: Instant) -> f64 {
+    pub(crate) fn factor(&self, now: Instant) -> f64 {
         self.anchor.map_or(1.0, |anchor| {
             (-Self::half_lives(anchor, now, self.half_life_s)).exp2()
         })
     }
 
     /// Whether a sample at `at` is far enough past the anchor that weights should be rebased.
-    pub fn due_for_rebase(&self, at: Instant) -> bool {
+    pub(crate) fn due_for_rebase(&self, at: Instant) -> bool {
         self.anchor.is_some_and(|anchor| {
             Self::half_lives(anchor, at, self.half_life_s) > REBASE_AFTER_HALF_LIVES
         })
@@ -192,7 +192,7 @@ impl Decay {
 
     /// Moves the anchor to `to`; returns what existing anchor-relative weights must be
     /// multiplied by.
-    pub fn rebase(&mut self, to: Instant) -> f64 {
+    pub(crate) fn rebase(&mut self, to: Instant) -> f64 {
         let scale = self.factor(to);
         self.anchor = Some(to);
         scale
@@ -201,7 +201,7 @@ impl Decay {
 
 /// Decayed summary of a speed window, in anchor-relative weights (see [`Decay`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Decayed sample count (sum of weights).
     pub weight: f64,
     /// Samples in the window.
@@ -221,7 +221,7 @@ pub struct Summary {
 /// before it, one less than its occupancy at admission), so that the fit over all windows
 /// adds up per-window sums instead of walking every sample.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StartSummary {
+pub(crate) struct StartSummary {
     /// Decayed sample count.
     pub weight: f64,
     /// Weighted mean occupancy at admission.
@@ -248,7 +248,7 @@ pub struct StartSummary {
 
 /// The last [`WINDOW`] samples of a bucket.
 #[derive(Debug, Clone)]
-pub struct Window<S = Sample> {
+pub(crate) struct Window<S = Sample> {
     /// Oldest first, each with its anchor-relative weight.
     samples: VecDeque<(S, f64)>,
     /// The same samples' (value, weight), ascending by value: quantiles without a sort.
@@ -281,7 +281,7 @@ fn ranked_quantile(ranked: &[(f64, f64)], total: f64, q: f64) -> f64 {
 impl<S: Ranked> Window<S> {
     /// Adds a sample with its anchor-relative `weight`, dropping the oldest beyond [`WINDOW`].
     /// Values are finite (the curve admits no others), so plain comparisons rank them.
-    pub fn push(&mut self, sample: S, weight: f64) {
+    pub(crate) fn push(&mut self, sample: S, weight: f64) {
         let value = sample.value();
         let at = self.ranked.partition_point(|p| p.0 <= value);
         let oldest = (self.samples.len() == WINDOW)
@@ -311,22 +311,22 @@ impl<S: Ranked> Window<S> {
     }
 
     /// The samples, oldest first.
-    pub fn samples(&self) -> impl Iterator<Item = &S> {
+    pub(crate) fn samples(&self) -> impl Iterator<Item = &S> {
         self.samples.iter().map(|(s, _)| s)
     }
 
     /// The sample pushed last.
-    pub fn newest(&self) -> Option<&S> {
+    pub(crate) fn newest(&self) -> Option<&S> {
         self.samples.back().map(|(s, _)| s)
     }
 
     /// The samples with their anchor-relative weights.
-    pub fn weighted(&self) -> impl Iterator<Item = (f64, &S)> {
+    pub(crate) fn weighted(&self) -> impl Iterator<Item = (f64, &S)> {
         self.samples.iter().map(|(s, w)| (*w, s))
     }
 
     /// Drops the samples `stale` says so of; returns whether any went.
-    pub fn forget(&mut self, stale: impl Fn(&S) -> bool) -> bool {
+    pub(crate) fn forget(&mut self, stale: impl Fn(&S) -> bool) -> bool {
         let before = self.samples.len();
         self.samples.retain(|(s, _)| !stale(s));
         if self.samples.len() == before {
@@ -338,7 +338,7 @@ impl<S: Ranked> Window<S> {
     }
 
     /// Multiplies every weight by `scale` (the anchor moved).
-    pub fn rescale(&mut self, scale: f64) {
+    pub(crate) fn rescale(&mut self, scale: f64) {
         for (_, w) in &mut self.samples {
             *w *= scale;
         }
@@ -361,7 +361,7 @@ impl<S: Ranked> Window<S> {
 }
 
 /// What a window of these samples sums up to: the input of a model rebuild.
-pub trait Summarize: Ranked + Sized {
+pub(crate) trait Summarize: Ranked + Sized {
     /// The summary.
     type Summary: Copy;
     /// What a summary depends on besides the samples (a kept summary serves only the same).
@@ -372,7 +372,7 @@ pub trait Summarize: Ranked + Sized {
 
 impl<S: Summarize> Window<S> {
     /// The decayed summary, or `None` when empty.
-    pub fn summary(&self, context: S::Context) -> Option<S::Summary> {
+    pub(crate) fn summary(&self, context: S::Context) -> Option<S::Summary> {
         S::summarize(self, context)
     }
 }
@@ -381,7 +381,7 @@ impl<S: Summarize> Window<S> {
 /// changes it: a rebuild re-summarises only the windows that changed (or all of them, when
 /// asked in another context).
 #[derive(Debug, Clone)]
-pub struct Levels<S: Summarize, const N: usize> {
+pub(crate) struct Levels<S: Summarize, const N: usize> {
     windows: Vec<Window<S>>,
     /// `None` where the window changed since its summary was kept.
     kept: [Option<Option<S::Summary>>; N],
@@ -401,13 +401,13 @@ impl<S: Summarize, const N: usize> Default for Levels<S, N> {
 
 impl<S: Summarize, const N: usize> Levels<S, N> {
     /// Adds a sample with its anchor-relative `weight` to level `i`.
-    pub fn push(&mut self, i: usize, sample: S, weight: f64) {
+    pub(crate) fn push(&mut self, i: usize, sample: S, weight: f64) {
         self.windows[i].push(sample, weight);
         self.kept[i] = None;
     }
 
     /// In every window, drops the samples `stale` says so of (given the window's level).
-    pub fn forget(&mut self, stale: impl Fn(usize, &S) -> bool) {
+    pub(crate) fn forget(&mut self, stale: impl Fn(usize, &S) -> bool) {
         for (level, (window, kept)) in self.windows.iter_mut().zip(&mut self.kept).enumerate() {
             if window.forget(|s| stale(level, s)) {
                 *kept = None;
@@ -416,7 +416,7 @@ impl<S: Summarize, const N: usize> Levels<S, N> {
     }
 
     /// Multiplies every weight by `scale` (the anchor moved).
-    pub fn rescale(&mut self, scale: f64) {
+    pub(crate) fn rescale(&mut self, scale: f64) {
         for w in &mut self.windows {
             w.rescale(scale);
         }
@@ -424,13 +424,13 @@ impl<S: Summarize, const N: usize> Levels<S, N> {
     }
 
     /// The windows, by level.
-    pub fn windows(&self) -> &[Window<S>] {
+    pub(crate) fn windows(&self) -> &[Window<S>] {
         &self.windows
     }
 
     /// Every window's summary in `context`: the kept one, or a new one where the window
     /// changed since (or the context did).
-    pub fn summaries(&self, context: S::Context) -> [Option<S::Summary>; N] {
+    pub(crate) fn summaries(&self, context: S::Context) -> [Option<S::Summary>; N] {
         let same = self.context == Some(context);
         std::array::from_fn(|i| {
             self.kept[i]
@@ -440,13 +440,13 @@ impl<S: Summarize, const N: usize> Levels<S, N> {
     }
 
     /// The context the kept summaries were made in, if any were.
-    pub fn context(&self) -> Option<S::Context> {
+    pub(crate) fn context(&self) -> Option<S::Context> {
         self.context
     }
 
     /// Keeps `summaries` (this levels' own, as [`Levels::summaries`] gave them in `context`)
     /// for the next rebuild.
-    pub fn keep(&mut self, context: S::Context, summaries: &[Option<S::Summary>; N]) {
+    pub(crate) fn keep(&mut self, context: S::Context, summaries: &[Option<S::Summary>; N]) {
         self.kept = summaries.map(Some);
         self.context = Some(context);
     }

@@ -19,13 +19,13 @@ use std::net::IpAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
-pub use resolver::Resolver;
+pub(crate) use resolver::Resolver;
 
 use crate::config::{BackendConfig, Config};
 
 /// The addresses last found for each discovered entry, by the entry's name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Found(BTreeMap<Arc<str>, Addresses>);
+pub(crate) struct Found(BTreeMap<Arc<str>, Addresses>);
 
 /// What one entry's host resolved to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ struct Addresses {
 
 impl Found {
     /// The addresses found for `entry`'s current host, if it has been resolved.
-    pub fn addresses(&self, entry: &BackendConfig) -> Option<&[IpAddr]> {
+    pub(crate) fn addresses(&self, entry: &BackendConfig) -> Option<&[IpAddr]> {
         self.0
             .get(&entry.name)
             .filter(|a| a.host == host_of(entry))
@@ -46,7 +46,7 @@ impl Found {
     }
 
     /// Records `list` as what `entry`'s host resolves to.
-    pub fn set(&mut self, entry: &BackendConfig, mut list: Vec<IpAddr>) {
+    pub(crate) fn set(&mut self, entry: &BackendConfig, mut list: Vec<IpAddr>) {
         list.sort_unstable();
         list.dedup();
         let host = host_of(entry).to_owned();
@@ -56,7 +56,7 @@ impl Found {
 
     /// `newer`'s answers over these, keeping only entries `config` still has with the same
     /// host.
-    pub fn updated(&self, newer: &Self, config: &Config) -> Self {
+    pub(crate) fn updated(&self, newer: &Self, config: &Config) -> Self {
         let mut merged = self.clone();
         merged
             .0
@@ -71,12 +71,15 @@ impl Found {
     }
 
     /// The discovered entries of `config` not resolved yet.
-    pub fn missing<'a>(&self, config: &'a Config) -> impl Iterator<Item = &'a BackendConfig> {
+    pub(crate) fn missing<'a>(
+        &self,
+        config: &'a Config,
+    ) -> impl Iterator<Item = &'a BackendConfig> {
         discovered(config).filter(|b| self.addresses(b).is_none())
     }
 
     /// What changed from `before` to these, one line per entry (for the log).
-    pub fn changes(&self, before: &Self) -> Vec<String> {
+    pub(crate) fn changes(&self, before: &Self) -> Vec<String> {
         let empty = Vec::new();
         let mut lines = Vec::new();
         for (name, now) in &self.0 {
@@ -92,7 +95,7 @@ impl Found {
 }
 
 /// The entries of `config` with `discovery`.
-pub fn discovered(config: &Config) -> impl Iterator<Item = &BackendConfig> {
+pub(crate) fn discovered(config: &Config) -> impl Iterator<Item = &BackendConfig> {
     config.backends.iter().filter(|b| b.discovery.is_some())
 }
 
@@ -104,7 +107,7 @@ fn host_of(entry: &BackendConfig) -> &str {
 /// The backends `config` stands for, given what was `found`: each plain entry as it is, each
 /// discovered one as one backend per address, in config order; and for each entry, the
 /// positions of its backends among them (one, or its members).
-pub fn expand(config: &Config, found: &Found) -> (Vec<BackendConfig>, Vec<Range<usize>>) {
+pub(crate) fn expand(config: &Config, found: &Found) -> (Vec<BackendConfig>, Vec<Range<usize>>) {
     let mut backends = Vec::with_capacity(config.backends.len());
     let mut of_entry = Vec::with_capacity(config.backends.len());
     for entry in &config.backends {
@@ -136,7 +139,7 @@ fn member(entry: &BackendConfig, address: IpAddr) -> BackendConfig {
 /// no A/AAAA record) is set to none, so that its backends drain; one whose lookup failed
 /// (timeout, server failure) is left as it was, logged: a resolver's hiccup must not empty a
 /// fleet.
-pub async fn resolve<'a>(
+pub(crate) async fn resolve<'a>(
     resolver: &Resolver,
     entries: impl Iterator<Item = &'a BackendConfig>,
     found: &mut Found,

@@ -12,7 +12,7 @@ use crate::config::ResolverConfig;
 
 /// Resolves discovered hosts; cheap to share.
 #[derive(Clone)]
-pub struct Resolver {
+pub(crate) struct Resolver {
     /// The resolver, or why none could be made (the system's config unreadable): kept to be
     /// reported by each lookup, since a gateway with no discovered backend needs none.
     inner: Result<TokioResolver, String>,
@@ -28,7 +28,7 @@ impl std::fmt::Debug for Resolver {
 
 impl Resolver {
     /// A resolver asking `config`'s nameservers, or the system's when `None`.
-    pub fn new(config: Option<&ResolverConfig>) -> Self {
+    pub(crate) fn new(config: Option<&ResolverConfig>) -> Self {
         let provider = TokioRuntimeProvider::default();
         let builder = match config {
             None => TokioResolver::builder(provider).map_err(|e| {
@@ -69,7 +69,7 @@ impl Resolver {
 
     /// The addresses of `host` (none when it has no A/AAAA record or does not exist); an
     /// error when the lookup itself failed.
-    pub async fn lookup(&self, host: &str) -> Result<Vec<IpAddr>, String> {
+    pub(crate) async fn lookup(&self, host: &str) -> Result<Vec<IpAddr>, String> {
         let resolver = self.inner.as_ref().map_err(Clone::clone)?;
         // As written: a short name (`vllm-headless`) goes through the search domains, as a
         // Service's name does in a pod.

@@ -23,7 +23,7 @@ use crate::upstream::Pool;
 /// A map keyed by client model name, read several times per request: hashed with foldhash, not
 /// SipHash (its keys are bounded, [`Backend::tracked`], and the seed is random per process all
 /// the same).
-pub type ByModel<V> = DashMap<Arc<str>, V, foldhash::fast::RandomState>;
+pub(crate) type ByModel<V> = DashMap<Arc<str>, V, foldhash::fast::RandomState>;
 
 /// One upstream provider, shared by every request routed to it.
 #[derive(Debug)]
@@ -68,7 +68,7 @@ pub struct Backend {
 }
 
 /// The name models beyond a backend's `max_models` are tracked under.
-pub const OTHER: &str = "other";
+pub(crate) const OTHER: &str = "other";
 
 /// Weight of a new TTFT in the baselines' EWMAs.
 const EWMA_ALPHA: f64 = 0.1;
@@ -121,7 +121,7 @@ impl Backend {
     }
 
     /// Takes over the curves of `old` (a reload changed this backend's config, not what it is).
-    pub fn adopt_curves(&self, old: &Self) {
+    pub(crate) fn adopt_curves(&self, old: &Self) {
         for entry in &old.curves {
             self.curves
                 .insert(Arc::clone(entry.key()), entry.value().clone());
@@ -132,7 +132,7 @@ impl Backend {
     /// or already tracked, or while fewer than `max_models` are; otherwise [`OTHER`]. Without
     /// this, a wildcard backend would keep a curve and a set of series for every name a client
     /// makes up.
-    pub fn tracked<'a>(&self, model: &'a str) -> &'a str {
+    pub(crate) fn tracked<'a>(&self, model: &'a str) -> &'a str {
         if self.curves.contains_key(model)
             || self.metrics.contains_key(model)
             || self.config.models.aliases.contains_key(model)
@@ -145,7 +145,7 @@ impl Backend {
     }
 
     /// The fitted curve of `model` (or the prior's, before it has been observed).
-    pub fn model(&self, model: &str) -> Option<Arc<Model>> {
+    pub(crate) fn model(&self, model: &str) -> Option<Arc<Model>> {
         let model = self.tracked(model);
         match self.curves.get(model) {
             Some(curve) => curve.model().cloned(),
@@ -154,33 +154,33 @@ impl Backend {
     }
 
     /// Requests of class `class` in flight, fleet-wide.
-    pub fn class_in_flight(&self, class: usize) -> u32 {
+    pub(crate) fn class_in_flight(&self, class: usize) -> u32 {
         let count =
             |counts: &[AtomicU32]| counts.get(class).map_or(0, |n| n.load(Ordering::Relaxed));
         count(&self.class_in_flight) + count(&self.peer_class_in_flight)
     }
 
     /// Requests of class `class` in flight through this replica.
-    pub fn local_class_in_flight(&self, class: usize) -> u32 {
+    pub(crate) fn local_class_in_flight(&self, class: usize) -> u32 {
         self.class_in_flight
             .get(class)
             .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     /// The other replicas' requests in flight per class index, as of a sync.
-    pub fn set_peer_classes(&self, counts: impl Iterator<Item = u32>) {
+    pub(crate) fn set_peer_classes(&self, counts: impl Iterator<Item = u32>) {
         for (slot, n) in self.peer_class_in_flight.iter().zip(counts) {
             slot.store(n, Ordering::Relaxed);
         }
     }
 
     /// Recent TTFT, exponentially weighted; 0 before the first.
-    pub fn ttft_ewma(&self) -> f64 {
+    pub(crate) fn ttft_ewma(&self) -> f64 {
         f64::from_bits(self.ttft_ewma.load(Ordering::Relaxed))
     }
 
     /// Recent TTFT, jumping to any higher sample and decaying slowly (peak EWMA).
-    pub fn ttft_peak_ewma(&self) -> f64 {
+    pub(crate) fn ttft_peak_ewma(&self) -> f64 {
         f64::from_bits(self.ttft_peak_ewma.load(Ordering::Relaxed))
     }
 
@@ -206,12 +206,12 @@ impl Backend {
 
     /// Requests admitted and not yet finished, fleet-wide (the other replicas' as of the last
     /// sync).
-    pub fn in_flight(&self) -> u32 {
+    pub(crate) fn in_flight(&self) -> u32 {
         self.occupancy.count()
     }
 
     /// Requests admitted through this replica and not yet finished.
-    pub fn local_in_flight(&self) -> u32 {
+    pub(crate) fn local_in_flight(&self) -> u32 {
         self.occupancy.local_count()
     }
 
@@ -244,7 +244,7 @@ impl Backend {
 
     /// It may take more requests than before (its ramp grew, or another replica's requests
     /// there ended): requests waiting in line look.
-    pub fn room_grew(&self) {
+    pub(crate) fn room_grew(&self) {
         self.line.released();
     }
 
@@ -265,7 +265,7 @@ impl Backend {
 
     /// Rebuilds the curves whose first tokens from a drained queue are due to be forgotten
     /// ([`Curve::forget_due`]); looks without locking for writing when none is.
-    pub fn forget_drained_queues(&self, now: Instant) {
+    pub(crate) fn forget_drained_queues(&self, now: Instant) {
         if self.curves.iter().any(|c| c.value().forgets_by(now)) {
             for mut curve in self.curves.iter_mut() {
                 curve.value_mut().forget_due(now);
@@ -275,7 +275,7 @@ impl Backend {
 
     /// What another replica learned of this backend for `model`: the curve takes it as its
     /// own (the metrics and the baselines' EWMAs stay this replica's).
-    pub fn learn(&self, model: &str, learned: &Learned) {
+    pub(crate) fn learn(&self, model: &str, learned: &Learned) {
         // A peer's sample is older than now: the model is refreshed as of now, not of it.
         let now = Instant::now();
         match learned {
@@ -293,7 +293,7 @@ impl Backend {
     /// A prompt with `prefix` was routed here: the peers' indexes learn it too, at the coarse
     /// step (a cluster's replicas route one conversation's turns wherever the load balancer
     /// sends them).
-    pub fn share_prefix(&self, prefix: &RequestPrefix) {
+    pub(crate) fn share_prefix(&self, prefix: &RequestPrefix) {
         if let Some(outbox) = &self.outbox
             && !(prefix.hashes.is_empty() && prefix.hint.is_none())
         {
@@ -307,13 +307,13 @@ impl Backend {
 
     /// Whether a slot near this backend's edge is claimed fleet-wide before a request goes
     /// ([`claim`](super::claim)): in a cluster whose replica has peers.
-    pub fn claims_slots(&self) -> bool {
+    pub(crate) fn claims_slots(&self) -> bool {
         self.outbox.as_ref().is_some_and(|o| o.claims.shared())
     }
 
     /// Claims a slot here for a request already admitted through this replica, with at most
     /// `limit` in flight fleet-wide (see [`claim`](super::claim)).
-    pub async fn claim(&self, limit: u32) -> Claimed {
+    pub(crate) async fn claim(&self, limit: u32) -> Claimed {
         match &self.outbox {
             Some(outbox) => outbox.claims.claim(&self.config.name, limit).await,
             None => Claimed::Unanswered,
@@ -360,7 +360,7 @@ impl Backend {
 
     /// Counts one response for `model` and `class` in the metrics, with its timings when it
     /// was a stream that succeeded.
-    pub fn count(
+    pub(crate) fn count(
         &self,
         model: &str,
         class: &str,
@@ -408,7 +408,7 @@ impl Backend {
 
     /// Notes how an upstream exchange went (see [`Health::note_upstream`]); logs and counts an
     /// ejection.
-    pub fn note_upstream(&self, ok: bool) {
+    pub(crate) fn note_upstream(&self, ok: bool) {
         let ejected = self
             .health
             .note_upstream(ok, self.config.ejection, Instant::now());
@@ -429,7 +429,7 @@ impl Backend {
     }
 
     /// Notes a 429 from the backend (see [`Health::note_rate_limited`]).
-    pub fn note_rate_limited(&self, retry_after: Option<std::time::Duration>) {
+    pub(crate) fn note_rate_limited(&self, retry_after: Option<std::time::Duration>) {
         let until = self.health.note_rate_limited(retry_after, Instant::now());
         if let Some(outbox) = &self.outbox {
             outbox.send(Event::Cooling {
@@ -440,22 +440,22 @@ impl Backend {
     }
 
     /// Another replica ejected this backend until `until`.
-    pub fn ejected_elsewhere(&self, until: Instant) {
+    pub(crate) fn ejected_elsewhere(&self, until: Instant) {
         self.health.eject_until(Instant::now(), until);
     }
 
     /// Another replica saw a 429 from this backend: it cools down until `until`.
-    pub fn cooling_elsewhere(&self, until: Instant) {
+    pub(crate) fn cooling_elsewhere(&self, until: Instant) {
         self.health.cool_until(until);
     }
 
     /// Takes requests as of `now`: neither ejected nor cooling down after a 429.
-    pub fn is_healthy(&self, now: Instant) -> bool {
+    pub(crate) fn is_healthy(&self, now: Instant) -> bool {
         self.health.is_healthy(now)
     }
 
     /// Its health now, with the seconds that state has left.
-    pub fn health(&self) -> (State, f64) {
+    pub(crate) fn health(&self) -> (State, f64) {
         self.health.state(Instant::now())
     }
 }

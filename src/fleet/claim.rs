@@ -20,14 +20,14 @@ use tokio::sync::{mpsc, oneshot};
 /// a claim and are stated at their replica's next round: at the rates where knees matter the
 /// peers admit a fraction of a request per interval, so they seldom reach a slot a claim
 /// counts on (the bound when they do: docs/gateway.md, "Several replicas").
-pub const EDGE: u32 = 3;
+pub(crate) const EDGE: u32 = 3;
 
 /// Claims queued for the sync task before a new one goes unasked.
 const QUEUED: usize = 1024;
 
 /// The answer to a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claimed {
+pub(crate) enum Claimed {
     /// Stated: the fleet counts the request there.
     Granted,
     /// The fleet, with this request, would pass the limit there; the replica's view of it is
@@ -40,7 +40,7 @@ pub enum Claimed {
 
 impl Claimed {
     /// The `outcome` label of `tpsgate_cluster_claims_total`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Granted => "granted",
             Self::Refused => "refused",
@@ -51,7 +51,7 @@ impl Claimed {
 
 /// One claim, on its way to the sync task.
 #[derive(Debug)]
-pub struct Claim {
+pub(crate) struct Claim {
     /// The backend's name.
     pub backend: Arc<str>,
     /// The most requests the fleet may have in flight there, this one included.
@@ -72,13 +72,13 @@ pub struct Claims {
 
 /// The answering side, served by the cluster's sync task.
 #[derive(Debug)]
-pub struct Desk {
+pub(crate) struct Desk {
     rx: mpsc::Receiver<Claim>,
     shared: Arc<AtomicBool>,
 }
 
 /// A pair of claims and desk; a request waits at most `wait` for an answer.
-pub fn claims(wait: Duration) -> (Claims, Desk) {
+pub(crate) fn claims(wait: Duration) -> (Claims, Desk) {
     let (tx, rx) = mpsc::channel(QUEUED);
     let shared = Arc::new(AtomicBool::new(false));
     (
@@ -93,12 +93,12 @@ pub fn claims(wait: Duration) -> (Claims, Desk) {
 
 impl Claims {
     /// Whether slots at the edge are claimed (peers hold leases).
-    pub fn shared(&self) -> bool {
+    pub(crate) fn shared(&self) -> bool {
         self.shared.load(Ordering::Relaxed)
     }
 
     /// Asks for one request's slot on `backend` with at most `limit` in flight there fleet-wide.
-    pub async fn claim(&self, backend: &Arc<str>, limit: u32) -> Claimed {
+    pub(crate) async fn claim(&self, backend: &Arc<str>, limit: u32) -> Claimed {
         let (answer, rx) = oneshot::channel();
         let claim = Claim {
             backend: Arc::clone(backend),
@@ -120,12 +120,12 @@ impl Claims {
 
 impl Desk {
     /// The next claim (`None` once every asking side is gone).
-    pub async fn next(&mut self) -> Option<Claim> {
+    pub(crate) async fn next(&mut self) -> Option<Claim> {
         self.rx.recv().await
     }
 
     /// The claims queued now, up to `max` in `into`, without waiting.
-    pub fn drain(&mut self, max: usize, into: &mut Vec<Claim>) {
+    pub(crate) fn drain(&mut self, max: usize, into: &mut Vec<Claim>) {
         while into.len() < max {
             match self.rx.try_recv() {
                 Ok(claim) => into.push(claim),
@@ -135,7 +135,7 @@ impl Desk {
     }
 
     /// Whether there are peers to claim against.
-    pub fn set_shared(&self, shared: bool) {
+    pub(crate) fn set_shared(&self, shared: bool) {
         self.shared.store(shared, Ordering::Relaxed);
     }
 }

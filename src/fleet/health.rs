@@ -15,7 +15,7 @@ use crate::config::Ejection;
 /// Ejection and cool-down deadlines, as milliseconds since the backend was built (atomics: read
 /// on every routing decision), and the failures that lead to them.
 #[derive(Debug)]
-pub struct Health {
+pub(crate) struct Health {
     born: Instant,
     ejected_until_ms: AtomicU64,
     cooling_until_ms: AtomicU64,
@@ -27,7 +27,7 @@ pub struct Health {
 
 /// What [`Health::state`] says of a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum State {
+pub(crate) enum State {
     /// Takes requests.
     Healthy,
     /// Ejected after upstream failures.
@@ -38,7 +38,7 @@ pub enum State {
 
 impl State {
     /// Its name on `/admin/backends`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Healthy => "healthy",
             Self::Ejected => "ejected",
@@ -49,7 +49,7 @@ impl State {
 
 impl Health {
     /// Healthy, as of `born`.
-    pub fn new(born: Instant) -> Self {
+    pub(crate) fn new(born: Instant) -> Self {
         Self {
             born,
             ejected_until_ms: AtomicU64::new(0),
@@ -69,12 +69,12 @@ impl Health {
     }
 
     /// Until when the backend is ejected, if it is at `now`.
-    pub fn ejected_until(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn ejected_until(&self, now: Instant) -> Option<Instant> {
         self.until(&self.ejected_until_ms, now)
     }
 
     /// Until when the backend cools down after a 429, if it does at `now`.
-    pub fn cooling_until(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn cooling_until(&self, now: Instant) -> Option<Instant> {
         self.until(&self.cooling_until_ms, now)
     }
 
@@ -83,7 +83,7 @@ impl Health {
     /// probe (up to `rule.max`); once the period ends, requests are let through again
     /// (half-open) and the first result decides: a success clears everything, a failure ejects
     /// at once for longer. Returns the period when this note ejected the backend.
-    pub fn note_upstream(&self, ok: bool, rule: Ejection, now: Instant) -> Option<Duration> {
+    pub(crate) fn note_upstream(&self, ok: bool, rule: Ejection, now: Instant) -> Option<Duration> {
         if ok {
             // A success (a probe, or the only backend tried anyway) ends any ejection.
             self.failures_in_a_row.store(0, Ordering::Relaxed);
@@ -107,7 +107,7 @@ impl Health {
 
     /// Notes a 429 at `now`: no requests go there for `retry_after` (its `Retry-After`, else a
     /// second; at most a minute). Returns the end of this cool-down.
-    pub fn note_rate_limited(&self, retry_after: Option<Duration>, now: Instant) -> Instant {
+    pub(crate) fn note_rate_limited(&self, retry_after: Option<Duration>, now: Instant) -> Instant {
         let period = retry_after
             .unwrap_or(Duration::from_secs(1))
             .min(Duration::from_secs(60));
@@ -116,14 +116,14 @@ impl Health {
     }
 
     /// Cools down until `until` (or later, if it already does).
-    pub fn cool_until(&self, until: Instant) {
+    pub(crate) fn cool_until(&self, until: Instant) {
         self.cooling_until_ms
             .fetch_max(self.ms(until), Ordering::Relaxed);
     }
 
     /// Ejected until `until` (or later, if it already is), as another replica decided at
     /// `now`: its failures count as this one's, so a failed probe afterwards ejects for longer.
-    pub fn eject_until(&self, now: Instant, until: Instant) {
+    pub(crate) fn eject_until(&self, now: Instant, until: Instant) {
         if until > now {
             self.ejected_until_ms
                 .fetch_max(self.ms(until), Ordering::Relaxed);
@@ -132,12 +132,12 @@ impl Health {
     }
 
     /// Takes requests as of `now`: neither ejected nor cooling down after a 429.
-    pub fn is_healthy(&self, now: Instant) -> bool {
+    pub(crate) fn is_healthy(&self, now: Instant) -> bool {
         self.ejected_until(now).is_none() && self.cooling_until(now).is_none()
     }
 
     /// Its state at `now`, with the seconds it has left.
-    pub fn state(&self, now: Instant) -> (State, f64) {
+    pub(crate) fn state(&self, now: Instant) -> (State, f64) {
         let left = |until: Instant| until.saturating_duration_since(now).as_secs_f64();
         if let Some(until) = self.ejected_until(now) {
             (State::Ejected, left(until))

@@ -60,7 +60,7 @@ impl InFlightGuard {
 
     /// It was admitted on the backend's ramp alone ([`super::ramp`]): its first token and its
     /// speed tell the ramp whether to go on.
-    pub fn probe(&mut self, max_ttft_s: Option<f64>, min_tps: Option<f64>) {
+    pub(crate) fn probe(&mut self, max_ttft_s: Option<f64>, min_tps: Option<f64>) {
         self.probe = Some(Probe {
             admitted_with: self.admitted_with.in_flight,
             max_ttft_s,
@@ -69,17 +69,17 @@ impl InFlightGuard {
     }
 
     /// A probe whose speed the ramp has not been told yet, and may be told by its next chunk.
-    pub fn probing(&self) -> bool {
+    pub(crate) fn probing(&self) -> bool {
         self.probe.is_some() && !self.probe_at_end
     }
 
     /// A probe whose speed the ramp has not been told yet (at its end, this is the last word).
-    pub fn probe_unjudged(&self) -> bool {
+    pub(crate) fn probe_unjudged(&self) -> bool {
         self.probe.is_some()
     }
 
     /// Its first token came `ttft_s` after it was sent: the ramp learns it if it is a probe.
-    pub fn probe_first_token(&self, ttft_s: f64) {
+    pub(crate) fn probe_first_token(&self, ttft_s: f64) {
         if let Some(probe) = &self.probe
             && self.backend.ramp.first_token(probe, ttft_s)
         {
@@ -92,7 +92,13 @@ impl InFlightGuard {
     /// the ramp grows at once. Below it, the judgment waits for the end (`ended`), where the
     /// stream's reported `tokens` say how many tokens its events carried: a hosted API that
     /// streams several tokens an event is not mistaken for a slow one.
-    pub fn probe_speed(&mut self, events: u32, visible_s: f64, ended: bool, tokens: Option<u64>) {
+    pub(crate) fn probe_speed(
+        &mut self,
+        events: u32,
+        visible_s: f64,
+        ended: bool,
+        tokens: Option<u64>,
+    ) {
         if !(ended || events >= PROBE_EVENTS) || events < 2 || visible_s <= 0.0 {
             if ended {
                 self.probe = None;
@@ -119,7 +125,7 @@ impl InFlightGuard {
 
     /// The request is expected to find `hit` of its `prompt_tokens` in the backend's prefix
     /// cache: the rest counts as prefill waiting there until its first token.
-    pub fn expect_prefill(&mut self, prompt_tokens: u64, hit: Hit) {
+    pub(crate) fn expect_prefill(&mut self, prompt_tokens: u64, hit: Hit) {
         self.expected = hit;
         if let Some(index) = &self.backend.prefix {
             self.prefill = prompt_tokens.saturating_sub(hit.cached_tokens);
@@ -129,12 +135,12 @@ impl InFlightGuard {
 
     /// Prefill it waited behind: the uncached prompt tokens sent to the backend before it and
     /// not yet at their first token when it was admitted (0 without a prefix index).
-    pub fn prefill_ahead(&self) -> u64 {
+    pub(crate) fn prefill_ahead(&self) -> u64 {
         self.prefill_ahead
     }
 
     /// What the backend's prefix index expected it to hold of this request.
-    pub fn expected(&self) -> Hit {
+    pub(crate) fn expected(&self) -> Hit {
         self.expected
     }
 
@@ -147,26 +153,26 @@ impl InFlightGuard {
     }
 
     /// The backend this request was admitted to.
-    pub fn backend(&self) -> &Arc<Backend> {
+    pub(crate) fn backend(&self) -> &Arc<Backend> {
         &self.backend
     }
 
     /// In flight at admission, this request included; from its first token on, with the
     /// requests other replicas had admitted there that it could not see then.
-    pub fn admitted_with(&self) -> u32 {
+    pub(crate) fn admitted_with(&self) -> u32 {
         self.admitted_with.in_flight
     }
 
     /// Other requests waiting for their first token when this one was admitted or, once it
     /// came, when its own first token came: whether it shared a queue.
-    pub fn queued_with(&self) -> u32 {
+    pub(crate) fn queued_with(&self) -> u32 {
         self.admitted_with
             .queued_behind
             .max(self.waiting_at_first_token)
     }
 
     /// It will have no first token (not a stream): no longer waiting for one.
-    pub fn stop_waiting(&mut self) {
+    pub(crate) fn stop_waiting(&mut self) {
         self.prefill_done();
         if std::mem::take(&mut self.waiting) {
             self.backend
@@ -176,7 +182,7 @@ impl InFlightGuard {
     }
 
     /// Its first token came at `now`: no longer waiting; the occupancy integral as of then.
-    pub fn first_token(&mut self, now: Instant) -> Reading {
+    pub(crate) fn first_token(&mut self, now: Instant) -> Reading {
         self.prefill_done();
         if std::mem::take(&mut self.waiting) {
             let (reading, others, unseen) =

@@ -9,19 +9,19 @@
 //! Below the router, above the curves and the transport: it imports `curve`, `upstream`,
 //! `telemetry` and `config`, never `router` or `proxy`.
 
-pub mod backend;
-pub mod claim;
-pub mod health;
-pub mod in_flight;
-pub mod outbox;
-pub mod prefix;
-pub mod ramp;
-pub mod waiters;
+pub(crate) mod backend;
+pub(crate) mod claim;
+pub(crate) mod health;
+pub(crate) mod in_flight;
+pub(crate) mod outbox;
+pub(crate) mod prefix;
+pub(crate) mod ramp;
+pub(crate) mod waiters;
 
-pub use backend::{Backend, ByModel};
-pub use claim::Claimed;
+pub use backend::Backend;
+pub(crate) use claim::Claimed;
 pub use in_flight::InFlightGuard;
-pub use outbox::{Event, Inbox, Learned, Outbox};
+pub(crate) use outbox::{Event, Inbox, Learned, Outbox};
 pub use prefix::{Hit, PrefixIndex};
-pub use ramp::Ramp;
-pub use waiters::{Line, Share};
+pub use waiters::Line;
+pub(crate) use waiters::Share;

@@ -17,11 +17,11 @@ use crate::curve::{FirstToken, Observation};
 
 /// Samples and events queued before the oldest is refused: at two samples per request, a few
 /// seconds of a busy gateway's traffic, about a megabyte.
-pub const CAPACITY: usize = 16 * 1024;
+pub(crate) const CAPACITY: usize = 16 * 1024;
 
 /// What a backend learned, for its peers.
 #[derive(Debug, Clone)]
-pub enum Learned {
+pub(crate) enum Learned {
     /// A request's first token (its TTFT, at the occupancy it was admitted with).
     FirstToken(FirstToken),
     /// A request's end (its speed, at the concurrency it experienced).
@@ -30,7 +30,7 @@ pub enum Learned {
 
 /// One thing for the peers.
 #[derive(Debug, Clone)]
-pub enum Event {
+pub(crate) enum Event {
     /// A curve sample of `backend` for client model `model`.
     Learned {
         /// The backend's name.
@@ -77,7 +77,7 @@ pub struct Outbox {
 
 /// The receiving side, drained by the cluster's sync task.
 #[derive(Debug)]
-pub struct Inbox {
+pub(crate) struct Inbox {
     rx: mpsc::Receiver<Event>,
     dropped: Arc<AtomicU64>,
     /// Where the claims arrive.
@@ -85,7 +85,7 @@ pub struct Inbox {
 }
 
 /// An outbox and the inbox it feeds; a claim waits at most `claim_wait` for its answer.
-pub fn outbox(claim_wait: Duration) -> (Outbox, Inbox) {
+pub(crate) fn outbox(claim_wait: Duration) -> (Outbox, Inbox) {
     let (tx, rx) = mpsc::channel(CAPACITY);
     let dropped = Arc::new(AtomicU64::new(0));
     let (claims, desk) = claim::claims(claim_wait);
@@ -105,7 +105,7 @@ pub fn outbox(claim_wait: Duration) -> (Outbox, Inbox) {
 
 impl Outbox {
     /// Queues `event` if there is room; otherwise drops it and counts the drop.
-    pub fn send(&self, event: Event) {
+    pub(crate) fn send(&self, event: Event) {
         if self.tx.try_send(event).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
@@ -114,7 +114,7 @@ impl Outbox {
 
 impl Inbox {
     /// Everything queued now, up to `max` events, without waiting.
-    pub fn drain(&mut self, max: usize, into: &mut Vec<Event>) {
+    pub(crate) fn drain(&mut self, max: usize, into: &mut Vec<Event>) {
         while into.len() < max {
             match self.rx.try_recv() {
                 Ok(event) => into.push(event),
@@ -124,7 +124,7 @@ impl Inbox {
     }
 
     /// Events dropped so far because the queue was full.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 }

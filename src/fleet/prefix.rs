@@ -75,7 +75,7 @@ impl Share {
 
 /// The index as `/admin/backends` and the metrics show it.
 #[derive(Debug, Clone, Copy, Serialize)]
-pub struct IndexView {
+pub(crate) struct IndexView {
     /// Blocks held now.
     pub blocks: usize,
     /// Blocks held at most: configured, then calibrated.
@@ -107,7 +107,7 @@ impl PrefixIndex {
     }
 
     /// The backend has reported cached tokens in a usage (so it will again).
-    pub fn has_reports(&self) -> bool {
+    pub(crate) fn has_reports(&self) -> bool {
         self.reports.load(Ordering::Relaxed)
     }
 
@@ -149,7 +149,7 @@ impl PrefixIndex {
     }
 
     /// A peer routed a prompt whose coarse hashes are `hashes` (and hint `hint`) here.
-    pub fn learned(&self, hashes: &[u64], hint: Option<u64>, now: Instant) {
+    pub(crate) fn learned(&self, hashes: &[u64], hint: Option<u64>, now: Instant) {
         self.with(|s| {
             s.held.insert(hashes.iter().copied(), now);
             if let Some(h) = hint {
@@ -162,7 +162,7 @@ impl PrefixIndex {
     /// its cache, where the index expected `hit` of the `estimated_prompt` it saw. Reports move
     /// the reported hit rate and calibrate the index's capacity: `Some(blocks)` when this one
     /// changed it.
-    pub fn reported(
+    pub(crate) fn reported(
         &self,
         hit: Hit,
         estimated_prompt: u64,
@@ -188,12 +188,12 @@ impl PrefixIndex {
 
     /// `tokens` of prefill were sent here (uncached prompt tokens of a request admitted now);
     /// what was waiting before them, which they wait behind.
-    pub fn prefill_sent(&self, tokens: u64) -> u64 {
+    pub(crate) fn prefill_sent(&self, tokens: u64) -> u64 {
         self.prefill_waiting.fetch_add(tokens, Ordering::Relaxed)
     }
 
     /// A request's `tokens` of prefill are done (its first token came, or it ended first).
-    pub fn prefill_done(&self, tokens: u64) {
+    pub(crate) fn prefill_done(&self, tokens: u64) {
         let _ = self
             .prefill_waiting
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
@@ -202,12 +202,12 @@ impl PrefixIndex {
     }
 
     /// Uncached prompt tokens sent here that have no first token yet.
-    pub fn prefill_waiting(&self) -> u64 {
+    pub(crate) fn prefill_waiting(&self) -> u64 {
         self.prefill_waiting.load(Ordering::Relaxed)
     }
 
     /// The index as the admin plane shows it.
-    pub fn view(&self) -> IndexView {
+    pub(crate) fn view(&self) -> IndexView {
         self.with(|s| IndexView {
             blocks: s.held.len(),
             capacity_blocks: s.held.capacity(),

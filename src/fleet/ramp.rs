@@ -21,11 +21,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Content events a probe streams before its speed is judged: enough for a rate, few enough
 /// that the check comes long before the request ends.
-pub const PROBE_EVENTS: u32 = 8;
+pub(crate) const PROBE_EVENTS: u32 = 8;
 
 /// The targets a probe is judged by (its request's SLO as admitted).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Probe {
+pub(crate) struct Probe {
     /// In flight when it was admitted, itself included.
     pub admitted_with: u32,
     /// Its TTFT target, seconds (from when the gateway sent it).
@@ -55,18 +55,18 @@ impl Default for Ramp {
 impl Ramp {
     /// Whether a request may join as the `joining`-th in flight (itself included) on the
     /// ramp's evidence.
-    pub fn allows(&self, joining: u32) -> bool {
+    pub(crate) fn allows(&self, joining: u32) -> bool {
         joining <= self.allowance.load(Ordering::Relaxed)
     }
 
     /// Requests in flight it may hold on the ramp's evidence (0: the ramp has ended).
-    pub fn allowance(&self) -> u32 {
+    pub(crate) fn allowance(&self) -> u32 {
         self.allowance.load(Ordering::Relaxed)
     }
 
     /// A probe's first token came `ttft_s` after the request was sent; whether the allowance
     /// grew.
-    pub fn first_token(&self, probe: &Probe, ttft_s: f64) -> bool {
+    pub(crate) fn first_token(&self, probe: &Probe, ttft_s: f64) -> bool {
         match probe.max_ttft_s {
             Some(max) if ttft_s > max => {
                 self.end();
@@ -83,7 +83,7 @@ impl Ramp {
     /// A probe's per-user speed over its first content events (or its whole stream, if
     /// shorter): at its target the occupancy it was admitted at is verified, and the allowance
     /// is at least twice that; below, the ramp ends. Whether the allowance grew.
-    pub fn speed(&self, probe: &Probe, tps: f64) -> bool {
+    pub(crate) fn speed(&self, probe: &Probe, tps: f64) -> bool {
         match probe.min_tps {
             Some(min) if tps < min => {
                 self.end();

@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 /// Who a waiting request is, for the fair order: its flow (an API key's id; 0 for requests
 /// without a key), the flow's weight, and the request's cost in tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Share {
+pub(crate) struct Share {
     /// The flow.
     pub flow: u64,
     /// Its weight (above 0; a flow of weight 2 gets twice the tokens of one of weight 1).
@@ -114,14 +114,14 @@ impl Line {
     }
 
     /// Requests of `class` waiting now.
-    pub fn waiting_in(&self, class: usize) -> usize {
+    pub(crate) fn waiting_in(&self, class: usize) -> usize {
         self.per_class
             .get(class)
             .map_or(0, |n| n.load(Ordering::Acquire))
     }
 
     /// A slot was released somewhere: a new round of turns.
-    pub fn released(&self) {
+    pub(crate) fn released(&self) {
         if self.waiting.load(Ordering::Acquire) > 0 {
             self.new_round();
         }
@@ -136,13 +136,13 @@ impl Line {
     }
 
     /// Requests waiting now.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
     }
 
     /// Joins the line of `class` as `share`; leaving is dropping the [`Place`] (or
     /// [`Place::served`]).
-    pub fn join(&self, class: usize, share: Share) -> Place<'_> {
+    pub(crate) fn join(&self, class: usize, share: Share) -> Place<'_> {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         let mut classes = self.classes();
@@ -180,7 +180,7 @@ impl Line {
 
 /// A request's place in line.
 #[derive(Debug)]
-pub struct Place<'a> {
+pub(crate) struct Place<'a> {
     line: &'a Line,
     class: usize,
     ticket: u64,
@@ -197,7 +197,7 @@ impl Place<'_> {
 
     /// The round, if it is this request's turn to try to be placed (call [`Place::pass`]
     /// with it when it cannot be).
-    pub fn turn(&self) -> Option<u64> {
+    pub(crate) fn turn(&self) -> Option<u64> {
         let round = self.line.round.load(Ordering::Acquire);
         let classes = self.line.classes();
         let line = classes.get(self.class)?;
@@ -209,7 +209,7 @@ impl Place<'_> {
 
     /// Could not be placed in its turn of `round`: the next request in line tries. (If a new
     /// round began meanwhile, its turn in that one stands.)
-    pub fn pass(&self, round: u64) {
+    pub(crate) fn pass(&self, round: u64) {
         let mut classes = self.line.classes();
         let Some(line) = classes.get_mut(self.class) else {
             return;
@@ -228,7 +228,7 @@ impl Place<'_> {
     }
 
     /// Whether it is first in its class's line (whatever the turn).
-    pub fn is_first(&self) -> bool {
+    pub(crate) fn is_first(&self) -> bool {
         self.line
             .classes()
             .get(self.class)
@@ -238,7 +238,7 @@ impl Place<'_> {
 
     /// Nothing freed for a while, yet curves change with time: the first in line starts a
     /// new round of turns.
-    pub fn look_again(&self) {
+    pub(crate) fn look_again(&self) {
         if self.is_first() {
             self.line.new_round();
         }
@@ -246,12 +246,12 @@ impl Place<'_> {
 
     /// What wakes it for its turn: register (`notified().enable()`) before checking
     /// [`Place::turn`], so that none is missed; a wake-up while it is not waiting is kept.
-    pub fn wake(&self) -> Arc<Notify> {
+    pub(crate) fn wake(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)
     }
 
     /// Leaves the line placed: the class's virtual time reaches its start.
-    pub fn served(mut self) {
+    pub(crate) fn served(mut self) {
         self.served = true;
     }
 }

@@ -39,11 +39,11 @@ const H2_PING_EVERY: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long a client may take to send its request headers.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How a listener treats its clients.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Time to send request headers (and finish a TLS handshake).
     pub header_read_timeout: Duration,
     /// Largest request head (HTTP/1.1 read buffer; HTTP/2 header list).
@@ -75,7 +75,7 @@ impl Default for Limits {
 /// Serves `service` on `listener` until `shutdown` completes, then waits up to `limits.drain`
 /// for open connections to finish. With `tls`, connections are HTTPS (ALPN h2 and http/1.1); the
 /// header-read timeout also bounds the TLS handshake.
-pub async fn serve<S, B>(
+pub(crate) async fn serve<S, B>(
     listener: TcpListener,
     tls: Option<TlsAcceptor>,
     limits: Limits,
@@ -323,7 +323,7 @@ async fn serve_connection<I, S, B>(
 }
 
 /// Binds `addr`, naming the address in the error.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))

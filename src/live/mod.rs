@@ -13,7 +13,7 @@
 //! addresses, the same way: members still there are carried over, new ones join cold, and those
 //! gone are no longer routed to while their streams finish on the backend they hold.
 
-pub mod watcher;
+pub(crate) mod watcher;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,7 +35,7 @@ use crate::tenant::Tenants;
 
 /// What a reload may change: everything but the listeners.
 #[derive(Debug)]
-pub struct Live {
+pub(crate) struct Live {
     /// The request stack.
     pub stack: Stack,
     /// Its router (also read by the admin plane).
@@ -58,7 +58,7 @@ impl Live {
     /// entries, reusing `old` backends that did not change; `drained` ends streams still open
     /// at the drain deadline; `outbox` (a cluster's) is where every backend's samples and
     /// health events go.
-    pub fn build(
+    pub(crate) fn build(
         config: &Config,
         found: Found,
         old: Option<&Live>,
@@ -148,7 +148,7 @@ impl Live {
 
 /// How the last reload went, for `/admin/reload`.
 #[derive(Debug, Clone, Serialize, Default)]
-pub struct ReloadStatus {
+pub(crate) struct ReloadStatus {
     /// Reloads applied since start.
     pub applied: u64,
     /// Reloads refused since start.
@@ -164,7 +164,7 @@ pub struct ReloadStatus {
 /// Applies new configs to a running gateway (see [`Reloader::reload`]), and new DNS answers
 /// (see [`Reloader::keep_discovering`]); cheap to clone.
 #[derive(Debug, Clone)]
-pub struct Reloader {
+pub(crate) struct Reloader {
     live: Arc<ArcSwap<Live>>,
     status: Arc<Mutex<ReloadStatus>>,
     drained: Signal,
@@ -180,7 +180,7 @@ const DISCOVERY_LOOK: Duration = Duration::from_secs(1);
 impl Reloader {
     /// A reloader of `live`, recording outcomes in `status`; `drained` as for [`Live::build`];
     /// `resolver` answers for discovered entries.
-    pub fn new(
+    pub(crate) fn new(
         live: Arc<ArcSwap<Live>>,
         status: Arc<Mutex<ReloadStatus>>,
         drained: Signal,
@@ -199,7 +199,7 @@ impl Reloader {
     /// and every backend's client must build. Discovered entries it adds are resolved first,
     /// so that their backends are there from the moment it applies. On error nothing changes.
     /// The outcome is what `/admin/reload` shows.
-    pub async fn reload(&self, config: &Config) -> Result<(), String> {
+    pub(crate) async fn reload(&self, config: &Config) -> Result<(), String> {
         let result = self.try_reload(config).await;
         match &result {
             Ok(()) => tracing::info!(backends = config.backends.len(), "config reloaded"),
@@ -210,7 +210,7 @@ impl Reloader {
     }
 
     /// Records a reload refused before it got here (the file did not validate).
-    pub fn refused(&self, error: String) {
+    pub(crate) fn refused(&self, error: String) {
         self.record(Some(error));
     }
 
@@ -280,7 +280,7 @@ impl Reloader {
 
     /// Resolves the running config's discovered entries, each every its `refresh_s`, and
     /// rebuilds the live state when an answer changes; until `stop`.
-    pub async fn keep_discovering(self, mut stop: watch::Receiver<bool>) {
+    pub(crate) async fn keep_discovering(self, mut stop: watch::Receiver<bool>) {
         let mut due: HashMap<Arc<str>, Instant> = HashMap::new();
         loop {
             let live = self.live.load_full();

@@ -14,7 +14,7 @@ const WATCH_EVERY: Duration = Duration::from_millis(500);
 const SETTLE: Duration = Duration::from_millis(200);
 
 /// A hash of the file's content, `None` when it cannot be read.
-pub fn fingerprint(file: &std::path::Path) -> Option<u64> {
+pub(crate) fn fingerprint(file: &std::path::Path) -> Option<u64> {
     use std::hash::{Hash as _, Hasher as _};
     let bytes = std::fs::read(file).ok()?;
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -24,7 +24,7 @@ pub fn fingerprint(file: &std::path::Path) -> Option<u64> {
 
 /// Reloads the config on SIGHUP, and when the file's content changes (once per change: a file
 /// caught half-written fails validation, and the next write is another change).
-pub async fn reload_on_change(
+pub(crate) async fn reload_on_change(
     file: PathBuf,
     loaded: Option<u64>,
     reloader: Reloader,

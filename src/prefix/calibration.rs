@@ -18,17 +18,17 @@
 //! window with such reports grows the index by a quarter, never past what was configured.
 
 /// Calibration never shrinks an index below this many blocks (or its configured size).
-pub const MIN_CALIBRATED_BLOCKS: usize = 16;
+pub(crate) const MIN_CALIBRATED_BLOCKS: usize = 16;
 
 /// Reports read between two calibration steps.
-pub const CALIBRATION_WINDOW: u32 = 16;
+pub(crate) const CALIBRATION_WINDOW: u32 = 16;
 
 /// Points a step is fitted to: the last four windows' worth.
 const KEPT: usize = 64;
 
 /// One completed request's usage set against what the index expected of it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Report {
+pub(crate) struct Report {
     /// Prompt tokens the index expected the backend to hold.
     pub expected: u64,
     /// The last expected block's depth when the request was routed.
@@ -67,7 +67,7 @@ impl Report {
 
 /// The recent reports of one index, and what it was configured to hold.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Calibration {
+pub(crate) struct Calibration {
     /// A ring of (depth, still held).
     points: [(u32, bool); KEPT],
     kept: usize,
@@ -79,7 +79,7 @@ pub struct Calibration {
 
 impl Calibration {
     /// Calibrates an index configured to hold `configured` blocks.
-    pub fn new(configured: usize) -> Self {
+    pub(crate) fn new(configured: usize) -> Self {
         Self {
             points: [(0, false); KEPT],
             kept: 0,
@@ -92,7 +92,7 @@ impl Calibration {
 
     /// One request's report; `Some(blocks)` when the index's capacity (now `capacity` blocks)
     /// should change.
-    pub fn observe(&mut self, report: &Report, capacity: usize) -> Option<usize> {
+    pub(crate) fn observe(&mut self, report: &Report, capacity: usize) -> Option<usize> {
         if report.expected == 0 && report.reported == 0 {
             return None;
         }

@@ -25,7 +25,9 @@ use lru::LruCache;
 use rapidhash::v3::{DEFAULT_RAPID_SECRETS, RapidSecrets, rapidhash_v3, rapidhash_v3_seeded};
 use tokio::time::Instant;
 
-pub use calibration::{CALIBRATION_WINDOW, Calibration, MIN_CALIBRATED_BLOCKS, Report};
+#[cfg(test)]
+pub(crate) use calibration::{CALIBRATION_WINDOW, MIN_CALIBRATED_BLOCKS};
+pub(crate) use calibration::{Calibration, Report};
 use recency::Recency;
 
 mod calibration;
@@ -34,7 +36,7 @@ mod recency;
 /// The hashes of the whole blocks of one prompt, in order; `hashes[k]` stands for the prefix
 /// of `k + 1` blocks.
 #[derive(Debug, Clone)]
-pub struct Chain {
+pub(crate) struct Chain {
     block_bytes: usize,
     partial: Vec<u8>,
     prev: u64,
@@ -44,7 +46,7 @@ pub struct Chain {
 impl Chain {
     /// A chain of `block_bytes`-byte blocks (at least 1) whose first block is seeded by `seed`
     /// (the model: blocks of two models never match).
-    pub fn new(seed: &[u8], block_bytes: usize) -> Self {
+    pub(crate) fn new(seed: &[u8], block_bytes: usize) -> Self {
         Self {
             block_bytes: block_bytes.max(1),
             partial: Vec::new(),
@@ -55,7 +57,7 @@ impl Chain {
 
     /// Appends `bytes` to the stream. Whole blocks inside `bytes` are hashed where they lie;
     /// only a block split across two calls is copied.
-    pub fn feed(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) {
         let size = self.block_bytes;
         self.hashes
             .reserve((self.partial.len() + bytes.len()) / size);
@@ -85,17 +87,17 @@ impl Chain {
 
     /// The hashes of the whole blocks fed; a trailing partial block is not cached by engines
     /// and is left out.
-    pub fn finish(self) -> Vec<u64> {
+    pub(crate) fn finish(self) -> Vec<u64> {
         self.hashes
     }
 }
 
 /// Every how many blocks a replica tells its peers what it routed: the peers learn a prefix at
 /// this granularity, and what a routed prompt costs on the wire falls by this factor.
-pub const SHARE_STEP: usize = 4;
+pub(crate) const SHARE_STEP: usize = 4;
 
 /// The positions of `hashes` worth telling a peer: every [`SHARE_STEP`]-th block and the last.
-pub fn coarse(hashes: &[u64]) -> impl DoubleEndedIterator<Item = u64> + '_ {
+pub(crate) fn coarse(hashes: &[u64]) -> impl DoubleEndedIterator<Item = u64> + '_ {
     let last = hashes.len().checked_sub(1);
     hashes
         .iter()
@@ -107,7 +109,7 @@ pub fn coarse(hashes: &[u64]) -> impl DoubleEndedIterator<Item = u64> + '_ {
 /// A bounded set of block hashes, least recently used out first, each held for at most a
 /// time-to-live since it was last touched.
 #[derive(Debug)]
-pub struct Held {
+pub(crate) struct Held {
     blocks: LruCache<u64, Touch>,
     recency: Recency,
     ttl: Duration,
@@ -123,7 +125,7 @@ struct Touch {
 
 impl Held {
     /// Holds up to `capacity` blocks (at least 1) for `ttl` each.
-    pub fn new(capacity: usize, ttl: Duration) -> Self {
+    pub(crate) fn new(capacity: usize, ttl: Duration) -> Self {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         Self {
             blocks: LruCache::new(capacity),
@@ -134,27 +136,23 @@ impl Held {
     }
 
     /// Blocks held now (expired ones included until they are evicted or looked at).
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.blocks.len()
     }
 
-    /// Nothing held.
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
-
     /// The most blocks held.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.blocks.cap().get()
     }
 
+    #[cfg(test)]
     /// Blocks pushed out by newer ones, ever.
-    pub fn evicted(&self) -> u64 {
+    pub(crate) fn evicted(&self) -> u64 {
         self.evicted
     }
 
     /// Changes the most blocks held, evicting the least recent beyond it.
-    pub fn resize(&mut self, capacity: usize) {
+    pub(crate) fn resize(&mut self, capacity: usize) {
         let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         while self.blocks.len() > cap.get() && self.blocks.pop_lru().is_some() {
             self.evicted += 1;
@@ -183,7 +181,7 @@ impl Held {
     /// [`SHARE_STEP`]-th position finds the last coarse block held, and at most
     /// `SHARE_STEP - 1` more lookups the exact end: `O(log n)` lookups for a prompt of `n`
     /// blocks. A peer's prefix, learned at the coarse positions only, is found to within a step.
-    pub fn longest(&self, hashes: &[u64], now: Instant) -> usize {
+    pub(crate) fn longest(&self, hashes: &[u64], now: Instant) -> usize {
         let Some(&last) = hashes.last() else {
             return 0;
         };
@@ -209,14 +207,14 @@ impl Held {
 
     /// Held blocks touched after block `hash`: its LRU stack distance, which a cache must hold
     /// more than of blocks to still hold it. `None` when it is not held.
-    pub fn depth(&self, hash: u64) -> Option<u32> {
+    pub(crate) fn depth(&self, hash: u64) -> Option<u32> {
         self.blocks
             .peek(&hash)
             .map(|touch| self.recency.newer_than(touch.number))
     }
 
     /// Holds every hash of `hashes` as touched at `now`, the first one most recently.
-    pub fn insert(&mut self, hashes: impl DoubleEndedIterator<Item = u64>, now: Instant) {
+    pub(crate) fn insert(&mut self, hashes: impl DoubleEndedIterator<Item = u64>, now: Instant) {
         for hash in hashes.rev() {
             let number = match self.recency.touch() {
                 Some(n) => n,
@@ -247,7 +245,7 @@ pub struct RequestPrefix {
 
 impl RequestPrefix {
     /// The hash a hint is held under: apart from every block hash by a domain tag.
-    pub fn hint_hash(model: &[u8], hint: &[u8]) -> u64 {
+    pub(crate) fn hint_hash(model: &[u8], hint: &[u8]) -> u64 {
         seeded(hint, rapidhash_v3(model) ^ HINT_DOMAIN)
     }
 }
@@ -266,13 +264,13 @@ fn seeded(bytes: &[u8], seed: u64) -> u64 {
 }
 
 /// A backend's seed in rendezvous orders: its name's hash, the same in every replica.
-pub fn name_seed(name: &str) -> u64 {
+pub(crate) fn name_seed(name: &str) -> u64 {
     rapidhash_v3(name.as_bytes())
 }
 
 /// Backend `seed`'s score for `key` in highest-random-weight (rendezvous) order: every replica
 /// ranks the backends for a key alike, and a backend leaving moves only its own keys.
-pub fn rendezvous(key: u64, seed: u64) -> u64 {
+pub(crate) fn rendezvous(key: u64, seed: u64) -> u64 {
     // SplitMix64's finalizer over the pair.
     let mut z = key ^ seed.rotate_left(32);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);

@@ -18,18 +18,18 @@ use crate::error::{Error, ErrorKind};
 use crate::tenant::{Tenant, Tenants};
 
 /// `x-api-key`: Anthropic's credential header, which clients of either dialect may send.
-pub const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
+pub(crate) const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
 
 /// Checks gateway API keys.
 #[derive(Debug, Clone)]
-pub struct AuthLayer {
+pub(crate) struct AuthLayer {
     keys: Arc<[(ApiKey, Option<Arc<Tenant>>)]>,
 }
 
 impl AuthLayer {
     /// The layer; no keys means no check. The `i`-th key's requests are charged to the
     /// `i`-th of `tenants`.
-    pub fn new(keys: Vec<ApiKey>, tenants: &Tenants) -> Self {
+    pub(crate) fn new(keys: Vec<ApiKey>, tenants: &Tenants) -> Self {
         Self {
             keys: keys
                 .into_iter()
@@ -53,7 +53,7 @@ impl<S> Layer<S> for AuthLayer {
 
 /// See [`AuthLayer`].
 #[derive(Debug, Clone)]
-pub struct Auth<S> {
+pub(crate) struct Auth<S> {
     inner: S,
     keys: Arc<[(ApiKey, Option<Arc<Tenant>>)]>,
 }

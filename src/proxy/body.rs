@@ -35,19 +35,19 @@ use crate::curve::Outcome;
 use crate::fleet::InFlightGuard;
 use crate::sse::events::StreamDialect;
 use crate::translate::ResponseTranslator;
-pub use crate::upstream::BodyError;
+pub(crate) use crate::upstream::BodyError;
 use crate::upstream::PooledBody;
 
 /// The most a stream's bytes before its first content event are kept while a retry is still
 /// possible (a role chunk and a few comments are a few hundred bytes); past it the response goes
 /// to the client as it is.
-pub const READ_AHEAD_LIMIT: usize = 1 << 20;
+pub(crate) const READ_AHEAD_LIMIT: usize = 1 << 20;
 
 pin_project! {
     /// Every response the gateway sends: one it made, or one from upstream.
     #[project = ProxyBodyProj]
     #[derive(Debug)]
-    pub enum ProxyBody {
+    pub(crate) enum ProxyBody {
         /// A body the gateway made (errors, `/v1/models`).
         Local { #[pin] body: Full<Bytes> },
         /// An upstream body, metered. Boxed: it is several hundred bytes, and the response is
@@ -65,7 +65,7 @@ impl Default for ProxyBody {
 
 impl ProxyBody {
     /// A complete body made by the gateway.
-    pub fn full(bytes: Bytes) -> Self {
+    pub(crate) fn full(bytes: Bytes) -> Self {
         Self::Local {
             body: Full::new(bytes),
         }
@@ -73,14 +73,14 @@ impl ProxyBody {
 
     /// Keeps a backend's in-flight slot until this body is done (a local body has nothing to
     /// wait for, so the slot goes at once).
-    pub fn keep_slot(&mut self, slot: InFlightGuard) {
+    pub(crate) fn keep_slot(&mut self, slot: InFlightGuard) {
         if let Self::Upstream { body } = self {
             body.keep_slot(slot);
         }
     }
 
     /// See [`Metered::read_ahead_to_content`]; a local body answers `true` at once.
-    pub async fn read_ahead_to_content(&mut self) -> bool {
+    pub(crate) async fn read_ahead_to_content(&mut self) -> bool {
         match self {
             Self::Upstream { body } => body.read_ahead_to_content().await,
             Self::Local { .. } => true,
@@ -121,7 +121,7 @@ pin_project! {
     /// An upstream body on its way to the client: timed, metered, read ahead while a retry is
     /// possible, and ending its request when it ends, fails or is dropped.
     #[derive(Debug)]
-    pub struct Metered<B = PooledBody> {
+    pub(crate) struct Metered<B = PooledBody> {
         #[pin]
         inner: Timed<B>,
         end: RequestEnd,
@@ -152,7 +152,7 @@ impl<B> Metered<B> {
     /// Forwards `inner`, ending `end` when done; meters it as an SSE stream of `dialect` when
     /// `stream` is set (`true`: remove the usage chunk the gateway asked for), whose lines and
     /// events may be `max_event` bytes long.
-    pub fn new(
+    pub(crate) fn new(
         inner: Timed<B>,
         end: RequestEnd,
         stream: Option<(StreamDialect, bool)>,
@@ -175,7 +175,11 @@ impl<B> Metered<B> {
     /// Translates what goes out with `translator`; a stream's error events then take
     /// `client`'s dialect.
     #[must_use]
-    pub fn translated(mut self, translator: ResponseTranslator, client: StreamDialect) -> Self {
+    pub(crate) fn translated(
+        mut self,
+        translator: ResponseTranslator,
+        client: StreamDialect,
+    ) -> Self {
         if self.dialect.is_some() {
             self.dialect = Some(client);
         }
@@ -200,7 +204,7 @@ impl<B> Metered<B> {
 
 impl<B: Body<Data = Bytes, Error = BodyError> + Unpin> Metered<B> {
     /// Keeps a backend's in-flight slot until this body is done.
-    pub fn keep_slot(&mut self, slot: InFlightGuard) {
+    pub(crate) fn keep_slot(&mut self, slot: InFlightGuard) {
         let streamed = self.meter.is_some();
         self.end.keep_slot(slot, streamed);
     }
@@ -211,7 +215,7 @@ impl<B: Body<Data = Bytes, Error = BodyError> + Unpin> Metered<B> {
     /// upstream failed (or ended without finishing) before producing any: the request may still
     /// be retried elsewhere, since nothing reached the client. Only streams are read ahead; any
     /// other body answers `true` at once.
-    pub async fn read_ahead_to_content(&mut self) -> bool {
+    pub(crate) async fn read_ahead_to_content(&mut self) -> bool {
         if self.meter.is_none() {
             return true;
         }

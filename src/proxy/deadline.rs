@@ -28,7 +28,7 @@ use crate::upstream::BodyError;
 /// A backend's timeouts, counted from when the request was sent to it (time in the gateway's
 /// line, or on a failed attempt elsewhere, is not the backend's).
 #[derive(Debug, Clone, Copy)]
-pub struct Deadlines {
+pub(crate) struct Deadlines {
     timeouts: Timeouts,
     sent: Instant,
     /// A stream (else a response with no first token: its deadline is the response timeout).
@@ -38,7 +38,7 @@ pub struct Deadlines {
 /// A deadline that passed: which one (the `kind` label of `tpsgate_upstream_timeouts_total`),
 /// and the message for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Expired {
+pub(crate) struct Expired {
     /// `first_token`, `stall` or `total`.
     pub kind: &'static str,
     /// What the client is told.
@@ -47,7 +47,7 @@ pub struct Expired {
 
 impl Deadlines {
     /// The deadlines of a request sent at `sent`; `streamed`: it asked for a stream.
-    pub const fn new(timeouts: Timeouts, sent: Instant, streamed: bool) -> Self {
+    pub(crate) const fn new(timeouts: Timeouts, sent: Instant, streamed: bool) -> Self {
         Self {
             timeouts,
             sent,
@@ -56,12 +56,12 @@ impl Deadlines {
     }
 
     /// Whether the request asked for a stream.
-    pub const fn streamed(&self) -> bool {
+    pub(crate) const fn streamed(&self) -> bool {
         self.streamed
     }
 
     /// When the request was sent.
-    pub const fn sent(&self) -> Instant {
+    pub(crate) const fn sent(&self) -> Instant {
         self.sent
     }
 
@@ -72,7 +72,7 @@ impl Deadlines {
     /// Until the first token (the response head included): the first-token timeout, or the
     /// total if sooner. A response that is not a stream has no first token: its whole
     /// response timeout.
-    pub fn first_token(&self) -> Instant {
+    pub(crate) fn first_token(&self) -> Instant {
         let first = if self.streamed {
             self.timeouts.first_token
         } else {
@@ -82,12 +82,12 @@ impl Deadlines {
     }
 
     /// While output flows: a stall from `now`, or the total if sooner.
-    pub fn stall_from(&self, now: Instant) -> Instant {
+    pub(crate) fn stall_from(&self, now: Instant) -> Instant {
         self.capped(now + self.timeouts.stall)
     }
 
     /// Which deadline had passed at `now`; `flowing`: output had begun.
-    pub fn expired(&self, now: Instant, flowing: bool) -> Expired {
+    pub(crate) fn expired(&self, now: Instant, flowing: bool) -> Expired {
         if self.timeouts.total.is_some_and(|t| now >= self.sent + t) {
             let ms = self.timeouts.total.map_or(0, |t| t.as_millis());
             Expired {
@@ -118,7 +118,7 @@ impl Deadlines {
 
 /// Why a [`Timed`] body stopped early.
 #[derive(Debug)]
-pub enum Cut {
+pub(crate) enum Cut {
     /// A deadline passed (already counted in the metrics).
     Expired(Expired),
     /// The gateway's drain deadline passed with the body still open.
@@ -152,7 +152,7 @@ pin_project! {
     /// is called, then a stall deadline moved by every frame, all within the total; and the
     /// drain deadline, when given. Past any of them it yields one [`Cut`] and then ends.
     #[derive(Debug)]
-    pub struct Timed<B> {
+    pub(crate) struct Timed<B> {
         #[pin]
         inner: B,
         deadlines: Deadlines,
@@ -172,7 +172,12 @@ pin_project! {
 
 impl<B> Timed<B> {
     /// `inner` under `deadlines`; `drained`, when given, cuts it at the drain deadline.
-    pub fn new(inner: B, deadlines: Deadlines, drained: Option<Signal>, backend: Arc<str>) -> Self {
+    pub(crate) fn new(
+        inner: B,
+        deadlines: Deadlines,
+        drained: Option<Signal>,
+        backend: Arc<str>,
+    ) -> Self {
         Self {
             inner,
             timer: Timer {
@@ -193,15 +198,10 @@ impl<B> Timed<B> {
 
     /// Output flows as of `now` (a content event, or any data of a body that is not a stream):
     /// the next deadline is a stall from now.
-    pub fn flowing(self: Pin<&mut Self>, now: Instant) {
+    pub(crate) fn flowing(self: Pin<&mut Self>, now: Instant) {
         let this = self.project();
         *this.flowing = true;
         this.timer.at = this.deadlines.stall_from(now);
-    }
-
-    /// Whether output has begun.
-    pub fn is_flowing(&self) -> bool {
-        self.flowing
     }
 }
 

@@ -20,7 +20,7 @@ use crate::tenant::Charge;
 
 /// One request's response on its way out: what its end will say and teach.
 #[derive(Debug)]
-pub struct RequestEnd {
+pub(crate) struct RequestEnd {
     /// The request id.
     id: http::HeaderValue,
     /// The model the client asked for.
@@ -62,7 +62,7 @@ pub struct RequestEnd {
 
 /// Who a request was, for its [`RequestEnd`].
 #[derive(Debug)]
-pub struct Request {
+pub(crate) struct Request {
     /// The request id.
     pub id: http::HeaderValue,
     /// The model the client asked for.
@@ -82,7 +82,7 @@ pub struct Request {
 impl RequestEnd {
     /// The end of `request`, whose response head (`status`) came from `backend`, to which it
     /// was sent at `sent`.
-    pub fn new(request: Request, status: u16, sent: Instant, backend: Arc<str>) -> Self {
+    pub(crate) fn new(request: Request, status: u16, sent: Instant, backend: Arc<str>) -> Self {
         Self {
             id: request.id,
             model: request.model,
@@ -105,7 +105,7 @@ impl RequestEnd {
 
     /// Keeps the request's in-flight slot until the end; `streamed`: a first token may come
     /// (otherwise the slot stops waiting for one at once).
-    pub fn keep_slot(&mut self, mut slot: InFlightGuard, streamed: bool) {
+    pub(crate) fn keep_slot(&mut self, mut slot: InFlightGuard, streamed: bool) {
         if !streamed {
             slot.stop_waiting();
         }
@@ -113,12 +113,12 @@ impl RequestEnd {
     }
 
     /// `n` more bytes went to the client.
-    pub fn forwarded(&mut self, n: usize) {
+    pub(crate) fn forwarded(&mut self, n: usize) {
         self.bytes += n as u64;
     }
 
     /// The response ended this way (the last word counts).
-    pub fn ended(&mut self, outcome: Outcome) {
+    pub(crate) fn ended(&mut self, outcome: Outcome) {
         self.outcome = outcome;
     }
 
@@ -134,7 +134,7 @@ impl RequestEnd {
     /// still holds) teaches the fit a cold prefill at a cached prompt's size, so that sample waits
     /// for the reported count. The queue such a request saw still shows at once, in the
     /// occupancy's count of requests waiting for a first token.
-    pub fn first_token(
+    pub(crate) fn first_token(
         &mut self,
         now: Instant,
         prompt_tokens: Option<u64>,
@@ -175,13 +175,13 @@ impl RequestEnd {
 
     /// The request was admitted on its backend's ramp and the ramp has not heard its speed:
     /// the stream's content events so far may tell it ([`RequestEnd::probe_speed`]).
-    pub fn probing(&self) -> bool {
+    pub(crate) fn probing(&self) -> bool {
         self.slot.as_ref().is_some_and(InFlightGuard::probing)
     }
 
     /// Tells the backend's ramp a probe's speed once `timing` has enough content events (or
     /// the stream `ended` with fewer).
-    pub fn probe_speed(&mut self, timing: &StreamTiming, ended: bool) {
+    pub(crate) fn probe_speed(&mut self, timing: &StreamTiming, ended: bool) {
         if let Some(slot) = &mut self.slot
             && let (Some(first), Some(last)) = (timing.first_content, timing.last_content)
         {
@@ -192,7 +192,7 @@ impl RequestEnd {
 
     /// Writes the end, once: health, curve sample (from `meter`, for a stream), metrics and the
     /// log line. Later calls do nothing.
-    pub fn write(&mut self, meter: Option<&StreamMeter>) {
+    pub(crate) fn write(&mut self, meter: Option<&StreamMeter>) {
         if std::mem::replace(&mut self.written, true) {
             return;
         }

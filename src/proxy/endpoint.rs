@@ -26,7 +26,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// The endpoint of `path`, or `None` outside `/v1/`.
-    pub fn from_path(path: &str) -> Option<Self> {
+    pub(crate) fn from_path(path: &str) -> Option<Self> {
         Some(match path {
             "/v1/chat/completions" => Self::Chat,
             "/v1/completions" => Self::Completions,
@@ -40,12 +40,12 @@ impl Endpoint {
     }
 
     /// Whether errors for this path take Anthropic's shape.
-    pub fn is_anthropic(path: &str) -> bool {
+    pub(crate) fn is_anthropic(path: &str) -> bool {
         path == "/v1/messages" || path.starts_with("/v1/messages/")
     }
 
     /// The backend dialect that can serve it.
-    pub fn dialect(self) -> BackendDialect {
+    pub(crate) fn dialect(self) -> BackendDialect {
         match self {
             Self::Messages | Self::Other { anthropic: true } => BackendDialect::Anthropic,
             _ => BackendDialect::Openai,
@@ -53,7 +53,7 @@ impl Endpoint {
     }
 
     /// Generation endpoints need a JSON body naming a model and are POST only.
-    pub fn generates(self) -> bool {
+    pub(crate) fn generates(self) -> bool {
         matches!(
             self,
             Self::Chat | Self::Completions | Self::Responses | Self::Messages
@@ -61,7 +61,7 @@ impl Endpoint {
     }
 
     /// How its streams are read.
-    pub fn stream_dialect(self) -> StreamDialect {
+    pub(crate) fn stream_dialect(self) -> StreamDialect {
         match self {
             Self::Messages | Self::Other { anthropic: true } => StreamDialect::Anthropic,
             Self::Responses => StreamDialect::Responses,
@@ -70,7 +70,7 @@ impl Endpoint {
     }
 
     /// Whether `include_usage` can be injected (OpenAI chat and completions streams).
-    pub fn takes_include_usage(self) -> bool {
+    pub(crate) fn takes_include_usage(self) -> bool {
         matches!(self, Self::Chat | Self::Completions)
     }
 }

@@ -28,18 +28,20 @@ use crate::translate::{Direction, ResponseTranslator, client_status};
 use crate::upstream::{PooledBody, SendError, UpstreamBody};
 
 /// `x-tpsgate-backend`: which backend answered.
-pub const X_TPSGATE_BACKEND: HeaderName = HeaderName::from_static("x-tpsgate-backend");
+pub(crate) const X_TPSGATE_BACKEND: HeaderName = HeaderName::from_static("x-tpsgate-backend");
 /// `x-tpsgate-predicted-tps`: the per-user TPS (median) the router expected on that backend.
-pub const X_TPSGATE_PREDICTED_TPS: HeaderName = HeaderName::from_static("x-tpsgate-predicted-tps");
+pub(crate) const X_TPSGATE_PREDICTED_TPS: HeaderName =
+    HeaderName::from_static("x-tpsgate-predicted-tps");
 /// `x-tpsgate-predicted-ttft-ms`: the TTFT (median) the router expected there, ms.
-pub const X_TPSGATE_PREDICTED_TTFT_MS: HeaderName =
+pub(crate) const X_TPSGATE_PREDICTED_TTFT_MS: HeaderName =
     HeaderName::from_static("x-tpsgate-predicted-ttft-ms");
 /// `x-tpsgate-route-reason`: why the router chose it (the `reason` of the decision counter).
-pub const X_TPSGATE_ROUTE_REASON: HeaderName = HeaderName::from_static("x-tpsgate-route-reason");
+pub(crate) const X_TPSGATE_ROUTE_REASON: HeaderName =
+    HeaderName::from_static("x-tpsgate-route-reason");
 
 /// Sends requests upstream.
 #[derive(Debug, Clone, Default)]
-pub struct Forward {
+pub(crate) struct Forward {
     /// Cancelled when the drain deadline passes: streams still open then end with an error
     /// event.
     drained: Signal,
@@ -47,7 +49,7 @@ pub struct Forward {
 
 impl Forward {
     /// The service; `drained` ends the streams still open at the drain deadline.
-    pub const fn new(drained: Signal) -> Self {
+    pub(crate) const fn new(drained: Signal) -> Self {
         Self { drained }
     }
 }
@@ -154,7 +156,7 @@ type Sending = Pin<Box<dyn Future<Output = Result<Response<PooledBody>, SendErro
 
 pin_project! {
     /// Response future of [`Forward`].
-    pub struct ForwardFuture {
+    pub(crate) struct ForwardFuture {
         #[pin]
         inner: Option<Sending>,
         // The first-token (or total) deadline while the response head is awaited.

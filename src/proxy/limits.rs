@@ -14,13 +14,13 @@ use crate::error::{Error, ErrorKind};
 
 /// Refuses heads over a size.
 #[derive(Debug, Clone, Copy)]
-pub struct HeadLimitLayer {
+pub(crate) struct HeadLimitLayer {
     max_bytes: usize,
 }
 
 impl HeadLimitLayer {
     /// Heads over `max_bytes` are refused.
-    pub const fn new(max_bytes: usize) -> Self {
+    pub(crate) const fn new(max_bytes: usize) -> Self {
         Self { max_bytes }
     }
 }
@@ -38,14 +38,14 @@ impl<S> Layer<S> for HeadLimitLayer {
 
 /// See [`HeadLimitLayer`].
 #[derive(Debug, Clone)]
-pub struct HeadLimit<S> {
+pub(crate) struct HeadLimit<S> {
     inner: S,
     max_bytes: usize,
 }
 
 /// The size of a request head as HTTP/1.1 writes it: the request line and each field with its
 /// `: ` and line end (HTTP/2 counts a field's name and value plus 32; close enough for a limit).
-pub fn head_bytes<B>(req: &Request<B>) -> usize {
+pub(crate) fn head_bytes<B>(req: &Request<B>) -> usize {
     let line = req.method().as_str().len()
         + req.uri().path_and_query().map_or(1, |p| p.as_str().len())
         + 12;

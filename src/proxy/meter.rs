@@ -18,7 +18,7 @@ use crate::sse::{SseParser, StreamTiming, read_event};
 
 /// The longest line or event a stream may send by default: 1 MiB (a token is a few bytes; the
 /// largest real events, tool-call arguments or a whole non-streamed answer, are kilobytes).
-pub const MAX_EVENT_BYTES: usize = 1 << 20;
+pub(crate) const MAX_EVENT_BYTES: usize = 1 << 20;
 
 /// Where the scan for the end of an unfinished event stands, relative to the event's start.
 #[derive(Debug, Clone, Copy, Default)]
@@ -65,7 +65,7 @@ impl StreamMeter {
 
     /// The same, with lines and events of up to `bytes` (instead of [`MAX_EVENT_BYTES`]).
     #[must_use]
-    pub fn with_max_event(self, bytes: usize) -> Self {
+    pub(crate) fn with_max_event(self, bytes: usize) -> Self {
         Self {
             max_event: bytes,
             ..self
@@ -73,13 +73,13 @@ impl StreamMeter {
     }
 
     /// The longest line or event allowed, bytes.
-    pub fn max_event(&self) -> usize {
+    pub(crate) fn max_event(&self) -> usize {
         self.max_event
     }
 
     /// Whether the stream sent a line or an event longer than allowed: it must end now (what
     /// was kept of it is dropped).
-    pub fn overflowed(&self) -> bool {
+    pub(crate) fn overflowed(&self) -> bool {
         self.overflowed
     }
 
@@ -108,13 +108,8 @@ impl StreamMeter {
         (out, !had_content && self.timing.first_content.is_some())
     }
 
-    /// Whether the usage chunk is being removed (the body's length is then not the upstream's).
-    pub fn strips(&self) -> bool {
-        self.strip
-    }
-
     /// Whether the start of an unfinished event is kept back until its end arrives.
-    pub fn has_partial_event(&self) -> bool {
+    pub(crate) fn has_partial_event(&self) -> bool {
         !self.partial.is_empty()
     }
 

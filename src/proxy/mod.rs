@@ -3,22 +3,22 @@
 //! [`route`] -> [`rewrite`] -> [`forward`]. The response body is [`body`]: timed by
 //! [`deadline`], metered by [`meter`], its request ended by [`end`].
 
-pub mod auth;
-pub mod body;
-pub mod classify;
-pub mod deadline;
-pub mod end;
-pub mod endpoint;
-pub mod forward;
-pub mod limits;
-pub mod meter;
-pub mod models;
-pub mod quota;
-pub mod request_id;
-pub mod rescue;
-pub mod retry;
-pub mod rewrite;
-pub mod route;
-pub mod skim;
+pub(crate) mod auth;
+pub(crate) mod body;
+pub(crate) mod classify;
+pub(crate) mod deadline;
+pub(crate) mod end;
+pub(crate) mod endpoint;
+pub(crate) mod forward;
+pub(crate) mod limits;
+pub(crate) mod meter;
+pub(crate) mod models;
+pub(crate) mod quota;
+pub(crate) mod request_id;
+pub(crate) mod rescue;
+pub(crate) mod retry;
+pub(crate) mod rewrite;
+pub(crate) mod route;
+pub(crate) mod skim;
 #[cfg(test)]
 mod testing;

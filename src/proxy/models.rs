@@ -18,13 +18,13 @@ use crate::router::Router;
 
 /// Answers `GET /v1/models`; passes everything else on.
 #[derive(Debug, Clone)]
-pub struct ModelsLayer {
+pub(crate) struct ModelsLayer {
     router: Arc<Router>,
 }
 
 impl ModelsLayer {
     /// The layer listing `router`'s models.
-    pub const fn new(router: Arc<Router>) -> Self {
+    pub(crate) const fn new(router: Arc<Router>) -> Self {
         Self { router }
     }
 }
@@ -42,7 +42,7 @@ impl<S> Layer<S> for ModelsLayer {
 
 /// See [`ModelsLayer`].
 #[derive(Debug, Clone)]
-pub struct Models<S> {
+pub(crate) struct Models<S> {
     inner: S,
     router: Arc<Router>,
 }

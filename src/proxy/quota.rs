@@ -27,7 +27,7 @@ use crate::tenant::{self, Limit, Quota, Refusal, Tenant, Window};
 
 /// Holds each API key to its limits.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct QuotaLayer;
+pub(crate) struct QuotaLayer;
 
 impl<S> Layer<S> for QuotaLayer {
     type Service = Quotas<S>;
@@ -39,7 +39,7 @@ impl<S> Layer<S> for QuotaLayer {
 
 /// See [`QuotaLayer`].
 #[derive(Debug, Clone)]
-pub struct Quotas<S> {
+pub(crate) struct Quotas<S> {
     inner: S,
 }
 
@@ -187,7 +187,7 @@ pin_project! {
     /// Response future of [`Quotas`]: the inner answer with the key's rate-limit headers, or
     /// the refusal.
     #[derive(Debug)]
-    pub struct QuotaFuture<F> {
+    pub(crate) struct QuotaFuture<F> {
         #[pin]
         inner: Option<F>,
         headers: Option<HeaderMap>,

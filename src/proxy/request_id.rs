@@ -15,12 +15,12 @@ use tower::{Layer, Service};
 use crate::otel::{RequestSpan, Tracing};
 
 /// `x-request-id`.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The request's id and when the gateway received it (its head), in its extensions (one entry:
 /// each costs an allocation): TTFT counts from `at`.
 #[derive(Debug, Clone)]
-pub struct Received {
+pub(crate) struct Received {
     /// The id, as sent upstream and echoed to the client.
     pub id: HeaderValue,
     /// The moment the head arrived.
@@ -37,13 +37,13 @@ pub struct Received {
 /// stack cost every request hundreds of instructions even as a pass-through (BENCHMARKS.md,
 /// "Traces and discovery off").
 #[derive(Debug, Clone, Default)]
-pub struct RequestIdLayer {
+pub(crate) struct RequestIdLayer {
     tracing: Option<Tracing>,
 }
 
 impl RequestIdLayer {
     /// The layer; `tracing`, when configured, makes a span of each request.
-    pub fn new(tracing: Option<Tracing>) -> Self {
+    pub(crate) fn new(tracing: Option<Tracing>) -> Self {
         Self { tracing }
     }
 }
@@ -61,7 +61,7 @@ impl<S> Layer<S> for RequestIdLayer {
 
 /// See [`RequestIdLayer`].
 #[derive(Debug, Clone)]
-pub struct RequestIdService<S> {
+pub(crate) struct RequestIdService<S> {
     inner: S,
     tracing: Option<Tracing>,
 }
@@ -69,11 +69,11 @@ pub struct RequestIdService<S> {
 /// On a response: its body carries the request's span to the request's end (put there by
 /// `forward`, only when traced).
 #[derive(Debug, Clone, Copy)]
-pub struct CarriesSpan;
+pub(crate) struct CarriesSpan;
 
 /// On an error response the gateway made: the error's code (`rescue`), for the span.
 #[derive(Debug, Clone, Copy)]
-pub struct ErrorCode(pub &'static str);
+pub(crate) struct ErrorCode(pub &'static str);
 
 /// Ids minted here: a per-process random prefix and a counter, so they are unique without a
 /// random draw per request.
@@ -145,7 +145,7 @@ where
 pin_project! {
     /// Response future of [`RequestIdService`].
     #[derive(Debug)]
-    pub struct RequestIdFuture<F> {
+    pub(crate) struct RequestIdFuture<F> {
         #[pin]
         inner: F,
         id: Option<HeaderValue>,

@@ -19,11 +19,11 @@ use crate::error::{Error, ErrorKind};
 
 /// Turns errors from the layers below into responses.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RescueLayer;
+pub(crate) struct RescueLayer;
 
 impl RescueLayer {
     /// The layer.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self
     }
 }
@@ -38,7 +38,7 @@ impl<S> Layer<S> for RescueLayer {
 
 /// See [`RescueLayer`].
 #[derive(Debug, Clone)]
-pub struct Rescue<S> {
+pub(crate) struct Rescue<S> {
     inner: S,
 }
 
@@ -68,7 +68,7 @@ where
 pin_project! {
     /// Response future of [`Rescue`].
     #[derive(Debug)]
-    pub struct RescueFuture<F> {
+    pub(crate) struct RescueFuture<F> {
         #[pin]
         inner: F,
         anthropic: bool,
@@ -91,7 +91,7 @@ where
 }
 
 /// The response for `err`, in Anthropic's shape when `anthropic`, else OpenAI's.
-pub fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
+pub(crate) fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody> {
     let kind = err.kind();
     crate::telemetry::count_gateway_error(kind);
     if kind == ErrorKind::Internal {

@@ -31,7 +31,7 @@ use crate::router::Router;
 /// be retried deposits `ratio` of a retry, a retry spends one, and the balance starts (and is
 /// capped) at [`RetryBudget::RESERVE`] so that a quiet gateway can still retry a few.
 #[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     /// Balance in thousandths of a retry.
     milli: AtomicI64,
     deposit: i64,
@@ -39,10 +39,10 @@ pub struct RetryBudget {
 
 impl RetryBudget {
     /// Retries available to a gateway that has seen no requests yet.
-    pub const RESERVE: i64 = 10;
+    pub(crate) const RESERVE: i64 = 10;
 
     /// A budget allowing `ratio` retries per request.
-    pub fn new(ratio: f64) -> Self {
+    pub(crate) fn new(ratio: f64) -> Self {
         Self {
             milli: AtomicI64::new(Self::RESERVE * 1000),
             deposit: (ratio * 1000.0).round() as i64,
@@ -50,7 +50,7 @@ impl RetryBudget {
     }
 
     /// One request passed.
-    pub fn deposit(&self) {
+    pub(crate) fn deposit(&self) {
         let cap = Self::RESERVE * 1000 * 10;
         let _ = self
             .milli
@@ -60,7 +60,7 @@ impl RetryBudget {
     }
 
     /// Spends one retry if the balance allows.
-    pub fn withdraw(&self) -> bool {
+    pub(crate) fn withdraw(&self) -> bool {
         self.milli
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
                 (m >= 1000).then_some(m - 1000)
@@ -83,7 +83,7 @@ fn copy_request<B: Clone>(parts: &http::request::Parts, body: &B) -> Request<B> 
 
 /// Retries requests that failed before any content.
 #[derive(Debug, Clone)]
-pub struct RetryLayer {
+pub(crate) struct RetryLayer {
     // One shared part: the stack is cloned per request, and each `Arc` in it is an atomic
     // increment and decrement there.
     shared: Arc<Shared>,
@@ -99,7 +99,7 @@ struct Shared {
 impl RetryLayer {
     /// At most `max_attempts` attempts per request, retries spent from `budget`; `router` tells
     /// whether another backend serves the model.
-    pub fn new(router: Arc<Router>, max_attempts: u32, budget: RetryBudget) -> Self {
+    pub(crate) fn new(router: Arc<Router>, max_attempts: u32, budget: RetryBudget) -> Self {
         Self {
             shared: Arc::new(Shared {
                 router,
@@ -123,7 +123,7 @@ impl<S> Layer<S> for RetryLayer {
 
 /// See [`RetryLayer`].
 #[derive(Debug, Clone)]
-pub struct Retry<S> {
+pub(crate) struct Retry<S> {
     inner: S,
     shared: Arc<Shared>,
 }

@@ -26,11 +26,11 @@ use crate::upstream::UpstreamBody;
 
 /// Rewrites requests for their backend.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RewriteLayer;
+pub(crate) struct RewriteLayer;
 
 impl RewriteLayer {
     /// The layer.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self
     }
 }
@@ -45,7 +45,7 @@ impl<S> Layer<S> for RewriteLayer {
 
 /// See [`RewriteLayer`].
 #[derive(Debug, Clone)]
-pub struct Rewrite<S> {
+pub(crate) struct Rewrite<S> {
     inner: S,
 }
 
@@ -73,7 +73,7 @@ where
 }
 
 /// Builds the upstream request.
-pub fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
+pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Error> {
     let (mut parts, body) = req.into_parts();
     let classified = parts
         .extensions
@@ -242,7 +242,7 @@ pub fn rewrite_body(
 }
 
 /// Hop-by-hop headers (RFC 9110 section 7.6.1) and others the gateway sets itself.
-pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+pub(crate) fn is_hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
         "connection"

@@ -33,7 +33,7 @@ use crate::translate::Direction;
 
 /// The routing decision, in the request's extensions.
 #[derive(Debug, Clone)]
-pub struct Routed {
+pub(crate) struct Routed {
     /// The chosen backend.
     pub backend: Arc<Backend>,
     /// The model name the backend knows (the alias resolved), where it is not the name the
@@ -49,7 +49,7 @@ pub struct Routed {
 
 /// Which way a request of a client speaking `client` is translated for a backend speaking
 /// `backend`, if it is.
-pub fn translation(client: BackendDialect, backend: BackendDialect) -> Option<Direction> {
+pub(crate) fn translation(client: BackendDialect, backend: BackendDialect) -> Option<Direction> {
     match (client, backend) {
         (BackendDialect::Openai, BackendDialect::Anthropic) => Some(Direction::ChatToMessages),
         (BackendDialect::Anthropic, BackendDialect::Openai) => Some(Direction::MessagesToChat),
@@ -61,11 +61,11 @@ pub fn translation(client: BackendDialect, backend: BackendDialect) -> Option<Di
 /// extensions: Route adds each one it chooses, and a later attempt avoids them. Shared by the
 /// copies of the request each attempt sends.
 #[derive(Debug, Clone, Default)]
-pub struct Tried(Arc<Mutex<Vec<usize>>>);
+pub(crate) struct Tried(Arc<Mutex<Vec<usize>>>);
 
 impl Tried {
     /// The backends tried so far.
-    pub fn backends(&self) -> Vec<usize> {
+    pub(crate) fn backends(&self) -> Vec<usize> {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -82,7 +82,7 @@ impl Tried {
 
 /// What the router needs to know of a classified request for `model`, received at `received`,
 /// avoiding `avoid`, its prompt's prefix `prefix` (when the index is on).
-pub fn ask<'a>(
+pub(crate) fn ask<'a>(
     c: &'a Classified,
     model: &'a str,
     received: Instant,
@@ -105,7 +105,7 @@ pub fn ask<'a>(
 
 /// `x-session-id`: a client's name for its conversation, a hint that joins its requests to one
 /// prefix (as OpenAI's `prompt_cache_key` in the body does).
-pub const X_SESSION_ID: http::HeaderName = http::HeaderName::from_static("x-session-id");
+pub(crate) const X_SESSION_ID: http::HeaderName = http::HeaderName::from_static("x-session-id");
 
 /// The prefix of `req`'s prompt for `model`: the prompt's parts in their fixed order, cut into
 /// blocks of `routing.block_tokens` and hashed in a chain seeded by the model (each part's
@@ -136,7 +136,7 @@ pub fn prefix_of(
 }
 
 /// When the gateway received `req` (now, if no layer above said).
-pub fn received<B>(req: &Request<B>) -> Instant {
+pub(crate) fn received<B>(req: &Request<B>) -> Instant {
     req.extensions()
         .get::<Received>()
         .map_or_else(Instant::now, |r| r.at)
@@ -144,13 +144,13 @@ pub fn received<B>(req: &Request<B>) -> Instant {
 
 /// Routes each classified request.
 #[derive(Debug, Clone)]
-pub struct RouteLayer {
+pub(crate) struct RouteLayer {
     router: Arc<Router>,
 }
 
 impl RouteLayer {
     /// The layer over `router`.
-    pub const fn new(router: Arc<Router>) -> Self {
+    pub(crate) const fn new(router: Arc<Router>) -> Self {
         Self { router }
     }
 }
@@ -168,7 +168,7 @@ impl<S> Layer<S> for RouteLayer {
 
 /// See [`RouteLayer`].
 #[derive(Debug, Clone)]
-pub struct Route<S> {
+pub(crate) struct Route<S> {
     inner: S,
     router: Arc<Router>,
 }
@@ -310,7 +310,7 @@ where
 pin_project! {
     /// Response future of [`Route`]: moves the in-flight slot into the response body.
     #[derive(Debug)]
-    pub struct RouteFuture<F> {
+    pub(crate) struct RouteFuture<F> {
         #[pin]
         inner: F,
         slot: Option<InFlightGuard>,

@@ -17,12 +17,12 @@
 use std::ops::Range;
 
 /// Nesting deeper than this, the body's object included, is refused, as serde_json refuses it.
-pub const MAX_DEPTH: usize = 128;
+pub(crate) const MAX_DEPTH: usize = 128;
 
 /// One top-level member: its key as written (between the quotes, escapes not decoded) and its
 /// value's bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// The key's bytes inside its quotes.
     pub key: Range<usize>,
     /// The value's bytes, from its first byte to its last.
@@ -31,14 +31,14 @@ pub struct Member {
 
 /// Why a body is not a JSON object, and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SkimError {
+pub(crate) struct SkimError {
     what: &'static str,
     at: usize,
 }
 
 impl SkimError {
     /// The message with the line and column (1-based, in bytes) where the body went wrong.
-    pub fn describe(&self, body: &[u8]) -> String {
+    pub(crate) fn describe(&self, body: &[u8]) -> String {
         let before = &body[..self.at.min(body.len())];
         let line = memchr::memchr_iter(b'\n', before).count() + 1;
         let column = before.len() - memchr::memrchr(b'\n', before).map_or(0, |i| i + 1) + 1;
@@ -47,7 +47,7 @@ impl SkimError {
 }
 
 /// The members of the object `body` holds, in order; the first error ends them.
-pub fn members(body: &[u8]) -> Members<'_> {
+pub(crate) fn members(body: &[u8]) -> Members<'_> {
     Members {
         body,
         at: 0,
@@ -57,7 +57,7 @@ pub fn members(body: &[u8]) -> Members<'_> {
 
 /// See [`members`].
 #[derive(Debug)]
-pub struct Members<'a> {
+pub(crate) struct Members<'a> {
     body: &'a [u8],
     at: usize,
     state: State,

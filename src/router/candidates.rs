@@ -17,7 +17,7 @@ use crate::fleet::{Backend, Hit};
 
 /// One candidate backend as the router sees it for one request.
 #[derive(Debug, Clone, Copy)]
-pub struct Candidate<'r> {
+pub(crate) struct Candidate<'r> {
     /// Index in the router's backend list.
     pub index: usize,
     /// The backend.
@@ -89,7 +89,7 @@ impl Candidate<'_> {
 impl Router {
     /// The candidates for `ask`, each evaluated: serving, under the hard limit, healthy (or all
     /// of those when none is healthy).
-    pub fn candidates(&self, ask: &Ask<'_>, policy: Policy) -> Vec<Candidate<'_>> {
+    pub(crate) fn candidates(&self, ask: &Ask<'_>, policy: Policy) -> Vec<Candidate<'_>> {
         let under_limit = |b: &Arc<Backend>| {
             b.config
                 .max_concurrency

@@ -9,7 +9,7 @@ use super::Router;
 
 /// A derived concurrency cap.
 #[derive(Debug, Clone)]
-pub struct Cap {
+pub(crate) struct Cap {
     /// Backend name.
     pub backend: Arc<str>,
     /// Client model name.
@@ -25,7 +25,7 @@ impl Router {
     /// meets the SLO (for `/admin/curves` and the `tpsgate_concurrency_cap` gauge). Admission
     /// tests the same predictions at in-flight + 1, which for a curve that only falls with load
     /// is the test `in_flight + 1 <= cap`.
-    pub fn caps(&self) -> Vec<Cap> {
+    pub(crate) fn caps(&self) -> Vec<Cap> {
         let mut caps = Vec::new();
         for b in &self.backends {
             let limit = b.config.max_concurrency.unwrap_or(4096).min(4096);
@@ -50,7 +50,7 @@ impl Router {
 /// Whether a latency class's SLO is met anywhere, as far as the curves know: its standing on
 /// `/admin/curves`, the `tpsgate_slo_feasible` gauge and the warning the gateway logs once.
 #[derive(Debug, Clone)]
-pub struct Standing {
+pub(crate) struct Standing {
     /// Class name.
     pub class: Arc<str>,
     /// Some backend is predicted to meet the SLO at its percentiles with one request alone;
@@ -62,7 +62,7 @@ pub struct Standing {
 
 /// The backend and model likeliest to meet a class's SLO with one request alone.
 #[derive(Debug, Clone)]
-pub struct Best {
+pub(crate) struct Best {
     /// Backend name.
     pub backend: Arc<str>,
     /// Client model name.
@@ -83,7 +83,7 @@ impl Router {
     /// Per latency class: whether any backend's curve predicts it meets the SLO with one request
     /// alone, and which comes closest. A class no backend meets even idle is served where its
     /// requests are likeliest to meet it (see [`super::MIN_CHANCE`]); the operator should know.
-    pub fn standings(&self) -> Vec<Standing> {
+    pub(crate) fn standings(&self) -> Vec<Standing> {
         let alone: Vec<_> = self
             .backends
             .iter()
@@ -132,7 +132,7 @@ impl Router {
 
     /// Warns, once per class, when the curves first show that no backend meets its SLO even
     /// with one request alone, naming the best backend's figures.
-    pub fn warn_unmet_slos(&self) {
+    pub(crate) fn warn_unmet_slos(&self) {
         for standing in self.standings() {
             let (Some(false), Some(best)) = (standing.feasible, &standing.best) else {
                 continue;

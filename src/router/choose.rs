@@ -10,10 +10,10 @@ use crate::config::Policy;
 use crate::config::Slo;
 
 /// Output tokens assumed when the request sets no `max_tokens` (for prices and throughput).
-pub const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
+pub(crate) const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
 
 /// Baselines decide without curves.
-pub fn is_baseline(policy: Policy) -> bool {
+pub(crate) fn is_baseline(policy: Policy) -> bool {
     matches!(
         policy,
         Policy::RoundRobin
@@ -39,7 +39,7 @@ pub fn is_baseline(policy: Policy) -> bool {
 /// first keeps a shared prompt's new conversations while it meets the SLO, so that a copy
 /// another backend took in an overflow goes cold there and is evicted, rather than both copies
 /// being kept warm by turns and every cache holding more prompts than it has room for.
-pub fn among_feasible(
+pub(crate) fn among_feasible(
     policy: Policy,
     candidates: &[Candidate<'_>],
     ask: &Ask<'_>,
@@ -138,7 +138,7 @@ fn cold<'a, 'r>(candidates: &'a [Candidate<'r>]) -> Option<(usize, &'a Candidate
 /// teach the curves), else the backend where the request adds the most system TPS among those
 /// where every class already decoding keeps its speed and a latency-class request could still
 /// join after it.
-pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
+pub(crate) fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
     if let Some((i, _)) = cold(candidates) {
         return Some(i);
     }
@@ -156,7 +156,7 @@ pub fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
 /// stalls every stream decoding there and evicts what that backend held. Otherwise the
 /// likeliest to meet the SLO, then the least predicted violation (for a batch request, the most
 /// added throughput); without any prediction, the fewest in flight.
-pub fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
+pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     let predicted = || {
         candidates
             .iter()
@@ -193,7 +193,7 @@ fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> std::cmp::Ordering {
 /// slowed by the engine's own cold start, or a fit through two samples, must not lock a
 /// backend out while requests wait or fail elsewhere, and trying it costs nobody else
 /// anything. Least confidence first.
-pub fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
+pub(crate) fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
@@ -212,7 +212,7 @@ pub fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
 /// concurrency it has seen, or a bucket gone stale), whose prediction — when there is one —
 /// keeps this request's SLO, the speed of every class already there and (for batch work, which
 /// holds a slot for long) room for the next latency request. Least confidence first.
-pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
+pub(crate) fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
@@ -240,7 +240,7 @@ pub fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usi
 /// latency-based routers do).
 /// `prefix_hash`: the backend (by router index) `pinned` holds the request's key, and is
 /// taken while it is a candidate (in turn when it is not, or the request has no key).
-pub fn baseline(
+pub(crate) fn baseline(
     policy: Policy,
     candidates: &[Candidate<'_>],
     turn: &AtomicUsize,

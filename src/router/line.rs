@@ -17,7 +17,11 @@ impl Router {
     /// Waits in the class's line (in weighted fair order by tokens within the class, as
     /// `share`) until a backend is feasible, or sheds with 429 when the class's queue wait,
     /// counted from receipt, runs out.
-    pub async fn wait_in_line(&self, ask: &Ask<'_>, share: Share) -> Result<Decision, Error> {
+    pub(crate) async fn wait_in_line(
+        &self,
+        ask: &Ask<'_>,
+        share: Share,
+    ) -> Result<Decision, Error> {
         let policy = self.policy(ask);
         let (_, max_wait) = self.on_miss(ask);
         let Some(class) = ask.class else {
@@ -66,7 +70,7 @@ impl Router {
     /// it first, the slot is let go and the request decided again on the fleet's fresh counts
     /// (in its class's line, if nothing is feasible and the class queues). A decision without a
     /// claim goes as it is.
-    pub async fn settle(
+    pub(crate) async fn settle(
         &self,
         ask: &Ask<'_>,
         decision: Decision,

@@ -19,11 +19,11 @@
 //! A decision is synchronous and reads no clock: [`Ask::now`] is the moment it is taken. Where a
 //! request waits (in its class's line, or on a claim another replica may contest) is [`line`].
 
-pub mod candidates;
-pub mod caps;
-pub mod choose;
-pub mod line;
-pub mod oracle;
+pub(crate) mod candidates;
+pub(crate) mod caps;
+pub(crate) mod choose;
+pub(crate) mod line;
+pub(crate) mod oracle;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -41,8 +41,8 @@ use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
 use crate::fleet::{Backend, Hit, InFlightGuard, Line};
 use crate::prefix::RequestPrefix;
-pub use candidates::Candidate;
-pub use caps::{Best, Cap, Standing};
+pub(crate) use candidates::Candidate;
+pub(crate) use caps::Best;
 use oracle::Oracle;
 
 /// What the router needs to know about a request.
@@ -91,7 +91,7 @@ impl Reach {
     }
 
     /// Whether a backend of `dialect` that `translates` (or not) is in reach.
-    pub fn reaches(self, dialect: BackendDialect, translates: bool) -> bool {
+    pub(crate) fn reaches(self, dialect: BackendDialect, translates: bool) -> bool {
         dialect == self.dialect || (self.translate && translates)
     }
 }
@@ -101,13 +101,13 @@ impl Reach {
 /// or less the time it has already waited, whichever is more. Without it a backend fills to
 /// the edge of the target, where only a request that has not waited at all still fits, and the
 /// freshest arrival takes every freed slot whatever the line's fair order says.
-pub const LINE_RESERVE: f64 = 0.2;
+pub(crate) const LINE_RESERVE: f64 = 0.2;
 
 /// The least a request sent where no backend meets its SLO at the class's percentiles must add
 /// to the expected good completions (its own chance less what it costs the requests already
 /// there): one in twenty. Below it the slot is worth more to a later request, and the class's
 /// `on_miss` applies.
-pub const MIN_CHANCE: f64 = 0.05;
+pub(crate) const MIN_CHANCE: f64 = 0.05;
 
 /// The least a request of a class that queues must add to the expected good completions (its
 /// chance less its cost to the others) to be committed to a backend that is full, meeting the
@@ -118,7 +118,7 @@ pub const MIN_CHANCE: f64 = 0.05;
 /// outliers while most requests meet the SLO (two `transformers serve` engines on CPU: a p90
 /// TTFT over 1 s at two in flight, most requests well within it), waiting for an idle engine
 /// refused most requests.
-pub const QUEUE_CHANCE: f64 = 0.5;
+pub(crate) const QUEUE_CHANCE: f64 = 0.5;
 
 /// A request whose claims keep being refused is decided again at most this many times: each
 /// refusal brings the fleet's counts fresh, so a second is rare and a fourth means counts that
@@ -126,7 +126,7 @@ pub const QUEUE_CHANCE: f64 = 0.5;
 impl Ask<'_> {
     /// The same request, decided again at `now`.
     #[must_use]
-    pub fn at(&self, now: Instant) -> Self {
+    pub(crate) fn at(&self, now: Instant) -> Self {
         Self { now, ..*self }
     }
 
@@ -144,7 +144,7 @@ impl Ask<'_> {
 
     /// The SLO as it stands at `now`: the TTFT budget less the time already spent since the
     /// request arrived (reading it, waiting in line).
-    pub fn slo_at(&self, now: Instant) -> Slo {
+    pub(crate) fn slo_at(&self, now: Instant) -> Slo {
         let waited = now.saturating_duration_since(self.received).as_secs_f64();
         Slo {
             max_ttft_s: self.slo.max_ttft_s.map(|t| t - waited),
@@ -190,7 +190,7 @@ impl Reason {
     ];
 
     /// The metric label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Feasible => "feasible",
             Self::ColdStart => "cold_start",
@@ -312,7 +312,7 @@ impl Router {
     }
 
     /// The backends, in config order.
-    pub fn backends(&self) -> &[Arc<Backend>] {
+    pub(crate) fn backends(&self) -> &[Arc<Backend>] {
         &self.backends
     }
 
@@ -322,17 +322,17 @@ impl Router {
     }
 
     /// The oracle, when a class uses it; its curves need [`Oracle::refresh`] now and then.
-    pub fn oracle(&self) -> Option<&Oracle> {
+    pub(crate) fn oracle(&self) -> Option<&Oracle> {
         self.oracle.as_ref()
     }
 
     /// The wait line (shared with the backends, which wake it).
-    pub fn line(&self) -> Arc<Line> {
+    pub(crate) fn line(&self) -> Arc<Line> {
         Arc::clone(&self.line)
     }
 
     /// Requests waiting in the `queue` line.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.line.waiting()
     }
 
@@ -372,7 +372,7 @@ impl Router {
     /// The backend for a request on `path` naming no model: a `routes[]` rule's for the path,
     /// else the default backend, if configured (of a discovered entry's members, the least
     /// occupied that admits it).
-    pub fn route_default(&self, path: &str) -> Result<Decision, Error> {
+    pub(crate) fn route_default(&self, path: &str) -> Result<Decision, Error> {
         let members = self
             .entries
             .by_path
@@ -422,7 +422,7 @@ impl Router {
 
     /// Prefix-cache-aware routing's settings, unless it is off: the stack hashes requests'
     /// prompts with them.
-    pub fn prefix_routing(&self) -> Option<PrefixRouting> {
+    pub(crate) fn prefix_routing(&self) -> Option<PrefixRouting> {
         self.routing.prefix
     }
 
@@ -728,7 +728,7 @@ impl Router {
 
     /// Backends in `reach` that serve `model`: with more than one, a failed attempt can be
     /// tried again elsewhere.
-    pub fn serving_count(&self, model: &str, reach: Reach) -> usize {
+    pub(crate) fn serving_count(&self, model: &str, reach: Reach) -> usize {
         self.backends
             .iter()
             .filter(|b| {
@@ -770,7 +770,7 @@ impl Router {
 
     /// `GET /v1/models`: every client model name, with the first backend (in config order)
     /// that serves it.
-    pub fn models(&self) -> BTreeMap<&str, &str> {
+    pub(crate) fn models(&self) -> BTreeMap<&str, &str> {
         let mut owners = BTreeMap::new();
         for b in &self.backends {
             for name in b.config.models.aliases.keys() {

@@ -16,7 +16,7 @@ use crate::curve::{Prediction, Spread};
 use crate::fleet::Backend;
 
 /// How often the true curves are re-read.
-pub const REFRESH: Duration = Duration::from_secs(1);
+pub(crate) const REFRESH: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Deserialize)]
 struct Truth {
@@ -31,14 +31,14 @@ struct TruthPoint {
 
 /// The latest true curve of each backend (by index), if it could be read.
 #[derive(Debug)]
-pub struct Oracle {
+pub(crate) struct Oracle {
     curves: Vec<ArcSwapOption<Vec<(f64, f64)>>>,
     query: String,
 }
 
 impl Oracle {
     /// An oracle for `backends` asking about requests of this shape.
-    pub fn new(backends: usize, prompt_tokens: u32, output_tokens: u32) -> Self {
+    pub(crate) fn new(backends: usize, prompt_tokens: u32, output_tokens: u32) -> Self {
         Self {
             curves: (0..backends).map(|_| ArcSwapOption::empty()).collect(),
             query: format!("prompt_tokens={prompt_tokens}&output_tokens={output_tokens}"),
@@ -47,7 +47,7 @@ impl Oracle {
 
     /// The true prediction for backend `i` at `concurrency`: exact, so both quantiles are the
     /// value itself. Beyond the listed points the last one holds.
-    pub fn predict(&self, i: usize, concurrency: f64) -> Option<Prediction> {
+    pub(crate) fn predict(&self, i: usize, concurrency: f64) -> Option<Prediction> {
         let curve = self.curves.get(i)?.load_full()?;
         let at = (concurrency.round().max(1.0) as usize - 1).min(curve.len().checked_sub(1)?);
         let (tps, ttft) = curve[at];
@@ -60,7 +60,7 @@ impl Oracle {
     }
 
     /// Re-reads every backend's truth; a backend that does not answer keeps its last curve.
-    pub async fn refresh(&self, backends: &[Arc<Backend>]) {
+    pub(crate) async fn refresh(&self, backends: &[Arc<Backend>]) {
         for (slot, b) in self.curves.iter().zip(backends) {
             let base = b.config.url.to_string();
             let url = format!("{}/sim/truth?{}", base.trim_end_matches('/'), self.query);

@@ -164,7 +164,7 @@ impl Default for EngineRaw {
 }
 
 /// Batch limit when `max_batch` is absent in batching mode.
-pub const DEFAULT_MAX_BATCH: u32 = 64;
+pub(crate) const DEFAULT_MAX_BATCH: u32 = 64;
 
 /// Wire-format options as written in YAML.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -281,12 +281,12 @@ pub struct Timing {
 
 impl Timing {
     /// Length of one decode step with `batch` requests running, seconds.
-    pub fn step(&self, batch: usize) -> f64 {
+    pub(crate) fn step(&self, batch: usize) -> f64 {
         self.step_base + self.step_per_seq * batch as f64
     }
 
     /// Decode stall caused by admitting a prompt of `prompt_tokens`, seconds.
-    pub fn prefill(&self, prompt_tokens: u32) -> f64 {
+    pub(crate) fn prefill(&self, prompt_tokens: u32) -> f64 {
         f64::from(prompt_tokens) / self.prefill_tokens_per_s + self.prefill_stall
     }
 }
@@ -447,7 +447,7 @@ impl BackendRaw {
     }
 
     /// Validates only the runtime-changeable part.
-    pub fn params(&self, at: &str) -> Result<Params, ConfigError> {
+    pub(crate) fn params(&self, at: &str) -> Result<Params, ConfigError> {
         let faults = self
             .faults
             .iter()
@@ -680,7 +680,7 @@ impl FaultRaw {
 }
 
 /// Merges a JSON patch (objects merge key by key; anything else replaces) into `base`.
-pub fn merge_json(base: &mut serde_json::Value, patch: serde_json::Value) {
+pub(crate) fn merge_json(base: &mut serde_json::Value, patch: serde_json::Value) {
     match (base, patch) {
         (serde_json::Value::Object(base), serde_json::Value::Object(patch)) => {
             for (key, value) in patch {

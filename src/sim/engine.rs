@@ -40,18 +40,18 @@ use tokio::time::Instant;
 use super::config::Timing;
 
 /// One token, delivered to the request's stream. The channel closes after the last one.
-pub type TokenRx = mpsc::UnboundedReceiver<()>;
+pub(crate) type TokenRx = mpsc::UnboundedReceiver<()>;
 
 /// A handle to a running engine. Cloning is cheap; the engine stops when every handle is gone.
 #[derive(Debug, Clone)]
-pub struct Engine {
+pub(crate) struct Engine {
     commands: mpsc::UnboundedSender<Command>,
     stats: Arc<EngineStats>,
 }
 
 /// Live counters of an engine, readable from any thread.
 #[derive(Debug, Default)]
-pub struct EngineStats {
+pub(crate) struct EngineStats {
     running: AtomicU64,
     queued: AtomicU64,
     admitted: AtomicU64,
@@ -79,7 +79,7 @@ pub struct StatsSnapshot {
 
 impl EngineStats {
     /// Reads all counters.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let get = |c: &AtomicU64| c.load(AtomicOrdering::Relaxed);
         StatsSnapshot {
             running: get(&self.running),
@@ -107,7 +107,7 @@ struct Job {
 
 impl Engine {
     /// Starts the scheduler task on the current Tokio runtime.
-    pub fn spawn(timing: Timing) -> Self {
+    pub(crate) fn spawn(timing: Timing) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(EngineStats::default());
         let scheduler = Scheduler::new(timing, Arc::clone(&stats));
@@ -115,15 +115,21 @@ impl Engine {
         Self { commands, stats }
     }
 
+    #[cfg(test)]
     /// Queues a request; its tokens arrive on the returned channel, which closes after the
     /// `max_tokens`-th. Dropping the receiver cancels the request.
-    pub fn submit(&self, prompt_tokens: u32, max_tokens: u32) -> TokenRx {
+    pub(crate) fn submit(&self, prompt_tokens: u32, max_tokens: u32) -> TokenRx {
         self.submit_after(Duration::ZERO, prompt_tokens, max_tokens)
     }
 
     /// Like [`Engine::submit`], but the engine sees the request only after `delay` (a hosted
     /// API's network and queue time, which holds no batch slot).
-    pub fn submit_after(&self, delay: Duration, prompt_tokens: u32, max_tokens: u32) -> TokenRx {
+    pub(crate) fn submit_after(
+        &self,
+        delay: Duration,
+        prompt_tokens: u32,
+        max_tokens: u32,
+    ) -> TokenRx {
         let (tokens, rx) = mpsc::unbounded_channel();
         let job = Command::Submit(Job {
             prompt_tokens,
@@ -145,12 +151,12 @@ impl Engine {
     }
 
     /// Changes the timing from now on; running requests keep their progress.
-    pub fn retime(&self, timing: Timing) {
+    pub(crate) fn retime(&self, timing: Timing) {
         let _ = self.commands.send(Command::Retime(timing));
     }
 
     /// Live counters.
-    pub fn stats(&self) -> StatsSnapshot {
+    pub(crate) fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
     }
 }

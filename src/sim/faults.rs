@@ -9,21 +9,21 @@ use super::config::{Fault, FaultAction, Trigger};
 /// The configured faults with their every-N-th counters, which start over whenever the fault list
 /// is replaced.
 #[derive(Debug)]
-pub struct FaultPlan {
+pub(crate) struct FaultPlan {
     faults: Vec<Fault>,
     seen: Vec<AtomicU64>,
 }
 
 impl FaultPlan {
     /// A plan for `faults`, checked in order.
-    pub fn new(faults: Vec<Fault>) -> Self {
+    pub(crate) fn new(faults: Vec<Fault>) -> Self {
         let seen = faults.iter().map(|_| AtomicU64::new(0)).collect();
         Self { faults, seen }
     }
 
     /// The first fault that fires for this request. Every fault counts every request, so
     /// `every: 3` fires on requests 3, 6, 9… whatever the other faults do.
-    pub fn pick(&self) -> Option<FaultAction> {
+    pub(crate) fn pick(&self) -> Option<FaultAction> {
         let mut chosen = None;
         for (fault, seen) in self.faults.iter().zip(&self.seen) {
             let fires = match fault.trigger {

@@ -66,7 +66,7 @@ impl Fleet {
     }
 
     /// Each backend's name and bound address, in config order.
-    pub fn addrs(&self) -> impl Iterator<Item = (&str, SocketAddr)> {
+    pub(crate) fn addrs(&self) -> impl Iterator<Item = (&str, SocketAddr)> {
         self.backends.iter().map(|(b, a)| (b.name(), *a))
     }
 
@@ -84,7 +84,7 @@ impl Fleet {
     }
 
     /// Stops accepting and waits (up to a second) for open connections to finish.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.stop.send(true);
         for task in self.tasks.drain(..) {
             let _ = task.await;

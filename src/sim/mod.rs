@@ -7,13 +7,12 @@
 //! Every test, benchmark and demo of the gateway runs against it.
 
 pub mod config;
-pub mod engine;
-pub mod faults;
-pub mod fleet;
-pub mod server;
+pub(crate) mod engine;
+pub(crate) mod faults;
+pub(crate) mod fleet;
+pub(crate) mod server;
 pub mod truth;
 pub mod wire;
 
 pub use config::{BackendSpec, FleetRaw};
 pub use fleet::Fleet;
-pub use server::SimBackend;

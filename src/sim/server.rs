@@ -22,7 +22,7 @@ use super::wire::{Dialect, Finish, Framer, GenRequest, complete_body};
 use crate::prefix::Held;
 
 /// Response body of the simulator.
-pub type SimBody = UnsyncBoxBody<Bytes, io::Error>;
+pub(crate) type SimBody = UnsyncBoxBody<Bytes, io::Error>;
 
 /// Largest request body the simulator reads.
 const MAX_BODY: usize = 16 << 20;
@@ -97,7 +97,7 @@ impl PrefixCache {
 /// What a generation request looked like on arrival, for `GET /sim/requests`: tests read it to
 /// check what a gateway sent upstream.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct SeenRequest {
+pub(crate) struct SeenRequest {
     /// Request path.
     pub path: String,
     /// Its query string, if any.
@@ -150,7 +150,7 @@ impl Live {
 
 impl SimBackend {
     /// Starts the engine of `spec` on the current runtime.
-    pub fn new(spec: &BackendSpec) -> Arc<Self> {
+    pub(crate) fn new(spec: &BackendSpec) -> Arc<Self> {
         Arc::new(Self {
             name: spec.name.clone(),
             models: spec.models.clone(),
@@ -163,7 +163,7 @@ impl SimBackend {
     }
 
     /// Backend name.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -182,7 +182,7 @@ impl SimBackend {
     }
 
     /// The last generation requests received, oldest first.
-    pub fn seen_requests(&self) -> Vec<SeenRequest> {
+    pub(crate) fn seen_requests(&self) -> Vec<SeenRequest> {
         self.seen
             .lock()
             .map(|l| l.iter().cloned().collect())
@@ -190,7 +190,7 @@ impl SimBackend {
     }
 
     /// Answers one HTTP request.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<SimBody> {
+    pub(crate) async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<SimBody> {
         // By the end of the path: a hosted API's endpoints sit under prefixes of their own
         // (`/v1beta/openai/chat/completions`, `/openai/deployments/D/chat/completions`), and the
         // simulator stands in for them too.

@@ -39,7 +39,7 @@ pub struct TruthPoint {
 
 /// The curve of one backend for a given prompt and output length.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Truth {
+pub(crate) struct Truth {
     /// Backend name.
     pub backend: String,
     /// Prompt tokens assumed.
@@ -63,7 +63,7 @@ pub fn point(timing: &Timing, c: usize, prompt_tokens: u32, output_tokens: u32) 
 
 /// The analytic point when tokens go out `per_chunk` at a time: the first content then arrives
 /// after `min(per_chunk, T)` steps instead of one.
-pub fn point_chunked(
+pub(crate) fn point_chunked(
     timing: &Timing,
     c: usize,
     prompt_tokens: u32,
@@ -97,7 +97,7 @@ pub fn point_chunked(
 }
 
 /// The whole curve for concurrency 1 ..= 2 * max_batch (at least 8).
-pub fn curve(
+pub(crate) fn curve(
     backend: &str,
     timing: &Timing,
     per_chunk: u32,

@@ -18,7 +18,7 @@ pub enum StreamDialect {
 
 /// Whether the event carries generated content: non-empty text, reasoning, or tool-call
 /// arguments. A role-only chunk, `message_start`, pings and usage chunks do not.
-pub fn is_content(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
+pub(crate) fn is_content(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
     match dialect {
         StreamDialect::OpenAi => {
             let f = finders();
@@ -37,7 +37,7 @@ pub fn is_content(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
 /// `[DONE]`), Anthropic's `message_delta` with a `stop_reason` (or `message_stop`), the
 /// Responses API's `response.completed`. A stream that ended cleanly after one is complete,
 /// with or without `[DONE]` (transformers serve sends none), content or not.
-pub fn is_finish(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
+pub(crate) fn is_finish(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
     let f = finders();
     match dialect {
         StreamDialect::OpenAi => data == b"[DONE]" || non_empty_string(data, &f.finish_reason),
@@ -87,7 +87,7 @@ fn non_empty_string(data: &[u8], key: &memmem::Finder<'_>) -> bool {
 
 /// Token counts reported by a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Prompt tokens, when reported.
     pub prompt_tokens: Option<u64>,
     /// Output tokens, when reported (Anthropic's `message_start` reports input tokens only).
@@ -101,7 +101,7 @@ pub struct Usage {
 
 /// What a usage-bearing event says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct UsageEvent {
+pub(crate) struct UsageEvent {
     /// The counts.
     pub usage: Usage,
     /// An OpenAI chunk with empty `choices`: nothing but usage, safe to remove.
@@ -165,7 +165,7 @@ struct ResponsesUsage {
 /// Usage carried by this event, if any: OpenAI's usage chunk (or usage on the finish chunk),
 /// Anthropic's `message_delta` (and `message_start` for input tokens), the responses API's
 /// `response.completed`.
-pub fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageEvent> {
+pub(crate) fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option<UsageEvent> {
     finders().usage.find(data)?;
     match dialect {
         StreamDialect::OpenAi => {

@@ -64,7 +64,7 @@ impl SseParser {
 
     /// Bytes held for what has not ended yet: the start of a line, and the data of an event
     /// without its blank line.
-    pub fn buffered(&self) -> usize {
+    pub(crate) fn buffered(&self) -> usize {
         self.partial.len() + self.data.len()
     }
 

@@ -8,7 +8,7 @@ use super::events::{self, StreamDialect};
 
 /// The most tokens a usage count may report and be believed: more than any model's context or
 /// output holds (16 Mi).
-pub const MAX_PLAUSIBLE_TOKENS: u64 = 1 << 24;
+pub(crate) const MAX_PLAUSIBLE_TOKENS: u64 = 1 << 24;
 
 /// What a stream's events said of its timing, in the terms a curve's observation needs.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -34,7 +34,7 @@ impl StreamTiming {
     /// finished the generation: an engine that holds back text (bytes that are not yet valid
     /// UTF-8) goes silent before it, and the silent tokens were decoded all the same. Without
     /// usage, the tokens are the content events, and the last of them ends the count.
-    pub fn decode_end(&self) -> Option<Instant> {
+    pub(crate) fn decode_end(&self) -> Option<Instant> {
         let last = self.last_content?;
         Some(match (self.output_tokens, self.finished) {
             (Some(_), Some(finished)) => finished.max(last),
@@ -45,7 +45,7 @@ impl StreamTiming {
 
 /// What one event was, for whoever reads the stream after [`read_event`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventRead {
+pub(crate) struct EventRead {
     /// It carried generated content.
     pub content: bool,
     /// It was an OpenAI chunk with nothing but usage.
@@ -55,7 +55,7 @@ pub struct EventRead {
 /// Records what one event at `now` tells a stream's timing: content, the end of the generation,
 /// usage. The gateway's meter and `tpsgate bench` read streams through this one function, so that
 /// they count alike.
-pub fn read_event(
+pub(crate) fn read_event(
     t: &mut StreamTiming,
     dialect: StreamDialect,
     event: &[u8],

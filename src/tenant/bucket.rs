@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 /// A limit per minute, its level and when that was last brought up to date.
 #[derive(Debug, Clone, Copy)]
-pub struct Bucket {
+pub(crate) struct Bucket {
     per_minute: f64,
     level: f64,
     at: Instant,
@@ -22,7 +22,7 @@ pub struct Bucket {
 /// One limit's state for the response headers: the limit, what is left, and how long until
 /// the bucket is full again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Window {
+pub(crate) struct Window {
     /// Per minute.
     pub limit: u64,
     /// What may still be used now.
@@ -38,7 +38,7 @@ fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> 
 
 impl Bucket {
     /// A full bucket of `per_minute`.
-    pub fn full(per_minute: u64, now: Instant) -> Self {
+    pub(crate) fn full(per_minute: u64, now: Instant) -> Self {
         let per_minute = per_minute as f64;
         Self {
             per_minute,
@@ -63,7 +63,7 @@ impl Bucket {
     /// bucket of 50 among 100 replicas): there, what is left is drawn by chance, a request
     /// admitted with the probability `level / need`, so that the replicas together admit what
     /// the fleet's bucket holds on average and none starves.
-    pub fn wait_for(&mut self, amount: u64, now: Instant) -> Option<Duration> {
+    pub(crate) fn wait_for(&mut self, amount: u64, now: Instant) -> Option<Duration> {
         self.refill(now);
         let need = (amount as f64).min(self.per_minute);
         if self.level >= need
@@ -76,18 +76,18 @@ impl Bucket {
     }
 
     /// Draws `amount` (after [`Bucket::wait_for`] said it fits).
-    pub fn draw(&mut self, amount: u64) {
+    pub(crate) fn draw(&mut self, amount: u64) {
         self.level -= amount as f64;
     }
 
     /// Gives back `amount` (an estimate above what was used), or draws more where negative.
-    pub fn settle(&mut self, amount: f64, now: Instant) {
+    pub(crate) fn settle(&mut self, amount: f64, now: Instant) {
         self.refill(now);
         self.level = (self.level + amount).min(self.per_minute);
     }
 
     /// The limit changed to `per_minute`: what was used stays used.
-    pub fn resize(&mut self, per_minute: u64, now: Instant) {
+    pub(crate) fn resize(&mut self, per_minute: u64, now: Instant) {
         self.refill(now);
         let used = self.per_minute - self.level;
         self.per_minute = per_minute as f64;
@@ -97,7 +97,7 @@ impl Bucket {
     /// The fleet's bucket stood at `fleet_level` when `replicas` share it: this replica may
     /// use its `1 / replicas` part of that until the next sync, refilled at its part of the
     /// rate, so that together the replicas admit no more than the fleet's bucket holds.
-    pub fn share_fleet(&mut self, fleet_level: f64, replicas: usize, now: Instant) {
+    pub(crate) fn share_fleet(&mut self, fleet_level: f64, replicas: usize, now: Instant) {
         let replicas = replicas.max(1) as f64;
         self.at = self.at.max(now);
         self.share = 1.0 / replicas;
@@ -105,13 +105,13 @@ impl Bucket {
     }
 
     /// Alone again (the cluster's Redis away): the whole limit, refilled at the whole rate.
-    pub fn alone(&mut self, now: Instant) {
+    pub(crate) fn alone(&mut self, now: Instant) {
         self.refill(now);
         self.share = 1.0;
     }
 
     /// The state at `now`.
-    pub fn window(&mut self, now: Instant) -> Window {
+    pub(crate) fn window(&mut self, now: Instant) -> Window {
         self.refill(now);
         Window {
             limit: self.per_minute as u64,

@@ -29,11 +29,11 @@ mod period;
 #[cfg(test)]
 mod tests;
 
-pub use bucket::{Bucket, Window};
+pub(crate) use bucket::{Bucket, Window};
 
 /// Which limit refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Limit {
+pub(crate) enum Limit {
     /// `requests_per_minute`.
     Requests,
     /// `tokens_per_minute`.
@@ -46,7 +46,7 @@ pub enum Limit {
 
 impl Limit {
     /// Every limit, in the order of its discriminant (which indexes [`KeyMetrics::limited`]).
-    pub const ALL: [Self; 4] = [
+    pub(crate) const ALL: [Self; 4] = [
         Self::Requests,
         Self::Tokens,
         Self::Concurrency,
@@ -54,7 +54,7 @@ impl Limit {
     ];
 
     /// The `limit` label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Requests => "requests",
             Self::Tokens => "tokens",
@@ -66,7 +66,7 @@ impl Limit {
 
 /// A key's per-minute limits after a decision, for the response's rate-limit headers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Quota {
+pub(crate) struct Quota {
     /// `requests_per_minute`, if set.
     pub requests: Option<Window>,
     /// `tokens_per_minute`, if set.
@@ -75,7 +75,7 @@ pub struct Quota {
 
 /// A request its key's limits refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The limit it is over (the first found: in flight, budget, requests, tokens).
     pub limit: Limit,
     /// When it would be admitted, as far as can be told.
@@ -86,7 +86,7 @@ pub struct Refusal {
 
 /// One API key's limits and usage.
 #[derive(Debug)]
-pub struct Tenant {
+pub(crate) struct Tenant {
     name: Arc<str>,
     /// Unique in the process: the key's flow in a class's fair line.
     id: u64,
@@ -113,7 +113,7 @@ struct State {
 /// Usage not yet told to the fleet: requests admitted, tokens drawn (less what settling gave
 /// back), dollars spent.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Delta {
+pub(crate) struct Delta {
     /// Requests admitted.
     pub requests: f64,
     /// Tokens drawn, net of what settling gave back (may be negative).
@@ -124,7 +124,7 @@ pub struct Delta {
 
 /// The fleet's view of one key after a sync, for [`Tenant::share_fleet`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct FleetView {
+pub(crate) struct FleetView {
     /// The fleet's requests bucket, if the key has one.
     pub requests: Option<f64>,
     /// The fleet's tokens bucket, if the key has one.
@@ -154,7 +154,7 @@ struct Totals {
 
 /// What a key has used and may still use, for `/admin/keys`.
 #[derive(Debug, Clone, Serialize)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// The key's name.
     pub name: String,
     /// Requests in flight now through this replica.
@@ -187,7 +187,7 @@ pub struct Usage {
 
 impl Tenant {
     /// A key named `name` with `limits`, nothing used yet, of weight 1.
-    pub fn new(name: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
+    pub(crate) fn new(name: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
         static IDS: AtomicU64 = AtomicU64::new(1);
         Arc::new(Self {
             metrics: KeyMetrics::new(&name, Limit::ALL.map(Limit::label)),
@@ -208,22 +208,22 @@ impl Tenant {
     }
 
     /// The key's name.
-    pub fn name(&self) -> &Arc<str> {
+    pub(crate) fn name(&self) -> &Arc<str> {
         &self.name
     }
 
     /// Its flow in a class's fair line (never 0, the flow of requests without a key).
-    pub fn id(&self) -> u64 {
+    pub(crate) fn id(&self) -> u64 {
         self.id
     }
 
     /// Its weight in a class's fair line.
-    pub fn weight(&self) -> f64 {
+    pub(crate) fn weight(&self) -> f64 {
         f64::from_bits(self.weight.load(Ordering::Relaxed))
     }
 
     /// Sets its weight in a class's fair line.
-    pub fn set_weight(&self, weight: f64) {
+    pub(crate) fn set_weight(&self, weight: f64) {
         self.weight.store(weight.to_bits(), Ordering::Relaxed);
     }
 
@@ -234,7 +234,7 @@ impl Tenant {
     }
 
     /// Changes the limits; what was used stays used.
-    pub fn set_limits(&self, limits: KeyLimits, now: Instant) {
+    pub(crate) fn set_limits(&self, limits: KeyLimits, now: Instant) {
         let mut state = self.state();
         let resize =
             |bucket: &mut Option<Bucket>, limit: Option<u64>| match (bucket.as_mut(), limit) {
@@ -249,7 +249,7 @@ impl Tenant {
 
     /// Admits a request estimated at `prompt` + `output` tokens at `now` (`unix_s` for the
     /// budget's calendar), or says which limit it is over and for how long.
-    pub fn admit(
+    pub(crate) fn admit(
         self: &Arc<Self>,
         prompt: u64,
         output: u64,
@@ -359,12 +359,12 @@ impl Tenant {
     }
 
     /// The key's limits.
-    pub fn limits(&self) -> KeyLimits {
+    pub(crate) fn limits(&self) -> KeyLimits {
         self.state().limits
     }
 
     /// The budget period `unix_s` falls in: its kind and number (spend is kept per period).
-    pub fn period(&self, unix_s: i64) -> (BudgetPeriod, i64) {
+    pub(crate) fn period(&self, unix_s: i64) -> (BudgetPeriod, i64) {
         let kind = self
             .limits()
             .budget
@@ -373,12 +373,12 @@ impl Tenant {
     }
 
     /// What this replica used since the last call, for the fleet.
-    pub fn take_delta(&self) -> Delta {
+    pub(crate) fn take_delta(&self) -> Delta {
         std::mem::take(&mut self.state().unsent)
     }
 
     /// Gives back a delta the fleet did not take (Redis away): it is sent with the next.
-    pub fn untake(&self, delta: Delta) {
+    pub(crate) fn untake(&self, delta: Delta) {
         let mut state = self.state();
         state.unsent.requests += delta.requests;
         state.unsent.tokens += delta.tokens;
@@ -387,7 +387,7 @@ impl Tenant {
 
     /// Takes the fleet's view after a sync: this replica's part of each bucket, the fleet's
     /// spend (with what this replica spent since the sync), the peers' requests in flight.
-    pub fn share_fleet(&self, view: FleetView, now: Instant) {
+    pub(crate) fn share_fleet(&self, view: FleetView, now: Instant) {
         let mut state = self.state();
         if let (Some(b), Some(level)) = (&mut state.requests, view.requests) {
             b.share_fleet(level, view.replicas, now);
@@ -402,7 +402,7 @@ impl Tenant {
     }
 
     /// The fleet is out of reach: limits count on this replica alone.
-    pub fn alone(&self, now: Instant) {
+    pub(crate) fn alone(&self, now: Instant) {
         let mut state = self.state();
         let state = &mut *state;
         for b in [&mut state.requests, &mut state.tokens]
@@ -415,7 +415,7 @@ impl Tenant {
     }
 
     /// Requests in flight through this replica.
-    pub fn in_flight(&self) -> u64 {
+    pub(crate) fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)
     }
 
@@ -432,7 +432,7 @@ impl Tenant {
     }
 
     /// What the key has used and may use at `now`.
-    pub fn usage(&self, now: Instant, unix_s: i64) -> Usage {
+    pub(crate) fn usage(&self, now: Instant, unix_s: i64) -> Usage {
         let mut state = self.state();
         let period_end = state.roll(unix_s);
         let quota = state.quota(now);
@@ -490,7 +490,7 @@ impl Spend {
 
 /// A request's hold on its key: in flight until dropped, its estimate drawn until settled.
 #[derive(Debug)]
-pub struct Charge {
+pub(crate) struct Charge {
     tenant: Arc<Tenant>,
     prompt: u64,
     output: u64,
@@ -499,12 +499,12 @@ pub struct Charge {
 
 impl Charge {
     /// The key.
-    pub fn tenant(&self) -> &Arc<Tenant> {
+    pub(crate) fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
     }
 
     /// The tokens it was admitted at (prompt and output, estimated).
-    pub fn tokens(&self) -> u64 {
+    pub(crate) fn tokens(&self) -> u64 {
         self.prompt + self.output
     }
 
@@ -512,7 +512,7 @@ impl Charge {
     /// estimate stands), priced at `per_1m` (input, output dollars per million tokens), at
     /// `unix_s` (its cost counts in the budget period of that second, as [`Tenant::admit`]'s
     /// clock). Only the first call counts.
-    pub fn settle(
+    pub(crate) fn settle(
         &self,
         input: Option<u64>,
         output: Option<u64>,
@@ -541,7 +541,7 @@ impl Drop for Charge {
 }
 
 /// Seconds since the Unix epoch.
-pub fn unix_now() -> i64 {
+pub(crate) fn unix_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
@@ -549,14 +549,14 @@ pub fn unix_now() -> i64 {
 
 /// Every configured key's tenant, in `api_keys` order.
 #[derive(Debug, Clone, Default)]
-pub struct Tenants {
+pub(crate) struct Tenants {
     keys: Vec<Arc<Tenant>>,
 }
 
 impl Tenants {
     /// The tenants of `keys`; a key of the same name in `old` keeps its usage (its limits
     /// changed to the new ones), a key gone from `keys` is gone.
-    pub fn build(keys: &[ApiKey], old: Option<&Self>, now: Instant) -> Self {
+    pub(crate) fn build(keys: &[ApiKey], old: Option<&Self>, now: Instant) -> Self {
         let keys = keys
             .iter()
             .map(|key| {
@@ -576,24 +576,24 @@ impl Tenants {
     }
 
     /// The tenant of the `index`-th key.
-    pub fn get(&self, index: usize) -> Option<&Arc<Tenant>> {
+    pub(crate) fn get(&self, index: usize) -> Option<&Arc<Tenant>> {
         self.keys.get(index)
     }
 
     /// Sets every key's gauges, before `/metrics` is rendered.
-    pub fn publish(&self, unix_s: i64) {
+    pub(crate) fn publish(&self, unix_s: i64) {
         for t in &self.keys {
             t.publish(unix_s);
         }
     }
 
     /// Every key's tenant, in `api_keys` order.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Tenant>> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Arc<Tenant>> {
         self.keys.iter()
     }
 
     /// Every key's usage at `now`.
-    pub fn usage(&self, now: Instant, unix_s: i64) -> Vec<Usage> {
+    pub(crate) fn usage(&self, now: Instant, unix_s: i64) -> Vec<Usage> {
         self.keys.iter().map(|t| t.usage(now, unix_s)).collect()
     }
 }

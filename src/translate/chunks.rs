@@ -131,7 +131,7 @@ fn text(raw: Option<&RawValue>) -> Option<&str> {
 impl ToChatChunks {
     /// A translator at the start of a stream; `include_usage`: the client asked for the usage
     /// chunk.
-    pub fn new(include_usage: bool) -> Self {
+    pub(crate) fn new(include_usage: bool) -> Self {
         Self {
             out: BytesMut::with_capacity(4096),
             include_usage,

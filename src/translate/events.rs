@@ -126,7 +126,7 @@ fn text(raw: Option<&RawValue>) -> Option<&str> {
 
 impl ToMessageEvents {
     /// A translator at the start of a stream.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             out: BytesMut::with_capacity(4096),
             started: false,

@@ -17,10 +17,10 @@ mod events;
 mod request;
 mod whole;
 
-pub use chunks::ToChatChunks;
-pub use events::ToMessageEvents;
+pub(crate) use chunks::ToChatChunks;
+pub(crate) use events::ToMessageEvents;
 pub use request::{chat_to_messages, messages_to_chat};
-pub use whole::{error_body, response_body};
+pub(crate) use whole::{error_body, response_body};
 
 use bytes::{Bytes, BytesMut};
 
@@ -37,16 +37,11 @@ pub enum Direction {
 
 impl Direction {
     /// The path the backend serves the translated request on.
-    pub const fn backend_path(self) -> &'static str {
+    pub(crate) const fn backend_path(self) -> &'static str {
         match self {
             Self::ChatToMessages => "/v1/messages",
             Self::MessagesToChat => "/v1/chat/completions",
         }
-    }
-
-    /// Whether the client speaks Anthropic's dialect.
-    pub const fn client_is_anthropic(self) -> bool {
-        matches!(self, Self::MessagesToChat)
     }
 }
 
@@ -124,7 +119,7 @@ pub enum ResponseTranslator {
 }
 
 /// The most of a whole (not streamed) body kept to translate it: 64 MiB.
-pub const MAX_WHOLE_BYTES: usize = 64 << 20;
+pub(crate) const MAX_WHOLE_BYTES: usize = 64 << 20;
 
 /// What stands for a whole body over [`MAX_WHOLE_BYTES`]: not JSON, so its translation is an
 /// error that says why.
@@ -195,7 +190,7 @@ impl ResponseTranslator {
 
 /// The status an error of `status` from the backend takes in the client's dialect: Anthropic's
 /// 529 (overloaded) is a 503 to an OpenAI client; every other status means the same in both.
-pub const fn client_status(direction: Direction, status: u16) -> u16 {
+pub(crate) const fn client_status(direction: Direction, status: u16) -> u16 {
     match (direction, status) {
         (Direction::ChatToMessages, 529) => 503,
         _ => status,

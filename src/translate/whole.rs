@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use super::Direction;
 
 /// A successful non-streamed answer of the backend in the client's dialect.
-pub fn response_body(direction: Direction, body: &[u8]) -> Vec<u8> {
+pub(crate) fn response_body(direction: Direction, body: &[u8]) -> Vec<u8> {
     let Ok(Value::Object(answer)) = serde_json::from_slice::<Value>(body) else {
         return error_body(direction, 502, b"the backend's answer is not a JSON object");
     };
@@ -141,7 +141,7 @@ fn completion_as_message(c: &serde_json::Map<String, Value>) -> Value {
 /// An error body of the backend (status `status`) in the client's dialect: OpenAI's
 /// `{"error":{"message","type","code"}}` or Anthropic's `{"type":"error","error":{"type",
 /// "message"}}`. A body in neither shape becomes the message.
-pub fn error_body(direction: Direction, status: u16, body: &[u8]) -> Vec<u8> {
+pub(crate) fn error_body(direction: Direction, status: u16, body: &[u8]) -> Vec<u8> {
     let error = match serde_json::from_slice::<Value>(body) {
         Ok(v) => v.get("error").map(Value::to_string),
         Err(_) => None,

@@ -14,10 +14,10 @@ use hyper_util::client::legacy::connect::dns::{GaiResolver, Name};
 use crate::config::BackendConfig;
 
 /// A backend's connector.
-pub type Connector = HttpsConnector<HttpConnector<Dial>>;
+pub(crate) type Connector = HttpsConnector<HttpConnector<Dial>>;
 
 /// The connector for `backend`'s connections.
-pub fn for_backend(backend: &BackendConfig) -> Result<Connector, String> {
+pub(crate) fn for_backend(backend: &BackendConfig) -> Result<Connector, String> {
     let what = format!("backend {}", backend.name);
     let tls = crate::tls::client_config(backend.ca_file.as_deref(), &what)?;
     let dial = match backend.dial {
@@ -39,7 +39,7 @@ pub fn for_backend(backend: &BackendConfig) -> Result<Connector, String> {
 /// Where a backend's connections go. The URI keeps the configured host either way, so TLS
 /// names (SNI, the certificate's check) and the `Host` header stay the host's.
 #[derive(Debug, Clone)]
-pub enum Dial {
+pub(crate) enum Dial {
     /// The URL's host, through the system resolver.
     Host(GaiResolver),
     /// One address discovery found for the host (the URL's port still applies).

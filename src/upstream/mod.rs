@@ -5,15 +5,15 @@
 //! Transport only: it imports `config` (a backend's URL, TLS files and timeouts) and `tls`, and
 //! nothing of routing, curves or the request stack.
 
-pub mod connector;
-pub mod h1;
-pub mod pool;
+pub(crate) mod connector;
+pub(crate) mod h1;
+pub(crate) mod pool;
 
-pub use pool::{Pool, PooledBody, SendError};
+pub(crate) use pool::{Pool, PooledBody, SendError};
 
 /// Request body sent upstream: the (possibly rewritten) client body, read once.
-pub type UpstreamBody = http_body_util::Full<bytes::Bytes>;
+pub(crate) type UpstreamBody = http_body_util::Full<bytes::Bytes>;
 
 /// Errors a response body can end with: an upstream's (our HTTP/1.1 client's, hyper's HTTP/2),
 /// or the gateway's own.
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BodyError = Box<dyn std::error::Error + Send + Sync>;

@@ -68,7 +68,7 @@ fn lookup<'n>(
 /// Validates the whole config; `env` looks up environment variables (API keys); relative paths
 /// are relative to `dir`. The error names every problem found (the first, and the rest in its
 /// `also`).
-pub fn validate(
+pub(crate) fn validate(
     raw: &RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
     dir: &Path,
@@ -666,7 +666,7 @@ fn cluster(raw: &RawCluster, env: &dyn Fn(&str) -> Option<String>) -> Result<Clu
 }
 
 /// `url` with any password in it replaced by `***`, for messages and the admin plane.
-pub fn without_password(url: &str) -> String {
+pub(crate) fn without_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

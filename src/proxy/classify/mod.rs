@@ -58,7 +58,7 @@ pub struct Classified {
 impl Classified {
     /// The output tokens it may ask for: its `max_tokens`, else the router's assumption on an
     /// endpoint that generates (none on one that does not).
-    pub fn output_estimate(&self) -> u64 {
+    pub(crate) fn output_estimate(&self) -> u64 {
         match self.max_tokens {
             Some(n) => u64::from(n),
             None if self.endpoint.generates() => {
@@ -69,7 +69,7 @@ impl Classified {
     }
 
     /// The backends it can reach: of its own dialect, and translated where it may be.
-    pub fn reach(&self) -> crate::router::Reach {
+    pub(crate) fn reach(&self) -> crate::router::Reach {
         crate::router::Reach {
             dialect: self.endpoint.dialect(),
             translate: self.translate,
@@ -79,7 +79,7 @@ impl Classified {
     /// Whether the gateway asks the upstream for the usage chunk itself (an OpenAI chat or
     /// completions stream whose client did not): rewrite adds `include_usage`, and the usage
     /// chunk is then the gateway's to remove before the client sees it.
-    pub fn usage_injected(&self) -> bool {
+    pub(crate) fn usage_injected(&self) -> bool {
         self.stream
             && self.endpoint.takes_include_usage()
             && self
@@ -91,7 +91,7 @@ impl Classified {
 
 /// Bytes of request body per prompt token, for the prompt-size estimate that TTFT prediction
 /// needs (English text with JSON around it; tokenizing would cost far more than it buys).
-pub const BYTES_PER_TOKEN: u64 = 4;
+pub(crate) const BYTES_PER_TOKEN: u64 = 4;
 
 /// A `stream_options` object in the body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +122,7 @@ const FIELDS: [&str; 13] = [
 ];
 
 /// How many of [`FIELDS`] carry the prompt: the spans in [`Classified::prompt_spans`].
-pub const PROMPT_FIELDS: usize = 6;
+pub(crate) const PROMPT_FIELDS: usize = 6;
 
 #[derive(Deserialize)]
 struct RawStreamOptions {
@@ -130,23 +130,25 @@ struct RawStreamOptions {
 }
 
 /// `x-tpsgate-class`: the traffic class a client asks for.
-pub const X_TPSGATE_CLASS: http::HeaderName = http::HeaderName::from_static("x-tpsgate-class");
+pub(crate) const X_TPSGATE_CLASS: http::HeaderName =
+    http::HeaderName::from_static("x-tpsgate-class");
 
 /// `x-tpsgate-slo-tps`: a per-request minimum per-user TPS, replacing the class's.
-pub const X_TPSGATE_SLO_TPS: http::HeaderName = http::HeaderName::from_static("x-tpsgate-slo-tps");
+pub(crate) const X_TPSGATE_SLO_TPS: http::HeaderName =
+    http::HeaderName::from_static("x-tpsgate-slo-tps");
 /// `x-tpsgate-slo-ttft-ms`: a per-request maximum TTFT in ms, replacing the class's.
-pub const X_TPSGATE_SLO_TTFT_MS: http::HeaderName =
+pub(crate) const X_TPSGATE_SLO_TTFT_MS: http::HeaderName =
     http::HeaderName::from_static("x-tpsgate-slo-ttft-ms");
 
 /// Bounds of `x-tpsgate-slo-tps`: above nothing any server streams, and not zero.
-pub const SLO_TPS_RANGE: (f64, f64) = (0.1, 10_000.0);
+pub(crate) const SLO_TPS_RANGE: (f64, f64) = (0.1, 10_000.0);
 /// Bounds of `x-tpsgate-slo-ttft-ms`: a millisecond to ten minutes.
-pub const SLO_TTFT_MS_RANGE: (f64, f64) = (1.0, 600_000.0);
+pub(crate) const SLO_TTFT_MS_RANGE: (f64, f64) = (1.0, 600_000.0);
 
 /// What a gateway API key gives its requests and lets them claim, put in the extensions by the
 /// auth layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyClass {
+pub(crate) struct KeyClass {
     /// The class its requests get when nothing else gives one.
     pub class: Option<usize>,
     /// The classes and SLO overrides its requests may claim.
@@ -154,16 +156,16 @@ pub struct KeyClass {
 }
 
 /// `x-slo-ttft-ms`: the Gateway API inference extension's name for a maximum TTFT in ms.
-pub const X_SLO_TTFT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-ttft-ms");
+pub(crate) const X_SLO_TTFT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-ttft-ms");
 /// `x-slo-tpot-ms`: the inference extension's maximum time per output token, ms (a minimum
 /// speed of 1000 / it tokens per second).
-pub const X_SLO_TPOT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-tpot-ms");
+pub(crate) const X_SLO_TPOT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-tpot-ms");
 /// Bounds of `x-slo-tpot-ms`: those of `x-tpsgate-slo-tps`, as times per token.
-pub const SLO_TPOT_MS_RANGE: (f64, f64) = (0.1, 10_000.0);
+pub(crate) const SLO_TPOT_MS_RANGE: (f64, f64) = (0.1, 10_000.0);
 
 /// The configured classes, the default, and the route rules.
 #[derive(Debug, Clone, Default)]
-pub struct Classes {
+pub(crate) struct Classes {
     classes: Vec<ClassConfig>,
     default: Option<usize>,
     routes: Vec<RouteRule>,
@@ -171,7 +173,11 @@ pub struct Classes {
 
 impl Classes {
     /// Classes with their default index and the rules that assign them.
-    pub fn new(classes: Vec<ClassConfig>, default: Option<usize>, routes: Vec<RouteRule>) -> Self {
+    pub(crate) fn new(
+        classes: Vec<ClassConfig>,
+        default: Option<usize>,
+        routes: Vec<RouteRule>,
+    ) -> Self {
         Self {
             classes,
             default,
@@ -333,7 +339,7 @@ fn bounded(
 
 /// Reads bodies up to `max_body_bytes` and classifies them.
 #[derive(Debug, Clone)]
-pub struct ClassifyLayer {
+pub(crate) struct ClassifyLayer {
     max_body_bytes: usize,
     pace: BodyPace,
     classes: Arc<Classes>,
@@ -344,7 +350,7 @@ pub struct ClassifyLayer {
 /// hold a connection, and the slot it takes, for long; one that sends a large body at a
 /// reasonable rate has all the time it needs.
 #[derive(Debug, Clone, Copy)]
-pub struct BodyPace {
+pub(crate) struct BodyPace {
     /// Time allowed beyond what the body's size takes.
     pub grace: Duration,
     /// Bytes per second a body must arrive at.
@@ -353,7 +359,7 @@ pub struct BodyPace {
 
 impl ClassifyLayer {
     /// Bodies over `max_body_bytes` get 413; classes come from `classes`.
-    pub fn new(max_body_bytes: usize, pace: BodyPace, classes: Classes) -> Self {
+    pub(crate) fn new(max_body_bytes: usize, pace: BodyPace, classes: Classes) -> Self {
         Self {
             max_body_bytes,
             pace,
@@ -377,7 +383,7 @@ impl<S> Layer<S> for ClassifyLayer {
 
 /// See [`ClassifyLayer`].
 #[derive(Debug, Clone)]
-pub struct Classify<S> {
+pub(crate) struct Classify<S> {
     inner: S,
     max_body_bytes: usize,
     pace: BodyPace,

@@ -13,7 +13,7 @@ use super::config::{StreamOptions, UsageStyle};
 
 /// The API a request speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dialect {
+pub(crate) enum Dialect {
     /// `POST /v1/chat/completions`.
     Chat,
     /// `POST /v1/completions`.
@@ -24,7 +24,7 @@ pub enum Dialect {
 
 /// What the engine needs to know about a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GenRequest {
+pub(crate) struct GenRequest {
     /// Requested model.
     pub model: String,
     /// Stream with SSE.
@@ -54,7 +54,7 @@ pub struct GenRequest {
 
 /// Why a request body was refused; becomes a 400.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadRequest(pub String);
+pub(crate) struct BadRequest(pub String);
 
 #[derive(Deserialize)]
 struct RawRequest {
@@ -78,8 +78,9 @@ struct RawStreamOptions {
 }
 
 impl Dialect {
+    #[cfg(test)]
     /// Parses a request body of this dialect.
-    pub fn parse(self, body: &[u8]) -> Result<GenRequest, BadRequest> {
+    pub(crate) fn parse(self, body: &[u8]) -> Result<GenRequest, BadRequest> {
         self.parse_for_cache(body, None)
     }
 
@@ -87,7 +88,7 @@ impl Dialect {
     /// (tokens per block times the 4 bytes a token is taken for), hashes the prompt text in
     /// such blocks: the system prompt, then each message's text, as the engine would see the
     /// tokens (the model seeds the chain).
-    pub fn parse_for_cache(
+    pub(crate) fn parse_for_cache(
         self,
         body: &[u8],
         block_bytes: Option<usize>,
@@ -170,7 +171,7 @@ impl Dialect {
     }
 
     /// An error body in this dialect's shape.
-    pub fn error_body(self, kind: &str, code: &str, message: &str) -> Bytes {
+    pub(crate) fn error_body(self, kind: &str, code: &str, message: &str) -> Bytes {
         let body = match self {
             Self::Messages => json!({"type": "error", "error": {"type": kind, "message": message}}),
             Self::Chat | Self::Completions => {
@@ -211,7 +212,7 @@ fn tool_to_call(
 
 /// Where the first of `stop` appears in the answer's text of `target` tokens, after its first
 /// token: the tokens before it and the sequence (the stop sequence itself is not sent).
-pub fn stop_within(stop: &[String], target: u32) -> Option<(u32, String)> {
+pub(crate) fn stop_within(stop: &[String], target: u32) -> Option<(u32, String)> {
     let text = token_text(0, target);
     let first = WORDS[0].len();
     let (at, sequence) = stop
@@ -274,7 +275,7 @@ pub fn token_text(first: u32, count: u32) -> String {
 
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
+pub(crate) enum Finish {
     /// The client's max_tokens was reached.
     Length,
     /// The model "chose" to stop (the request named no max_tokens).
@@ -307,7 +308,7 @@ impl Finish {
 /// Builds the SSE bytes of one streamed response. The per-request JSON around each token is
 /// rendered once, so a chunk costs one buffer and a few copies.
 #[derive(Debug)]
-pub struct Framer {
+pub(crate) struct Framer {
     dialect: Dialect,
     /// Everything before the token text of a content event.
     prefix: String,
@@ -333,7 +334,7 @@ const ARGUMENTS_CLOSE: &str = r#"\"}"#;
 
 impl Framer {
     /// A framer for one response; `id` and `created` (unix seconds) identify it.
-    pub fn new(
+    pub(crate) fn new(
         dialect: Dialect,
         req: &GenRequest,
         id: &str,
@@ -402,7 +403,7 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
 
     /// What is sent before any token: the role-only chunk (chat), message_start and
     /// content_block_start (Anthropic), or nothing (completions).
-    pub fn head(&self) -> Option<Bytes> {
+    pub(crate) fn head(&self) -> Option<Bytes> {
         match self.dialect {
             Dialect::Chat => Some(Bytes::from(format!(
                 "data: {{{},\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\"}},\"logprobs\":null,\"finish_reason\":null}}]}}\n\n",
@@ -427,7 +428,7 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
 
     /// One content event carrying tokens `first .. first + count`. `finish` marks the last one
     /// (OpenAI puts finish_reason, and usage when asked to, on it).
-    pub fn content(&self, first: u32, count: u32, finish: Option<Finish>) -> Bytes {
+    pub(crate) fn content(&self, first: u32, count: u32, finish: Option<Finish>) -> Bytes {
         if let Some((id, name)) = &self.tool {
             return self.tool_content(id, name, first, count, finish);
         }
@@ -526,14 +527,14 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
 
     /// The OpenAI finish chunk with no text, after `output_tokens` whose text was held back;
     /// Anthropic has none (its message_delta in the tail says how the generation ended).
-    pub fn finish_only(&self, output_tokens: u32, finish: Finish) -> Option<Bytes> {
+    pub(crate) fn finish_only(&self, output_tokens: u32, finish: Finish) -> Option<Bytes> {
         (self.dialect != Dialect::Messages).then(|| self.content(output_tokens, 0, Some(finish)))
     }
 
     /// Everything after the last content event: the usage chunk (when asked for and not on the
     /// finish chunk) and `[DONE]` (OpenAI); content_block_stop, message_delta, message_stop
     /// (Anthropic).
-    pub fn tail(&self, output_tokens: u32, finish: Finish) -> Bytes {
+    pub(crate) fn tail(&self, output_tokens: u32, finish: Finish) -> Bytes {
         match self.dialect {
             Dialect::Chat | Dialect::Completions => {
                 let mut out = String::new();
@@ -580,7 +581,7 @@ fn anthropic_usage_value(req: &GenRequest, output_tokens: u32) -> Value {
 }
 
 /// The whole non-streamed response body.
-pub fn complete_body(
+pub(crate) fn complete_body(
     dialect: Dialect,
     req: &GenRequest,
     id: &str,

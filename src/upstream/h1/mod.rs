@@ -63,11 +63,11 @@ pub enum Error {
 }
 
 /// A request that failed, and the request itself unless all of it was written.
-pub type Failed = (Error, Option<Request<UpstreamBody>>);
+pub(crate) type Failed = (Error, Option<Request<UpstreamBody>>);
 
 /// An open HTTP/1.1 connection to a backend, ready for a request.
 #[derive(Debug)]
-pub struct Connection {
+pub(crate) struct Connection {
     io: Io,
     /// What was read and not yet handed out. Frames handed out share its allocation.
     buf: BytesMut,
@@ -86,7 +86,7 @@ enum Io {
 impl Connection {
     /// A connection over the connector's stream, which ALPN (where there was TLS) did not
     /// make HTTP/2.
-    pub fn new(stream: MaybeHttpsStream<TokioIo<TcpStream>>) -> Self {
+    pub(crate) fn new(stream: MaybeHttpsStream<TokioIo<TcpStream>>) -> Self {
         let io = match stream {
             MaybeHttpsStream::Http(tcp) => Io::Plain(tcp.into_inner()),
             MaybeHttpsStream::Https(tls) => Io::Tls(Box::new(tls.into_inner())),
@@ -101,7 +101,7 @@ impl Connection {
     /// Whether the connection is still open, as far as can be told without waiting: the
     /// backend has not closed it (nor sent anything unasked). Costs no system call unless the
     /// socket has become readable since it was last read.
-    pub fn is_open(&mut self) -> bool {
+    pub(crate) fn is_open(&mut self) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut probe = [0u8; 1];
         let mut probe = ReadBuf::new(&mut probe);
@@ -112,7 +112,10 @@ impl Connection {
 
     /// Writes `req` (its URI's path and query, its headers and its body) and reads the
     /// response head. The body reads the rest of the response from this connection.
-    pub async fn send(mut self, req: Request<UpstreamBody>) -> Result<Response<Body>, Failed> {
+    pub(crate) async fn send(
+        mut self,
+        req: Request<UpstreamBody>,
+    ) -> Result<Response<Body>, Failed> {
         self.read_size = FIRST_READ;
         // Scoped so that the request is not kept while the response is awaited.
         let (method, sent) = {
@@ -284,7 +287,7 @@ fn closed_or(e: io::Error) -> Error {
 /// A response body, read from its connection as it is polled. The connection closes when the
 /// body is dropped before its end.
 #[derive(Debug)]
-pub struct Body {
+pub(crate) struct Body {
     /// `None` once the connection was taken back for another request, or dropped on an error.
     conn: Option<Connection>,
     framing: Framing,
@@ -294,7 +297,7 @@ pub struct Body {
 impl Body {
     /// The connection, once the body has been read to its end, when it may carry another
     /// request: the response said nothing against it and nothing came after the body.
-    pub fn take_reusable(&mut self) -> Option<Connection> {
+    pub(crate) fn take_reusable(&mut self) -> Option<Connection> {
         let conn = self.conn.as_ref()?;
         (self.framing.is_done() && self.reusable && conn.buf.is_empty())
             .then(|| self.conn.take())

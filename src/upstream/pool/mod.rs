@@ -157,7 +157,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// Why a request got no response head.
 #[derive(Debug)]
-pub enum SendError {
+pub(crate) enum SendError {
     /// No connection could be made (refused, timed out, TLS). Shared: every request that
     /// waited for the attempt fails with its error.
     Connect(Arc<dyn std::error::Error + Send + Sync>),
@@ -169,7 +169,7 @@ pub enum SendError {
 
 impl SendError {
     /// Whether the request never reached a connection.
-    pub const fn is_connect(&self) -> bool {
+    pub(crate) const fn is_connect(&self) -> bool {
         matches!(self, Self::Connect(_))
     }
 }
@@ -202,7 +202,7 @@ enum Conn {
 
 impl Pool {
     /// The pool of `backend`'s connections, made by its [`connector`](super::connector).
-    pub fn for_backend(backend: &crate::config::BackendConfig) -> Result<Arc<Self>, String> {
+    pub(crate) fn for_backend(backend: &crate::config::BackendConfig) -> Result<Arc<Self>, String> {
         let connector = super::connector::for_backend(backend)?;
         Ok(Self::new(
             connector,
@@ -213,7 +213,7 @@ impl Pool {
 
     /// A pool of connections to `base` (the backend's URL) made by `connector`, each within
     /// `connect_timeout`.
-    pub fn new(connector: Connector, base: Uri, connect_timeout: Duration) -> Arc<Self> {
+    pub(crate) fn new(connector: Connector, base: Uri, connect_timeout: Duration) -> Arc<Self> {
         let pool = Arc::new(Self {
             connector,
             connect_timeout,
@@ -266,7 +266,7 @@ impl Pool {
     /// Sends `req` (its URI absolute, to this pool's backend, and its `Host` header set) and
     /// waits for the response head. The body gives its HTTP/1 connection back to the pool, or
     /// counts its HTTP/2 stream closed, when it ends or is dropped.
-    pub async fn send(
+    pub(crate) async fn send(
         self: Arc<Self>,
         req: Request<UpstreamBody>,
     ) -> Result<Response<PooledBody>, SendError> {
@@ -499,7 +499,7 @@ impl Future for PublishingLimit {
 /// when the body has been read to its end (and closes if the body is dropped before), or from an
 /// HTTP/2 stream, counted closed when the body ends or is dropped.
 #[derive(Debug)]
-pub struct PooledBody {
+pub(crate) struct PooledBody {
     inner: Inner,
 }
 
