@@ -2,16 +2,13 @@
 //! reads the fleet's sums, sends and reads samples and health notes (`round.rs`), and applies
 //! what came back to the backends; between rounds, the claims of slots (`claims.rs`).
 
-use crate::config::{ClassConfig, ClusterConfig};
-use crate::curve::PeerLoad;
-use crate::fleet::{Backend, Event, Inbox};
-use crate::live::Live;
-use arc_swap::ArcSwap;
-use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -21,6 +18,10 @@ use super::status::{PeerInfo, Status};
 use super::sums::{self, Kind};
 use super::wire::{Clock, HealthNote, RoutedPrompt, SharedSample};
 use super::{api_keys, lease, round};
+use crate::config::{ClassConfig, ClusterConfig};
+use crate::curve::PeerLoad;
+use crate::fleet::{Backend, Event, Inbox};
+use crate::live::Live;
 
 mod claims;
 
@@ -381,14 +382,15 @@ impl SyncTask {
             // Their number moved: list them again next round.
             self.rounds = 0;
         }
-        self.apply(incoming.samples, &incoming.health, incoming.leases, &clock);
+        self.apply(&incoming.samples, &incoming.health, incoming.leases, &clock);
         Ok(())
     }
 
-    /// Takes in what a round brought back: the peers' samples, health notes, the list of peers.
+    /// Applies what a round read: the peers' samples and routed prompts (`entries`), their
+    /// health notes, and the leases (who is alive), at `clock`.
     fn apply(
         &mut self,
-        entries: Vec<redis::streams::StreamId>,
+        entries: &[redis::streams::StreamId],
         health: &HashMap<String, String>,
         leases: Option<Vec<(String, f64)>>,
         clock: &Clock,
@@ -401,71 +403,21 @@ impl SyncTask {
                 "cluster: connected; sharing backend state with the other replicas"
             );
         }
-        if self.cursor.is_none() {
-            // Nothing in the stream yet: read from its beginning from now on.
-            self.cursor = Some("0-0".to_owned());
-        }
         let live = self.live.load();
         let backends = live.router.backends();
-        let mut received = 0u64;
-        for entry in entries {
-            self.cursor = Some(entry.id.clone());
-            if entry.get::<String>("r").as_deref() == Some(self.replica.as_str()) {
-                continue;
-            }
-            if let Some(routed) = entry
-                .get::<String>("p")
-                .and_then(|p| serde_json::from_str::<Vec<RoutedPrompt>>(&p).ok())
-            {
-                for r in routed {
-                    if let Some(index) = backends
-                        .iter()
-                        .find(|b| *b.config.name == *r.backend)
-                        .and_then(|b| b.prefix.as_ref())
-                    {
-                        index.learned(&r.hashes, r.hint, now);
-                    }
-                }
-            }
-            let Some(samples) = entry
-                .get::<String>("s")
-                .and_then(|s| serde_json::from_str::<Vec<SharedSample>>(&s).ok())
-            else {
-                continue;
-            };
-            for sample in samples {
-                let Some(backend) = backends.iter().find(|b| *b.config.name == *sample.backend)
-                else {
-                    continue;
-                };
-                if let Some(learned) = sample.learned(clock) {
-                    backend.learn(&sample.model, &learned);
-                    received += 1;
-                }
-            }
+        // Nothing in the stream yet: read from its beginning from now on.
+        let read_to = entries
+            .last()
+            .map_or_else(|| "0-0".to_owned(), |e| e.id.clone());
+        if entries.last().is_some() || self.cursor.is_none() {
+            self.cursor = Some(read_to);
         }
+        let received = learn_from_peers(entries, &self.replica, backends, clock);
         if received > 0 {
             self.status.received.fetch_add(received, Ordering::Relaxed);
             crate::telemetry::count_cluster_samples("received", received);
         }
-        for (name, text) in health {
-            let Ok(note) = serde_json::from_str::<HealthNote>(text) else {
-                continue;
-            };
-            if self.health_seen.get(name) == Some(&note) {
-                continue;
-            }
-            self.health_seen.insert(name.clone(), note);
-            let Some(backend) = backends.iter().find(|b| *b.config.name == **name) else {
-                continue;
-            };
-            if let Some(until) = clock.until(note.ejected_until_ms) {
-                backend.ejected_elsewhere(until);
-            }
-            if let Some(until) = clock.until(note.cooling_until_ms) {
-                backend.cooling_elsewhere(until);
-            }
-        }
+        apply_health(health, &mut self.health_seen, backends, clock);
         let mut view = self
             .status
             .view
@@ -476,15 +428,7 @@ impl SyncTask {
         view.replicas = self.standing.totals.replicas;
         if let Some(leases) = leases {
             let lease_ms = lease(self.interval).as_secs_f64() * 1000.0;
-            let t_ms = clock.wall(now) as f64;
-            view.peers = leases
-                .into_iter()
-                .filter(|(id, _)| *id != self.replica)
-                .map(|(replica, until)| PeerInfo {
-                    replica,
-                    age_s: ((lease_ms - (until - t_ms)) / 1000.0).max(0.0),
-                })
-                .collect();
+            view.peers = peers(leases, &self.replica, lease_ms, clock.wall(now) as f64);
         }
     }
 
@@ -595,3 +539,85 @@ impl SyncTask {
         crate::telemetry::set_cluster(self.status.connected(), peers);
     }
 }
+
+/// Teaches `backends` what the peers' stream `entries` say (this replica, `me`, skips its own):
+/// prompts routed, for the prefix indexes, and curve samples; returns how many samples.
+fn learn_from_peers(
+    entries: &[redis::streams::StreamId],
+    me: &str,
+    backends: &[Arc<Backend>],
+    clock: &Clock,
+) -> u64 {
+    let now = clock.now();
+    let named = |name: &str| backends.iter().find(|b| *b.config.name == *name);
+    let mut received = 0;
+    for entry in entries {
+        if entry.get::<String>("r").as_deref() == Some(me) {
+            continue;
+        }
+        let routed = entry
+            .get::<String>("p")
+            .and_then(|p| serde_json::from_str::<Vec<RoutedPrompt>>(&p).ok());
+        for r in routed.into_iter().flatten() {
+            if let Some(index) = named(&r.backend).and_then(|b| b.prefix.as_ref()) {
+                index.learned(&r.hashes, r.hint, now);
+            }
+        }
+        let samples = entry
+            .get::<String>("s")
+            .and_then(|s| serde_json::from_str::<Vec<SharedSample>>(&s).ok());
+        for sample in samples.into_iter().flatten() {
+            if let (Some(backend), Some(learned)) = (named(&sample.backend), sample.learned(clock))
+            {
+                backend.learn(&sample.model, &learned);
+                received += 1;
+            }
+        }
+    }
+    received
+}
+
+/// Applies each health note not `seen` before (a note is applied once: an ejection a peer
+/// decided holds here for its period, and no longer).
+fn apply_health(
+    health: &HashMap<String, String>,
+    seen: &mut HashMap<String, HealthNote>,
+    backends: &[Arc<Backend>],
+    clock: &Clock,
+) {
+    for (name, text) in health {
+        let Ok(note) = serde_json::from_str::<HealthNote>(text) else {
+            continue;
+        };
+        if seen.get(name) == Some(&note) {
+            continue;
+        }
+        seen.insert(name.clone(), note);
+        let Some(backend) = backends.iter().find(|b| *b.config.name == **name) else {
+            continue;
+        };
+        if let Some(until) = clock.until(note.ejected_until_ms) {
+            backend.ejected_elsewhere(until);
+        }
+        if let Some(until) = clock.until(note.cooling_until_ms) {
+            backend.cooling_elsewhere(until);
+        }
+    }
+}
+
+/// The live peers as `/admin/cluster` shows them: every lease but this replica's (`me`), each
+/// with the seconds since its last round, from when its lease (of `lease_ms`) runs out and the
+/// wall clock `t_ms`.
+fn peers(leases: Vec<(String, f64)>, me: &str, lease_ms: f64, t_ms: f64) -> Vec<PeerInfo> {
+    leases
+        .into_iter()
+        .filter(|(id, _)| id != me)
+        .map(|(replica, until)| PeerInfo {
+            replica,
+            age_s: ((lease_ms - (until - t_ms)) / 1000.0).max(0.0),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
