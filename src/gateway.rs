@@ -2,16 +2,19 @@
 //! admin listener and the background tasks, until stopped. `tpsgate serve` and the integration
 //! tests both start it through here.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tower::Service;
 
 use crate::admin::{self, AdminState};
@@ -23,11 +26,11 @@ use crate::signal::Signal;
 use crate::stack::Stack;
 
 /// How often the metrics recorder's buffers are drained.
-const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// How often curves are checked for first tokens from a drained queue to forget (and classes
 /// for an SLO that no backend meets).
-const FORGET_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+const FORGET_EVERY: Duration = Duration::from_millis(250);
 
 /// The gateway, serving until [`Gateway::stop`] or drop.
 #[derive(Debug)]
@@ -139,14 +142,7 @@ impl Gateway {
         let proxy = tokio::spawn(listen::serve(
             listener,
             tls,
-            listen::Limits {
-                header_read_timeout: limits.header_read_timeout,
-                max_header_bytes: limits.max_header_bytes,
-                max_connections: limits.max_connections,
-                drain: limits.drain_timeout,
-                idle_timeout: limits.idle_timeout,
-                client_write_timeout: limits.client_write_timeout,
-            },
+            client_limits(&limits),
             Current(Arc::clone(&live)),
             stopped(&stop),
         ));
@@ -164,56 +160,37 @@ impl Gateway {
             stopped(&stop),
         ));
         // Histograms buffer samples until upkeep drains them: without a scraper they would grow.
-        let mut stopped_upkeep = stop.subscribe();
-        let upkeep = tokio::spawn(async move {
-            let mut every = tokio::time::interval(UPKEEP_EVERY);
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {
-                        if let Some(handle) = crate::telemetry::prometheus() {
-                            handle.run_upkeep();
-                        }
-                    }
-                    _ = stopped_upkeep.wait_for(|s| *s) => return,
-                }
+        let upkeep = every(UPKEEP_EVERY, stop.subscribe(), |_| async {
+            if let Some(handle) = crate::telemetry::prometheus() {
+                handle.run_upkeep();
             }
         });
         // First tokens from a burst's queue are forgotten on time even where no traffic comes
         // to rebuild a curve (a backend that looks slow gets none); and a class whose SLO no
         // backend meets is told to the operator as soon as the curves show it.
-        let mut stopped_forget = stop.subscribe();
         let forget_live = Arc::clone(&live);
-        let forget = tokio::spawn(async move {
-            let mut every = tokio::time::interval(FORGET_EVERY);
-            loop {
-                tokio::select! {
-                    now = every.tick() => {
-                        let router = &forget_live.load().router;
-                        for backend in router.backends() {
-                            backend.forget_drained_queues(now);
-                        }
-                        router.warn_unmet_slos();
-                    }
-                    _ = stopped_forget.wait_for(|s| *s) => return,
+        let forget = every(FORGET_EVERY, stop.subscribe(), move |now| {
+            let router = Arc::clone(&forget_live.load().router);
+            async move {
+                for backend in router.backends() {
+                    backend.forget_drained_queues(now);
                 }
+                router.warn_unmet_slos();
             }
         });
-        let mut stopped_oracle = stop.subscribe();
         let oracle_live = Arc::clone(&live);
-        let oracle = tokio::spawn(async move {
-            let mut every = tokio::time::interval(crate::router::oracle::REFRESH);
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {
-                        let router = Arc::clone(&oracle_live.load().router);
-                        if let Some(oracle) = router.oracle() {
-                            oracle.refresh(router.backends()).await;
-                        }
+        let oracle = every(
+            crate::router::oracle::REFRESH,
+            stop.subscribe(),
+            move |_| {
+                let router = Arc::clone(&oracle_live.load().router);
+                async move {
+                    if let Some(oracle) = router.oracle() {
+                        oracle.refresh(router.backends()).await;
                     }
-                    () = async { let _ = stopped_oracle.wait_for(|s| *s).await; } => return,
                 }
-            }
-        });
+            },
+        );
         let reloader = Reloader::new(live, reload_status, drained.clone(), resolver);
         let discovery = tokio::spawn(reloader.clone().keep_discovering(stop.subscribe()));
         Ok(Self {
@@ -287,5 +264,35 @@ impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
         let _ = self.cluster_stop.send(true);
+    }
+}
+
+/// Runs `work` every `period` (its first time at once) until `stop` says so; a run under way
+/// finishes first.
+fn every<W, F>(period: Duration, mut stop: watch::Receiver<bool>, mut work: W) -> JoinHandle<()>
+where
+    W: FnMut(Instant) -> F + Send + 'static,
+    F: Future<Output = ()> + Send,
+{
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(period);
+        loop {
+            tokio::select! {
+                now = every.tick() => work(now).await,
+                () = async { let _ = stop.wait_for(|s| *s).await; } => return,
+            }
+        }
+    })
+}
+
+/// What the client-facing listener holds each connection to.
+fn client_limits(limits: &crate::config::Limits) -> listen::Limits {
+    listen::Limits {
+        header_read_timeout: limits.header_read_timeout,
+        max_header_bytes: limits.max_header_bytes,
+        max_connections: limits.max_connections,
+        drain: limits.drain_timeout,
+        idle_timeout: limits.idle_timeout,
+        client_write_timeout: limits.client_write_timeout,
     }
 }
