@@ -215,6 +215,16 @@ pub(super) async fn round_trip<C: ConnectionLike>(
     out: &Outgoing<'_>,
 ) -> redis::RedisResult<Incoming> {
     let mut pipe = redis::pipe();
+    state(&mut pipe, keys, script, out);
+    read_sums_and_samples(&mut pipe, keys, out);
+    note_health(&mut pipe, keys, out);
+    let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    incoming(replies, out)
+}
+
+/// The round's statement: the parts of replicas whose lease ran out taken out, and this
+/// replica's part stated (or only its lease renewed, when nothing changed).
+fn state(pipe: &mut redis::Pipeline, keys: &RedisKeys, script: &redis::Script, out: &Outgoing<'_>) {
     for gone in out.retire {
         let part = Part {
             replica: gone,
@@ -222,7 +232,7 @@ pub(super) async fn round_trip<C: ConnectionLike>(
             now_ms: out.now_ms,
             lease_ms: out.lease_ms,
         };
-        invoke(&mut pipe, script, keys, part, Mode::Retire).ignore();
+        invoke(pipe, script, keys, part, Mode::Retire).ignore();
     }
     // Nothing to state (most rounds of a replica with little traffic): the lease alone is
     // renewed, and only if it is still there (else the part was taken out: state it whole).
@@ -241,11 +251,16 @@ pub(super) async fn round_trip<C: ConnectionLike>(
             now_ms: out.now_ms,
             lease_ms: out.lease_ms,
         };
-        invoke(&mut pipe, script, keys, part, out.mode);
+        invoke(pipe, script, keys, part, out.mode);
         for (field, value) in out.fields {
             pipe.arg(field).arg(*value);
         }
     }
+}
+
+/// The fleet's sums and leases read, this replica's samples appended to the stream and the
+/// peers' read from the cursor (or the recent ones, on a first round).
+fn read_sums_and_samples(pipe: &mut redis::Pipeline, keys: &RedisKeys, out: &Outgoing<'_>) {
     pipe.cmd("ZCARD").arg(&keys.leases);
     pipe.cmd("ZRANGEBYSCORE")
         .arg(&keys.leases)
@@ -289,6 +304,10 @@ pub(super) async fn round_trip<C: ConnectionLike>(
                 .arg(cursor);
         }
     }
+}
+
+/// This replica's health notes written, everyone's read, and the peers listed when asked.
+fn note_health(pipe: &mut redis::Pipeline, keys: &RedisKeys, out: &Outgoing<'_>) {
     for (backend, note) in out.health {
         pipe.cmd("HSET")
             .arg(&keys.health)
@@ -304,7 +323,10 @@ pub(super) async fn round_trip<C: ConnectionLike>(
             .arg(LISTED_PEERS)
             .arg("WITHSCORES");
     }
-    let mut replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+}
+
+/// The round's replies, in the pipeline's order read from the end.
+fn incoming(mut replies: Vec<redis::Value>, out: &Outgoing<'_>) -> redis::RedisResult<Incoming> {
     let leases = if out.list_peers {
         replies
             .pop()
