@@ -19,6 +19,8 @@ use tower::Service;
 
 use crate::admin::{self, AdminState};
 use crate::config::Config;
+use crate::discovery::Resolver;
+use crate::fleet::Inbox;
 use crate::listen;
 use crate::live::{Live, ReloadStatus, Reloader};
 use crate::proxy::body::ProxyBody;
@@ -73,29 +75,7 @@ impl Gateway {
     /// and starts serving.
     pub async fn start(config: &Config) -> Result<Self, String> {
         let drained = Signal::new();
-        let (outbox, inbox) = match &config.cluster {
-            Some(cluster) => {
-                // A claim's answer comes within a round trip; two intervals cover one that
-                // waits behind a round in flight.
-                let (outbox, inbox) = crate::fleet::outbox::outbox(cluster.sync_interval * 2);
-                (Some(outbox), Some(inbox))
-            }
-            None => (None, None),
-        };
-        let resolver = crate::discovery::Resolver::new(config.resolver.as_ref());
-        let mut found = crate::discovery::Found::default();
-        crate::discovery::resolve(&resolver, crate::discovery::discovered(config), &mut found)
-            .await;
-        let tracing = match &config.tracing {
-            Some(t) => Some(crate::otel::Tracing::start(
-                t,
-                tokio::runtime::Handle::current(),
-            )?),
-            None => None,
-        };
-        let live = Arc::new(ArcSwap::from_pointee(Live::build(
-            config, found, None, &drained, outbox, tracing,
-        )?));
+        let (live, inbox, resolver) = build_live(config, &drained).await?;
         let tls = match &config.tls {
             Some(files) => Some(crate::tls::acceptor(&files.cert_file, &files.key_file)?),
             None => None,
@@ -149,48 +129,18 @@ impl Gateway {
         let admin_state = Arc::clone(&admin);
         let admin_service =
             tower::service_fn(move |req| admin::handle(Arc::clone(&admin_state), req));
+        let admin_limits = listen::Limits {
+            max_connections: 256,
+            ..listen::Limits::default()
+        };
         let admin_task = tokio::spawn(listen::serve(
             admin_listener,
             None,
-            listen::Limits {
-                max_connections: 256,
-                ..listen::Limits::default()
-            },
+            admin_limits,
             admin_service,
             stopped(&stop),
         ));
-        // Histograms buffer samples until upkeep drains them: without a scraper they would grow.
-        let upkeep = every(UPKEEP_EVERY, stop.subscribe(), |_| async {
-            if let Some(handle) = crate::telemetry::prometheus() {
-                handle.run_upkeep();
-            }
-        });
-        // First tokens from a burst's queue are forgotten on time even where no traffic comes
-        // to rebuild a curve (a backend that looks slow gets none); and a class whose SLO no
-        // backend meets is told to the operator as soon as the curves show it.
-        let forget_live = Arc::clone(&live);
-        let forget = every(FORGET_EVERY, stop.subscribe(), move |now| {
-            let router = Arc::clone(&forget_live.load().router);
-            async move {
-                for backend in router.backends() {
-                    backend.forget_drained_queues(now);
-                }
-                router.warn_unmet_slos();
-            }
-        });
-        let oracle_live = Arc::clone(&live);
-        let oracle = every(
-            crate::router::oracle::REFRESH,
-            stop.subscribe(),
-            move |_| {
-                let router = Arc::clone(&oracle_live.load().router);
-                async move {
-                    if let Some(oracle) = router.oracle() {
-                        oracle.refresh(router.backends()).await;
-                    }
-                }
-            },
-        );
+        let [upkeep, forget, oracle] = upkeep_tasks(&live, &stop);
         let reloader = Reloader::new(live, reload_status, drained.clone(), resolver);
         let discovery = tokio::spawn(reloader.clone().keep_discovering(stop.subscribe()));
         Ok(Self {
@@ -265,6 +215,75 @@ impl Drop for Gateway {
         let _ = self.stop.send(true);
         let _ = self.cluster_stop.send(true);
     }
+}
+
+/// The live state for `config` (its DNS entries resolved once, the tracer started), the inbox of
+/// the cluster link when there is one, and the resolver that keeps discovering.
+async fn build_live(
+    config: &Config,
+    drained: &Signal,
+) -> Result<(Arc<ArcSwap<Live>>, Option<Inbox>, Resolver), String> {
+    let (outbox, inbox) = match &config.cluster {
+        Some(cluster) => {
+            // A claim's answer comes within a round trip; two intervals cover one that
+            // waits behind a round in flight.
+            let (outbox, inbox) = crate::fleet::outbox::outbox(cluster.sync_interval * 2);
+            (Some(outbox), Some(inbox))
+        }
+        None => (None, None),
+    };
+    let resolver = crate::discovery::Resolver::new(config.resolver.as_ref());
+    let mut found = crate::discovery::Found::default();
+    crate::discovery::resolve(&resolver, crate::discovery::discovered(config), &mut found).await;
+    let tracing = match &config.tracing {
+        Some(t) => Some(crate::otel::Tracing::start(
+            t,
+            tokio::runtime::Handle::current(),
+        )?),
+        None => None,
+    };
+    let live = Arc::new(ArcSwap::from_pointee(Live::build(
+        config, found, None, drained, outbox, tracing,
+    )?));
+    Ok((live, inbox, resolver))
+}
+
+/// The gateway's periodic upkeep, until `stop` says so: the metrics' histograms drained, the
+/// curves' stale first tokens forgotten, and the oracle policy's truth refreshed.
+fn upkeep_tasks(live: &Arc<ArcSwap<Live>>, stop: &watch::Sender<bool>) -> [JoinHandle<()>; 3] {
+    // Histograms buffer samples until upkeep drains them: without a scraper they would grow.
+    let upkeep = every(UPKEEP_EVERY, stop.subscribe(), |_| async {
+        if let Some(handle) = crate::telemetry::prometheus() {
+            handle.run_upkeep();
+        }
+    });
+    // First tokens from a burst's queue are forgotten on time even where no traffic comes
+    // to rebuild a curve (a backend that looks slow gets none); and a class whose SLO no
+    // backend meets is told to the operator as soon as the curves show it.
+    let forget_live = Arc::clone(live);
+    let forget = every(FORGET_EVERY, stop.subscribe(), move |now| {
+        let router = Arc::clone(&forget_live.load().router);
+        async move {
+            for backend in router.backends() {
+                backend.forget_drained_queues(now);
+            }
+            router.warn_unmet_slos();
+        }
+    });
+    let oracle_live = Arc::clone(live);
+    let oracle = every(
+        crate::router::oracle::REFRESH,
+        stop.subscribe(),
+        move |_| {
+            let router = Arc::clone(&oracle_live.load().router);
+            async move {
+                if let Some(oracle) = router.oracle() {
+                    oracle.refresh(router.backends()).await;
+                }
+            }
+        },
+    );
+    [upkeep, forget, oracle]
 }
 
 /// Runs `work` every `period` (its first time at once) until `stop` says so; a run under way

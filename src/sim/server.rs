@@ -126,6 +126,37 @@ pub(crate) struct SeenRequest {
     pub header_names: Vec<String>,
 }
 
+impl SeenRequest {
+    /// What `req` shows before its body is read.
+    fn of(req: &Request<Incoming>) -> Self {
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        Self {
+            path: req.uri().path().to_owned(),
+            query: req.uri().query().map(str::to_owned),
+            host: header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
+            model: None,
+            prompt_tokens: None,
+            cached_tokens: None,
+            max_tokens: None,
+            authorization: header("authorization"),
+            x_api_key: header("x-api-key"),
+            anthropic_version: header("anthropic-version"),
+            request_id: header("x-request-id"),
+            traceparent: header("traceparent"),
+            header_names: req
+                .headers()
+                .keys()
+                .map(|n| n.as_str().to_owned())
+                .collect(),
+        }
+    }
+}
+
 /// How many requests `GET /sim/requests` remembers.
 const SEEN_KEPT: usize = 64;
 
@@ -241,31 +272,7 @@ impl SimBackend {
     }
 
     async fn generate(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
-        let header = |name: &str| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let mut seen = SeenRequest {
-            path: req.uri().path().to_owned(),
-            query: req.uri().query().map(str::to_owned),
-            host: header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
-            model: None,
-            prompt_tokens: None,
-            cached_tokens: None,
-            max_tokens: None,
-            authorization: header("authorization"),
-            x_api_key: header("x-api-key"),
-            anthropic_version: header("anthropic-version"),
-            request_id: header("x-request-id"),
-            traceparent: header("traceparent"),
-            header_names: req
-                .headers()
-                .keys()
-                .map(|n| n.as_str().to_owned())
-                .collect(),
-        };
+        let mut seen = SeenRequest::of(&req);
         let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => {
@@ -307,23 +314,7 @@ impl SimBackend {
             }
         };
         if !self.models.contains(&gen_req.model) {
-            let message = format!(
-                "The model `{}` does not exist. Available: {}",
-                gen_req.model,
-                self.models.join(", ")
-            );
-            let kind = if dialect == Dialect::Messages {
-                "not_found_error"
-            } else {
-                "invalid_request_error"
-            };
-            return error(
-                dialect,
-                StatusCode::NOT_FOUND,
-                kind,
-                "model_not_found",
-                &message,
-            );
+            return self.unknown_model(dialect, &gen_req.model);
         }
         let live = self.live.load_full();
         let fault = live.faults.pick();
@@ -373,21 +364,33 @@ impl SimBackend {
                 fault,
                 phase: Phase::Head,
             };
-            let body = StreamBody::new(futures_util::stream::unfold(state, StreamState::next));
-            let mut resp = Response::new(UnsyncBoxBody::new(body));
-            let headers = resp.headers_mut();
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            resp
+            state.response()
         } else {
             self.complete(
                 dialect, &gen_req, tokens, target, finish, fault, &id, created,
             )
             .await
         }
+    }
+
+    /// The 404 for a model this backend does not serve, naming those it does.
+    fn unknown_model(&self, dialect: Dialect, model: &str) -> Response<SimBody> {
+        let message = format!(
+            "The model `{model}` does not exist. Available: {}",
+            self.models.join(", ")
+        );
+        let kind = if dialect == Dialect::Messages {
+            "not_found_error"
+        } else {
+            "invalid_request_error"
+        };
+        error(
+            dialect,
+            StatusCode::NOT_FOUND,
+            kind,
+            "model_not_found",
+            &message,
+        )
     }
 
     #[expect(
@@ -578,6 +581,19 @@ enum Phase {
 type Next = Option<(Result<Frame<Bytes>, io::Error>, StreamState)>;
 
 impl StreamState {
+    /// The event stream this state produces, as a response.
+    fn response(self) -> Response<SimBody> {
+        let body = StreamBody::new(futures_util::stream::unfold(self, Self::next));
+        let mut resp = Response::new(UnsyncBoxBody::new(body));
+        let headers = resp.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        resp
+    }
+
     /// Produces the next SSE frame: head, one frame per chunk of tokens as the engine emits them,
     /// then the tail. Faults strike at the first chunk boundary at or after their token count.
     async fn next(mut self) -> Next {
