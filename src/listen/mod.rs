@@ -19,7 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use pin_project_lite::pin_project;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::WaitForCancellationFutureOwned;
@@ -92,27 +92,9 @@ pub(crate) async fn serve<S, B>(
 {
     let header_read_timeout = limits.header_read_timeout;
     let write_timeout = limits.client_write_timeout;
-    // Heads of up to twice the limit reach the stack, whose limit layer answers those over it
-    // with a 431 in the client's dialect; beyond that the HTTP layers refuse them.
-    let max_buf_size = limits.max_header_bytes.saturating_mul(2).max(8192);
-    let max_header_list_size =
-        u32::try_from(limits.max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX);
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
-        .max_buf_size(max_buf_size)
-        .keep_alive(true);
-    let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    // Pings find a peer that is gone while its streams stay open (a dropped network path).
-    http2
-        .timer(TokioTimer::new())
-        .max_header_list_size(max_header_list_size)
-        .keep_alive_interval(Some(H2_PING_EVERY))
-        .keep_alive_timeout(H2_PING_TIMEOUT);
     // Shared, not cloned into each connection's task, which holds what it captures for as long
     // as the connection is open (both builders: 232 bytes a connection).
-    let builders = Arc::new(Builders { http1, http2 });
+    let builders = Arc::new(Builders::new(&limits));
     let stopping = Signal::new();
     // Each connection's task holds a slot until it ends: when shutdown has them all back,
     // every connection is done.
@@ -129,14 +111,9 @@ pub(crate) async fn serve<S, B>(
             () = &mut shutdown => break,
         };
         let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(err) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(%err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
+            accepted = accept(&listener) => match accepted {
+                Some(conn) => conn,
+                None => continue,
             },
             () = &mut shutdown => break,
         };
@@ -147,63 +124,30 @@ pub(crate) async fn serve<S, B>(
             inner: service.clone(),
             activity,
         });
-        let builders = Arc::clone(&builders);
-        let stopping = stopping.clone();
+        let conn = Conn {
+            stream,
+            peer,
+            builders: Arc::clone(&builders),
+            ends: (stopping.clone(), idle),
+            service,
+            header_read_timeout,
+            write_timeout,
+        };
         // One task type per transport: a task is the size of everything it may hold, and a TLS
         // handshake's state would size every plain connection's task.
         match &tls {
-            None => {
-                tokio::spawn(async move {
-                    match tokio::time::timeout(header_read_timeout, opens_with_h2_preface(stream))
-                        .await
-                    {
-                        Ok(Ok(stream)) => {
-                            let h2 = stream.h2;
-                            serve_connection(
-                                WriteDeadline::new(stream, write_timeout),
-                                h2,
-                                &builders,
-                                (stopping, idle),
-                                service,
-                                peer,
-                            )
-                            .await;
-                        }
-                        Ok(Err(err)) => {
-                            tracing::debug!(%peer, %err, "connection failed before a request");
-                        }
-                        Err(_) => {
-                            tracing::debug!(%peer, "no request within the header read timeout")
-                        }
-                    }
-                    drop(slot);
-                });
-            }
+            None => tokio::spawn(async move {
+                conn.plain().await;
+                drop(slot);
+            }),
             Some(acceptor) => {
                 let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let stream = WriteDeadline::new(stream, write_timeout);
-                    match tokio::time::timeout(header_read_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(stream)) => {
-                            // HTTP/2 over TLS is negotiated (RFC 9113, section 3.2).
-                            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
-                            serve_connection(
-                                stream,
-                                h2,
-                                &builders,
-                                (stopping, idle),
-                                service,
-                                peer,
-                            )
-                            .await;
-                        }
-                        Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
+                    conn.over_tls(acceptor).await;
                     drop(slot);
-                });
+                })
             }
-        }
+        };
     }
     drop(listener);
     stopping.fire();
@@ -214,6 +158,70 @@ pub(crate) async fn serve<S, B>(
         .is_err()
     {
         tracing::warn!(?drain, "drain deadline passed with connections still open");
+    }
+}
+
+/// An accepted connection, and what serving it takes.
+struct Conn<S> {
+    stream: TcpStream,
+    peer: SocketAddr,
+    builders: Arc<Builders>,
+    /// What ends it: the listener's shutdown, or its idle period.
+    ends: (Signal, Idle),
+    service: TowerToHyperService<Counted<S>>,
+    header_read_timeout: Duration,
+    write_timeout: Duration,
+}
+
+impl<S, B> Conn<S>
+where
+    S: Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// Plain TCP: HTTP/1.1, or HTTP/2 where the connection opens with its preface (h2c).
+    async fn plain(self) {
+        let Self { stream, peer, .. } = self;
+        match tokio::time::timeout(self.header_read_timeout, opens_with_h2_preface(stream)).await {
+            Ok(Ok(stream)) => {
+                let h2 = stream.h2;
+                let io = WriteDeadline::new(stream, self.write_timeout);
+                serve_connection(io, h2, &self.builders, self.ends, self.service, peer).await;
+            }
+            Ok(Err(err)) => tracing::debug!(%peer, %err, "connection failed before a request"),
+            Err(_) => tracing::debug!(%peer, "no request within the header read timeout"),
+        }
+    }
+
+    /// TLS, HTTP/2 where ALPN negotiated it (RFC 9113, section 3.2).
+    async fn over_tls(self, acceptor: TlsAcceptor) {
+        let Self { stream, peer, .. } = self;
+        let stream = WriteDeadline::new(stream, self.write_timeout);
+        match tokio::time::timeout(self.header_read_timeout, acceptor.accept(stream)).await {
+            Ok(Ok(stream)) => {
+                let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                serve_connection(stream, h2, &self.builders, self.ends, self.service, peer).await;
+            }
+            Ok(Err(err)) => tracing::debug!(%peer, %err, "TLS handshake failed"),
+            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+        }
+    }
+}
+
+/// The next connection; `None` after a failed accept (EMFILE and friends), once a short pause
+/// has passed instead of spinning.
+async fn accept(listener: &TcpListener) -> Option<(TcpStream, SocketAddr)> {
+    match listener.accept().await {
+        Ok(conn) => Some(conn),
+        Err(err) => {
+            tracing::warn!(%err, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            None
+        }
     }
 }
 
@@ -286,6 +294,31 @@ impl<C> UntilStopping<C> {
 struct Builders {
     http1: hyper::server::conn::http1::Builder,
     http2: hyper::server::conn::http2::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    /// Both protocols held to `limits`: heads of up to twice the header limit reach the stack,
+    /// whose limit layer answers those over it with a 431 in the client's dialect; beyond that
+    /// the HTTP layers refuse them.
+    fn new(limits: &Limits) -> Self {
+        let max_buf_size = limits.max_header_bytes.saturating_mul(2).max(8192);
+        let max_header_list_size =
+            u32::try_from(limits.max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX);
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(max_buf_size)
+            .keep_alive(true);
+        let mut http2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        // Pings find a peer that is gone while its streams stay open (a dropped network path).
+        http2
+            .timer(TokioTimer::new())
+            .max_header_list_size(max_header_list_size)
+            .keep_alive_interval(Some(H2_PING_EVERY))
+            .keep_alive_timeout(H2_PING_TIMEOUT);
+        Self { http1, http2 }
+    }
 }
 
 /// Serves one connection in the protocol chosen, until it closes or graceful shutdown ends it.
