@@ -69,6 +69,78 @@ struct Pending {
     translate: Option<(Direction, StreamDialect, bool)>,
 }
 
+impl Pending {
+    /// The backend sent no head in time: the error says which timeout ran out, and the
+    /// backend's health counts it.
+    fn head_timed_out(&self) -> Error {
+        self.backend.note_upstream(false);
+        let timeouts = self.backend.config.timeouts;
+        let name = &self.backend.config.name;
+        // A stream that sent nothing may go elsewhere (nothing reached the client); a
+        // response that is not a stream was accepted and may be running there: sending
+        // it again would run (and bill) it twice.
+        if self.deadlines.streamed() {
+            crate::telemetry::count_timeout(name, "first_token");
+            let ms = timeouts.first_token.as_millis();
+            Error::new(
+                ErrorKind::UpstreamTimeout,
+                format!("backend {name} sent no response within {ms} ms (first_token_timeout_ms)"),
+            )
+        } else {
+            crate::telemetry::count_timeout(name, "response");
+            let ms = timeouts.response.as_millis();
+            Error::new(
+                ErrorKind::UpstreamResponseTimeout,
+                format!("backend {name} did not answer within {ms} ms (response_timeout_ms)"),
+            )
+        }
+    }
+
+    /// The response head as the client gets it: the backend's 429 noted (with its Retry-After),
+    /// hop-by-hop and upstream-only headers out, the decision's headers in.
+    fn annotate(&self, parts: &mut http::response::Parts) {
+        if parts.status == http::StatusCode::TOO_MANY_REQUESTS {
+            // Seconds only: the HTTP-date form of Retry-After falls back to the default.
+            let retry_after = parts
+                .headers
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(std::time::Duration::from_secs);
+            self.backend.note_rate_limited(retry_after);
+        }
+        clean_head(parts);
+        if let Some(value) = &self.backend.name_header {
+            parts.headers.insert(X_TPSGATE_BACKEND, value.clone());
+        }
+        if let Some(value) = self
+            .request
+            .class
+            .as_deref()
+            .and_then(|c| HeaderValue::from_str(c).ok())
+        {
+            parts
+                .headers
+                .insert(super::classify::X_TPSGATE_CLASS, value);
+        }
+        parts.headers.insert(
+            X_TPSGATE_ROUTE_REASON,
+            HeaderValue::from_static(self.reason.label()),
+        );
+        if let Some(p) = self.prediction {
+            let mut text = [0u8; 24];
+            for (name, value) in [
+                (X_TPSGATE_PREDICTED_TPS, p.per_user_tps_p50),
+                (X_TPSGATE_PREDICTED_TTFT_MS, p.ttft_p50_s * 1e3),
+            ] {
+                if let Some(v) = one_decimal(&mut text, value) {
+                    parts.headers.insert(name, v);
+                }
+            }
+        }
+    }
+}
+
 impl Service<Request<UpstreamBody>> for Forward {
     type Response = Response<ProxyBody>;
     type Error = Error;
@@ -208,32 +280,7 @@ impl Future for ForwardFuture {
                 let Some(pending) = this.pending.take() else {
                     return Poll::Pending;
                 };
-                pending.backend.note_upstream(false);
-                let timeouts = pending.backend.config.timeouts;
-                let name = &pending.backend.config.name;
-                // A stream that sent nothing may go elsewhere (nothing reached the client); a
-                // response that is not a stream was accepted and may be running there: sending
-                // it again would run (and bill) it twice.
-                let err = if pending.deadlines.streamed() {
-                    crate::telemetry::count_timeout(name, "first_token");
-                    let ms = timeouts.first_token.as_millis();
-                    Error::new(
-                        ErrorKind::UpstreamTimeout,
-                        format!(
-                            "backend {name} sent no response within {ms} ms (first_token_timeout_ms)"
-                        ),
-                    )
-                } else {
-                    crate::telemetry::count_timeout(name, "response");
-                    let ms = timeouts.response.as_millis();
-                    Error::new(
-                        ErrorKind::UpstreamResponseTimeout,
-                        format!(
-                            "backend {name} did not answer within {ms} ms (response_timeout_ms)"
-                        ),
-                    )
-                };
-                return Poll::Ready(Err(err));
+                return Poll::Ready(Err(pending.head_timed_out()));
             }
         };
         let Some(pending) = this.pending.take() else {
@@ -248,45 +295,7 @@ impl Future for ForwardFuture {
             }
         };
         let (mut parts, body) = resp.into_parts();
-        if parts.status == http::StatusCode::TOO_MANY_REQUESTS {
-            // Seconds only: the HTTP-date form of Retry-After falls back to the default.
-            let retry_after = parts
-                .headers
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(std::time::Duration::from_secs);
-            pending.backend.note_rate_limited(retry_after);
-        }
-        clean_head(&mut parts);
-        if let Some(value) = &pending.backend.name_header {
-            parts.headers.insert(X_TPSGATE_BACKEND, value.clone());
-        }
-        if let Some(value) = pending
-            .request
-            .class
-            .as_deref()
-            .and_then(|c| HeaderValue::from_str(c).ok())
-        {
-            parts
-                .headers
-                .insert(super::classify::X_TPSGATE_CLASS, value);
-        }
-        parts.headers.insert(
-            X_TPSGATE_ROUTE_REASON,
-            HeaderValue::from_static(pending.reason.label()),
-        );
-        if let Some(p) = pending.prediction {
-            let mut text = [0u8; 24];
-            for (name, value) in [
-                (X_TPSGATE_PREDICTED_TPS, p.per_user_tps_p50),
-                (X_TPSGATE_PREDICTED_TTFT_MS, p.ttft_p50_s * 1e3),
-            ] {
-                if let Some(v) = one_decimal(&mut text, value) {
-                    parts.headers.insert(name, v);
-                }
-            }
-        }
+        pending.annotate(&mut parts);
         // Only a successful event stream is read as one; errors pass through untouched.
         let is_sse = parts
             .headers
