@@ -280,41 +280,20 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                 Some(Ok(frame)) => frame,
                 Some(Err(cut)) => {
                     *this.cut = true;
-                    this.end.ended(match cut {
-                        Cut::Drained => Outcome::Cancelled,
-                        Cut::Expired(_) | Cut::Upstream(_) => Outcome::Failed,
-                    });
-                    // A stream ends with an error event, never silently; any other body fails.
-                    let Some(dialect) = *this.dialect else {
-                        return Poll::Ready(Some(Err(match cut {
-                            Cut::Upstream(err) => err,
-                            other => other.into(),
-                        })));
-                    };
-                    let (message, code) = match &cut {
-                        Cut::Expired(e) => (e.message.clone(), "upstream_timeout"),
-                        Cut::Drained => (cut.to_string(), "gateway_shutdown"),
-                        Cut::Upstream(_) => (cut.to_string(), "upstream_error"),
-                    };
-                    let rest = this.meter.as_mut().and_then(StreamMeter::finish);
-                    let mut out = match (rest, this.translate.as_mut()) {
-                        (Some(rest), Some(t)) => t.frame(&rest).to_vec(),
-                        (rest, _) => rest.map(|b| b.to_vec()).unwrap_or_default(),
-                    };
-                    out.extend_from_slice(&error_event(dialect, &message, code));
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                    return Poll::Ready(Some(cut_short(
+                        cut,
+                        this.end,
+                        *this.dialect,
+                        this.meter.as_mut(),
+                        this.translate.as_deref_mut(),
+                    )));
                 }
                 None => {
                     this.end.ended(Outcome::Completed);
-                    let rest = this.meter.as_mut().and_then(StreamMeter::finish);
-                    let Some(t) = this.translate.as_mut() else {
-                        return Poll::Ready(rest.map(|r| Ok(Frame::data(r))));
-                    };
-                    let mut out = rest.map(|r| t.frame(&r).to_vec()).unwrap_or_default();
-                    out.extend_from_slice(&t.finish());
-                    return Poll::Ready(
-                        (!out.is_empty()).then(|| Ok(Frame::data(Bytes::from(out)))),
-                    );
+                    return Poll::Ready(last_bytes(
+                        this.meter.as_mut(),
+                        this.translate.as_deref_mut(),
+                    ));
                 }
             };
             let data = match frame.into_data() {
@@ -349,17 +328,9 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                 // meter had kept of it dropped.
                 *this.cut = true;
                 this.end.ended(Outcome::Failed);
-                let message = format!(
-                    "the upstream sent an SSE line or event over {} bytes (max_event_bytes)",
-                    meter.max_event()
-                );
                 let dialect = this.dialect.unwrap_or(StreamDialect::OpenAi);
-                let mut bytes = match this.translate.as_mut() {
-                    Some(t) => t.frame(&out).to_vec(),
-                    None => out.to_vec(),
-                };
-                bytes.extend_from_slice(&error_event(dialect, &message, "upstream_error"));
-                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(bytes)))));
+                let translate = this.translate.as_deref_mut();
+                return Poll::Ready(Some(Ok(overflowed(meter, &out, dialect, translate))));
             }
             if meter.timing.first_content.is_some() {
                 // Output flows: the next deadline is a stall.
@@ -418,6 +389,77 @@ fn error_event(dialect: StreamDialect, message: &str, code: &str) -> Bytes {
         ),
     };
     Bytes::from(text)
+}
+
+/// A body cut short by `cut` (a deadline, the drain, the upstream): its end recorded, and for a
+/// stream (of `dialect`) what the meter kept and an error event, never a silent end; any other
+/// body fails.
+#[cold]
+fn cut_short(
+    cut: Cut,
+    end: &mut RequestEnd,
+    dialect: Option<StreamDialect>,
+    meter: Option<&mut StreamMeter>,
+    translate: Option<&mut ResponseTranslator>,
+) -> Result<Frame<Bytes>, BodyError> {
+    end.ended(match cut {
+        Cut::Drained => Outcome::Cancelled,
+        Cut::Expired(_) | Cut::Upstream(_) => Outcome::Failed,
+    });
+    let Some(dialect) = dialect else {
+        return Err(match cut {
+            Cut::Upstream(err) => err,
+            other => other.into(),
+        });
+    };
+    let (message, code) = match &cut {
+        Cut::Expired(e) => (e.message.clone(), "upstream_timeout"),
+        Cut::Drained => (cut.to_string(), "gateway_shutdown"),
+        Cut::Upstream(_) => (cut.to_string(), "upstream_error"),
+    };
+    let rest = meter.and_then(StreamMeter::finish);
+    let mut out = match (rest, translate) {
+        (Some(rest), Some(t)) => t.frame(&rest).to_vec(),
+        (rest, _) => rest.map(|b| b.to_vec()).unwrap_or_default(),
+    };
+    out.extend_from_slice(&error_event(dialect, &message, code));
+    Ok(Frame::data(Bytes::from(out)))
+}
+
+/// What a body that ended leaves to send: what the meter kept back, and what a translation
+/// adds at its end.
+fn last_bytes(
+    meter: Option<&mut StreamMeter>,
+    translate: Option<&mut ResponseTranslator>,
+) -> Option<Result<Frame<Bytes>, BodyError>> {
+    let rest = meter.and_then(StreamMeter::finish);
+    let Some(t) = translate else {
+        return rest.map(|r| Ok(Frame::data(r)));
+    };
+    let mut out = rest.map(|r| t.frame(&r).to_vec()).unwrap_or_default();
+    out.extend_from_slice(&t.finish());
+    (!out.is_empty()).then(|| Ok(Frame::data(Bytes::from(out))))
+}
+
+/// A stream whose line or event outgrew the meter's limit: what it had let through (`out`),
+/// then an error event saying why.
+#[cold]
+fn overflowed(
+    meter: &StreamMeter,
+    out: &Bytes,
+    dialect: StreamDialect,
+    translate: Option<&mut ResponseTranslator>,
+) -> Frame<Bytes> {
+    let message = format!(
+        "the upstream sent an SSE line or event over {} bytes (max_event_bytes)",
+        meter.max_event()
+    );
+    let mut bytes = match translate {
+        Some(t) => t.frame(out).to_vec(),
+        None => out.to_vec(),
+    };
+    bytes.extend_from_slice(&error_event(dialect, &message, "upstream_error"));
+    Frame::data(Bytes::from(bytes))
 }
 
 #[cfg(test)]
