@@ -166,6 +166,118 @@ impl ToChatChunks {
     }
 }
 
+impl ToChatChunks {
+    /// `message_start`: the envelope every chunk repeats (id, created, model), the prompt's
+    /// usage, and the first chunk, the assistant's role.
+    fn message_start(&mut self, message: Option<Message<'_>>) {
+        let (id, model) = message.as_ref().map_or((None, None), |m| (m.id, m.model));
+        let mut envelope = BytesMut::with_capacity(160);
+        envelope.extend_from_slice(b"{\"id\":");
+        put_raw_str(&mut envelope, id, "chatcmpl");
+        envelope.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        put_u64(&mut envelope, created);
+        envelope.extend_from_slice(b",\"model\":");
+        put_raw_str(&mut envelope, model, "");
+        envelope.extend_from_slice(b",\"choices\":[");
+        self.envelope = String::from_utf8_lossy(&envelope).into_owned();
+        if let Some(u) = message.and_then(|m| m.usage) {
+            self.usage(u);
+        }
+        self.choice(b"{\"role\":\"assistant\",\"content\":", "\"\"", b"}");
+    }
+
+    /// `content_block_start`: a tool call's first chunk (its index, id and name); a text block
+    /// starts with its first delta.
+    fn block_start(&mut self, block: &Block<'_>) {
+        self.tool = None;
+        if block.kind == "tool_use" {
+            let index = self.tools;
+            self.tools += 1;
+            self.tool = Some(index);
+            self.open_chunk();
+            self.put(b"{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":");
+            put_u64(&mut self.out, index);
+            self.put(b",\"id\":");
+            put_raw_str(&mut self.out, block.id, "");
+            self.put(b",\"type\":\"function\",\"function\":{\"name\":");
+            put_raw_str(&mut self.out, block.name, "");
+            self.put(b",\"arguments\":\"\"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+        }
+    }
+
+    /// `content_block_delta`: text, a tool call's arguments, or reasoning, as a content chunk.
+    fn block_delta(&mut self, delta: &Delta<'_>) {
+        match unquoted(delta.kind) {
+            Some("text_delta") => {
+                if let Some(t) = text(delta.text) {
+                    self.choice(b"{\"content\":", t, b"}");
+                }
+            }
+            Some("input_json_delta") => {
+                if let (Some(t), Some(index)) = (text(delta.partial_json), self.tool) {
+                    self.open_chunk();
+                    self.put(b"{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":");
+                    put_u64(&mut self.out, index);
+                    self.put(b",\"function\":{\"arguments\":");
+                    self.put(t.as_bytes());
+                    self.put(b"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+                }
+            }
+            Some("thinking_delta") => {
+                if let Some(t) = text(delta.thinking) {
+                    self.choice(b"{\"reasoning_content\":", t, b"}");
+                }
+            }
+            // Signatures and citations belong to Anthropic's own clients.
+            _ => {}
+        }
+    }
+
+    /// `message_delta`: the finish chunk with its reason, then the usage chunk when asked.
+    fn message_delta(&mut self, usage: Option<Usage>, delta: Option<&Delta<'_>>) {
+        if let Some(u) = usage {
+            self.usage(u);
+        }
+        let reason = match delta.and_then(|d| unquoted(d.stop_reason)) {
+            Some("max_tokens" | "model_context_window_exceeded") => "length",
+            Some("tool_use") => "tool_calls",
+            Some("refusal") => "content_filter",
+            _ => "stop",
+        };
+        self.finished = true;
+        self.open_chunk();
+        self.put(b"{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"");
+        self.put(reason.as_bytes());
+        self.put(b"\"}]}\n\n");
+        if self.include_usage {
+            let prompt = self.input + self.cached;
+            self.open_chunk();
+            self.put(b"],\"usage\":{\"prompt_tokens\":");
+            put_u64(&mut self.out, prompt);
+            self.put(b",\"completion_tokens\":");
+            put_u64(&mut self.out, self.output);
+            self.put(b",\"total_tokens\":");
+            put_u64(&mut self.out, prompt + self.output);
+            self.put(b",\"prompt_tokens_details\":{\"cached_tokens\":");
+            put_u64(&mut self.out, self.cached);
+            self.put(b"}}}\n\n");
+        }
+    }
+
+    /// `error`: the error as OpenAI's, and the stream's end.
+    fn error(&mut self, error: Option<&RawValue>) {
+        self.done = true;
+        self.put(b"data: {\"error\":");
+        let error = error.map_or("{}", RawValue::get);
+        self.out
+            .extend_from_slice(super::whole::openai_error_object(error.as_bytes(), 500).as_bytes());
+        self.put(b"}\n\n");
+    }
+}
+
 impl EventTranslation for ToChatChunks {
     fn out(&mut self) -> &mut BytesMut {
         &mut self.out
@@ -187,118 +299,23 @@ impl EventTranslation for ToChatChunks {
             return;
         };
         match &*ev.kind {
-            "message_start" => {
-                let message = ev.message;
-                let (id, model) = message.as_ref().map_or((None, None), |m| (m.id, m.model));
-                let mut envelope = BytesMut::with_capacity(160);
-                envelope.extend_from_slice(b"{\"id\":");
-                put_raw_str(&mut envelope, id, "chatcmpl");
-                envelope.extend_from_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
-                let created = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                put_u64(&mut envelope, created);
-                envelope.extend_from_slice(b",\"model\":");
-                put_raw_str(&mut envelope, model, "");
-                envelope.extend_from_slice(b",\"choices\":[");
-                self.envelope = String::from_utf8_lossy(&envelope).into_owned();
-                if let Some(u) = message.and_then(|m| m.usage) {
-                    self.usage(u);
-                }
-                self.choice(b"{\"role\":\"assistant\",\"content\":", "\"\"", b"}");
-            }
+            "message_start" => self.message_start(ev.message),
             "content_block_start" => {
-                let Some(block) = ev.content_block else {
-                    return;
-                };
-                self.tool = None;
-                if block.kind == "tool_use" {
-                    let index = self.tools;
-                    self.tools += 1;
-                    self.tool = Some(index);
-                    self.open_chunk();
-                    self.put(b"{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":");
-                    put_u64(&mut self.out, index);
-                    self.put(b",\"id\":");
-                    put_raw_str(&mut self.out, block.id, "");
-                    self.put(b",\"type\":\"function\",\"function\":{\"name\":");
-                    put_raw_str(&mut self.out, block.name, "");
-                    self.put(
-                        b",\"arguments\":\"\"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n",
-                    );
+                if let Some(block) = ev.content_block {
+                    self.block_start(&block);
                 }
             }
             "content_block_delta" => {
-                let Some(delta) = ev.delta else {
-                    return;
-                };
-                match unquoted(delta.kind) {
-                    Some("text_delta") => {
-                        if let Some(t) = text(delta.text) {
-                            self.choice(b"{\"content\":", t, b"}");
-                        }
-                    }
-                    Some("input_json_delta") => {
-                        if let (Some(t), Some(index)) = (text(delta.partial_json), self.tool) {
-                            self.open_chunk();
-                            self.put(b"{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":");
-                            put_u64(&mut self.out, index);
-                            self.put(b",\"function\":{\"arguments\":");
-                            self.put(t.as_bytes());
-                            self.put(b"}}]},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
-                        }
-                    }
-                    Some("thinking_delta") => {
-                        if let Some(t) = text(delta.thinking) {
-                            self.choice(b"{\"reasoning_content\":", t, b"}");
-                        }
-                    }
-                    // Signatures and citations belong to Anthropic's own clients.
-                    _ => {}
+                if let Some(delta) = ev.delta {
+                    self.block_delta(&delta);
                 }
             }
-            "message_delta" => {
-                if let Some(u) = ev.usage {
-                    self.usage(u);
-                }
-                let reason = match ev.delta.as_ref().and_then(|d| unquoted(d.stop_reason)) {
-                    Some("max_tokens" | "model_context_window_exceeded") => "length",
-                    Some("tool_use") => "tool_calls",
-                    Some("refusal") => "content_filter",
-                    _ => "stop",
-                };
-                self.finished = true;
-                self.open_chunk();
-                self.put(b"{\"index\":0,\"delta\":{},\"logprobs\":null,\"finish_reason\":\"");
-                self.put(reason.as_bytes());
-                self.put(b"\"}]}\n\n");
-                if self.include_usage {
-                    let prompt = self.input + self.cached;
-                    self.open_chunk();
-                    self.put(b"],\"usage\":{\"prompt_tokens\":");
-                    put_u64(&mut self.out, prompt);
-                    self.put(b",\"completion_tokens\":");
-                    put_u64(&mut self.out, self.output);
-                    self.put(b",\"total_tokens\":");
-                    put_u64(&mut self.out, prompt + self.output);
-                    self.put(b",\"prompt_tokens_details\":{\"cached_tokens\":");
-                    put_u64(&mut self.out, self.cached);
-                    self.put(b"}}}\n\n");
-                }
-            }
+            "message_delta" => self.message_delta(ev.usage, ev.delta.as_ref()),
             "message_stop" => {
                 self.done = true;
                 self.put(b"data: [DONE]\n\n");
             }
-            "error" => {
-                self.done = true;
-                self.put(b"data: {\"error\":");
-                let error = ev.error.map_or("{}", RawValue::get);
-                self.out.extend_from_slice(
-                    super::whole::openai_error_object(error.as_bytes(), 500).as_bytes(),
-                );
-                self.put(b"}\n\n");
-            }
+            "error" => self.error(ev.error),
             // `ping`, `content_block_stop`: nothing an OpenAI client reads.
             _ => {}
         }
