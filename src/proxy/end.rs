@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::meter::StreamMeter;
 use crate::curve::{FirstToken, Observation, Outcome, Reading};
-use crate::fleet::InFlightGuard;
+use crate::fleet::{Backend, Hit, InFlightGuard};
 use crate::logging::RequestLine;
 use crate::sse::StreamTiming;
 use crate::tenant::Charge;
@@ -239,28 +239,8 @@ impl RequestEnd {
                             now,
                         );
                         backend.record(model, &obs);
-                        if let (Some(index), Some(cached), Outcome::Completed) =
-                            (&backend.prefix, meter.timing.cached_tokens, self.outcome)
-                        {
-                            let prompt = meter.timing.prompt_tokens.unwrap_or(self.prompt_estimate);
-                            let expected = slot.expected();
-                            tracing::debug!(
-                                backend = &*backend.config.name,
-                                expected = expected.cached_tokens,
-                                depth = expected.depth,
-                                reported = cached,
-                                prompt,
-                                "cached tokens reported"
-                            );
-                            if let Some(blocks) =
-                                index.reported(expected, self.prompt_estimate, cached, prompt)
-                            {
-                                tracing::debug!(
-                                    backend = &*backend.config.name,
-                                    blocks,
-                                    "prefix index recalibrated"
-                                );
-                            }
+                        if self.outcome == Outcome::Completed {
+                            self.calibrate_prefix(backend, slot.expected(), &meter.timing);
                         }
                         Some((obs, meter.max_gap_s))
                     }
@@ -300,6 +280,32 @@ impl RequestEnd {
             bytes: self.bytes,
             total: now - self.start,
         });
+    }
+}
+
+impl RequestEnd {
+    /// A completed stream's report of its cached tokens tells the backend's prefix index how
+    /// much of the prompt it held against what was `expected`.
+    fn calibrate_prefix(&self, backend: &Backend, expected: Hit, timing: &StreamTiming) {
+        let (Some(index), Some(cached)) = (&backend.prefix, timing.cached_tokens) else {
+            return;
+        };
+        let prompt = timing.prompt_tokens.unwrap_or(self.prompt_estimate);
+        tracing::debug!(
+            backend = &*backend.config.name,
+            expected = expected.cached_tokens,
+            depth = expected.depth,
+            reported = cached,
+            prompt,
+            "cached tokens reported"
+        );
+        if let Some(blocks) = index.reported(expected, self.prompt_estimate, cached, prompt) {
+            tracing::debug!(
+                backend = &*backend.config.name,
+                blocks,
+                "prefix index recalibrated"
+            );
+        }
     }
 }
 
