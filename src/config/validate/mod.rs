@@ -72,7 +72,9 @@ fn lookup<'n>(
 
 /// Validates the whole config; `env` looks up environment variables (API keys); relative paths
 /// are relative to `dir`. The error names every problem found (the first, and the rest in its
-/// `also`).
+/// `also`). Each section is its own function; what is left here is their order (a route is
+/// judged against the backends and classes that validated) and the `Config` they make, a
+/// literal that reads as a table of its fields.
 pub(crate) fn validate(
     raw: &RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
