@@ -219,38 +219,7 @@ impl Chart<'_> {
         let top = nice_max(highest * 1.15);
         let x = |c: f64| LEFT + c.log2() / x_max.log2() * (W - LEFT - RIGHT);
         let y = |v: f64| H - BOTTOM - v / top * (H - TOP - BOTTOM);
-        for i in 0..=4 {
-            let v = top * f64::from(i) / 4.0;
-            let _ = write!(
-                s,
-                r#"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="{GRID}"/><text x="{}" y="{:.1}" text-anchor="end" fill="{DIM}">{}</text>"#,
-                W - RIGHT,
-                LEFT - 6.0,
-                y(v) + 4.0,
-                tick(v),
-                y = y(v)
-            );
-        }
-        let mut c = 1.0;
-        while c <= x_max {
-            let _ = write!(
-                s,
-                r#"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="{GRID}" stroke-dasharray="2 4"/><text x="{x:.1}" y="{}" text-anchor="middle" fill="{DIM}">{c}</text>"#,
-                H - BOTTOM,
-                H - BOTTOM + 16.0,
-                x = x(c)
-            );
-            c *= 2.0;
-        }
-        let _ = write!(
-            s,
-            r#"<text x="{}" y="{}" text-anchor="middle" fill="{DIM}">{}</text><text x="12" y="{mid}" text-anchor="middle" fill="{DIM}" transform="rotate(-90 12 {mid})">{}</text>"#,
-            (LEFT + W - RIGHT) / 2.0,
-            H - 4.0,
-            self.x_label,
-            self.label,
-            mid = (TOP + H - BOTTOM) / 2.0
-        );
+        self.axes(s, x_max, top, &x, &y);
         for (name, value) in self.slos {
             let _ = write!(
                 s,
@@ -301,6 +270,50 @@ impl Chart<'_> {
                 3.0 + ((1.0 + samples).log2() / 2.0).min(4.0)
             );
         }
+    }
+
+    /// The grid, the ticks of both axes (concurrency doubling, four steps up to `top`) and
+    /// their labels; `x` and `y` place a value on the drawing.
+    fn axes(
+        &self,
+        s: &mut String,
+        x_max: f64,
+        top: f64,
+        x: &dyn Fn(f64) -> f64,
+        y: &dyn Fn(f64) -> f64,
+    ) {
+        for i in 0..=4 {
+            let v = top * f64::from(i) / 4.0;
+            let _ = write!(
+                s,
+                r#"<line x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="{GRID}"/><text x="{}" y="{:.1}" text-anchor="end" fill="{DIM}">{}</text>"#,
+                W - RIGHT,
+                LEFT - 6.0,
+                y(v) + 4.0,
+                tick(v),
+                y = y(v)
+            );
+        }
+        let mut c = 1.0;
+        while c <= x_max {
+            let _ = write!(
+                s,
+                r#"<line x1="{x:.1}" x2="{x:.1}" y1="{TOP}" y2="{}" stroke="{GRID}" stroke-dasharray="2 4"/><text x="{x:.1}" y="{}" text-anchor="middle" fill="{DIM}">{c}</text>"#,
+                H - BOTTOM,
+                H - BOTTOM + 16.0,
+                x = x(c)
+            );
+            c *= 2.0;
+        }
+        let _ = write!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle" fill="{DIM}">{}</text><text x="12" y="{mid}" text-anchor="middle" fill="{DIM}" transform="rotate(-90 12 {mid})">{}</text>"#,
+            (LEFT + W - RIGHT) / 2.0,
+            H - 4.0,
+            self.x_label,
+            self.label,
+            mid = (TOP + H - BOTTOM) / 2.0
+        );
     }
 }
 

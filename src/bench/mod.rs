@@ -247,36 +247,47 @@ pub(crate) async fn open_loop(
     let wall = (Instant::now() - start).as_secs_f64().max(1e-9);
     arms.iter()
         .enumerate()
-        .map(|(i, a)| {
-            let mine: Vec<Measurement> = samples
-                .iter()
-                .filter(|(arm, _)| *arm == i)
-                .map(|(_, s)| s.clone())
-                .collect();
-            let tokens: f64 = mine
-                .iter()
-                .filter(|s| s.error.is_none())
-                .map(|s| f64::from(s.output_tokens))
-                .sum();
-            let mut report = LevelReport::from_samples(&mine, tokens / wall);
-            report.rate_rps = Some(rate);
-            report.class.clone_from(&a.class);
-            report.mix = Some(a.mix.to_string());
-            if let Some(slo) = a.slo {
-                let good = mine.iter().filter(|s| slo.met(s)).count();
-                report.slo = Some(slo);
-                report.slo_attainment = Some(if mine.is_empty() {
-                    0.0
-                } else {
-                    good as f64 / mine.len() as f64
-                });
-                // Over the window arrivals were offered in (rate x attainment), so that a slow
-                // tail of another class does not dilute it.
-                report.goodput_rps = Some(good as f64 / duration.as_secs_f64().max(1e-9));
-            }
-            report
-        })
+        .map(|(i, a)| arm_report(a, &samples, i, rate, duration, wall))
         .collect()
+}
+
+/// What arm `i` (`a`) measured of an open-loop run at `rate` for `duration` that took `wall`
+/// seconds to its last answer: its speed, and its SLO's attainment and goodput.
+fn arm_report(
+    a: &Arm,
+    samples: &[(usize, Measurement)],
+    i: usize,
+    rate: f64,
+    duration: Duration,
+    wall: f64,
+) -> LevelReport {
+    let mine: Vec<Measurement> = samples
+        .iter()
+        .filter(|(arm, _)| *arm == i)
+        .map(|(_, s)| s.clone())
+        .collect();
+    let tokens: f64 = mine
+        .iter()
+        .filter(|s| s.error.is_none())
+        .map(|s| f64::from(s.output_tokens))
+        .sum();
+    let mut report = LevelReport::from_samples(&mine, tokens / wall);
+    report.rate_rps = Some(rate);
+    report.class.clone_from(&a.class);
+    report.mix = Some(a.mix.to_string());
+    if let Some(slo) = a.slo {
+        let good = mine.iter().filter(|s| slo.met(s)).count();
+        report.slo = Some(slo);
+        report.slo_attainment = Some(if mine.is_empty() {
+            0.0
+        } else {
+            good as f64 / mine.len() as f64
+        });
+        // Over the window arrivals were offered in (rate x attainment), so that a slow
+        // tail of another class does not dilute it.
+        report.goodput_rps = Some(good as f64 / duration.as_secs_f64().max(1e-9));
+    }
+    report
 }
 
 /// A progress bar on stderr (hidden when stderr is not a terminal).

@@ -118,22 +118,7 @@ pub(crate) async fn run(args: ReplicasArgs) -> Result<Report, String> {
     if args.replicas == 0 || args.backends.is_empty() || args.connections == 0 {
         return Err("--replicas, --backends and --connections need at least one".to_owned());
     }
-    let client = redis::Client::open(args.redis_url.as_str())
-        .map_err(|e| format!("--redis-url `{}`: {e}", args.redis_url))?;
-    let mut pool = Vec::with_capacity(args.connections);
-    for _ in 0..args.connections {
-        pool.push(
-            client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(|e| format!("{}: {e}", args.redis_url))?,
-        );
-    }
-    let script = round::script();
-    script
-        .load_async(&mut pool[0])
-        .await
-        .map_err(|e| format!("loading the script: {e}"))?;
+    let (client, pool, script) = connect(&args).await?;
     let keys = RedisKeys::new(&args.key_prefix);
     let start = Instant::now();
     let measure_from = start + Duration::from_secs_f64(args.warmup_s);
@@ -218,6 +203,36 @@ pub(crate) async fn run(args: ReplicasArgs) -> Result<Report, String> {
         held_from_ms,
         sums_in_flight,
     })
+}
+
+/// The Redis client of `args`, its pool of connections, and the script loaded there.
+async fn connect(
+    args: &ReplicasArgs,
+) -> Result<
+    (
+        redis::Client,
+        Vec<redis::aio::MultiplexedConnection>,
+        redis::Script,
+    ),
+    String,
+> {
+    let client = redis::Client::open(args.redis_url.as_str())
+        .map_err(|e| format!("--redis-url `{}`: {e}", args.redis_url))?;
+    let mut pool = Vec::with_capacity(args.connections);
+    for _ in 0..args.connections {
+        pool.push(
+            client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| format!("{}: {e}", args.redis_url))?,
+        );
+    }
+    let script = round::script();
+    script
+        .load_async(&mut pool[0])
+        .await
+        .map_err(|e| format!("loading the script: {e}"))?;
+    Ok((client, pool, script))
 }
 
 /// What every emulated replica shares.

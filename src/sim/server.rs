@@ -157,6 +157,23 @@ impl SeenRequest {
     }
 }
 
+/// How many tokens `req` gets and why it ends: its `max_tokens` (`default` where it sets none),
+/// a tool call where it offers a tool, or the first of its stop sequences the text would hold
+/// (noted in the request).
+fn ending(req: &mut GenRequest, dialect: Dialect, default: u32) -> (u32, Finish) {
+    let (mut target, mut finish) = match req.max_tokens {
+        Some(n) => (n, Finish::Length),
+        None => (default, Finish::Stop),
+    };
+    if req.tool.is_some() && dialect != Dialect::Completions {
+        finish = Finish::ToolUse;
+    } else if let Some((tokens, sequence)) = super::wire::stop_within(&req.stop, target) {
+        (target, finish) = (tokens, Finish::StopSequence);
+        req.stopped_by = Some(sequence);
+    }
+    (target, finish)
+}
+
 /// How many requests `GET /sim/requests` remembers.
 const SEEN_KEPT: usize = 64;
 
@@ -329,16 +346,7 @@ impl SimBackend {
             _ => {}
         }
         let timing = &live.params.timing;
-        let (mut target, mut finish) = match gen_req.max_tokens {
-            Some(n) => (n, Finish::Length),
-            None => (timing.default_max_tokens, Finish::Stop),
-        };
-        if gen_req.tool.is_some() && dialect != Dialect::Completions {
-            finish = Finish::ToolUse;
-        } else if let Some((tokens, sequence)) = super::wire::stop_within(&gen_req.stop, target) {
-            (target, finish) = (tokens, Finish::StopSequence);
-            gen_req.stopped_by = Some(sequence);
-        }
+        let (target, finish) = ending(&mut gen_req, dialect, timing.default_max_tokens);
         let tokens = self.engine.submit_after(
             timing.extra_ttft,
             gen_req.prompt_tokens - gen_req.cached_tokens,
