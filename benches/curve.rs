@@ -31,6 +31,7 @@ fn full_curve(t0: Instant) -> Curve {
                 estimated: false,
                 prompt_tokens: Some(500),
                 concurrency: Some(c),
+                neighbours: 0.0,
             });
         }
     }

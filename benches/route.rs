@@ -69,6 +69,7 @@ fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
                         estimated: false,
                         prompt_tokens: Some(64),
                         concurrency: Some(c),
+                        neighbours: 0.0,
                     },
                 );
             }

@@ -302,7 +302,7 @@ fn predicted(curve: &crate::curve::Curve) -> Vec<serde_json::Value> {
     };
     (1..=16_u32)
         .map(|n| {
-            let p = model.predict(f64::from(n), 0);
+            let p = model.predict(f64::from(n), 0.0, 0);
             json!({"concurrency": n, "ttft_p50_s": p.ttft_p50_s, "per_user_tps_p50": p.per_user_tps_p50})
         })
         .collect()

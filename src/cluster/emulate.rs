@@ -522,6 +522,7 @@ impl Emulated {
                         estimated: false,
                         prompt: Some(500),
                         concurrency: Some(count),
+                        neighbours: 0.0,
                     },
                 ));
                 false

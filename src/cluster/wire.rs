@@ -87,6 +87,9 @@ pub(crate) enum SampleBody {
         /// Experienced concurrency, fleet-wide.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         concurrency: Option<f64>,
+        /// The same of the backends sharing its device.
+        #[serde(default, skip_serializing_if = "is_none")]
+        neighbours: f64,
     },
 }
 
@@ -159,6 +162,11 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+/// A load of none (a backend that shares no device): left out of a sample on the wire.
+fn is_none(load: &f64) -> bool {
+    *load == 0.0
+}
+
 impl SharedSample {
     /// A sample of `backend` for `model`, its instant read against `clock`.
     pub(crate) fn new(backend: &str, model: &str, learned: &Learned, clock: &Clock) -> Self {
@@ -182,6 +190,7 @@ impl SharedSample {
                     estimated: o.estimated,
                     prompt: o.prompt_tokens,
                     concurrency: o.concurrency,
+                    neighbours: o.neighbours,
                 },
             ),
         };
@@ -218,6 +227,7 @@ impl SharedSample {
                 estimated,
                 prompt,
                 concurrency,
+                neighbours,
             } => Learned::Ended(Observation {
                 at,
                 outcome,
@@ -227,6 +237,7 @@ impl SharedSample {
                 estimated,
                 prompt_tokens: prompt,
                 concurrency,
+                neighbours,
             }),
         })
     }
@@ -258,6 +269,7 @@ mod tests {
                 estimated: false,
                 prompt_tokens: None,
                 concurrency: Some(2.5),
+                neighbours: 0.0,
             }),
         ] {
             let sample = SharedSample::new("vllm", "llama", &learned, &clock);

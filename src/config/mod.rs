@@ -240,6 +240,9 @@ pub struct BackendConfig {
     pub models: ModelMap,
     /// Hard in-flight limit.
     pub max_concurrency: Option<u32>,
+    /// The device its engine shares with the other backends naming it: their load slows its
+    /// decode, and its theirs (docs/routing.md, "Backends that share a device").
+    pub device: Option<Arc<str>>,
     /// Distinct model names tracked (curves, metrics) beyond the configured ones' count.
     pub max_models: usize,
     /// The longest SSE line or event the backend may send, bytes.

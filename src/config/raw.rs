@@ -333,6 +333,10 @@ pub(crate) struct RawBackend {
     /// Hard limit on requests in flight to this backend.
     #[serde(default)]
     pub max_concurrency: Option<u32>,
+    /// A name for the accelerator (or host) this backend's engine runs on; backends with the
+    /// same name share it, and each one's load slows the others.
+    #[serde(default)]
+    pub device: Option<String>,
     /// Distinct model names the backend keeps curves and metrics for (the configured ones
     /// always); others seen through `"*": "*"` fold into `other`; default 64.
     #[serde(default = "default_max_models")]

@@ -24,7 +24,7 @@ pub use observation::{Observation, Outcome};
 pub(crate) use occupancy::{Admitted, LocalLoad, Occupancy, PeerLoad, Reading};
 pub(crate) use spread::Spread;
 pub use window::FirstToken;
-use window::{Decay, Levels, PrefillRate, Sample, StartSummary, Window};
+use window::{Decay, Levels, NeighbourTerm, PrefillRate, Sample, StartSummary, Summary, Window};
 
 /// Bucket concurrency levels.
 pub(crate) const BUCKETS: [u32; 24] = [
@@ -81,6 +81,9 @@ pub struct Fit {
     pub tpot_base_s: f64,
     /// b in TPOT = a + b·c, seconds per concurrent request.
     pub tpot_per_seq_s: f64,
+    /// d in TPOT = a + b·c + d·n, seconds per request in flight on the backends sharing its
+    /// device (`device:`); 0 where none is or none has been seen busy.
+    pub tpot_per_neighbour_s: f64,
     /// t0 in TTFT = t0 + t1·(c − 1) + P/r, seconds: a lone request's wait.
     pub ttft_base_s: f64,
     /// t1, seconds per request ahead.
@@ -215,6 +218,7 @@ impl Curve {
                     ttft: p.ttft_s,
                     output_tokens: 0,
                     concurrency: p.concurrency,
+                    neighbours: 0.0,
                 });
                 curve.push_start(FirstToken {
                     at: now,
@@ -268,7 +272,21 @@ impl Curve {
 
     fn build(&self, now: Instant) -> Option<Model> {
         let (_, starts) = self.start_summaries();
-        Model::build(&self.buckets.summaries(()), &starts, self.decay.factor(now))
+        let (_, speed) = self.speed_summaries();
+        Model::build(&speed, &starts, self.decay.factor(now))
+    }
+
+    /// The speed windows' summaries, with their spreads taken at the neighbour term that
+    /// these same summaries fit (as [`Curve::start_summaries`] does with the prefill rate).
+    fn speed_summaries(&self) -> (NeighbourTerm, [Option<Summary>; BUCKETS.len()]) {
+        let kept = self.buckets.context().unwrap_or_default();
+        let speed = self.buckets.summaries(kept);
+        let term = NeighbourTerm::near(model::neighbour_term(&speed));
+        if term == kept {
+            (term, speed)
+        } else {
+            (term, self.buckets.summaries(term))
+        }
     }
 
     /// The TTFT windows' summaries, with their queue quantiles taken at the prefill rate that
@@ -350,8 +368,8 @@ impl Curve {
 
     fn refresh(&mut self, now: Instant) {
         self.forget_drained_queues(now);
-        let (speed, (rate, starts)) = (self.buckets.summaries(()), self.start_summaries());
-        self.buckets.keep((), &speed);
+        let ((term, speed), (rate, starts)) = (self.speed_summaries(), self.start_summaries());
+        self.buckets.keep(term, &speed);
         self.starts.keep(rate, &starts);
         self.model = Model::build(&speed, &starts, self.decay.factor(now)).map(Arc::new);
         self.refreshed_at = Some(now);
@@ -414,6 +432,7 @@ impl Curve {
             ttft,
             output_tokens: obs.output_tokens,
             concurrency,
+            neighbours: obs.neighbours,
         });
         self.maybe_refresh(obs.at);
     }
@@ -474,7 +493,7 @@ impl Curve {
         now: Instant,
     ) -> Option<Prediction> {
         self.build(now)
-            .map(|m| m.predict(concurrency, prompt_tokens))
+            .map(|m| m.predict(concurrency, 0.0, prompt_tokens))
     }
 }
 

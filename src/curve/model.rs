@@ -156,12 +156,16 @@ impl Model {
             return None;
         }
         let mean = |f: fn(&Summary) -> f64| present().map(|s| s.weight * f(s)).sum::<f64>() / total;
-        let (tpot_base_s, tpot_per_seq_s) =
-            match fit::wls(present().map(|s| ([1.0, s.mean_concurrency], s.mean_tpot, s.weight))) {
-                // Speed cannot rise with load; a negative slope is noise.
-                Some([a, b]) if b >= 0.0 && a > 0.0 => (a, b),
-                _ => (mean(|s| s.mean_tpot), 0.0),
-            };
+        let (tpot_base_s, tpot_per_seq_s, tpot_per_neighbour_s) = beside_neighbours(&buckets)
+            .unwrap_or_else(|| {
+                match fit::wls(
+                    present().map(|s| ([1.0, s.mean_concurrency], s.mean_tpot, s.weight)),
+                ) {
+                    // Speed cannot rise with load; a negative slope is noise.
+                    Some([a, b]) if b >= 0.0 && a > 0.0 => (a, b, 0.0),
+                    _ => (mean(|s| s.mean_tpot), 0.0, 0.0),
+                }
+            });
         let mean_duration_s = mean(|s| s.mean_duration_s);
 
         let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = ttft_fit(starts);
@@ -204,6 +208,7 @@ impl Model {
             fit: Fit {
                 tpot_base_s,
                 tpot_per_seq_s,
+                tpot_per_neighbour_s,
                 ttft_base_s,
                 ttft_per_seq_s,
                 prefill_tokens_per_s,
@@ -225,11 +230,21 @@ impl Model {
     /// fit from where its samples were to this exact concurrency); else the fit, weighed
     /// against the level's own few observations ([`FIT_WEIGHT`]), in the shape the levels with
     /// evidence spread.
-    pub(crate) fn predict(&self, concurrency: f64, prompt_tokens: u64) -> Prediction {
+    ///
+    /// `neighbours` is the load on the backends sharing its device (`device:`; 0 for none):
+    /// speed moves along the fit's neighbour term with it, TTFT is taken as its own queue's.
+    pub(crate) fn predict(
+        &self,
+        concurrency: f64,
+        neighbours: f64,
+        prompt_tokens: u64,
+    ) -> Prediction {
         let i = bucket_of(concurrency);
         let j = ttft_bucket_of(concurrency);
         let fit = &self.fit;
-        let tpot_at = |c: f64| fit.tpot_base_s + fit.tpot_per_seq_s * c;
+        let tpot_at = |c: f64, n: f64| {
+            fit.tpot_base_s + fit.tpot_per_seq_s * c + fit.tpot_per_neighbour_s * n
+        };
         // The requests ahead: a lone request waits for none.
         let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * (c - 1.0).max(0.0);
         let speed_weight = self.buckets[i].map_or(0.0, |s| s.weight);
@@ -249,18 +264,22 @@ impl Model {
         let tps = match self.buckets[i] {
             Some(s) => {
                 // A bucket spans a range (16 holds 14 to 19): move it along the fit.
-                let seen = s
-                    .tps
-                    .scaled(tpot_at(s.mean_concurrency) / tpot_at(concurrency));
+                let seen = s.tps.scaled(
+                    tpot_at(s.mean_concurrency, s.spread_neighbours)
+                        / tpot_at(concurrency, neighbours),
+                );
                 let share = observed_share(s.weight);
                 if share >= 1.0 {
                     seen
                 } else {
-                    let median = share * seen.median() + (1.0 - share) / tpot_at(concurrency);
+                    let median =
+                        share * seen.median() + (1.0 - share) / tpot_at(concurrency, neighbours);
                     self.tps_shape.scaled(median)
                 }
             }
-            None => self.tps_shape.scaled(1.0 / tpot_at(concurrency)),
+            None => self
+                .tps_shape
+                .scaled(1.0 / tpot_at(concurrency, neighbours)),
         };
         let prompt = prompt_tokens as f64;
         let prefill = fit.prefill_tokens_per_s.map_or(0.0, |r| prompt / r);
@@ -315,6 +334,45 @@ impl Model {
             }
         }
         points.into_values().collect()
+    }
+}
+
+/// `d` of [`beside_neighbours`], 0 where there is none.
+pub(crate) fn neighbour_term(buckets: &[Option<Summary>; BUCKETS.len()]) -> f64 {
+    beside_neighbours(buckets).map_or(0.0, |(_, _, d)| d)
+}
+
+/// TPOT = a + b·c + d·n fitted sample by sample, where the backends sharing this one's device
+/// have been seen busy (`None` where they have not, or the fit says nothing sensible): (a, b, d)
+/// with every term a cost. Where its own load seems to speed it up (a one-slot server's
+/// experienced concurrency counts its queue, which does not slow it), its own term is left out.
+fn beside_neighbours(buckets: &[Option<Summary>; BUCKETS.len()]) -> Option<(f64, f64, f64)> {
+    let present = || buckets.iter().flatten();
+    if !present().any(|s| s.mean_neighbours > 0.0) {
+        return None;
+    }
+    let mut xx = [[0.0; 3]; 3];
+    let mut xy = [0.0; 3];
+    for s in present() {
+        for (row, add) in xx.iter_mut().zip(&s.xx) {
+            for (cell, a) in row.iter_mut().zip(add) {
+                *cell += a;
+            }
+        }
+        for (cell, a) in xy.iter_mut().zip(&s.xy) {
+            *cell += a;
+        }
+    }
+    match fit::solve(xx, xy) {
+        Some([a, b, d]) if a > 0.0 && b >= 0.0 && d >= 0.0 => Some((a, b, d)),
+        Some([_, b, _]) if b < 0.0 => {
+            let alone = [[xx[0][0], xx[0][2]], [xx[2][0], xx[2][2]]];
+            match fit::solve(alone, [xy[0], xy[2]]) {
+                Some([a, d]) if a > 0.0 && d >= 0.0 => Some((a, 0.0, d)),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 

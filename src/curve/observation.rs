@@ -49,6 +49,9 @@ pub struct Observation {
     pub prompt_tokens: Option<u64>,
     /// Time-weighted mean in-flight count of the backend over the decode window.
     pub concurrency: Option<f64>,
+    /// The same of the backends sharing its device (`device:`): 0 for a backend that shares
+    /// none. Their load slows its decode as its own does.
+    pub neighbours: f64,
 }
 
 /// Seconds per output token after the first content event: `tokens` over `events` content
@@ -91,7 +94,7 @@ impl Observation {
             timing.last_content,
             timing.decode_end(),
         );
-        let (tpot, concurrency) = match (window, first) {
+        let (tpot, concurrency, neighbours) = match (window, first) {
             ((Some(first_at), Some(last_at), Some(end_at)), Some(first))
                 if timing.content_events >= 2 && last_at > first_at =>
             {
@@ -101,9 +104,14 @@ impl Observation {
                     (last_at - first_at).as_secs_f64(),
                     (end_at - first_at).as_secs_f64(),
                 );
-                (tpot, first.mean_until(&end.rewound_to(end_at)))
+                let end = end.rewound_to(end_at);
+                (
+                    tpot,
+                    first.mean_until(&end),
+                    first.neighbours_mean_until(&end),
+                )
             }
-            _ => (None, None),
+            _ => (None, None, 0.0),
         };
         Self {
             at: now,
@@ -114,6 +122,7 @@ impl Observation {
             estimated,
             prompt_tokens: timing.prompt_tokens,
             concurrency,
+            neighbours,
         }
     }
 }
@@ -125,7 +134,13 @@ mod tests {
     use super::*;
 
     fn reading(area: f64, count: u32, at: Instant) -> Reading {
-        Reading { area, count, at }
+        Reading {
+            area,
+            count,
+            at,
+            neighbours_area: 0.0,
+            neighbours: 0,
+        }
     }
 
     #[test]

@@ -101,16 +101,24 @@ pub(crate) struct Reading {
     pub count: u32,
     /// When it was read.
     pub at: Instant,
+    /// The same integral summed over the backends that share its device (`device:`), read at
+    /// the same moment: 0 for a backend that shares none.
+    pub neighbours_area: f64,
+    /// Their requests in flight at the moment of reading.
+    pub neighbours: u32,
 }
 
 impl Reading {
     /// The same integral as it stood at `earlier` (no admit or release between): what accrued
-    /// since then, `count` requests for the time between, taken back.
+    /// since then, `count` requests for the time between, taken back (the neighbours' too).
     pub(crate) fn rewound_to(&self, earlier: Instant) -> Reading {
+        let secs = (self.at - earlier).as_secs_f64();
         Reading {
-            area: self.area - f64::from(self.count) * (self.at - earlier).as_secs_f64(),
+            area: self.area - f64::from(self.count) * secs,
             count: self.count,
             at: earlier,
+            neighbours_area: self.neighbours_area - f64::from(self.neighbours) * secs,
+            neighbours: self.neighbours,
         }
     }
 
@@ -118,6 +126,26 @@ impl Reading {
     pub(crate) fn mean_until(&self, later: &Reading) -> Option<f64> {
         let secs = (later.at - self.at).as_secs_f64();
         (secs > 0.0).then(|| (later.area - self.area) / secs)
+    }
+
+    /// Mean in-flight count of the backends sharing its device between `self` and a later
+    /// reading (0 for a backend that shares none).
+    pub(crate) fn neighbours_mean_until(&self, later: &Reading) -> f64 {
+        let secs = (later.at - self.at).as_secs_f64();
+        if secs > 0.0 {
+            ((later.neighbours_area - self.neighbours_area) / secs).max(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// This reading with the neighbours' readings (`others`, taken at the same moment) added.
+    pub(crate) fn with_neighbours(self, others: impl Iterator<Item = Reading>) -> Reading {
+        others.fold(self, |r, o| Reading {
+            neighbours_area: r.neighbours_area + o.area,
+            neighbours: r.neighbours.saturating_add(o.count),
+            ..r
+        })
     }
 }
 
@@ -150,6 +178,8 @@ impl State {
             area: self.area + self.peers_area(at),
             count: self.fleet_count(),
             at: now,
+            neighbours_area: 0.0,
+            neighbours: 0,
         }
     }
 }

@@ -14,6 +14,7 @@ fn observation(at: Instant, c: f64, prompt: u64, slow: f64) -> Observation {
         estimated: false,
         prompt_tokens: Some(prompt),
         concurrency: Some(c),
+        neighbours: 0.0,
     }
 }
 
@@ -237,7 +238,7 @@ fn a_queue_shows_in_predicted_ttft_at_its_first_token_not_when_the_request_ends(
         obs.ttft = Some(0.05);
         learn(&mut curve, &obs);
     }
-    let before = curve.model().unwrap().predict(2.0, 64);
+    let before = curve.model().unwrap().predict(2.0, 0.0, 64);
     assert!(before.ttft_p50_s < 0.1, "nothing seen at 2 yet: {before:?}");
     // The second request's first token arrives; it is still decoding.
     curve.first_token(&FirstToken {
@@ -247,7 +248,7 @@ fn a_queue_shows_in_predicted_ttft_at_its_first_token_not_when_the_request_ends(
         admitted_with: 2.0,
         queued_with: 0,
     });
-    let after = curve.model().unwrap().predict(2.0, 64);
+    let after = curve.model().unwrap().predict(2.0, 0.0, 64);
     assert!(after.ttft_p50_s > 2.5, "{after:?}");
 }
 
@@ -268,8 +269,8 @@ fn speed_seen_behind_a_queue_is_no_evidence_for_joining_one() {
         curve.record(&obs);
     }
     let model = curve.model().unwrap();
-    assert!(!model.predict(2.0, 64).beyond_evidence);
-    assert!(model.predict(3.0, 64).beyond_evidence);
+    assert!(!model.predict(2.0, 0.0, 64).beyond_evidence);
+    assert!(model.predict(3.0, 0.0, 64).beyond_evidence);
 }
 
 #[test]
@@ -292,10 +293,10 @@ fn ttft_jumps_right_after_a_batch_limit_and_stays_up_beyond_it() {
         }
     }
     let model = curve.model().unwrap();
-    assert!(model.predict(8.0, 64).ttft_p90_s < 0.05);
-    assert!(model.predict(9.0, 64).ttft_p50_s >= 1.5);
+    assert!(model.predict(8.0, 0.0, 64).ttft_p90_s < 0.05);
+    assert!(model.predict(9.0, 0.0, 64).ttft_p50_s >= 1.5);
     // Nothing seen at 10 yet: no sooner than at 9.
-    assert!(model.predict(10.0, 64).ttft_p50_s >= 1.5);
+    assert!(model.predict(10.0, 0.0, 64).ttft_p50_s >= 1.5);
 }
 
 #[test]
@@ -317,9 +318,9 @@ fn one_recent_slow_first_token_past_the_levels_seen_is_believed() {
         queued_with: 0,
     };
     curve.first_token(&slow_at_nine(t0));
-    assert!(curve.model().unwrap().predict(9.0, 64).ttft_p90_s >= 1.5);
+    assert!(curve.model().unwrap().predict(9.0, 0.0, 64).ttft_p90_s >= 1.5);
     // And for the levels above it, which nobody has tried: no sooner there.
-    assert!(curve.model().unwrap().predict(12.0, 64).ttft_p50_s >= 1.5);
+    assert!(curve.model().unwrap().predict(12.0, 0.0, 64).ttft_p50_s >= 1.5);
     // Two half-lives later, one old sample no longer speaks for the level.
     let later = t0 + Duration::from_secs(120);
     let p = curve.predict(9.0, 64, later).unwrap();
@@ -357,17 +358,17 @@ fn past_a_batch_limit_each_request_ahead_costs_at_least_what_the_last_did() {
     let t0 = Instant::now();
     let curve = trusted_then_sparse(t0, 6, 0.02, &[(7.0, 0.25), (8.0, 0.5)]);
     let model = curve.model().unwrap();
-    assert!(model.predict(6.0, 64).ttft_p90_s < 0.05);
-    let at_nine = model.predict(9.0, 64).ttft_p50_s;
+    assert!(model.predict(6.0, 0.0, 64).ttft_p90_s < 0.05);
+    let at_nine = model.predict(9.0, 0.0, 64).ttft_p50_s;
     assert!(
         at_nine >= 0.74,
         "one more request ahead, one more slot to wait for: {at_nine}"
     );
-    let at_ten = model.predict(10.0, 64).ttft_p90_s;
+    let at_ten = model.predict(10.0, 0.0, 64).ttft_p90_s;
     assert!(at_ten >= 0.99, "{at_ten}");
     // A lucky first token at 9 (a slot freed just then) does not make 10 look cheap.
     let lucky = trusted_then_sparse(t0, 6, 0.02, &[(7.0, 0.25), (8.0, 0.5), (9.0, 0.3)]);
-    let at_ten = lucky.model().unwrap().predict(10.0, 64).ttft_p90_s;
+    let at_ten = lucky.model().unwrap().predict(10.0, 0.0, 64).ttft_p90_s;
     assert!(at_ten >= 0.99, "{at_ten}");
 }
 
@@ -384,9 +385,9 @@ fn a_queue_measured_past_a_batch_limit_is_carried_on_to_the_levels_nobody_tried(
         }
     }
     let model = curve.model().unwrap();
-    assert!(model.predict(8.0, 64).ttft_p90_s < 0.6);
+    assert!(model.predict(8.0, 0.0, 64).ttft_p90_s < 0.6);
     // Not 500 ms, the highest level's, as before: two more slots to wait for than at 8.
-    let at_ten = model.predict(10.0, 64).ttft_p50_s;
+    let at_ten = model.predict(10.0, 0.0, 64).ttft_p50_s;
     assert!(at_ten >= 0.99, "{at_ten}");
 }
 
@@ -395,7 +396,7 @@ fn jitter_on_a_flat_first_token_is_not_taken_for_a_queue() {
     // A hosted API's fixed 850 ms, a little later at 4 and 5 by chance.
     let t0 = Instant::now();
     let curve = trusted_then_sparse(t0, 3, 0.85, &[(4.0, 0.88), (5.0, 0.90)]);
-    let at_ten = curve.model().unwrap().predict(10.0, 64).ttft_p50_s;
+    let at_ten = curve.model().unwrap().predict(10.0, 0.0, 64).ttft_p50_s;
     assert!(at_ten < 0.95, "{at_ten}");
 }
 
@@ -433,7 +434,7 @@ fn a_burst_is_believed_at_once_and_forgotten_once_its_queue_is_gone() {
             queued_with: n - 1,
         });
     }
-    let believed = curve.model().unwrap().predict(7.0, 64).ttft_p50_s;
+    let believed = curve.model().unwrap().predict(7.0, 0.0, 64).ttft_p50_s;
     assert!(believed >= 0.9, "the queue is believed at once: {believed}");
     // Steady traffic again, as the reference saw: newer first tokens at 8, sooner than any
     // of the burst's queued ones, show their queue gone.
@@ -448,8 +449,8 @@ fn a_burst_is_believed_at_once_and_forgotten_once_its_queue_is_gone() {
     let (got, want) = (curve.model().unwrap(), reference.model().unwrap());
     for n in 1..=8 {
         let (g, w) = (
-            got.predict(f64::from(n), 64).ttft_p50_s,
-            want.predict(f64::from(n), 64).ttft_p50_s,
+            got.predict(f64::from(n), 0.0, 64).ttft_p50_s,
+            want.predict(f64::from(n), 0.0, 64).ttft_p50_s,
         );
         assert!((g / w - 1.0).abs() < 0.10, "at {n}: {g} against {w}");
     }
@@ -533,7 +534,7 @@ fn a_model_rebuilt_from_kept_summaries_equals_one_built_from_every_sample() {
         learn_at(&mut curve, at, i);
     }
     let every_sample = |curve: &Curve, at| {
-        let speed = std::array::from_fn(|i| curve.buckets.windows()[i].summary(()));
+        let speed = std::array::from_fn(|i| curve.buckets.windows()[i].summary(NeighbourTerm::default()));
         // The fit's sums do not depend on the rate the quantiles are taken at.
         let any = std::array::from_fn(|i| curve.starts.windows()[i].summary(<_>::default()));
         let rate = PrefillRate::near(model::ttft_fit(&any).2);
@@ -608,4 +609,41 @@ fn a_level_spreads_as_its_requests_did_and_says_how_likely_a_target_is() {
     // TTFT: every first token came in 28 ms (20 + 2 x 4 ms): a 1-s target is sure.
     assert!((p.chance(Some(9.0), Some(1.0)) - most).abs() < 1e-9);
     assert_eq!(p.chance(None, Some(0.001)), 0.0);
+}
+
+#[test]
+fn a_backend_sharing_its_device_learns_what_its_neighbours_load_costs_its_speed() {
+    // TPOT = 10 ms + 1 ms per own request + 6 ms per request on the engine beside it, seen with
+    // the neighbour idle and busy at every level.
+    let mut curve = Curve::new(300.0);
+    let now = Instant::now();
+    for c in [1.0, 2.0, 4.0, 8.0] {
+        for n in [0.0, 0.0, 1.0, 2.0] {
+            for _ in 0..4 {
+                let obs = Observation {
+                    tpot: Some(0.010 + 0.001 * c + 0.006 * n),
+                    neighbours: n,
+                    ..observation(now, c, 64, 1.0)
+                };
+                learn(&mut curve, &obs);
+            }
+        }
+    }
+    let fit = curve.fit(now).unwrap();
+    assert!((fit.tpot_base_s - 0.010).abs() < 1e-6, "{fit:?}");
+    assert!((fit.tpot_per_seq_s - 0.001).abs() < 1e-6, "{fit:?}");
+    assert!((fit.tpot_per_neighbour_s - 0.006).abs() < 1e-6, "{fit:?}");
+    let model = curve.model().unwrap();
+    let idle_beside = model.predict(2.0, 0.0, 64).per_user_tps_p50;
+    let busy_beside = model.predict(2.0, 2.0, 64).per_user_tps_p50;
+    assert!((idle_beside - 1.0 / 0.012).abs() < 1.0, "{idle_beside}");
+    assert!((busy_beside - 1.0 / 0.024).abs() < 1.0, "{busy_beside}");
+    // A backend whose neighbours were never seen busy keeps the fit it had.
+    let mut alone = Curve::new(300.0);
+    for c in [1.0, 2.0, 4.0, 8.0] {
+        for _ in 0..8 {
+            learn(&mut alone, &observation(now, c, 64, 1.0));
+        }
+    }
+    assert_eq!(alone.fit(now).unwrap().tpot_per_neighbour_s, 0.0);
 }

@@ -39,6 +39,8 @@ pub(crate) struct Sample {
     pub output_tokens: u64,
     /// Experienced concurrency (mean in flight while it decoded): what its speed depends on.
     pub concurrency: f64,
+    /// The same of the backends sharing its device: their load slows it too.
+    pub neighbours: f64,
 }
 
 /// One request's first token: what TTFT buckets hold. Recorded when the token arrives, not when
@@ -103,24 +105,50 @@ impl FirstToken {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PrefillRate(Option<i32>);
 
-impl PrefillRate {
-    /// Steps per octave.
-    const STEPS: f64 = 16.0;
+/// Steps per octave of the rounded fitted values that windows are summarised at.
+const STEPS_PER_OCTAVE: f64 = 16.0;
 
+/// The step nearest `x` (none for none, or a value that is not positive and finite).
+fn octave_step(x: Option<f64>) -> Option<i32> {
+    x.filter(|v| v.is_finite() && *v > 0.0)
+        .map(|v| (v.log2() * STEPS_PER_OCTAVE).round().clamp(-1e6, 1e6) as i32)
+}
+
+/// The value of a step.
+fn step_value(step: i32) -> f64 {
+    (f64::from(step) / STEPS_PER_OCTAVE).exp2()
+}
+
+impl PrefillRate {
     /// The step nearest `tokens_per_s` (none for none, or a rate that is not positive and
     /// finite).
     pub(crate) fn near(tokens_per_s: Option<f64>) -> Self {
-        Self(
-            tokens_per_s
-                .filter(|r| r.is_finite() && *r > 0.0)
-                .map(|r| (r.log2() * Self::STEPS).round().clamp(-1e6, 1e6) as i32),
-        )
+        Self(octave_step(tokens_per_s))
     }
 
     /// Seconds to prefill `tokens` at this rate; 0 without one.
     pub(crate) fn prefill_s(self, tokens: f64) -> f64 {
-        self.0
-            .map_or(0.0, |step| tokens / (f64::from(step) / Self::STEPS).exp2())
+        self.0.map_or(0.0, |step| tokens / step_value(step))
+    }
+}
+
+/// What each request in flight on the backends sharing a device adds to a token's time
+/// (the fit's `d`, seconds), rounded to a sixteenth of an octave, or none: what a speed
+/// window's spread is taken at, each sample's speed put back to an idle device beside it, so
+/// that a level's spread says how requests spread at a load, not how busy the neighbours were.
+/// Rounded, as [`PrefillRate`], so that a term wandering in its noise keeps the summaries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NeighbourTerm(Option<i32>);
+
+impl NeighbourTerm {
+    /// The step nearest `s_per_request` (none for 0).
+    pub(crate) fn near(s_per_request: f64) -> Self {
+        Self(octave_step(Some(s_per_request)))
+    }
+
+    /// Seconds per token that `neighbours` requests beside it add; 0 without a term.
+    pub(crate) fn tpot_s(self, neighbours: f64) -> f64 {
+        self.0.map_or(0.0, |step| neighbours * step_value(step))
     }
 }
 
@@ -210,6 +238,18 @@ pub(crate) struct Summary {
     pub mean_tpot: f64,
     /// Weighted mean experienced concurrency.
     pub mean_concurrency: f64,
+    /// Weighted mean load of the backends sharing its device.
+    pub mean_neighbours: f64,
+    /// The load beside it that `tps` stands at: 0 where each sample was put back to an idle
+    /// device ([`NeighbourTerm`]), else `mean_neighbours`.
+    pub spread_neighbours: f64,
+    /// Its share of the least-squares sums of TPOT = a + b·c + d·n (c: experienced
+    /// concurrency, n: the device neighbours'), sample by sample: `Σ w·x·xᵀ` and `Σ w·x·y`
+    /// with x = (1, c, n). Used where neighbours have been seen busy; their load varies within
+    /// a level, and bucket means would hide it.
+    pub xx: [[f64; 3]; 3],
+    /// See `xx`.
+    pub xy: [f64; 3],
     /// Weighted mean time a request held its slot (TTFT + decode), seconds.
     pub mean_duration_s: f64,
     /// How per-user TPS spread.
@@ -454,22 +494,57 @@ impl<S: Summarize, const N: usize> Levels<S, N> {
 
 impl Summarize for Sample {
     type Summary = Summary;
-    type Context = ();
+    type Context = NeighbourTerm;
 
-    fn summarize(window: &Window<Self>, (): ()) -> Option<Summary> {
+    fn summarize(window: &Window<Self>, term: NeighbourTerm) -> Option<Summary> {
         let total = window.total();
         if total <= 0.0 {
             return None;
         }
         let mean =
             |f: fn(&Sample) -> f64| window.weighted().map(|(w, s)| w * f(s)).sum::<f64>() / total;
+        let mut xx = [[0.0; 3]; 3];
+        let mut xy = [0.0; 3];
+        for (w, s) in window.weighted() {
+            let x = [1.0, s.concurrency, s.neighbours];
+            for (row, xi) in xx.iter_mut().zip(x) {
+                for (cell, xj) in row.iter_mut().zip(x) {
+                    *cell += w * xi * xj;
+                }
+            }
+            for (cell, xi) in xy.iter_mut().zip(x) {
+                *cell += w * xi / s.tps;
+            }
+        }
+        let mean_neighbours = mean(|s| s.neighbours);
+        let (tps, spread_neighbours) = if term == NeighbourTerm::default() {
+            let tps = Spread::from_fn(|q| ranked_quantile(&window.ranked, total, q));
+            (tps, mean_neighbours)
+        } else {
+            // Each speed as it would have been beside an idle device (never more than ten
+            // times faster: a term fitted in noise may overshoot one sample).
+            let mut alone: Vec<(f64, f64)> = window
+                .weighted()
+                .map(|(w, s)| {
+                    let tpot = 1.0 / s.tps;
+                    let idle = (tpot - term.tpot_s(s.neighbours)).max(tpot / 10.0);
+                    (1.0 / idle, w)
+                })
+                .collect();
+            alone.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+            (Spread::from_fn(|q| ranked_quantile(&alone, total, q)), 0.0)
+        };
         Some(Summary {
             weight: total,
             samples: window.samples.len(),
             mean_tpot: mean(|s| 1.0 / s.tps),
             mean_concurrency: mean(|s| s.concurrency),
+            mean_neighbours,
+            spread_neighbours,
+            xx,
+            xy,
             mean_duration_s: mean(|s| s.ttft + s.output_tokens as f64 / s.tps),
-            tps: Spread::from_fn(|q| ranked_quantile(&window.ranked, total, q)),
+            tps,
         })
     }
 }
@@ -553,6 +628,7 @@ mod tests {
             ttft: 0.1,
             output_tokens: 10,
             concurrency: 1.0,
+            neighbours: 0.0,
         }
     }
 
@@ -607,14 +683,14 @@ mod tests {
         let later = t0 + Duration::from_secs(100);
         w.push(sample(t0, 10.0), decay.weigh(t0));
         w.push(sample(later, 20.0), decay.weigh(later));
-        let s = w.summary(()).unwrap();
+        let s = w.summary(NeighbourTerm::default()).unwrap();
         // The old sample weighs 2^-10: the median is the new one.
         assert_eq!(s.tps.median(), 20.0);
         assert!((s.weight * decay.factor(later) - (1.0 + 2f64.powi(-10))).abs() < 1e-9);
         for i in 0..2 * WINDOW {
             w.push(sample(t0, i as f64), 1.0);
         }
-        assert_eq!(w.summary(()).unwrap().samples, WINDOW);
+        assert_eq!(w.summary(NeighbourTerm::default()).unwrap().samples, WINDOW);
     }
 
     #[test]
@@ -626,7 +702,7 @@ mod tests {
             let value = ((i * 7919) % 97) as f64;
             w.push(sample(t0, value), 1.0 + (i % 5) as f64);
             let mut pairs: Vec<(f64, f64)> = w.weighted().map(|(w, s)| (s.tps, w)).collect();
-            let s = w.summary(()).unwrap();
+            let s = w.summary(NeighbourTerm::default()).unwrap();
             assert_eq!(
                 s.tps.quantile(0.1),
                 weighted_quantile(&mut pairs, 0.1),

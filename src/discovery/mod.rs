@@ -131,6 +131,7 @@ fn member(entry: &BackendConfig, address: IpAddr) -> BackendConfig {
         name: Arc::from(format!("{}/{address}", entry.name)),
         discovery: None,
         dial: Some(address),
+        device: None,
         ..entry.clone()
     }
 }

@@ -34,6 +34,9 @@ pub struct InFlightGuard {
     probe: Option<Probe>,
     /// Its speed looked short a few events in: judged at its end, not per chunk.
     probe_at_end: bool,
+    /// The backends sharing its backend's device (`device:`), whose load its speed is learned
+    /// against; `None` for a backend that shares none.
+    neighbours: Option<Arc<[Arc<Backend>]>>,
 }
 
 impl InFlightGuard {
@@ -55,7 +58,28 @@ impl InFlightGuard {
             expected: Hit::default(),
             probe: None,
             probe_at_end: false,
+            neighbours: None,
         })
+    }
+
+    /// Its backend shares a device with `neighbours`: its speed is learned against their load
+    /// as well as its own.
+    pub(crate) fn beside(&mut self, neighbours: Option<&Arc<[Arc<Backend>]>>) {
+        self.neighbours = neighbours.cloned();
+    }
+
+    /// The occupancy integral of its backend as of `now`, with its neighbours'.
+    pub(crate) fn reading(&self, now: Instant) -> Reading {
+        self.with_neighbours(self.backend.occupancy.read(now))
+    }
+
+    fn with_neighbours(&self, own: Reading) -> Reading {
+        match &self.neighbours {
+            Some(others) => {
+                own.with_neighbours(others.iter().map(|b| b.occupancy.read(own.at)))
+            }
+            None => own,
+        }
     }
 
     /// It was admitted on the backend's ramp alone ([`super::ramp`]): its first token and its
@@ -192,9 +216,9 @@ impl InFlightGuard {
             self.waiting_at_first_token = others;
             // Its TTFT is learned at the occupancy it really found.
             self.admitted_with.in_flight += unseen;
-            reading
+            self.with_neighbours(reading)
         } else {
-            self.backend.occupancy.read(now)
+            self.reading(now)
         }
     }
 }

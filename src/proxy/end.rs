@@ -229,7 +229,7 @@ impl RequestEnd {
                 }
                 let timed = match meter {
                     Some(meter) if success => {
-                        let end = backend.occupancy.read(now);
+                        let end = slot.reading(now);
                         let obs = Observation::of_stream(
                             &meter.timing,
                             self.outcome,

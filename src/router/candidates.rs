@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
+use super::device::NeighbourCost;
 use super::oracle::Oracle;
 use super::{Ask, QUEUE_CHANCE, Router, choose};
 use crate::config::Policy;
@@ -32,8 +33,12 @@ pub(crate) struct Candidate<'r> {
     /// ([`Prediction::chance`](crate::curve::Prediction::chance), with the TTFT budget it has
     /// left); 0 without a prediction.
     pub chance: f64,
-    /// Every class already decoding there keeps its speed target.
+    /// Every class already decoding there, and on the backends sharing its device, keeps its
+    /// speed target.
     pub keeps_others: bool,
+    /// What the requests decoding on the backends sharing its device lose of their expected
+    /// good completions ([`NeighbourCost::loss`]); 0 without a prediction.
+    pub neighbour_loss: f64,
     /// After this request joins, a request of every latency class could still join and meet its
     /// SLO there (or the backend cannot serve that class at all). Batch placement requires it,
     /// so that batch work only takes capacity interactive traffic is not about to need.
@@ -138,6 +143,7 @@ impl Router {
                         slack: 0.0,
                         chance: 0.0,
                         keeps_others: true,
+                        neighbour_loss: 0.0,
                         leaves_room: true,
                         marginal_tps: 0.0,
                         cache,
@@ -165,6 +171,11 @@ impl Router {
                 } else {
                     0.0
                 };
+                let neighbours = if prediction.is_some() {
+                    self.devices.cost(index, ask.model, &self.classes)
+                } else {
+                    NeighbourCost::NONE
+                };
                 Candidate {
                     index,
                     backend,
@@ -172,7 +183,9 @@ impl Router {
                     prediction,
                     slack: prediction.map_or(0.0, |p| slo.slack(&p)),
                     chance: prediction.map_or(0.0, |p| p.chance(slo.min_tps, slo.max_ttft_s)),
-                    keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p)),
+                    keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p))
+                        && neighbours.keeps,
+                    neighbour_loss: neighbours.loss,
                     leaves_room,
                     marginal_tps: if batch {
                         prediction.map_or(0.0, |p| system(n, &p) - before)
@@ -238,6 +251,7 @@ impl Router {
         } else {
             Predictor::Curve {
                 model: backend.model(ask.model),
+                neighbours: self.devices.load(index),
                 prompt_tokens: ask.prompt_tokens - cached_tokens,
                 queue_s: backend.occupancy.waited(now),
                 prefill_waiting: backend.prefix.as_ref().map_or(0, |i| i.prefill_waiting()),
@@ -261,7 +275,7 @@ impl Router {
     /// good completions: its own chance of meeting its SLO, less what it costs the requests
     /// already there (per latency class decoding there, its requests times how much less likely
     /// each is to reach its speed target with one more beside it; their first tokens are behind
-    /// them, or ahead of this one in the queue). Where the class would rather wait (`waits` is
+    /// them, or ahead of this one in the queue) and on the backends sharing its device. Where the class would rather wait (`waits` is
     /// `Some`) and the backend meets its SLO at the class's percentiles alone, the backend is
     /// full, not short of the target: the request is committed to it only where it found the
     /// line empty (`Some(true)`) and that adds at least [`QUEUE_CHANCE`] (else `None`), as it
@@ -298,7 +312,7 @@ impl Router {
                 .sum(),
             _ => 0.0,
         };
-        let gain = c.chance - loss;
+        let gain = c.chance - loss - c.neighbour_loss;
         (!full || (waits == Some(true) && gain >= QUEUE_CHANCE)).then_some(gain)
     }
 
@@ -331,6 +345,8 @@ enum Predictor<'r> {
     Curve {
         /// Its fitted model (none before the first observation).
         model: Option<Arc<Model>>,
+        /// Requests in flight on the backends sharing its device.
+        neighbours: f64,
         /// This request's prompt tokens the backend must prefill (its prefix cache's expected
         /// hit taken off).
         prompt_tokens: u64,
@@ -352,6 +368,7 @@ impl Predictor<'_> {
         match self {
             Self::Curve {
                 model,
+                neighbours,
                 prompt_tokens,
                 queue_s,
                 prefill_waiting,
@@ -361,7 +378,7 @@ impl Predictor<'_> {
                 // them): this one's first token comes after the waiting ones' and its own, and
                 // the curve learned TTFT against the same count (`FirstToken::prompt_tokens`).
                 let prefill = *prefill_waiting + *prompt_tokens;
-                let mut p = model.predict(concurrency, prefill);
+                let mut p = model.predict(concurrency, *neighbours, prefill);
                 if concurrency > 1.0 {
                     p = p.ttft_at_least(*queue_s);
                 }

@@ -38,7 +38,7 @@ impl Router {
                         backend: Arc::clone(&b.config.name),
                         model: Arc::clone(entry.key()),
                         class: Arc::clone(&class.name),
-                        cap: class.slo.derived_cap(limit, |n| model.predict(n, 0)),
+                        cap: class.slo.derived_cap(limit, |n| model.predict(n, 0.0, 0)),
                     });
                 }
             }
@@ -93,7 +93,7 @@ impl Router {
                     Some((
                         Arc::clone(&b.config.name),
                         Arc::clone(entry.key()),
-                        model.predict(1.0, 0),
+                        model.predict(1.0, 0.0, 0),
                     ))
                 })
             })

@@ -22,6 +22,7 @@
 pub(crate) mod candidates;
 pub(crate) mod caps;
 pub(crate) mod choose;
+pub(crate) mod device;
 pub(crate) mod line;
 pub(crate) mod oracle;
 
@@ -253,6 +254,8 @@ pub struct Vacant {
 #[derive(Debug)]
 pub struct Router {
     backends: Vec<Arc<Backend>>,
+    /// Which of them share a device.
+    devices: device::Devices,
     entries: Entries,
     classes: Vec<ClassConfig>,
     routing: Routing,
@@ -297,6 +300,7 @@ impl Router {
         ));
         let unmet_warned = classes.iter().map(|_| AtomicBool::new(false)).collect();
         Self {
+            devices: device::Devices::new(&backends),
             backends,
             entries,
             classes,
@@ -402,7 +406,8 @@ impl Router {
             .chain(members)
             .find_map(|index| {
                 let backend = self.backends.get(index)?;
-                let guard = InFlightGuard::try_admit(backend, None)?;
+                let mut guard = InFlightGuard::try_admit(backend, None)?;
+                guard.beside(self.devices.of(index));
                 Some(Decision {
                     backend: Arc::clone(backend),
                     index,
@@ -634,6 +639,7 @@ impl Router {
     /// Takes a slot on candidate `c`, counting and logging the decision.
     fn admit(&self, ask: &Ask<'_>, c: &Candidate<'_>, reason: Reason) -> Option<Decision> {
         let mut guard = InFlightGuard::try_admit(c.backend, ask.class)?;
+        guard.beside(self.devices.of(c.index));
         if c.on_ramp() {
             let slo = ask.slo_at(ask.now);
             guard.probe(slo.max_ttft_s, slo.min_tps);

@@ -24,11 +24,16 @@ fn router_exploring(backends: &[&str], exploration: f64) -> Router {
 
 /// A router over `backends` with the classes `classes` (YAML list items).
 fn router_from(backends: &[&str], classes: &str, exploration: f64) -> Router {
+    router_with(backends, "", classes, exploration)
+}
+
+/// [`router_from`], every backend with `extra` (YAML members, e.g. `device: host`).
+fn router_with(backends: &[&str], extra: &str, classes: &str, exploration: f64) -> Router {
     let list: String = backends
         .iter()
         .map(|name| {
             format!(
-                "- {{name: {name}, url: 'http://127.0.0.1:1', dialect: openai, models: {{m: m}}}}\n"
+                "- {{name: {name}, url: 'http://127.0.0.1:1', dialect: openai, models: {{m: m}}{extra}}}\n"
             )
         })
         .collect();
@@ -90,6 +95,7 @@ fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
                 estimated: false,
                 prompt_tokens: Some(10),
                 concurrency: Some(c),
+                neighbours: 0.0,
             };
             router.backends[i].first_token(
                 "m",
@@ -515,8 +521,15 @@ fn while_others_wait_in_line_a_request_is_held_to_its_target_less_the_lines_rese
 
 /// Teaches backend `i` one request per `(concurrency, ttft_s, tps)`.
 fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
+    let beside: Vec<_> = requests.iter().map(|&(c, t, s)| (c, 0.0, t, s)).collect();
+    teach_beside(router, i, &beside);
+}
+
+/// Teaches backend `i` one request per `(concurrency, neighbours, ttft_s, tps)`: `neighbours`
+/// in flight on the backends sharing its device while it decoded.
+fn teach_beside(router: &Router, i: usize, requests: &[(f64, f64, f64, f64)]) {
     let now = Instant::now();
-    for &(c, ttft, tps) in requests {
+    for &(c, neighbours, ttft, tps) in requests {
         router.backends[i].first_token(
             "m",
             &FirstToken {
@@ -538,6 +551,7 @@ fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
                 estimated: false,
                 prompt_tokens: Some(10),
                 concurrency: Some(c),
+                neighbours,
             },
         );
     }
@@ -710,4 +724,61 @@ fn a_class_that_queues_waits_for_a_full_backend_but_takes_its_chance_on_one_shor
     teach_each(&short, 0, &requests);
     let _held = occupy(&short, 0, 0, 2);
     assert_eq!(reason_of(&short, &ask(&short, 0)), Ok(Reason::BestChance));
+}
+
+/// Two engines on one device as measured on a shared host: `batching` decodes at 10 ms + 1 ms
+/// per own request a token, and each request on the engine beside it adds 20 ms (a serial
+/// engine's forward pass takes the device from its whole batch); `serial` decodes alone at
+/// 8 ms a token, 2 ms more per request beside it. Both seen with their neighbour idle and busy.
+fn shared_host(extra: &str) -> Router {
+    let router = router_with(&["batching", "serial"], extra, MARGINAL_SPEED, 0.0);
+    let mut batching = Vec::new();
+    for c in [1.0, 2.0, 3.0, 4.0] {
+        for n in [0.0, 0.0, 0.0, 1.0] {
+            for _ in 0..4 {
+                batching.push((c, n, 0.05, 1.0 / (0.010 + 0.001 * c + 0.020 * n)));
+            }
+        }
+    }
+    teach_beside(&router, 0, &batching);
+    let mut serial = Vec::new();
+    for n in [0.0, 1.0, 2.0, 3.0] {
+        for _ in 0..8 {
+            serial.push((1.0, n, 0.05, 1.0 / (0.008 + 0.002 * n)));
+        }
+    }
+    teach_beside(&router, 1, &serial);
+    router
+}
+
+/// 41 tok/s at the median and a first token within a second, shedding what it cannot place.
+const MARGINAL_SPEED: &str = "- {name: interactive, min_tps: 41, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
+
+#[test]
+fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_beside_it() {
+    // Two requests decode on the batching engine at 12 ms a token (83 tok/s). The serial
+    // engine alone would give this one more room (8 + 2·2 = 12 ms, against 13 ms as the
+    // batching engine's third), but there it would slow those two to 32 ms a token, under
+    // their 41 tok/s.
+    let router = shared_host(", device: host");
+    let decoding = occupy(&router, 0, 0, 2);
+    let ask = ask(&router, 0);
+    let candidates = router.candidates(&ask, Policy::Headroom);
+    let serial = &candidates[1];
+    assert!(serial.slack >= 0.0, "it meets its own SLO there: {serial:?}");
+    assert!(!serial.keeps_others, "but not the others'");
+    assert!(serial.neighbour_loss > 1.0, "{}", serial.neighbour_loss);
+    assert_eq!(chosen(&router, 0), Ok("batching"));
+    // Alone on its device, the serial engine is as good a place as any.
+    drop(decoding);
+    assert!(router.candidates(&ask, Policy::Headroom)[1].feasible());
+}
+
+#[test]
+fn backends_that_share_no_device_are_not_charged_for_each_other() {
+    let router = shared_host("");
+    let _decoding = occupy(&router, 0, 0, 2);
+    let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
+    assert!(candidates[1].keeps_others && candidates[1].neighbour_loss == 0.0);
+    assert_eq!(chosen(&router, 0), Ok("serial"), "the most room, by its own curve");
 }

@@ -59,6 +59,7 @@ fn ended(backend: &str, clock: &Clock) -> SharedSample {
         estimated: false,
         prompt_tokens: Some(10),
         concurrency: Some(1.0),
+        neighbours: 0.0,
     };
     SharedSample::new(backend, "m", &Learned::Ended(obs), clock)
 }

@@ -99,6 +99,7 @@ pub(super) fn backend(
         headers,
         models,
         max_concurrency: b.max_concurrency,
+        device: device(at, b)?,
         max_models: b.max_models as usize,
         max_event_bytes: usize::try_from(b.max_event_bytes).unwrap_or(usize::MAX),
         cost,
@@ -115,6 +116,27 @@ pub(super) fn backend(
         translate: b.translate,
         default_max_tokens: b.default_max_tokens,
     })
+}
+
+/// `device`: a name, on a backend that is one engine (a discovered Service's pods run on
+/// devices of their own).
+fn device(at: &str, b: &RawBackend) -> Result<Option<Arc<str>>> {
+    let Some(device) = &b.device else {
+        return Ok(None);
+    };
+    if device.trim().is_empty() || device.len() > 256 {
+        return Err(ConfigError::at(
+            format!("{at}.device"),
+            "give the shared device a name of 1 to 256 characters (e.g. gpu0, or host-a/gpu1)",
+        ));
+    }
+    if b.discovery.is_some() {
+        return Err(ConfigError::at(
+            format!("{at}.device"),
+            "a discovered Service's pods each run on a device of their own; remove device, or list the engines that share one as backends without discovery",
+        ));
+    }
+    Ok(Some(Arc::from(device.as_str())))
 }
 
 /// `name`: letters, digits, '-', '_' and '.'.

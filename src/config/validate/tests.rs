@@ -471,6 +471,25 @@ fn discovery_mistakes_are_named_with_the_fix() {
 }
 
 #[test]
+fn a_shared_device_is_named_on_engines_and_a_mistake_names_the_field() {
+    let c = parse(&format!("{BASE}    device: host-a/gpu0\n"), no_env).unwrap();
+    assert_eq!(c.backends[0].device.as_deref(), Some("host-a/gpu0"));
+    assert_eq!(parse(BASE, no_env).unwrap().backends[0].device, None);
+    let named = BASE.replace("127.0.0.1:9101/", "pods.default.svc:8000");
+    for (text, says) in [
+        (format!("{BASE}    device: ' '\n"), "1 to 256 characters"),
+        (
+            format!("{named}    discovery: dns\n    device: gpu0\n"),
+            "a device of their own",
+        ),
+    ] {
+        let err = parse(&text, no_env).unwrap_err();
+        assert_eq!(err.path, "backends[0].device", "{text}");
+        assert!(err.message.contains(says), "{}", err.message);
+    }
+}
+
+#[test]
 fn a_route_picks_a_backend_for_bodies_naming_no_model_by_path_alone() {
     let ok = format!("{BASE}routes:\n  - {{path: /v1/audio/transcriptions, backend: a}}\n");
     let c = parse(&ok, no_env).unwrap();

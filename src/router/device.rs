@@ -1,0 +1,115 @@
+//! Backends that share a device (`device:` in their config): two engines on one GPU, or on one
+//! host's cores, take compute from each other, so a request on one slows the requests decoding
+//! on the other. Each backend's curve learns its speed against its neighbours' load as well as
+//! its own (`Fit::tpot_per_neighbour_s`), and a request placed on one of them is charged what
+//! it costs the requests on the others, as it is charged what it costs those on its own
+//! backend (docs/routing.md, "Backends that share a device").
+
+use std::sync::Arc;
+
+use crate::config::ClassConfig;
+use crate::fleet::Backend;
+
+/// Per backend (by index in the router's list): the others on its device.
+#[derive(Debug, Default)]
+pub(crate) struct Devices {
+    by_backend: Vec<Option<Neighbours>>,
+}
+
+/// The backends sharing one backend's device, itself left out.
+#[derive(Debug)]
+struct Neighbours {
+    /// Their indexes in the router's list.
+    indexes: Box<[usize]>,
+    /// The same backends, for the in-flight guards that learn against their load.
+    backends: Arc<[Arc<Backend>]>,
+}
+
+/// What placing one more request on a backend does to the requests decoding on its neighbours.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct NeighbourCost {
+    /// Every class decoding on a neighbour keeps its speed target there.
+    pub keeps: bool,
+    /// The expected good completions they lose: per neighbour and latency class, its requests
+    /// times how much less likely each is to reach its speed target.
+    pub loss: f64,
+}
+
+impl NeighbourCost {
+    /// No neighbours, or none with requests decoding.
+    pub(crate) const NONE: Self = Self {
+        keeps: true,
+        loss: 0.0,
+    };
+}
+
+impl Devices {
+    /// Groups `backends` by their `device:` names.
+    pub(crate) fn new(backends: &[Arc<Backend>]) -> Self {
+        let device = |i: usize| backends[i].config.device.as_deref();
+        let by_backend = (0..backends.len())
+            .map(|i| {
+                let name = device(i)?;
+                let indexes: Box<[usize]> = (0..backends.len())
+                    .filter(|&j| j != i && device(j) == Some(name))
+                    .collect();
+                (!indexes.is_empty()).then(|| Neighbours {
+                    backends: indexes.iter().map(|&j| Arc::clone(&backends[j])).collect(),
+                    indexes,
+                })
+            })
+            .collect();
+        Self { by_backend }
+    }
+
+    /// The backends sharing backend `index`'s device; `None` where it shares none.
+    pub(crate) fn of(&self, index: usize) -> Option<&Arc<[Arc<Backend>]>> {
+        self.neighbours(index).map(|n| &n.backends)
+    }
+
+    fn neighbours(&self, index: usize) -> Option<&Neighbours> {
+        self.by_backend.get(index)?.as_ref()
+    }
+
+    /// Requests in flight on the backends sharing backend `index`'s device.
+    pub(crate) fn load(&self, index: usize) -> f64 {
+        self.neighbours(index).map_or(0.0, |n| {
+            n.backends.iter().map(|b| f64::from(b.in_flight())).sum()
+        })
+    }
+
+    /// What one more request of `model` on backend `index` costs the requests decoding on its
+    /// neighbours, by their curves for the same model (a neighbour without one is charged
+    /// nothing: nothing says what it would lose).
+    pub(crate) fn cost(&self, index: usize, model: &str, classes: &[ClassConfig]) -> NeighbourCost {
+        let Some(neighbours) = self.neighbours(index) else {
+            return NeighbourCost::NONE;
+        };
+        let mut cost = NeighbourCost::NONE;
+        for (&j, neighbour) in neighbours.indexes.iter().zip(neighbours.backends.iter()) {
+            let decoding = |i: usize| neighbour.class_in_flight(i);
+            if (0..classes.len()).all(|i| decoding(i) == 0) {
+                continue;
+            }
+            let Some(curve) = neighbour.model(model) else {
+                continue;
+            };
+            let own = f64::from(neighbour.in_flight());
+            let load = self.load(j);
+            let before = curve.predict(own, load, 0);
+            let after = curve.predict(own, load + 1.0, 0);
+            for (i, class) in classes.iter().enumerate() {
+                let n = decoding(i);
+                if n == 0 {
+                    continue;
+                }
+                cost.keeps &= class.slo.speed_holds(&after);
+                if let Some(min) = class.slo.min_tps {
+                    let lost = before.tps.share_above(min) - after.tps.share_above(min);
+                    cost.loss += f64::from(n) * lost.max(0.0);
+                }
+            }
+        }
+        cost
+    }
+}
