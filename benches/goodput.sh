@@ -13,9 +13,11 @@
 # Environment: FLEET=noisy runs config/sim-fleet-noisy.yaml behind benches/noisy-gateway.yaml
 # (two engines like the first real ones: speed spread from request to request, a prefill that
 # stalls the batch); SLO_TPS and SLO_TTFT_MS set the interactive SLO (default 25 tok/s, 1000
-# ms) in the gateway and the scoring alike. Only the default fleet and SLO write BENCHMARKS.md,
-# and not with SPLICE=0.
-# Needs ports 8180, 9190 and 9101-9104 (9121-9122 for FLEET=noisy) free. About 4 minutes per
+# ms) in the gateway and the scoring alike. FLEET=shared runs config/sim-fleet-shared.yaml (a
+# batching and a serial engine on one device) behind benches/shared-gateway.yaml, which names
+# the device (SHARED=0: it does not). WARMUP_RATE (default 5 req/s) is the warm-up's rate. Only
+# the default fleet and SLO write BENCHMARKS.md, and not with SPLICE=0.
+# Needs ports 8180, 9190 and 9101-9104 (9121-9122 for FLEET=noisy, 9131-9132 for shared) free. About 4 minutes per
 # policy per run (a request not done in 30 s counts as failed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,12 +32,17 @@ slo_ttft=${SLO_TTFT_MS:-1000}
 case "$fleet" in
   default) sim_config=config/sim-fleet.yaml gateway=benches/goodput-gateway.yaml model=llama-3.1-8b ;;
   noisy) sim_config=config/sim-fleet-noisy.yaml gateway=benches/noisy-gateway.yaml model=tiny-llama ;;
-  *) echo "FLEET is default or noisy" >&2; exit 2 ;;
+  shared) sim_config=config/sim-fleet-shared.yaml gateway=benches/shared-gateway.yaml model=tiny-llama ;;
+  *) echo "FLEET is default, noisy or shared" >&2; exit 2 ;;
 esac
+# FLEET=shared SHARED=0: the gateway is not told that the two engines share a device.
+untold=
+[ "$fleet/${SHARED:-1}" != shared/0 ] || untold='/device: host/d'
+warm_rate=${WARMUP_RATE:-5}
 [ -n "${BIN:-}" ] || cargo build --release --quiet
 bin=${BIN:-target/release/tpsgate}
 out=target/goodput
-[ "$fleet/$slo_tps/$slo_ttft" = default/25/1000 ] || out="target/goodput-$fleet-$slo_tps-$slo_ttft"
+[ "$fleet/$slo_tps/$slo_ttft" = default/25/1000 ] || out="target/goodput-$fleet-$slo_tps-$slo_ttft${untold:+-untold}"
 mkdir -p "$out"
 # Given policies re-measure just those: their old rows go, the others stay.
 if [ $# -gt 0 ] && [ -f "$out/results.jsonl" ]; then
@@ -57,10 +64,10 @@ for run in $(seq "$runs"); do
     "$bin" sim --config "$sim_config" >/dev/null 2>&1 & pids+=($!)
     sed -e "s/^  policy: headroom/  policy: $policy/" -e "s/on_miss: queue/on_miss: $on_miss/" \
       -e "s/min_tps: 25/min_tps: $slo_tps/" -e "s/max_ttft_ms: 1000/max_ttft_ms: $slo_ttft/" \
-      "$gateway" >"$out/gateway-$arm.yaml"
+      -e "$untold" "$gateway" >"$out/gateway-$arm.yaml"
     "$bin" serve --config "$out/gateway-$arm.yaml" >"$out/gateway-$arm.log" 2>&1 & pids+=($!)
     sleep 1
-    bench --rate 5 --duration 20 --seed "$((1000 + run))" --json >/dev/null   # warm-up: curves form
+    bench --rate "$warm_rate" --duration 20 --seed "$((1000 + run))" --json >/dev/null   # warm-up: curves form
     bench --rate "$rates" --duration "$duration" --seed "$run" --json \
       | sed "s/^/{\"policy\":\"$arm\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results.jsonl"
     echo "run $run: $arm done" >&2

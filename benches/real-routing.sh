@@ -16,6 +16,7 @@
 #   VENV=dir (default target/engine-venv; made with torch and transformers[serving] when missing)
 #   DEVICE=cpu|cuda  HIDDEN=256 LAYERS=4 (the model)  DTYPE=auto  LOAD_C=4  TTFT_MS=1000
 #   MAX_TOKENS=64  SLOS="comfortable marginal"  BIN=path (default: build target/release)
+#   SHARED=name (the `device:` both backends name; empty: none)
 #   PYTHON, TRANSFORMERS: the interpreter and the `transformers` command, where they are
 #   installed already (then no venv is made)
 # Needs ports 8301, 8302, 8390 and 9390 free. On two CPU cores, about 2 minutes per arm and
@@ -40,6 +41,10 @@ ttft_ms=${TTFT_MS:-1000}
 max_tokens=${MAX_TOKENS:-64}
 slos=${SLOS:-comfortable marginal}
 out=${OUT:-$PWD/target/real-routing}
+# Both engines run on this machine's one device (its cores, or its one GPU): the gateway is
+# told so (`device:`), unless SHARED= is set empty.
+shared=${SHARED-this-$device}
+[ -n "$shared" ] || shared='null'
 mkdir -p "$out"
 if [ ! -x "$venv/bin/transformers" ] && [ -z "${TRANSFORMERS:-}" ]; then
   python3 -m venv "$venv"
@@ -90,8 +95,8 @@ for slo in $slos; do
 listen: {address: 127.0.0.1:8390}
 admin: {listen: 127.0.0.1:9390}
 backends:
-  - {name: batching, url: http://127.0.0.1:8301, dialect: openai, models: {tiny: "$model"}, max_concurrency: 64}
-  - {name: serial, url: http://127.0.0.1:8302, dialect: openai, models: {tiny: "$model"}, max_concurrency: 8}
+  - {name: batching, url: http://127.0.0.1:8301, dialect: openai, models: {tiny: "$model"}, max_concurrency: 64, device: $shared}
+  - {name: serial, url: http://127.0.0.1:8302, dialect: openai, models: {tiny: "$model"}, max_concurrency: 8, device: $shared}
 classes:
   - {name: interactive, min_tps: $min_tps, max_ttft_ms: $ttft_ms, on_miss: $on_miss}
 default_class: interactive

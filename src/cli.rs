@@ -312,6 +312,7 @@ impl SimArgs {
                 listen: self.listen.clone(),
                 models: self.model.clone(),
                 tls: None,
+                device: None,
                 engine,
                 stream,
                 faults: Vec::new(),

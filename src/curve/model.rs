@@ -344,8 +344,9 @@ pub(crate) fn neighbour_term(buckets: &[Option<Summary>; BUCKETS.len()]) -> f64 
 
 /// TPOT = a + b·c + d·n fitted sample by sample, where the backends sharing this one's device
 /// have been seen busy (`None` where they have not, or the fit says nothing sensible): (a, b, d)
-/// with every term a cost. Where its own load seems to speed it up (a one-slot server's
-/// experienced concurrency counts its queue, which does not slow it), its own term is left out.
+/// with every term a cost. Where the three cannot be told apart as costs (its own load seems to
+/// speed it up, as a one-slot server's experienced concurrency counts a queue that does not
+/// slow it; or its own load and its neighbours' rose together), its own term is left out.
 fn beside_neighbours(buckets: &[Option<Summary>; BUCKETS.len()]) -> Option<(f64, f64, f64)> {
     let present = || buckets.iter().flatten();
     if !present().any(|s| s.mean_neighbours > 0.0) {
@@ -365,14 +366,15 @@ fn beside_neighbours(buckets: &[Option<Summary>; BUCKETS.len()]) -> Option<(f64,
     }
     match fit::solve(xx, xy) {
         Some([a, b, d]) if a > 0.0 && b >= 0.0 && d >= 0.0 => Some((a, b, d)),
-        Some([_, b, _]) if b < 0.0 => {
+        _ => {
+            // Its own load and its neighbours' moved together (or not at all): the neighbours'
+            // alone.
             let alone = [[xx[0][0], xx[0][2]], [xx[2][0], xx[2][2]]];
             match fit::solve(alone, [xy[0], xy[2]]) {
                 Some([a, d]) if a > 0.0 && d >= 0.0 => Some((a, 0.0, d)),
                 _ => None,
             }
         }
-        _ => None,
     }
 }
 

@@ -49,8 +49,9 @@ pub struct Observation {
     pub prompt_tokens: Option<u64>,
     /// Time-weighted mean in-flight count of the backend over the decode window.
     pub concurrency: Option<f64>,
-    /// The same of the backends sharing its device (`device:`): 0 for a backend that shares
-    /// none. Their load slows its decode as its own does.
+    /// The time-weighted mean count of requests decoding on the backends sharing its device
+    /// (`device:`) over the same window: 0 for a backend that shares none. Their load slows
+    /// its decode as its own does (a request waiting in their queues costs the device nothing).
     pub neighbours: f64,
 }
 
@@ -138,6 +139,8 @@ mod tests {
             area,
             count,
             at,
+            decoding_area: 0.0,
+            decoding: 0,
             neighbours_area: 0.0,
             neighbours: 0,
         }

@@ -31,6 +31,10 @@ struct State {
     count: u32,
     /// This replica's request-seconds accumulated up to `last`.
     area: f64,
+    /// Request-seconds of requests past their first token (decoding), fleet-wide as this
+    /// replica knows it (the peers' as of their last round), up to `last`: what the backend's
+    /// engine puts on a device it shares, where a request waiting in its queue costs nothing.
+    decoding_area: f64,
     last: Instant,
     /// Admitted requests whose first token has not come yet.
     waiting: u32,
@@ -101,10 +105,15 @@ pub(crate) struct Reading {
     pub count: u32,
     /// When it was read.
     pub at: Instant,
-    /// The same integral summed over the backends that share its device (`device:`), read at
-    /// the same moment: 0 for a backend that shares none.
+    /// The integral of its requests past their first token (decoding): the load it puts on a
+    /// device it shares ([`Reading::with_neighbours`]).
+    pub decoding_area: f64,
+    /// Those requests at the moment of reading.
+    pub decoding: u32,
+    /// The decoding integral summed over the backends that share its device (`device:`),
+    /// read at the same moment: 0 for a backend that shares none.
     pub neighbours_area: f64,
-    /// Their requests in flight at the moment of reading.
+    /// Their requests decoding at the moment of reading.
     pub neighbours: u32,
 }
 
@@ -117,6 +126,8 @@ impl Reading {
             area: self.area - f64::from(self.count) * secs,
             count: self.count,
             at: earlier,
+            decoding_area: self.decoding_area - f64::from(self.decoding) * secs,
+            decoding: self.decoding,
             neighbours_area: self.neighbours_area - f64::from(self.neighbours) * secs,
             neighbours: self.neighbours,
         }
@@ -128,8 +139,8 @@ impl Reading {
         (secs > 0.0).then(|| (later.area - self.area) / secs)
     }
 
-    /// Mean in-flight count of the backends sharing its device between `self` and a later
-    /// reading (0 for a backend that shares none).
+    /// Mean count of requests decoding on the backends sharing its device between `self` and a
+    /// later reading (0 for a backend that shares none).
     pub(crate) fn neighbours_mean_until(&self, later: &Reading) -> f64 {
         let secs = (later.at - self.at).as_secs_f64();
         if secs > 0.0 {
@@ -142,8 +153,8 @@ impl Reading {
     /// This reading with the neighbours' readings (`others`, taken at the same moment) added.
     pub(crate) fn with_neighbours(self, others: impl Iterator<Item = Reading>) -> Reading {
         others.fold(self, |r, o| Reading {
-            neighbours_area: r.neighbours_area + o.area,
-            neighbours: r.neighbours.saturating_add(o.count),
+            neighbours_area: r.neighbours_area + o.decoding_area,
+            neighbours: r.neighbours.saturating_add(o.decoding),
             ..r
         })
     }
@@ -178,9 +189,17 @@ impl State {
             area: self.area + self.peers_area(at),
             count: self.fleet_count(),
             at: now,
+            decoding_area: self.decoding_area,
+            decoding: self.fleet_decoding(),
             neighbours_area: 0.0,
             neighbours: 0,
         }
+    }
+
+    /// Past their first token, fleet-wide.
+    fn fleet_decoding(&self) -> u32 {
+        self.fleet_count()
+            .saturating_sub(self.waiting.saturating_add(self.peers.waiting))
     }
 }
 
@@ -191,6 +210,7 @@ impl Occupancy {
             state: Mutex::new(State {
                 count: 0,
                 area: 0.0,
+                decoding_area: 0.0,
                 last: now,
                 waiting: 0,
                 waiting_since: 0.0,
@@ -213,7 +233,9 @@ impl Occupancy {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if now > state.last {
-            state.area += f64::from(state.count) * (now - state.last).as_secs_f64();
+            let secs = (now - state.last).as_secs_f64();
+            state.area += f64::from(state.count) * secs;
+            state.decoding_area += f64::from(state.fleet_decoding()) * secs;
             state.last = now;
         }
         f(&mut state)
@@ -320,6 +342,15 @@ impl Occupancy {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .fleet_count()
+    }
+
+    /// Past their first token (decoding) now, fleet-wide: the load it puts on a device it
+    /// shares.
+    pub(crate) fn decoding(&self) -> u32 {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .fleet_decoding()
     }
 
     /// In flight through this replica alone.

@@ -534,7 +534,8 @@ fn a_model_rebuilt_from_kept_summaries_equals_one_built_from_every_sample() {
         learn_at(&mut curve, at, i);
     }
     let every_sample = |curve: &Curve, at| {
-        let speed = std::array::from_fn(|i| curve.buckets.windows()[i].summary(NeighbourTerm::default()));
+        let speed =
+            std::array::from_fn(|i| curve.buckets.windows()[i].summary(NeighbourTerm::default()));
         // The fit's sums do not depend on the rate the quantiles are taken at.
         let any = std::array::from_fn(|i| curve.starts.windows()[i].summary(<_>::default()));
         let rate = PrefillRate::near(model::ttft_fit(&any).2);

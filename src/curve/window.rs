@@ -132,7 +132,7 @@ impl PrefillRate {
     }
 }
 
-/// What each request in flight on the backends sharing a device adds to a token's time
+/// What each request decoding on the backends sharing a device adds to a token's time
 /// (the fit's `d`, seconds), rounded to a sixteenth of an octave, or none: what a speed
 /// window's spread is taken at, each sample's speed put back to an idle device beside it, so
 /// that a level's spread says how requests spread at a load, not how busy the neighbours were.

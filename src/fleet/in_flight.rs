@@ -75,9 +75,7 @@ impl InFlightGuard {
 
     fn with_neighbours(&self, own: Reading) -> Reading {
         match &self.neighbours {
-            Some(others) => {
-                own.with_neighbours(others.iter().map(|b| b.occupancy.read(own.at)))
-            }
+            Some(others) => own.with_neighbours(others.iter().map(|b| b.occupancy.read(own.at))),
             None => own,
         }
     }

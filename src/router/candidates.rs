@@ -345,7 +345,7 @@ enum Predictor<'r> {
     Curve {
         /// Its fitted model (none before the first observation).
         model: Option<Arc<Model>>,
-        /// Requests in flight on the backends sharing its device.
+        /// Requests decoding on the backends sharing its device.
         neighbours: f64,
         /// This request's prompt tokens the backend must prefill (its prefix cache's expected
         /// hit taken off).

@@ -71,10 +71,14 @@ impl Devices {
         self.by_backend.get(index)?.as_ref()
     }
 
-    /// Requests in flight on the backends sharing backend `index`'s device.
+    /// Requests decoding on the backends sharing backend `index`'s device (past their first
+    /// token: one waiting in an engine's queue costs the device nothing yet).
     pub(crate) fn load(&self, index: usize) -> f64 {
         self.neighbours(index).map_or(0.0, |n| {
-            n.backends.iter().map(|b| f64::from(b.in_flight())).sum()
+            n.backends
+                .iter()
+                .map(|b| f64::from(b.occupancy.decoding()))
+                .sum()
         })
     }
 

@@ -526,7 +526,7 @@ fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
 }
 
 /// Teaches backend `i` one request per `(concurrency, neighbours, ttft_s, tps)`: `neighbours`
-/// in flight on the backends sharing its device while it decoded.
+/// decoding on the backends sharing its device while it decoded.
 fn teach_beside(router: &Router, i: usize, requests: &[(f64, f64, f64, f64)]) {
     let now = Instant::now();
     for &(c, neighbours, ttft, tps) in requests {
@@ -752,7 +752,8 @@ fn shared_host(extra: &str) -> Router {
 }
 
 /// 41 tok/s at the median and a first token within a second, shedding what it cannot place.
-const MARGINAL_SPEED: &str = "- {name: interactive, min_tps: 41, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
+const MARGINAL_SPEED: &str =
+    "- {name: interactive, min_tps: 41, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
 
 #[test]
 fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_beside_it() {
@@ -761,11 +762,17 @@ fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_be
     // batching engine's third), but there it would slow those two to 32 ms a token, under
     // their 41 tok/s.
     let router = shared_host(", device: host");
-    let decoding = occupy(&router, 0, 0, 2);
+    let mut decoding = occupy(&router, 0, 0, 2);
+    for request in &mut decoding {
+        request.first_token(Instant::now());
+    }
     let ask = ask(&router, 0);
     let candidates = router.candidates(&ask, Policy::Headroom);
     let serial = &candidates[1];
-    assert!(serial.slack >= 0.0, "it meets its own SLO there: {serial:?}");
+    assert!(
+        serial.slack >= 0.0,
+        "it meets its own SLO there: {serial:?}"
+    );
     assert!(!serial.keeps_others, "but not the others'");
     assert!(serial.neighbour_loss > 1.0, "{}", serial.neighbour_loss);
     assert_eq!(chosen(&router, 0), Ok("batching"));
@@ -780,5 +787,9 @@ fn backends_that_share_no_device_are_not_charged_for_each_other() {
     let _decoding = occupy(&router, 0, 0, 2);
     let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
     assert!(candidates[1].keeps_others && candidates[1].neighbour_loss == 0.0);
-    assert_eq!(chosen(&router, 0), Ok("serial"), "the most room, by its own curve");
+    assert_eq!(
+        chosen(&router, 0),
+        Ok("serial"),
+        "the most room, by its own curve"
+    );
 }

@@ -29,6 +29,10 @@ pub struct BackendRaw {
     /// Serve HTTPS with this PEM certificate chain and key (`[cert_file, key_file]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<SimTls>,
+    /// The device its engine shares with the other backends naming it (one GPU, one host's
+    /// cores): a decode step also waits for theirs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// Timing model of the engine.
     #[serde(default)]
     pub engine: EngineRaw,
@@ -360,6 +364,8 @@ pub struct BackendSpec {
     pub models: Vec<String>,
     /// Certificate and key files when serving HTTPS.
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The device its engine shares with the backends naming the same (fixed at start).
+    pub device: Option<String>,
     /// Runtime-changeable parameters.
     pub params: Params,
     /// Its prefix cache, if it has one.
@@ -437,6 +443,15 @@ impl BackendRaw {
                 .tls
                 .as_ref()
                 .map(|t| (t.cert_file.clone(), t.key_file.clone())),
+            device: match &self.device {
+                Some(d) if d.trim().is_empty() => {
+                    return Err(ConfigError::at(
+                        format!("{at}.device"),
+                        "name the shared device (e.g. gpu0), or remove the field",
+                    ));
+                }
+                d => d.clone(),
+            },
             params: self.params(at)?,
             prefix_cache: self
                 .prefix_cache

@@ -23,6 +23,12 @@
 //! one step to TTFT that depends on arrival phase; leaving it out keeps the analytic curve exact
 //! for both closed and open loops, and a gateway cannot observe the phase anyway.
 //!
+//! Engines on one device (`device:` in the fleet file) share it as engines on one GPU or one
+//! host's cores do: the device runs one engine's forward pass at a time, so a decode step of
+//! one engine also waits for the steps of every other engine there that has requests running:
+//! `s(b) + Σ s_other(b_other)`. A serial engine's lone request then costs a batching engine
+//! beside it a whole step of its own, as measured with two `transformers serve` on one host.
+//!
 //! The clock comes from `tokio::time`, so the engine can run under paused time in tests.
 
 use std::cmp::Ordering;
@@ -34,7 +40,7 @@ use std::time::Duration;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use slab::Slab;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::config::Timing;
@@ -105,12 +111,67 @@ struct Job {
     tokens: mpsc::UnboundedSender<()>,
 }
 
+/// A device several engines share: each one's current step time, seconds (0 while it has
+/// nothing running), and a counter bumped whenever one changes, which wakes the others.
+#[derive(Debug)]
+pub(crate) struct SharedDevice {
+    steps: Box<[AtomicU64]>,
+    changed: watch::Sender<u64>,
+}
+
+/// One engine's place on a [`SharedDevice`].
+#[derive(Debug, Clone)]
+pub(crate) struct Seat {
+    device: Arc<SharedDevice>,
+    index: usize,
+}
+
+impl SharedDevice {
+    /// A device for `engines` engines; their seats are `0..engines`.
+    pub(crate) fn new(engines: usize) -> Arc<Self> {
+        Arc::new(Self {
+            steps: (0..engines).map(|_| AtomicU64::new(0)).collect(),
+            changed: watch::channel(0).0,
+        })
+    }
+
+    /// Seat `index` on it.
+    pub(crate) fn seat(self: &Arc<Self>, index: usize) -> Seat {
+        Seat {
+            device: Arc::clone(self),
+            index,
+        }
+    }
+}
+
+impl Seat {
+    /// What the other engines' steps add to one of this engine's, seconds.
+    fn beside(&self) -> f64 {
+        let d = &self.device;
+        d.steps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != self.index)
+            .map(|(_, s)| f64::from_bits(s.load(AtomicOrdering::Relaxed)))
+            .sum()
+    }
+
+    /// This engine's step is now `step_s`: the others are woken if it changed.
+    fn publish(&self, step_s: f64) {
+        let slot = &self.device.steps[self.index];
+        if slot.swap(step_s.to_bits(), AtomicOrdering::Relaxed) != step_s.to_bits() {
+            self.device.changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+}
+
 impl Engine {
-    /// Starts the scheduler task on the current Tokio runtime.
-    pub(crate) fn spawn(timing: Timing) -> Self {
+    /// Starts the scheduler task on the current Tokio runtime, alone on its device or on
+    /// `seat` of a shared one.
+    pub(crate) fn spawn(timing: Timing, seat: Option<Seat>) -> Self {
         let (commands, rx) = mpsc::unbounded_channel();
         let stats = Arc::new(EngineStats::default());
-        let scheduler = Scheduler::new(timing, Arc::clone(&stats));
+        let scheduler = Scheduler::new(timing, Arc::clone(&stats), seat);
         tokio::spawn(scheduler.run(rx));
         Self { commands, stats }
     }
@@ -179,6 +240,9 @@ struct Scheduler {
     running: Slab<Running>,
     due: BinaryHeap<Due>,
     waiting: VecDeque<Job>,
+    /// Its place on a shared device, and what the other engines' steps add to its own.
+    seat: Option<Seat>,
+    beside: f64,
 }
 
 struct Running {
@@ -218,7 +282,7 @@ impl Ord for Due {
 }
 
 impl Scheduler {
-    fn new(timing: Timing, stats: Arc<EngineStats>) -> Self {
+    fn new(timing: Timing, stats: Arc<EngineStats>, seat: Option<Seat>) -> Self {
         let now = Instant::now();
         Self {
             timing,
@@ -230,18 +294,32 @@ impl Scheduler {
             running: Slab::new(),
             due: BinaryHeap::new(),
             waiting: VecDeque::new(),
+            seat,
+            beside: 0.0,
         }
+    }
+
+    /// A decode step's time with `batch` running, the other engines on its device included.
+    fn step(&self, batch: usize) -> f64 {
+        self.timing.step(batch) + self.beside
     }
 
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         let sleep = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(sleep);
         let mut received = Vec::with_capacity(64);
+        let mut device = self.seat.as_ref().map(|s| s.device.changed.subscribe());
         loop {
             let wake = self.next_wake();
             if let Some(at) = wake {
                 sleep.as_mut().reset(at);
             }
+            let neighbours = async {
+                match device.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 biased;
                 got = commands.recv_many(&mut received, 256) => {
@@ -250,9 +328,18 @@ impl Scheduler {
                     }
                 }
                 () = &mut sleep, if wake.is_some() => {}
+                open = neighbours => {
+                    if !open {
+                        device = None;
+                    }
+                }
             }
             let now = Instant::now();
+            // Up to now at the pace the neighbours set until now; from now at theirs of now.
             self.advance(now);
+            if let Some(seat) = &self.seat {
+                self.beside = seat.beside();
+            }
             for command in received.drain(..) {
                 match command {
                     Command::Submit(job) => self.waiting.push_back(job),
@@ -269,7 +356,7 @@ impl Scheduler {
     fn advance(&mut self, now: Instant) {
         let from = self.last.max(self.stall_until);
         if now > from && !self.running.is_empty() {
-            self.v += (now - from).as_secs_f64() / self.timing.step(self.running.len());
+            self.v += (now - from).as_secs_f64() / self.step(self.running.len());
         }
         self.last = self.last.max(now);
     }
@@ -282,7 +369,7 @@ impl Scheduler {
         let next = self.due.peek()?;
         let from = self.last.max(self.stall_until);
         let steps = (next.v - self.v).max(0.0);
-        let secs = (steps * self.timing.step(self.running.len()) - HALF_TICK_S).max(0.0);
+        let secs = (steps * self.step(self.running.len()) - HALF_TICK_S).max(0.0);
         Some(from + Duration::from_secs_f64(secs))
     }
 
@@ -291,7 +378,7 @@ impl Scheduler {
         // Due within half a timer tick counts as due now (see `next_wake`); nothing is due while
         // a prefill stalls decoding.
         let slack = if self.last >= self.stall_until {
-            HALF_TICK_S / self.timing.step(batch)
+            HALF_TICK_S / self.step(batch)
         } else {
             0.0
         };
@@ -376,6 +463,14 @@ impl Scheduler {
     }
 
     fn publish(&self) {
+        if let Some(seat) = &self.seat {
+            let running = self.running.len();
+            seat.publish(if running == 0 {
+                0.0
+            } else {
+                self.timing.step(running)
+            });
+        }
         self.stats
             .running
             .store(self.running.len() as u64, AtomicOrdering::Relaxed);
@@ -414,7 +509,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn lone_request_gets_prefill_then_one_step_per_token() {
-        let engine = Engine::spawn(timing(10.0, 2.0, 8));
+        let engine = Engine::spawn(timing(10.0, 2.0, 8), None);
         let start = Instant::now();
         let times = arrivals(engine.submit(100, 5), start).await;
         // prefill 100 tokens at 1000/s = 100 ms, then steps of 12 ms.
@@ -427,7 +522,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn batch_of_four_decodes_at_the_four_way_step() {
-        let engine = Engine::spawn(timing(10.0, 2.0, 8));
+        let engine = Engine::spawn(timing(10.0, 2.0, 8), None);
         let start = Instant::now();
         let rxs: Vec<_> = (0..4).map(|_| engine.submit(0, 50)).collect();
         let all =
@@ -440,7 +535,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn requests_beyond_max_batch_wait_in_fifo_order() {
-        let engine = Engine::spawn(timing(10.0, 0.0, 1));
+        let engine = Engine::spawn(timing(10.0, 0.0, 1), None);
         let start = Instant::now();
         let rxs: Vec<_> = (0..3).map(|_| engine.submit(0, 10)).collect();
         let all =
@@ -455,7 +550,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn dropping_the_stream_cancels_the_request() {
-        let engine = Engine::spawn(timing(10.0, 0.0, 1));
+        let engine = Engine::spawn(timing(10.0, 0.0, 1), None);
         let rx = engine.submit(0, 1000);
         tokio::time::sleep(Duration::from_millis(50)).await;
         drop(rx);
@@ -466,7 +561,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn retime_changes_speed_from_that_moment() {
-        let engine = Engine::spawn(timing(10.0, 0.0, 8));
+        let engine = Engine::spawn(timing(10.0, 0.0, 8), None);
         let start = Instant::now();
         let rx = engine.submit(0, 20);
         let handle = tokio::spawn(arrivals(rx, start));
@@ -485,7 +580,7 @@ mod tests {
     async fn jitter_moves_tokens_but_not_the_mean_rate() {
         let mut jittery = timing(10.0, 0.0, 8);
         jittery.jitter = 0.4;
-        let engine = Engine::spawn(jittery);
+        let engine = Engine::spawn(jittery, None);
         let times = arrivals(engine.submit(0, 201), Instant::now()).await;
         let gaps: Vec<f64> = times.windows(2).map(|w| w[1] - w[0]).collect();
         let spread = gaps.iter().copied().fold(0.0_f64, f64::max)
@@ -499,7 +594,7 @@ mod tests {
     async fn with_a_speed_spread_requests_of_one_batch_decode_at_speeds_of_their_own() {
         let mut spread = timing(10.0, 0.0, 256);
         spread.speed_spread = 0.3;
-        let engine = Engine::spawn(spread);
+        let engine = Engine::spawn(spread, None);
         let start = Instant::now();
         let rxs: Vec<_> = (0..200).map(|_| engine.submit(0, 41)).collect();
         let all =
@@ -519,7 +614,7 @@ mod tests {
     async fn each_admission_stalls_the_batch_for_its_forward_pass() {
         let mut stalling = timing(10.0, 0.0, 8);
         stalling.prefill_stall = 0.050;
-        let engine = Engine::spawn(stalling);
+        let engine = Engine::spawn(stalling, None);
         let start = Instant::now();
         let first = tokio::spawn(arrivals(engine.submit(0, 20), start));
         tokio::time::sleep(Duration::from_millis(105)).await;
@@ -534,5 +629,41 @@ mod tests {
             (second[0] - (0.105 + 0.050 + 0.010)).abs() < 0.0015,
             "{second:?}"
         );
+    }
+
+    /// Gaps between a request's tokens, ms.
+    async fn gaps_ms(mut rx: TokenRx) -> Vec<f64> {
+        let mut times = Vec::new();
+        while rx.recv().await.is_some() {
+            times.push(Instant::now());
+        }
+        times
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64() * 1e3)
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn engines_on_one_device_wait_for_each_others_steps() {
+        let device = SharedDevice::new(2);
+        let batching = Engine::spawn(timing(10.0, 1.0, 8), Some(device.seat(0)));
+        let serial = Engine::spawn(timing(8.0, 0.0, 1), Some(device.seat(1)));
+        // Alone on the device, the batching engine's lone request takes 11 ms a token.
+        let alone = gaps_ms(batching.submit(0, 11)).await;
+        assert!(alone.iter().all(|g| (g - 11.0).abs() < 1.01), "{alone:?}");
+        // With the serial engine decoding beside it, 11 + 8 ms; and the serial's 8 + 11.
+        let (beside, other) = tokio::join!(
+            gaps_ms(batching.submit(0, 21)),
+            gaps_ms(serial.submit(0, 21))
+        );
+        let steady = |g: &[f64]| g[2..g.len() - 2].iter().sum::<f64>() / (g.len() - 4) as f64;
+        assert!((steady(&beside) - 19.0).abs() < 1.0, "{beside:?}");
+        assert!((steady(&other) - 19.0).abs() < 1.0, "{other:?}");
+        // An engine on a device of its own is not slowed.
+        let apart = Engine::spawn(timing(10.0, 1.0, 8), None);
+        let busy = serial.submit(0, 50);
+        let own = gaps_ms(apart.submit(0, 11)).await;
+        assert!(own.iter().all(|g| (g - 11.0).abs() < 1.01), "{own:?}");
+        drop(busy);
     }
 }

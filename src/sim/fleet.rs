@@ -1,6 +1,7 @@
 //! The fleet runner: several simulated backends served from one process, each on its own
 //! listener, until stopped.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::config::BackendSpec;
+use super::engine::{Seat, SharedDevice};
 use super::server::SimBackend;
 use crate::listen;
 
@@ -36,9 +38,10 @@ impl Fleet {
         let (stop, _) = watch::channel(false);
         let mut backends = Vec::with_capacity(specs.len());
         let mut tasks = Vec::with_capacity(specs.len());
-        for (spec, (listener, tls)) in specs.iter().zip(listeners) {
+        let seats = seats(specs);
+        for ((spec, (listener, tls)), seat) in specs.iter().zip(listeners).zip(seats) {
             let addr = listener.local_addr()?;
-            let backend = SimBackend::new(spec);
+            let backend = SimBackend::new(spec, seat);
             let for_service = Arc::clone(&backend);
             let service = tower::service_fn(move |req| {
                 let backend = Arc::clone(&for_service);
@@ -90,6 +93,29 @@ impl Fleet {
             let _ = task.await;
         }
     }
+}
+
+/// Each backend's seat on the device it shares with the others naming it, in config order.
+fn seats(specs: &[BackendSpec]) -> Vec<Option<Seat>> {
+    let mut devices: HashMap<&str, (Arc<SharedDevice>, usize)> = HashMap::new();
+    for name in specs.iter().filter_map(|s| s.device.as_deref()) {
+        if !devices.contains_key(name) {
+            let engines = specs
+                .iter()
+                .filter(|s| s.device.as_deref() == Some(name))
+                .count();
+            devices.insert(name, (SharedDevice::new(engines), 0));
+        }
+    }
+    specs
+        .iter()
+        .map(|spec| {
+            let (device, next) = devices.get_mut(spec.device.as_deref()?)?;
+            let seat = device.seat(*next);
+            *next += 1;
+            Some(seat)
+        })
+        .collect()
 }
 
 impl Drop for Fleet {

@@ -15,7 +15,7 @@ use hyper::body::{Frame, Incoming};
 use serde_json::json;
 
 use super::config::{BackendRaw, BackendSpec, FaultAction, Params, PrefixCacheSpec, merge_json};
-use super::engine::{Engine, StatsSnapshot, TokenRx};
+use super::engine::{Engine, Seat, StatsSnapshot, TokenRx};
 use super::faults::FaultPlan;
 use super::truth;
 use super::wire::{Dialect, Finish, Framer, GenRequest, complete_body};
@@ -197,12 +197,12 @@ impl Live {
 }
 
 impl SimBackend {
-    /// Starts the engine of `spec` on the current runtime.
-    pub(crate) fn new(spec: &BackendSpec) -> Arc<Self> {
+    /// Starts the engine of `spec` on the current runtime, on `seat` of a shared device.
+    pub(crate) fn new(spec: &BackendSpec, seat: Option<Seat>) -> Arc<Self> {
         Arc::new(Self {
             name: spec.name.clone(),
             models: spec.models.clone(),
-            engine: Engine::spawn(spec.params.timing.clone()),
+            engine: Engine::spawn(spec.params.timing.clone(), seat),
             live: ArcSwap::from_pointee(Live::new(spec.params.clone(), spec.raw.clone())),
             ids: AtomicU64::new(0),
             seen: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(SEEN_KEPT)),

@@ -351,3 +351,69 @@ async fn the_curves_can_be_taken_away_as_svg_and_csv() {
     .unwrap();
     assert!(page.contains("id=\"save-svg\"") && page.contains("\"/admin/curves.\" + kind"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_on_one_device_learn_what_each_others_load_costs_their_speed() {
+    // A batching engine (5 ms + 0.5 ms per request a step) and a serial one (4 ms a step) on one
+    // simulated device: while the serial engine decodes, each of the batching engine's steps
+    // also waits for its 4 ms.
+    let on_host = |name: &str, engine: EngineRaw| {
+        let mut spec = support::spec(name, engine, StreamRaw::default(), vec![]);
+        spec.device = Some("host".into());
+        spec
+    };
+    let serial = EngineRaw {
+        mode: tpsgate::sim::config::Mode::Serial,
+        ..support::engine(4.0, 0.0, 1)
+    };
+    let fleet = tpsgate::sim::Fleet::start(&[
+        on_host("batching", support::engine(5.0, 0.5, 8)),
+        on_host("serial", serial),
+    ])
+    .await
+    .unwrap();
+    let neighbour_term = |told: &'static str| {
+        let fleet = &fleet;
+        async move {
+            let backends: String = ["batching", "serial"]
+                .iter()
+                .map(|name| {
+                    let addr = fleet.addr(name).unwrap();
+                    support::backend_yaml(
+                        name,
+                        addr,
+                        "openai",
+                        &format!("    models: {{m: m}}\n{told}"),
+                    )
+                })
+                .collect();
+            let gw = support::gateway(&format!(
+                "backends:\n{backends}routing: {{policy: round_robin}}\n"
+            ))
+            .await;
+            // One at a time (the device to itself), then four at once (side by side).
+            for (c, n) in [(1, 8), (4, 24)] {
+                assert_eq!(level(gw.addr(), c, n).await.errors, 0);
+            }
+            let all = support::get_json(gw.admin_addr(), "/admin/curves").await;
+            let batching = all["curves"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["backend"] == "batching")
+                .cloned()
+                .unwrap();
+            batching["fit"]["tpot_per_neighbour_s"].as_f64().unwrap()
+        }
+    };
+    let told = neighbour_term("    device: host\n").await;
+    assert!(
+        (0.003..0.005).contains(&told),
+        "the serial engine's 4-ms steps show: {told}"
+    );
+    let untold = neighbour_term("").await;
+    assert_eq!(
+        untold, 0.0,
+        "backends that share no device learn nothing of each other"
+    );
+}

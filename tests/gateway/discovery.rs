@@ -82,6 +82,7 @@ async fn sim_at(name: &str, ip: Ipv4Addr, port: u16) -> (Fleet, u16) {
         listen: format!("{ip}:{port}"),
         models: vec!["m".into()],
         tls: None,
+        device: None,
         engine: EngineRaw {
             step_base_ms: 20.0,
             max_batch: Some(64),

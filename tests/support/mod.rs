@@ -31,6 +31,7 @@ pub fn spec(
         listen: "127.0.0.1:0".to_owned(),
         models: vec!["m".to_owned()],
         tls: None,
+        device: None,
         engine,
         stream,
         faults,
@@ -677,6 +678,7 @@ pub async fn tls_sim(
             cert_file: cert_file.clone(),
             key_file,
         }),
+        device: None,
         engine: EngineRaw {
             step_base_ms: 1.0,
             ..EngineRaw::default()
