@@ -9,8 +9,8 @@
 # both with a first token within TTFT_MS. Arms: a policy, or `policy:on_miss` (the class's
 # `on_miss` is `queue` unless named). Each arm gets fresh engines (as when this was first seen on
 # an H100, so that one arm's leftovers cannot slow the next; FRESH_ENGINES=0 starts them once per
-# SLO), a fresh gateway, a short warm-up, then the rates; run k offers every arm the same
-# arrivals (bench --seed k).
+# SLO), each warmed by two requests straight to it, a fresh gateway, a short warm-up, then the
+# rates; run k offers every arm the same arrivals (bench --seed k).
 #
 # Usage: benches/real-routing.sh [RUNS=3] [RATES=0.5,1,2] [DURATION_S=30] [ARMS...]
 #   VENV=dir (default target/engine-venv; made with torch and transformers[serving] when missing)
@@ -65,6 +65,11 @@ engines() { # start both engines, wait until they answer
     >"$out/engine-serial.log" 2>&1 & pids+=($!)
   for port in 8301 8302; do
     for _ in $(seq 300); do curl -sf -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 1; done
+    # Warmed, as an operator's readiness check would: a fresh `transformers serve` takes its
+    # first answer 16 s (0.03-0.1 s after), which would otherwise be the first thing every
+    # arm's router learns of it.
+    "$bin" bench --url "http://127.0.0.1:$port" --model "$model" --prompt-tokens 64 --max-tokens 8 \
+      --concurrency 1 --requests 2 --timeout 120 --json >/dev/null 2>&1 || true
   done
 }
 bench() { "$bin" bench --model tiny --prompt-tokens 64 --max-tokens "$max_tokens" --timeout 60 "$@" --json 2>/dev/null; }
