@@ -16,7 +16,7 @@
 #   VENV=dir (default target/engine-venv; made with torch and transformers[serving] when missing)
 #   DEVICE=cpu|cuda  HIDDEN=256 LAYERS=4 (the model)  DTYPE=auto  LOAD_C=4  TTFT_MS=1000
 #   MAX_TOKENS=64  SLOS="comfortable marginal"  BIN=path (default: build target/release)
-#   SHARED=name (the `device:` both backends name; empty: none)
+#   SHARED=name (the `device:` both backends name; empty: none)  MEDIAN=tok/s (skip measuring)
 #   PYTHON, TRANSFORMERS: the interpreter and the `transformers` command, where they are
 #   installed already (then no venv is made)
 # Needs ports 8301, 8302, 8390 and 9390 free. On two CPU cores, about 2 minutes per arm and
@@ -74,12 +74,17 @@ engines() { # start both engines, wait until they answer
 }
 bench() { "$bin" bench --model tiny --prompt-tokens 64 --max-tokens "$max_tokens" --timeout 60 "$@" --json 2>/dev/null; }
 
-# The batching engine's median speed at LOAD_C in flight, straight to it.
-engines
-"$bin" bench --url http://127.0.0.1:8301 --model "$model" --prompt-tokens 64 --max-tokens "$max_tokens" \
-  --concurrency "$load_c" --requests 32 --timeout 60 --json 2>/dev/null >"$out/engine-speed.json"
-stop
-median=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["per_user_tps_p50"], 1))' "$out/engine-speed.json")
+# The batching engine's median speed at LOAD_C in flight, straight to it (MEDIAN=tok/s: as
+# given, to compare with an earlier run's SLOs).
+if [ -n "${MEDIAN:-}" ]; then
+  median=$MEDIAN
+else
+  engines
+  "$bin" bench --url http://127.0.0.1:8301 --model "$model" --prompt-tokens 64 --max-tokens "$max_tokens" \
+    --concurrency "$load_c" --requests 32 --timeout 60 --json 2>/dev/null >"$out/engine-speed.json"
+  stop
+  median=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["per_user_tps_p50"], 1))' "$out/engine-speed.json")
+fi
 echo "batching engine at $load_c in flight: median $median tok/s" >&2
 
 for slo in $slos; do
