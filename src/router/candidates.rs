@@ -277,9 +277,9 @@ impl Router {
     /// each is to reach its speed target with one more beside it; their first tokens are behind
     /// them, or ahead of this one in the queue) and on the backends sharing its device. Where the class would rather wait (`waits` is
     /// `Some`) and the backend meets its SLO at the class's percentiles alone, the backend is
-    /// full, not short of the target: the request is committed to it only where it found the
-    /// line empty (`Some(true)`) and that adds at least [`QUEUE_CHANCE`] (else `None`), as it
-    /// takes the slot a waiting request would get whichever backend frees first.
+    /// full, not short of the target: the request is committed to it only where it may
+    /// (`Some(true)`: see [`QUEUE_CHANCE`]) and that adds at least [`QUEUE_CHANCE`] (else
+    /// `None`), as it takes the slot a waiting request would get whichever backend frees first.
     pub(super) fn chance_gain(
         &self,
         ask: &Ask<'_>,

@@ -65,6 +65,30 @@ impl Router {
         }
     }
 
+    /// When the curves expect a slot to free, seconds from now: the shortest, over the
+    /// backends serving the model, of a request's mean duration divided by the requests there
+    /// (infinite where no curve has a duration yet).
+    pub(super) fn soonest_slot_s(&self, ask: &Ask<'_>) -> f64 {
+        self.serving(ask)
+            .filter_map(|(_, b)| {
+                let model = b.model(ask.model)?;
+                Some(model.mean_duration_s / f64::from(b.in_flight().max(1)))
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// No slot is expected to free before the request's first-token target, or its class's
+    /// queue wait, runs out: waiting longer would only end in a 429.
+    pub(super) fn no_slot_in_time(&self, ask: &Ask<'_>) -> bool {
+        let (_, max_wait) = self.on_miss(ask);
+        let waited = ask.now.saturating_duration_since(ask.received);
+        let mut left_s = max_wait.saturating_sub(waited).as_secs_f64();
+        if let Some(ttft_s) = ask.slo_at(ask.now).max_ttft_s {
+            left_s = left_s.min(ttft_s);
+        }
+        self.soonest_slot_s(ask) >= left_s
+    }
+
     /// Settles a decision near its backend's edge with the other replicas
     /// ([`crate::fleet::claim`]): its slot is claimed in Redis, and where another replica took
     /// it first, the slot is let go and the request decided again on the fleet's fresh counts

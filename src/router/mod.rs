@@ -113,12 +113,14 @@ pub(crate) const MIN_CHANCE: f64 = 0.05;
 /// The least a request of a class that queues must add to the expected good completions (its
 /// chance less its cost to the others) to be committed to a backend that is full, meeting the
 /// SLO alone but not with one more: likelier than not, and only by a request that finds its
-/// class's line empty. Waiting pays where a backend past its edge would fail the request (the
-/// default fleet at twice its capacity: committing every arrival cost 30% of the goodput, and
-/// every arrival likelier than not to be good 11%); where a percentile is missed by a few
-/// outliers while most requests meet the SLO (two `transformers serve` engines on CPU: a p90
-/// TTFT over 1 s at two in flight, most requests well within it), waiting for an idle engine
-/// refused most requests.
+/// class's line empty, or one whose turn in line has come when no slot is expected to free
+/// before its first-token target (or its queue wait) runs out. Waiting pays where a backend
+/// past its edge would fail the request and slots free often (the default fleet at twice its
+/// capacity: committing every arrival cost 30% of the goodput, and every arrival likelier than
+/// not to be good 11%); where a percentile is missed by a few outliers while most requests meet
+/// the SLO (two `transformers serve` engines on CPU: a p90 TTFT over 1 s at two in flight, most
+/// requests well within it) and a slot frees once a second, waiting for an idle engine refused
+/// most requests.
 pub(crate) const QUEUE_CHANCE: f64 = 0.5;
 
 /// A request whose claims keep being refused is decided again at most this many times: each
@@ -549,7 +551,7 @@ impl Router {
                     unproven = true;
                     (Some(i), false)
                 }
-                None => (self.best_chance(ask, policy, &candidates), true),
+                None => (self.best_chance(ask, policy, &candidates, queued), true),
             },
             pick => (pick, false),
         };
@@ -596,8 +598,8 @@ impl Router {
     /// With no candidate feasible at the class's percentiles: the one where admitting the
     /// request adds the most expected good completions, its own chance of meeting both
     /// targets less what it costs the requests already there ([`Router::chance_gain`]), if
-    /// that is at least [`MIN_CHANCE`]. For a class that queues, only backends that miss the
-    /// target even alone count (the others are full, and the line waits for them). A
+    /// that is at least [`MIN_CHANCE`]. For a class that queues, a full backend counts only
+    /// as [`QUEUE_CHANCE`] says (`queued`: the request is deciding at its turn in line). A
     /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
     /// ramp would admit it anyway.
     fn best_chance(
@@ -605,12 +607,18 @@ impl Router {
         ask: &Ask<'_>,
         policy: Policy,
         candidates: &[Candidate<'_>],
+        queued: bool,
     ) -> Option<usize> {
-        // A class that queues commits a request to a full backend only where it finds its line
-        // empty: behind others it waits its turn, as they do.
+        // Behind others a request waits its turn, as they do; at its turn it waits on while a
+        // slot is expected in time, as the line pools the fleet's slots better than a backend
+        // past its edge serves.
         let waits = (self.on_miss(ask).0 == OnMiss::Queue).then(|| {
-            ask.class
-                .is_some_and(|class| self.line.waiting_in(class) == 0)
+            if queued {
+                self.no_slot_in_time(ask)
+            } else {
+                ask.class
+                    .is_some_and(|class| self.line.waiting_in(class) == 0)
+            }
         });
         candidates
             .iter()
@@ -694,17 +702,11 @@ impl Router {
         )
     }
 
-    /// A 429 whose Retry-After is when the curves expect a slot to free: the shortest, over the
-    /// backends serving the model, of a request's mean duration divided by the requests there.
+    /// A 429 whose Retry-After is when the curves expect a slot to free
+    /// ([`Router::soonest_slot_s`]).
     fn shed(&self, ask: &Ask<'_>, why: &str) -> Error {
         self.count(ask, Reason::Shed);
-        let soonest = self
-            .serving(ask)
-            .filter_map(|(_, b)| {
-                let model = b.model(ask.model)?;
-                Some(model.mean_duration_s / f64::from(b.in_flight().max(1)))
-            })
-            .fold(f64::INFINITY, f64::min);
+        let soonest = self.soonest_slot_s(ask);
         let retry_after = if soonest.is_finite() {
             soonest.ceil().clamp(1.0, 60.0) as u32
         } else {

@@ -1,0 +1,309 @@
+//! Where the class's percentiles miss: noisy engines whose p10 sits below the target, fits
+//! through two samples, a queueing class's line, and engines sharing one device. What the
+//! router does there decides whether its goodput stays above a simple baseline's.
+
+use super::*;
+
+/// Teaches backend `i` one request per `(concurrency, ttft_s, tps)`.
+fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
+    let beside: Vec<_> = requests.iter().map(|&(c, t, s)| (c, 0.0, t, s)).collect();
+    teach_beside(router, i, &beside);
+}
+
+/// Teaches backend `i` one request per `(concurrency, neighbours, ttft_s, tps)`: `neighbours`
+/// decoding on the backends sharing its device while it decoded.
+fn teach_beside(router: &Router, i: usize, requests: &[(f64, f64, f64, f64)]) {
+    let now = Instant::now();
+    for &(c, neighbours, ttft, tps) in requests {
+        router.backends[i].first_token(
+            "m",
+            &FirstToken {
+                at: now,
+                ttft,
+                prompt_tokens: Some(10),
+                admitted_with: c,
+                queued_with: 0,
+            },
+        );
+        router.backends[i].record(
+            "m",
+            &Observation {
+                at: now,
+                outcome: Outcome::Completed,
+                ttft: Some(ttft),
+                tpot: Some(1.0 / tps),
+                output_tokens: 64,
+                estimated: false,
+                prompt_tokens: Some(10),
+                concurrency: Some(c),
+                neighbours,
+            },
+        );
+    }
+}
+
+/// A class that wants 10 tok/s from nine requests in ten and a first token within a second,
+/// shedding what it cannot place.
+const MARGINAL: &str = "- {name: marginal, min_tps: 10, max_ttft_ms: 1000, on_miss: shed}\n";
+
+/// A noisy engine's requests at 1 to 8 in flight: 9 to 13 tok/s at every level (a p10 of about
+/// 9.5, a median of 11), first tokens in 150 ms.
+fn short_of_ten() -> Vec<(f64, f64, f64)> {
+    let speeds = [9.0, 9.5, 10.2, 10.6, 11.0, 11.4, 11.8, 12.4, 13.0];
+    (1..=8)
+        .flat_map(|c| speeds.map(|tps| (f64::from(c), 0.15, tps)))
+        .collect()
+}
+
+/// Requests whose speed falls with load, spread ±12% about it: 14 tok/s up to four in flight,
+/// 2 fewer per request beyond.
+fn falling() -> Vec<(f64, f64, f64)> {
+    (1..=8_u32)
+        .flat_map(|c| {
+            let median = 14.0 - 2.0 * f64::from(c.saturating_sub(4));
+            [0.88, 0.92, 0.96, 1.0, 1.04, 1.08, 1.12].map(|k| (f64::from(c), 0.15, median * k))
+        })
+        .collect()
+}
+
+fn reason_of(router: &Router, ask: &Ask<'_>) -> Result<Reason, ErrorKind> {
+    match router.route(ask) {
+        Ok(Some(d)) => Ok(d.reason),
+        Ok(None) => Err(ErrorKind::NoBackendAvailable),
+        Err(e) => Err(e.kind()),
+    }
+}
+
+#[test]
+fn a_backend_whose_p10_sits_just_below_the_target_still_serves() {
+    // A noisy batching engine: per-user speed 9 to 13 tok/s at every level up to 8 (its p10
+    // about 9.5, its median 11), first tokens in 150 ms. No level reaches a p10 of 10.
+    let router = router_from(&["noisy"], MARGINAL, 0.0);
+    let requests = short_of_ten();
+    teach_each(&router, 0, &requests);
+    let ask = ask(&router, 0);
+    let candidates = router.candidates(&ask, Policy::Headroom);
+    assert!(!candidates[0].feasible(), "its p10 misses the target");
+    assert!(candidates[0].chance > 0.7, "{}", candidates[0].chance);
+    let _held = occupy(&router, 0, 0, 3);
+    assert_eq!(reason_of(&router, &ask), Ok(Reason::BestChance));
+}
+
+#[test]
+fn a_request_that_would_cost_the_others_more_than_it_adds_gets_its_classs_on_miss() {
+    // Speed falls with load, spread ±10% about it: 14 tok/s alone, 2 fewer per request
+    // beyond four in flight. Joining as the 7th, a request meets 10 tok/s about half the
+    // time, and makes it a coin toss for the six already there, who were likelier before.
+    let router = router_from(&["falling"], MARGINAL, 0.0);
+    let requests = falling();
+    teach_each(&router, 0, &requests);
+    let ask = ask(&router, 0);
+    let _held = occupy(&router, 0, 0, 6);
+    assert_eq!(reason_of(&router, &ask), Err(ErrorKind::SloUnmet));
+    drop(_held);
+    let _held = occupy(&router, 0, 0, 4);
+    assert_eq!(
+        reason_of(&router, &ask),
+        Ok(Reason::BestChance),
+        "the 5th is likelier, and costs the four little"
+    );
+}
+
+#[test]
+fn a_two_sample_fit_does_not_lock_a_backend_out() {
+    // A one-slot engine seen twice: alone (first token in 139 ms, 64 tok/s), then behind one
+    // other (4.95 s). Idle, it is the case it was seen meet the SLO with room to spare.
+    let router = router_from(&["serial"], MARGINAL, 0.0);
+    teach_each(&router, 0, &[(1.0, 0.139, 64.0), (2.0, 4.95, 64.0)]);
+    let p = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
+        .prediction
+        .unwrap();
+    assert!(p.ttft_p50_s < 0.2, "{p:?}");
+    assert!(matches!(
+        reason_of(&router, &ask(&router, 0)),
+        Ok(Reason::Feasible | Reason::BestChance)
+    ));
+    // Busy, it is not: the second's wait is believed.
+    let _held = occupy(&router, 0, 0, 1);
+    assert_eq!(
+        reason_of(&router, &ask(&router, 0)),
+        Err(ErrorKind::SloUnmet)
+    );
+}
+
+#[test]
+fn an_idle_backend_whose_thin_evidence_predicts_a_miss_is_explored_again() {
+    // One slow first token alone (1.4 s, past the 1-s target) and nothing else: without
+    // exploration the backend would never be tried again, and never shown otherwise.
+    let router = router_from(&["unlucky"], MARGINAL, 0.5);
+    teach_each(&router, 0, &[(1.0, 1.4, 64.0)]);
+    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Explore));
+}
+
+#[test]
+fn a_class_that_queues_takes_a_full_backend_where_its_request_is_likelier_than_not_to_be_good() {
+    // A noisy engine on shared cores: first tokens in 0.1 s alone; at two in flight eight in
+    // ten in 0.2 s and two in ten after 2 s, so its p90 misses the 1-s target there while most
+    // requests meet it. Waiting for it to be idle again would refuse most of them.
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["noisy"], classes, 0.0);
+    let mut requests = vec![(1.0, 0.1, 60.0); 8];
+    requests.extend([(2.0, 0.2, 60.0); 8]);
+    requests.extend([(2.0, 2.0, 60.0); 2]);
+    teach_each(&router, 0, &requests);
+    let _held = occupy(&router, 0, 0, 1);
+    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::BestChance));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected_in_time() {
+    // The noisy engine above, where a request takes 1.3 s or so. In line behind one request,
+    // no slot frees before its 1-s target, and waiting would only end in a 429: it goes at
+    // once, likelier than not to be good.
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["noisy"], classes, 0.0);
+    let mut requests = vec![(1.0, 0.1, 60.0); 8];
+    requests.extend([(2.0, 0.2, 60.0); 8]);
+    requests.extend([(2.0, 2.0, 60.0); 2]);
+    teach_each(&router, 0, &requests);
+    let mut held = occupy(&router, 0, 0, 1);
+    let waited = Instant::now();
+    let decision = router
+        .wait_in_line(&ask(&router, 0), Share::default())
+        .await;
+    assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
+    assert_eq!(waited.elapsed(), Duration::ZERO);
+    // Behind two, one of them is expected to finish in time: it waits, and goes when one has.
+    held.extend(occupy(&router, 0, 0, 1));
+    let behind_two = ask(&router, 0);
+    let (decision, ()) = tokio::join!(router.wait_in_line(&behind_two, Share::default()), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        held.pop();
+    });
+    assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
+    assert_eq!(behind_two.received.elapsed(), Duration::from_millis(300));
+}
+
+#[test]
+fn a_backend_slowed_by_its_cold_start_is_tried_again_while_idle_by_a_class_that_queues() {
+    // A fresh engine's first answer came after 16 s (its warm-up), and no exploration budget is
+    // left: still, while it is idle, the next request goes there rather than waiting in line
+    // for nothing (seen on two fresh `transformers serve` engines: every request refused).
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["warming"], classes, 0.0);
+    teach_each(&router, 0, &[(1.0, 16.0, 64.0)]);
+    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Explore));
+    // Busy, it is not tried on that evidence: the request waits for it.
+    let _held = occupy(&router, 0, 0, 1);
+    assert_eq!(
+        reason_of(&router, &ask(&router, 0)),
+        Err(ErrorKind::NoBackendAvailable)
+    );
+}
+
+#[test]
+fn a_class_is_feasible_while_some_backend_meets_its_slo_alone_and_names_the_closest() {
+    let router = router_from(&["slow", "fast"], MARGINAL, 0.0);
+    assert_eq!(router.standings()[0].feasible, None, "no evidence yet");
+    // 8 tok/s alone: not even a lone request meets 10.
+    teach_each(&router, 0, &[(1.0, 0.1, 8.0); 6]);
+    let standing = &router.standings()[0];
+    assert_eq!(standing.feasible, Some(false));
+    let best = standing.best.as_ref().unwrap();
+    assert_eq!(&*best.backend, "slow");
+    assert!((best.per_user_tps_p50 - 8.0).abs() < 0.5, "{best:?}");
+    // A second backend at 30 tok/s alone meets it, and is the best.
+    teach_each(&router, 1, &[(1.0, 0.1, 30.0); 6]);
+    let standing = &router.standings()[0];
+    assert_eq!(standing.feasible, Some(true));
+    assert_eq!(&*standing.best.as_ref().unwrap().backend, "fast");
+}
+
+#[test]
+fn a_class_that_queues_waits_for_a_full_backend_but_takes_its_chance_on_one_short_of_the_target() {
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    // Meets 10 tok/s at the 90th percentile up to 4 in flight, about half the time at 6.
+    let full = router_from(&["full"], classes, 0.0);
+    let requests = falling();
+    teach_each(&full, 0, &requests);
+    let _held = occupy(&full, 0, 0, 5);
+    assert_eq!(
+        reason_of(&full, &ask(&full, 0)),
+        Err(ErrorKind::NoBackendAvailable),
+        "it waits in line for a slot where the SLO holds"
+    );
+    // Short of the target even alone (its p10 about 9.5): waiting would not help.
+    let short = router_from(&["short"], classes, 0.0);
+    let requests = short_of_ten();
+    teach_each(&short, 0, &requests);
+    let _held = occupy(&short, 0, 0, 2);
+    assert_eq!(reason_of(&short, &ask(&short, 0)), Ok(Reason::BestChance));
+}
+
+/// Two engines on one device as measured on a shared host: `batching` decodes at 10 ms + 1 ms
+/// per own request a token, and each request on the engine beside it adds 20 ms (a serial
+/// engine's forward pass takes the device from its whole batch); `serial` decodes alone at
+/// 8 ms a token, 2 ms more per request beside it. Both seen with their neighbour idle and busy.
+fn shared_host(extra: &str) -> Router {
+    let router = router_with(&["batching", "serial"], extra, MARGINAL_SPEED, 0.0);
+    let mut batching = Vec::new();
+    for c in [1.0, 2.0, 3.0, 4.0] {
+        for n in [0.0, 0.0, 0.0, 1.0] {
+            for _ in 0..4 {
+                batching.push((c, n, 0.05, 1.0 / (0.010 + 0.001 * c + 0.020 * n)));
+            }
+        }
+    }
+    teach_beside(&router, 0, &batching);
+    let mut serial = Vec::new();
+    for n in [0.0, 1.0, 2.0, 3.0] {
+        for _ in 0..8 {
+            serial.push((1.0, n, 0.05, 1.0 / (0.008 + 0.002 * n)));
+        }
+    }
+    teach_beside(&router, 1, &serial);
+    router
+}
+
+/// 41 tok/s at the median and a first token within a second, shedding what it cannot place.
+const MARGINAL_SPEED: &str =
+    "- {name: interactive, min_tps: 41, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
+
+#[test]
+fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_beside_it() {
+    // Two requests decode on the batching engine at 12 ms a token (83 tok/s). The serial
+    // engine alone would give this one more room (8 + 2·2 = 12 ms, against 13 ms as the
+    // batching engine's third), but there it would slow those two to 32 ms a token, under
+    // their 41 tok/s.
+    let router = shared_host(", device: host");
+    let mut decoding = occupy(&router, 0, 0, 2);
+    for request in &mut decoding {
+        request.first_token(Instant::now());
+    }
+    let ask = ask(&router, 0);
+    let candidates = router.candidates(&ask, Policy::Headroom);
+    let serial = &candidates[1];
+    assert!(
+        serial.slack >= 0.0,
+        "it meets its own SLO there: {serial:?}"
+    );
+    assert!(!serial.keeps_others, "but not the others'");
+    assert!(serial.neighbour_loss > 1.0, "{}", serial.neighbour_loss);
+    assert_eq!(chosen(&router, 0), Ok("batching"));
+    // Alone on its device, the serial engine is as good a place as any.
+    drop(decoding);
+    assert!(router.candidates(&ask, Policy::Headroom)[1].feasible());
+}
+
+#[test]
+fn backends_that_share_no_device_are_not_charged_for_each_other() {
+    let router = shared_host("");
+    let _decoding = occupy(&router, 0, 0, 2);
+    let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
+    assert!(candidates[1].keeps_others && candidates[1].neighbour_loss == 0.0);
+    assert_eq!(
+        chosen(&router, 0),
+        Ok("serial"),
+        "the most room, by its own curve"
+    );
+}
