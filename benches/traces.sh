@@ -14,7 +14,10 @@
 # (Four and five times as fast, the first scales tried, overloaded the pods' prefill 1.5 and
 # 0.8 times over: every arm attained 2-8%.)
 # Each replay stops at UNTIL_S seconds (default 60) and reports per WINDOW_S (default 20) and
-# whole.
+# whole. Before it, WARMUP_S seconds (default 20; 0: none) of requests shaped like the trace's
+# median (Mooncake at this scale 2,300-token prompts and 14-token replies, Azure 1,500 and 13)
+# at 1 req/s, as a gateway in service has seen traffic before any minute of it: without one,
+# the Azure replay's first burst (63 long prompts in 20 s) met a gateway that had seen nothing.
 #
 # Usage: [BIN=path] benches/traces.sh [RUNS=1] [ARMS...]
 # Needs ports 8181, 9191 and 9111-9114 free.
@@ -25,6 +28,7 @@ shift $(( $# < 1 ? $# : 1 ))
 arms=${*:-headroom prefix_hash round_robin}
 traces=${TRACES:-../shared/traces}
 until_s=${UNTIL_S:-60}
+warmup_s=${WARMUP_S:-20}
 window=${WINDOW_S:-20}
 bin=${BIN:-target/release/tpsgate}
 [ -n "${BIN:-}" ] || cargo build --release --quiet
@@ -35,14 +39,20 @@ source benches/procs.sh
 for run in $(seq "$runs"); do
   for trace in mooncake azure; do
     case $trace in
-      mooncake) file=$traces/mooncake_synthetic.jsonl scale="--token-scale 0.2" ;;
-      azure) file=$traces/azure_llm_2023_code.csv scale="--time-scale 0.5" ;;
+      mooncake) file=$traces/mooncake_synthetic.jsonl scale="--token-scale 0.2" shape="2300 14" ;;
+      azure) file=$traces/azure_llm_2023_code.csv scale="--time-scale 0.5" shape="1500 13" ;;
     esac
     for arm in $arms; do
       "$bin" sim --config benches/conversations-fleet.yaml >/dev/null 2>&1 & pids+=($!)
       sed "s/    policy: headroom/    policy: $arm/" benches/conversations-gateway.yaml >"$out/gateway-$arm.yaml"
       "$bin" serve --config "$out/gateway-$arm.yaml" >"$out/gateway-$arm-$trace.log" 2>&1 & pids+=($!)
       sleep 1
+      if [ "$warmup_s" != 0 ]; then
+        read -r prompt reply <<<"$shape"
+        "$bin" bench --url http://127.0.0.1:8181 --model llama-3.1-8b --prompt-tokens "$prompt" \
+          --max-tokens "$reply" --rate 1 --duration "$warmup_s" --seed "$((1000 + run))" --timeout 30 \
+          --json >/dev/null 2>&1
+      fi
       # shellcheck disable=SC2086
       "$bin" bench --url http://127.0.0.1:8181 --model llama-3.1-8b --trace "$file" $scale \
         --trace-until "$until_s" --window "$window" --slo-tps 25 --slo-ttft-ms 1000 --timeout 30 \

@@ -47,6 +47,11 @@ pub(crate) struct Candidate<'r> {
     /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
     /// only (0 for a latency request, and without a prediction).
     pub marginal_tps: f64,
+    /// Where it shares a device: the most slack a next request like this one would find in the
+    /// fleet once this one is placed here (one more on it, one more beside the backends on its
+    /// device, the rest as they are); infinite elsewhere, where placing a request changes no
+    /// other backend ([`Candidate::room`]).
+    pub next_slack: f64,
     /// What its prefix index expects of the request, `cached_tokens` no more than the prompt
     /// (nothing without an index).
     pub cache: Hit,
@@ -85,6 +90,13 @@ impl Candidate<'_> {
         self.prediction.is_none() && (self.joining == 1 || self.ramping)
     }
 
+    /// The room placing the request here leaves: its own slack, or the next request's where
+    /// that is less. Two engines on one device, one serial: the serial one alone gives a lone
+    /// request the most slack, and takes the device from the batch the next request would join.
+    pub(super) fn room(&self) -> f64 {
+        self.slack.min(self.next_slack)
+    }
+
     /// Taken on its ramp's evidence alone: a probe, whose first token and speed tell the ramp.
     pub(super) fn on_ramp(&self) -> bool {
         self.ramping && self.prediction.is_none_or(|p| p.beyond_evidence)
@@ -119,7 +131,8 @@ impl Router {
                     prefix.hashes.get(at).copied()
                 })
             });
-        self.serving(ask)
+        let mut candidates: Vec<Candidate<'_>> = self
+            .serving(ask)
             .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
             .map(|(index, backend)| {
                 let joining = backend.in_flight() + 1;
@@ -146,6 +159,7 @@ impl Router {
                         neighbour_loss: 0.0,
                         leaves_room: true,
                         marginal_tps: 0.0,
+                        next_slack: f64::INFINITY,
                         cache,
                         holds_prefix,
                         affinity,
@@ -192,13 +206,67 @@ impl Router {
                     } else {
                         0.0
                     },
+                    next_slack: f64::INFINITY,
                     cache,
                     holds_prefix,
                     affinity,
                     ramping: backend.ramp.allows(joining),
                 }
             })
-            .collect()
+            .collect();
+        if predicts {
+            self.look_ahead(ask, policy, &mut candidates);
+        }
+        candidates
+    }
+
+    /// Sets `next_slack` on each candidate that shares a device and has a prediction. Where
+    /// none shares one, nothing is predicted; where some do, two predictions more each, and a
+    /// pass over the others.
+    fn look_ahead(&self, ask: &Ask<'_>, policy: Policy, candidates: &mut [Candidate<'_>]) {
+        let shares = |c: &Candidate<'_>| self.devices.of(c.index).is_some();
+        if !candidates.iter().any(shares) {
+            return;
+        }
+        let slo = ask.slo_at(ask.now);
+        let slack = |p: Option<Prediction>| p.map_or(f64::NEG_INFINITY, |p| slo.slack(&p));
+        // Per candidate: the next request's slack there with one more on it, and with one more
+        // on a backend beside it.
+        let ahead: Vec<Option<(f64, f64)>> = candidates
+            .iter()
+            .map(|c| {
+                c.prediction.filter(|_| shares(c))?;
+                let predictor =
+                    self.predictor(c.index, c.backend, ask, policy, ask.now, c.cache.cached_tokens);
+                let n = f64::from(c.joining);
+                Some((
+                    slack(predictor.at(n + 1.0)),
+                    slack(predictor.beside_one_more().at(n)),
+                ))
+            })
+            .collect();
+        fn device<'r>(c: &Candidate<'r>) -> Option<&'r str> {
+            c.backend.config.device.as_deref()
+        }
+        for x in 0..candidates.len() {
+            let Some((here, _)) = ahead[x] else {
+                continue;
+            };
+            let on = device(&candidates[x]);
+            let elsewhere = candidates
+                .iter()
+                .enumerate()
+                .filter(|&(y, c)| y != x && c.prediction.is_some())
+                .map(|(y, c)| {
+                    if device(c) == on {
+                        ahead[y].map_or(f64::NEG_INFINITY, |(_, beside)| beside)
+                    } else {
+                        c.slack
+                    }
+                })
+                .fold(f64::NEG_INFINITY, f64::max);
+            candidates[x].next_slack = here.max(elsewhere);
+        }
     }
 
     /// Near candidate `c`'s edge, in a cluster with peers: the most requests the fleet may have
@@ -363,6 +431,26 @@ enum Predictor<'r> {
 }
 
 impl Predictor<'_> {
+    /// The same, with one more request decoding beside the backend on its device.
+    fn beside_one_more(self) -> Self {
+        match self {
+            Self::Curve {
+                model,
+                neighbours,
+                prompt_tokens,
+                queue_s,
+                prefill_waiting,
+            } => Self::Curve {
+                model,
+                neighbours: neighbours + 1.0,
+                prompt_tokens,
+                queue_s,
+                prefill_waiting,
+            },
+            oracle @ Self::Oracle(..) => oracle,
+        }
+    }
+
     /// What a request joining at `concurrency` (itself included) would see.
     fn at(&self, concurrency: f64) -> Option<Prediction> {
         match self {

@@ -28,7 +28,8 @@ pub(crate) fn is_baseline(policy: Policy) -> bool {
 /// holds the longest prefix of the prompt, where any holds one (at least `min_match_tokens`,
 /// or the request's conversation hint; more cached tokens first, then the prefix's rendezvous
 /// order); else, for a prompt long enough to be worth holding, [`place`]; else by policy:
-/// `headroom` the most slack, `pack` the least, `cheapest` the lowest price then the most
+/// `headroom` the most room ([`Candidate::room`]: the slack, or the next request's where a
+/// shared device makes that less), `pack` the least slack, `cheapest` the lowest price then the most
 /// slack. `oracle` decides as `headroom` does. A holder that cannot meet the SLO is passed
 /// over, and the backend chosen instead holds the prefix from then on. A holder beyond the
 /// concurrency its curve has seen still counts where its prediction meets the SLO and keeps
@@ -69,7 +70,7 @@ pub(crate) fn among_feasible(
                 .total_cmp(&price(b, ask))
                 .then(b.slack.total_cmp(&a.slack))
         }),
-        _ => feasible().max_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)),
+        _ => feasible().max_by(|(_, a), (_, b)| a.room().total_cmp(&b.room())),
     };
     pick.or_else(|| cold(candidates)).map(|(i, _)| i)
 }
@@ -111,7 +112,7 @@ fn order(
         Policy::Cheapest => price(b, ask)
             .total_cmp(&price(a, ask))
             .then(a.slack.total_cmp(&b.slack)),
-        _ => a.slack.total_cmp(&b.slack),
+        _ => a.room().total_cmp(&b.room()),
     }
 }
 

@@ -261,6 +261,8 @@ fn shared_host(extra: &str) -> Router {
             serial.push((1.0, n, 0.05, 1.0 / (0.008 + 0.002 * n)));
         }
     }
+    // A second request waits for the first: its first token after the first's 64 tokens.
+    serial.extend([(2.0, 0.0, 0.05 + 64.0 * 0.008, 125.0); 4]);
     teach_beside(&router, 1, &serial);
     router
 }
@@ -306,4 +308,25 @@ fn backends_that_share_no_device_are_not_charged_for_each_other() {
         Ok("serial"),
         "the most room, by its own curve"
     );
+}
+
+#[test]
+fn with_both_engines_idle_a_request_goes_where_it_leaves_the_next_one_room() {
+    // Alone, the serial engine gives a request as much slack as the batching engine (their
+    // first tokens bind: 50 ms of a second). But a next request would then wait behind it
+    // there (0.56 s), or join the batching engine at 32 tok/s beside it; placed on the batching
+    // engine, it leaves the next one 83 tok/s there, or 100 on the serial engine beside it.
+    let router = shared_host(", device: host");
+    let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
+    let (batching, serial) = (&candidates[0], &candidates[1]);
+    let rooms = (batching.slack, batching.room(), serial.slack, serial.room());
+    assert!(serial.slack >= batching.slack, "{rooms:?}");
+    assert!(serial.room() < 0.5 && batching.room() > 0.9, "{rooms:?}");
+    assert_eq!(chosen(&router, 0), Ok("batching"));
+    // Told of no device, each is ranked by its own slack: placing a request on one changes
+    // nothing on the other.
+    let untold = shared_host("");
+    for c in untold.candidates(&ask(&untold, 0), Policy::Headroom) {
+        assert_eq!(c.room(), c.slack);
+    }
 }
