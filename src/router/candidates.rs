@@ -236,8 +236,14 @@ impl Router {
             .iter()
             .map(|c| {
                 c.prediction.filter(|_| shares(c))?;
-                let predictor =
-                    self.predictor(c.index, c.backend, ask, policy, ask.now, c.cache.cached_tokens);
+                let predictor = self.predictor(
+                    c.index,
+                    c.backend,
+                    ask,
+                    policy,
+                    ask.now,
+                    c.cache.cached_tokens,
+                );
                 let n = f64::from(c.joining);
                 Some((
                     slack(predictor.at(n + 1.0)),
