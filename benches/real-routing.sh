@@ -9,8 +9,8 @@
 # both with a first token within TTFT_MS. Arms: a policy, or `policy:on_miss` (the class's
 # `on_miss` is `queue` unless named). Each arm gets fresh engines (as when this was first seen on
 # an H100, so that one arm's leftovers cannot slow the next; FRESH_ENGINES=0 starts them once per
-# SLO), each warmed by two requests straight to it, a fresh gateway, a short warm-up, then the
-# rates; run k offers every arm the same arrivals (bench --seed k).
+# SLO), each warmed by requests straight to it, a fresh gateway, a short warm-up, then the
+# rates; run k offers every arm the same arrivals (bench --seed k), and starts at its k-th arm.
 #
 # Usage: benches/real-routing.sh [RUNS=3] [RATES=0.5,1,2] [DURATION_S=30] [ARMS...]
 #   VENV=dir (default target/engine-venv; made with torch and transformers[serving] when missing)
@@ -70,6 +70,10 @@ engines() { # start both engines, wait until they answer
     # arm's router learns of it.
     "$bin" bench --url "http://127.0.0.1:$port" --model "$model" --prompt-tokens 64 --max-tokens 8 \
       --concurrency 1 --requests 2 --timeout 120 --json >/dev/null 2>&1 || true
+    # Then some load: a fresh engine keeps speeding up over its first minutes of traffic
+    # (the first arm of each run read slowest), which no arm should be charged for.
+    "$bin" bench --url "http://127.0.0.1:$port" --model "$model" --prompt-tokens 64 --max-tokens 64 \
+      --concurrency 4 --requests 24 --timeout 120 --json >/dev/null 2>&1 || true
   done
 }
 bench() { "$bin" bench --model tiny --prompt-tokens 64 --max-tokens "$max_tokens" --timeout 60 "$@" --json 2>/dev/null; }
@@ -96,7 +100,10 @@ for slo in $slos; do
   rm -f "$out/results-$slo.jsonl"
   [ "${FRESH_ENGINES:-1}" = 1 ] || engines
   for run in $(seq "$runs"); do
-    for arm in $arms; do
+    # Each run starts at a different arm, so that none is always the first on the engines.
+    read -ra order <<<"$arms"
+    shift_by=$(( (run - 1) % ${#order[@]} ))
+    for arm in "${order[@]:shift_by}" "${order[@]:0:shift_by}"; do
       policy=${arm%%:*}
       on_miss=queue
       [ "$policy" = "$arm" ] || on_miss=${arm#*:}

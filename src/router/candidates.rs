@@ -236,14 +236,7 @@ impl Router {
             .iter()
             .map(|c| {
                 c.prediction.filter(|_| shares(c))?;
-                let predictor = self.predictor(
-                    c.index,
-                    c.backend,
-                    ask,
-                    policy,
-                    ask.now,
-                    c.cache.cached_tokens,
-                );
+                let predictor = self.predictor_of(c, ask, policy);
                 let n = f64::from(c.joining);
                 Some((
                     slack(predictor.at(n + 1.0)),
@@ -289,7 +282,7 @@ impl Router {
         }
         let now = ask.now;
         let slo = ask.slo_at(now);
-        let predictor = self.predictor(c.index, backend, ask, policy, now, c.cache.cached_tokens);
+        let predictor = self.predictor_of(c, ask, policy);
         let batch = policy == Policy::Throughput || ask.slo.is_batch();
         edge(cap, c.joining, |m| {
             let at = f64::from(m);
@@ -305,6 +298,18 @@ impl Router {
                 None => m == 1 || backend.ramp.allows(m),
             }
         })
+    }
+
+    /// [`Router::predictor`] for an evaluated candidate, at the request's moment.
+    fn predictor_of(&self, c: &Candidate<'_>, ask: &Ask<'_>, policy: Policy) -> Predictor<'_> {
+        self.predictor(
+            c.index,
+            c.backend,
+            ask,
+            policy,
+            ask.now,
+            c.cache.cached_tokens,
+        )
     }
 
     /// Where `backend`'s predictions come from for `ask`, which should find `cached_tokens` of
@@ -362,14 +367,7 @@ impl Router {
         p: &Prediction,
         waits: Option<bool>,
     ) -> Option<f64> {
-        let predictor = self.predictor(
-            c.index,
-            c.backend,
-            ask,
-            policy,
-            ask.now,
-            c.cache.cached_tokens,
-        );
+        let predictor = self.predictor_of(c, ask, policy);
         let full = waits.is_some()
             && predictor
                 .at(1.0)

@@ -140,32 +140,34 @@ fn an_idle_backend_whose_thin_evidence_predicts_a_miss_is_explored_again() {
     assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Explore));
 }
 
-#[test]
-fn a_class_that_queues_takes_a_full_backend_where_its_request_is_likelier_than_not_to_be_good() {
-    // A noisy engine on shared cores: first tokens in 0.1 s alone; at two in flight eight in
-    // ten in 0.2 s and two in ten after 2 s, so its p90 misses the 1-s target there while most
-    // requests meet it. Waiting for it to be idle again would refuse most of them.
+/// A class that wants 10 tok/s and a first token within a second, waiting in line on a miss,
+/// before a noisy engine on shared cores: first tokens in 0.1 s alone; at two in flight eight in
+/// ten in 0.2 s and two in ten after 2 s, so its p90 misses the 1-s target there while most
+/// requests meet it; 60 tok/s throughout.
+fn noisy_at_two() -> Router {
     let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
     let router = router_from(&["noisy"], classes, 0.0);
     let mut requests = vec![(1.0, 0.1, 60.0); 8];
     requests.extend([(2.0, 0.2, 60.0); 8]);
     requests.extend([(2.0, 2.0, 60.0); 2]);
     teach_each(&router, 0, &requests);
+    router
+}
+
+#[test]
+fn a_class_that_queues_takes_a_full_backend_where_its_request_is_likelier_than_not_to_be_good() {
+    // Waiting for the noisy engine to be idle again would refuse most of its requests.
+    let router = noisy_at_two();
     let _held = occupy(&router, 0, 0, 1);
     assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::BestChance));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected_in_time() {
-    // The noisy engine above, where a request takes 1.3 s or so. In line behind one request,
+    // The noisy engine, where a request takes 1.3 s or so. In line behind one request,
     // no slot frees before its 1-s target, and waiting would only end in a 429: it goes at
     // once, likelier than not to be good.
-    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
-    let router = router_from(&["noisy"], classes, 0.0);
-    let mut requests = vec![(1.0, 0.1, 60.0); 8];
-    requests.extend([(2.0, 0.2, 60.0); 8]);
-    requests.extend([(2.0, 2.0, 60.0); 2]);
-    teach_each(&router, 0, &requests);
+    let router = noisy_at_two();
     let mut held = occupy(&router, 0, 0, 1);
     let waited = Instant::now();
     let decision = router
