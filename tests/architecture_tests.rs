@@ -184,7 +184,9 @@ fn modules() -> BTreeMap<Vec<String>, PathBuf> {
             .collect();
         let last = parts.pop().unwrap();
         let stem = last.trim_end_matches(".rs");
-        if matches!(stem, "tests" | "testing") || (parts.is_empty() && stem == "main") {
+        // Unit tests, in a `tests.rs` or a `tests/` folder of their own, are not rooms.
+        let test_only = matches!(stem, "tests" | "testing") || parts.iter().any(|p| p == "tests");
+        if test_only || (parts.is_empty() && stem == "main") {
             continue;
         }
         if !matches!(stem, "mod" | "lib") {
