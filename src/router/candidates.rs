@@ -436,23 +436,11 @@ enum Predictor<'r> {
 
 impl Predictor<'_> {
     /// The same, with one more request decoding beside the backend on its device.
-    fn beside_one_more(self) -> Self {
-        match self {
-            Self::Curve {
-                model,
-                neighbours,
-                prompt_tokens,
-                queue_s,
-                prefill_waiting,
-            } => Self::Curve {
-                model,
-                neighbours: neighbours + 1.0,
-                prompt_tokens,
-                queue_s,
-                prefill_waiting,
-            },
-            oracle @ Self::Oracle(..) => oracle,
+    fn beside_one_more(mut self) -> Self {
+        if let Self::Curve { neighbours, .. } = &mut self {
+            *neighbours += 1.0;
         }
+        self
     }
 
     /// What a request joining at `concurrency` (itself included) would see.
