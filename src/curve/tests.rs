@@ -648,3 +648,29 @@ fn a_backend_sharing_its_device_learns_what_its_neighbours_load_costs_its_speed(
     }
     assert_eq!(alone.fit(now).unwrap().tpot_per_neighbour_s, 0.0);
 }
+
+#[test]
+fn a_speed_put_back_beside_an_idle_device_is_never_faster_than_any_seen() {
+    // Two engines on two CPU cores: alone a token takes 8 ms; while the engine beside it
+    // decodes, 41 ms; where it decoded for a third of this one's life, 9 ms (the cores were
+    // shared unevenly). The linear term (35 ms a neighbour) puts the last back below zero.
+    let mut curve = Curve::new(300.0);
+    let now = Instant::now();
+    for (tpot, n) in [(0.008, 0.0), (0.009, 0.3), (0.041, 1.0)] {
+        for _ in 0..8 {
+            let obs = Observation {
+                tpot: Some(tpot),
+                neighbours: n,
+                ..observation(now, 1.0, 64, 1.0)
+            };
+            learn(&mut curve, &obs);
+        }
+    }
+    let model = curve.model().unwrap();
+    assert!(model.fit.tpot_per_neighbour_s > 0.03, "{:?}", model.fit);
+    let alone = model.predict(1.0, 0.0, 64);
+    assert!(alone.tps.quantile(0.9) <= 125.0 + 1e-6, "{alone:?}");
+    // Beside a busy neighbour, most requests miss what every one alone met.
+    let beside = model.predict(1.0, 1.0, 64);
+    assert!(beside.tps.share_above(50.0) < 0.5, "{beside:?}");
+}

@@ -132,6 +132,10 @@ impl PrefillRate {
     }
 }
 
+/// Fewer requests than this decoding beside a sample, on average over its life, and its device
+/// was quiet: what a prediction for an idle device stands on (`Model::predict`).
+pub(crate) const QUIET_NEIGHBOURS: f64 = 0.5;
+
 /// What each request decoding on the backends sharing a device adds to a token's time
 /// (the fit's `d`, seconds), rounded to a sixteenth of an octave, or none: what a speed
 /// window's spread is taken at, each sample's speed put back to an idle device beside it, so
@@ -240,6 +244,10 @@ pub(crate) struct Summary {
     pub mean_concurrency: f64,
     /// Weighted mean load of the backends sharing its device.
     pub mean_neighbours: f64,
+    /// The weight of its samples that decoded beside a quiet device (under
+    /// [`QUIET_NEIGHBOURS`] requests decoding beside them on average): all of it for a backend
+    /// that shares none.
+    pub quiet_weight: f64,
     /// The load beside it that `tps` stands at: 0 where each sample was put back to an idle
     /// device ([`NeighbourTerm`]), else `mean_neighbours`.
     pub spread_neighbours: f64,
@@ -517,18 +525,28 @@ impl Summarize for Sample {
             }
         }
         let mean_neighbours = mean(|s| s.neighbours);
+        let quiet_weight = window
+            .weighted()
+            .filter(|(_, s)| s.neighbours < QUIET_NEIGHBOURS)
+            .map(|(w, _)| w)
+            .sum();
         let (tps, spread_neighbours) = if term == NeighbourTerm::default() {
             let tps = Spread::from_fn(|q| ranked_quantile(&window.ranked, total, q));
             (tps, mean_neighbours)
         } else {
-            // Each speed as it would have been beside an idle device (never more than ten
-            // times faster: a term fitted in noise may overshoot one sample).
+            // Each speed as it would have been beside an idle device, never faster than the
+            // fastest this level has seen: a linear term overshoots a sample that its neighbours
+            // slowed less than their mean load says (two engines on two CPU cores: 33 ms a
+            // token per neighbour, fitted where one took the cores from the other, put samples
+            // that a neighbour barely touched back at 1,000-4,000 tok/s, and a request placed
+            // beside them was charged nothing for slowing them).
+            let fastest = window.weighted().map(|(_, s)| s.tps).fold(0.0, f64::max);
             let mut alone: Vec<(f64, f64)> = window
                 .weighted()
                 .map(|(w, s)| {
-                    let tpot = 1.0 / s.tps;
-                    let idle = (tpot - term.tpot_s(s.neighbours)).max(tpot / 10.0);
-                    (1.0 / idle, w)
+                    let idle = 1.0 / s.tps - term.tpot_s(s.neighbours);
+                    let tps = if idle > 0.0 { (1.0 / idle).min(fastest) } else { fastest };
+                    (tps, w)
                 })
                 .collect();
             alone.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
@@ -540,6 +558,7 @@ impl Summarize for Sample {
             mean_tpot: mean(|s| 1.0 / s.tps),
             mean_concurrency: mean(|s| s.concurrency),
             mean_neighbours,
+            quiet_weight,
             spread_neighbours,
             xx,
             xy,
