@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use super::spread::Spread;
-use super::window::{PrefillRate, QUIET_NEIGHBOURS, StartSummary, Summary};
+use super::window::{PrefillRate, StartSummary, Summary};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
 /// Decayed weight at which a TTFT bucket without enough samples to answer on its own still
@@ -128,9 +128,6 @@ pub struct Model {
     pub ttft_seen: f64,
     /// Weighted mean of TTFT + decode time, seconds: how long a request holds its slot.
     pub mean_duration_s: f64,
-    /// The weight of the speed samples taken beside a quiet device (all of them where it
-    /// shares none; [`super::window::QUIET_NEIGHBOURS`]).
-    pub quiet_weight: f64,
     /// How speed spreads about its median where a level has evidence of its own, pooled: the
     /// shape a prediction from the fit (or a sparse level) takes.
     tps_shape: Spread,
@@ -150,7 +147,6 @@ impl Model {
         let buckets = speed.map(|s| {
             s.map(|s| Summary {
                 weight: s.weight * factor,
-                quiet_weight: s.quiet_weight * factor,
                 ..s
             })
         });
@@ -171,7 +167,6 @@ impl Model {
                 }
             });
         let mean_duration_s = mean(|s| s.mean_duration_s);
-        let quiet_weight = present().map(|s| s.quiet_weight).sum();
 
         let (ttft_base_s, ttft_per_seq_s, prefill_tokens_per_s) = ttft_fit(starts);
         let starts = starts.map(|s| {
@@ -224,7 +219,6 @@ impl Model {
             speed_seen,
             ttft_seen,
             mean_duration_s,
-            quiet_weight,
             tps_shape,
             ttft_shape,
         })
@@ -256,16 +250,7 @@ impl Model {
         let speed_weight = self.buckets[i].map_or(0.0, |s| s.weight);
         let start_weight = self.starts[j].map_or(0.0, |s| s.weight);
         let weight = speed_weight.min(start_weight);
-        let mut confidence = weight / (weight + MIN_BUCKET_WEIGHT);
-        if neighbours < QUIET_NEIGHBOURS {
-            // Asked about a quiet device by a backend seen only beside busy neighbours: its
-            // speed alone is a guess, however much it has seen beside them, until a sample
-            // says (two engines on two CPU cores: the batching one, only ever given requests
-            // while the serial one decoded, read 30 tok/s, and 120 once alone; a router that
-            // took the 30 at its word gave the serial one every request it could).
-            let quiet = self.quiet_weight;
-            confidence = confidence.min(quiet / (quiet + 1.0));
-        }
+        let confidence = weight / (weight + MIN_BUCKET_WEIGHT);
         let beyond_evidence = concurrency > 2.0 * self.speed_seen.min(self.ttft_seen).max(1.0);
 
         // A level's observations weighed against the fit: all of it once they are evidence.

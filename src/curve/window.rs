@@ -132,10 +132,6 @@ impl PrefillRate {
     }
 }
 
-/// Fewer requests than this decoding beside a sample, on average over its life, and its device
-/// was quiet: what a prediction for an idle device stands on (`Model::predict`).
-pub(crate) const QUIET_NEIGHBOURS: f64 = 0.5;
-
 /// What each request decoding on the backends sharing a device adds to a token's time
 /// (the fit's `d`, seconds), rounded to a sixteenth of an octave, or none: what a speed
 /// window's spread is taken at, each sample's speed put back to an idle device beside it, so
@@ -244,10 +240,6 @@ pub(crate) struct Summary {
     pub mean_concurrency: f64,
     /// Weighted mean load of the backends sharing its device.
     pub mean_neighbours: f64,
-    /// The weight of its samples that decoded beside a quiet device (under
-    /// [`QUIET_NEIGHBOURS`] requests decoding beside them on average): all of it for a backend
-    /// that shares none.
-    pub quiet_weight: f64,
     /// The load beside it that `tps` stands at: 0 where each sample was put back to an idle
     /// device ([`NeighbourTerm`]), else `mean_neighbours`.
     pub spread_neighbours: f64,
@@ -525,11 +517,6 @@ impl Summarize for Sample {
             }
         }
         let mean_neighbours = mean(|s| s.neighbours);
-        let quiet_weight = window
-            .weighted()
-            .filter(|(_, s)| s.neighbours < QUIET_NEIGHBOURS)
-            .map(|(w, _)| w)
-            .sum();
         let (tps, spread_neighbours) = if term == NeighbourTerm::default() {
             let tps = Spread::from_fn(|q| ranked_quantile(&window.ranked, total, q));
             (tps, mean_neighbours)
@@ -558,7 +545,6 @@ impl Summarize for Sample {
             mean_tpot: mean(|s| 1.0 / s.tps),
             mean_concurrency: mean(|s| s.concurrency),
             mean_neighbours,
-            quiet_weight,
             spread_neighbours,
             xx,
             xy,

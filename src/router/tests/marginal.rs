@@ -332,37 +332,3 @@ fn with_both_engines_idle_a_request_goes_where_it_leaves_the_next_one_room() {
         assert_eq!(c.room(), c.slack);
     }
 }
-
-#[test]
-fn an_engine_seen_only_beside_a_busy_neighbour_is_tried_once_its_device_is_quiet() {
-    // The batching engine has only ever decoded while the serial one did (30 tok/s); alone it
-    // has never been seen. The serial engine, seen alone at 125 tok/s, meets the SLO; taken
-    // at its word, the batching engine would never get a request with the device quiet, and
-    // never show what it does there.
-    let router = router_with(
-        &["batching", "serial"],
-        ", device: host",
-        MARGINAL_SPEED,
-        0.02,
-    );
-    teach_beside(&router, 0, &[(1.0, 1.0, 0.05, 30.0); 16]);
-    let mut serial = vec![(1.0, 0.0, 0.05, 125.0); 8];
-    serial.extend([(1.0, 1.0, 0.05, 100.0); 8]);
-    serial.extend([(2.0, 0.0, 0.05 + 64.0 * 0.008, 125.0); 4]);
-    teach_beside(&router, 1, &serial);
-    let quiet = router.candidates(&ask(&router, 0), Policy::Headroom);
-    let guess = quiet[0].prediction.unwrap();
-    assert!(guess.confidence < 0.5, "{guess:?}");
-    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Explore));
-    // Beside the busy serial engine its curve has evidence: no guess there.
-    let mut decoding = occupy(&router, 1, 0, 1);
-    decoding[0].first_token(Instant::now());
-    let beside = router.candidates(&ask(&router, 0), Policy::Headroom);
-    assert!(beside[0].prediction.unwrap().confidence >= 0.5);
-    drop(decoding);
-    // Seen alone at last (120 tok/s), it is what it is: the place that leaves the next
-    // request room.
-    teach_beside(&router, 0, &[(1.0, 0.0, 0.05, 120.0); 2]);
-    assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::Feasible));
-    assert_eq!(chosen(&router, 0), Ok("batching"));
-}
