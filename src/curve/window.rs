@@ -532,7 +532,11 @@ impl Summarize for Sample {
                 .weighted()
                 .map(|(w, s)| {
                     let idle = 1.0 / s.tps - term.tpot_s(s.neighbours);
-                    let tps = if idle > 0.0 { (1.0 / idle).min(fastest) } else { fastest };
+                    let tps = if idle > 0.0 {
+                        (1.0 / idle).min(fastest)
+                    } else {
+                        fastest
+                    };
                     (tps, w)
                 })
                 .collect();
