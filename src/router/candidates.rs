@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::device::NeighbourCost;
 use super::oracle::Oracle;
-use super::{Ask, QUEUE_CHANCE, Router, choose};
+use super::{Ask, Router, choose};
 use crate::config::Policy;
 use crate::curve::{Model, Prediction};
 use crate::fleet::claim::EDGE;
@@ -356,16 +356,17 @@ impl Router {
     /// each is to reach its speed target with one more beside it; their first tokens are behind
     /// them, or ahead of this one in the queue) and on the backends sharing its device. Where the class would rather wait (`waits` is
     /// `Some`) and the backend meets its SLO at the class's percentiles alone, the backend is
-    /// full, not short of the target: the request is committed to it only where it may
-    /// (`Some(true)`: see [`QUEUE_CHANCE`]) and that adds at least [`QUEUE_CHANCE`] (else
-    /// `None`), as it takes the slot a waiting request would get whichever backend frees first.
+    /// full, not short of the target: the request is committed to it only where that adds at
+    /// least what `waits` holds ([`QUEUE_CHANCE`](super::QUEUE_CHANCE), or [`MIN_CHANCE`](super::MIN_CHANCE) at its
+    /// turn once waiting could only end in a 429; infinite where it waits) (else `None`), as it
+    /// takes the slot a waiting request would get whichever backend frees first.
     pub(super) fn chance_gain(
         &self,
         ask: &Ask<'_>,
         policy: Policy,
         c: &Candidate<'_>,
         p: &Prediction,
-        waits: Option<bool>,
+        waits: Option<f64>,
     ) -> Option<f64> {
         let predictor = self.predictor_of(c, ask, policy);
         let full = waits.is_some()
@@ -385,7 +386,7 @@ impl Router {
             _ => 0.0,
         };
         let gain = c.chance - loss - c.neighbour_loss;
-        (!full || (waits == Some(true) && gain >= QUEUE_CHANCE)).then_some(gain)
+        (!full || waits.is_some_and(|least| gain >= least)).then_some(gain)
     }
 
     /// Whether every class with requests decoding on `backend` keeps its speed at `p`.

@@ -113,8 +113,11 @@ pub(crate) const MIN_CHANCE: f64 = 0.05;
 /// The least a request of a class that queues must add to the expected good completions (its
 /// chance less its cost to the others) to be committed to a backend that is full, meeting the
 /// SLO alone but not with one more: likelier than not, and only by a request that finds its
-/// class's line empty, or one whose turn in line has come when no slot is expected to free
-/// before its first-token target (or its queue wait) runs out. Waiting pays where a backend
+/// class's line empty. One whose turn in line has come when no slot is expected to free before
+/// its first-token target (or its queue wait) runs out takes any chance worth [`MIN_CHANCE`]:
+/// waiting could only end in a 429, which serves no one (on two CPU engines, once a serial
+/// engine's request slowed the batch beside it, the line refused 20-43 requests a run that
+/// would each have had a fair chance). Waiting pays where a backend
 /// past its edge would fail the request and slots free often (the default fleet at twice its
 /// capacity: committing every arrival cost 30% of the goodput, and every arrival likelier than
 /// not to be good 11%); where a percentile is missed by a few outliers while most requests meet
@@ -599,7 +602,8 @@ impl Router {
     /// request adds the most expected good completions, its own chance of meeting both
     /// targets less what it costs the requests already there ([`Router::chance_gain`]), if
     /// that is at least [`MIN_CHANCE`]. For a class that queues, a full backend counts only
-    /// as [`QUEUE_CHANCE`] says (`queued`: the request is deciding at its turn in line). A
+    /// as [`QUEUE_CHANCE`] says (`queued`: the request is deciding at its turn in line), or
+    /// at its turn once no slot is expected in time, as [`MIN_CHANCE`] does. A
     /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
     /// ramp would admit it anyway.
     fn best_chance(
@@ -611,13 +615,22 @@ impl Router {
     ) -> Option<usize> {
         // Behind others a request waits its turn, as they do; at its turn it waits on while a
         // slot is expected in time, as the line pools the fleet's slots better than a backend
-        // past its edge serves.
+        // past its edge serves, and then takes what chance there is. Arriving to an empty
+        // line, it commits to a full backend only where it is likelier than not to be good.
         let waits = (self.on_miss(ask).0 == OnMiss::Queue).then(|| {
             if queued {
-                self.no_slot_in_time(ask)
+                if self.no_slot_in_time(ask) {
+                    MIN_CHANCE
+                } else {
+                    f64::INFINITY
+                }
+            } else if ask
+                .class
+                .is_some_and(|class| self.line.waiting_in(class) == 0)
+            {
+                QUEUE_CHANCE
             } else {
-                ask.class
-                    .is_some_and(|class| self.line.waiting_in(class) == 0)
+                f64::INFINITY
             }
         });
         candidates

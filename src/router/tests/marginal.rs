@@ -332,3 +332,28 @@ fn with_both_engines_idle_a_request_goes_where_it_leaves_the_next_one_room() {
         assert_eq!(c.room(), c.slack);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn at_its_turn_a_request_takes_any_worthwhile_chance_once_waiting_could_only_end_in_a_429() {
+    // At two in flight the noisy engine's first tokens come within the 1-s target four times
+    // in ten. Arriving to an empty line, a request leaves that chance for a better slot; in
+    // line, with no slot due before its target, waiting could only end in a 429: it takes it.
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["noisy"], classes, 0.0);
+    let mut requests = vec![(1.0, 0.1, 60.0); 8];
+    requests.extend([(2.0, 0.2, 60.0); 4]);
+    requests.extend([(2.0, 2.0, 60.0); 6]);
+    teach_each(&router, 0, &requests);
+    let _held = occupy(&router, 0, 0, 1);
+    assert_eq!(
+        reason_of(&router, &ask(&router, 0)),
+        Err(ErrorKind::NoBackendAvailable),
+        "it goes to the line"
+    );
+    let waited = Instant::now();
+    let decision = router
+        .wait_in_line(&ask(&router, 0), Share::default())
+        .await;
+    assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
+    assert_eq!(waited.elapsed(), Duration::ZERO);
+}
