@@ -357,9 +357,10 @@ impl Router {
     /// them, or ahead of this one in the queue) and on the backends sharing its device. Where the class would rather wait (`waits` is
     /// `Some`) and the backend meets its SLO at the class's percentiles alone, the backend is
     /// full, not short of the target: the request is committed to it only where that adds at
-    /// least what `waits` holds ([`QUEUE_CHANCE`](super::QUEUE_CHANCE), or [`MIN_CHANCE`](super::MIN_CHANCE) at its
-    /// turn once waiting could only end in a 429; infinite where it waits) (else `None`), as it
-    /// takes the slot a waiting request would get whichever backend frees first.
+    /// least what `waits` holds (else `None`), as it takes the slot a waiting request would get
+    /// whichever backend frees first: [`QUEUE_CHANCE`](super::QUEUE_CHANCE) arriving to an
+    /// empty line, [`MIN_CHANCE`](super::MIN_CHANCE) at its turn once waiting could only end
+    /// in a 429, infinity where it waits.
     pub(super) fn chance_gain(
         &self,
         ask: &Ask<'_>,
