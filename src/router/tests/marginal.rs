@@ -145,11 +145,17 @@ fn an_idle_backend_whose_thin_evidence_predicts_a_miss_is_explored_again() {
 /// ten in 0.2 s and two in ten after 2 s, so its p90 misses the 1-s target there while most
 /// requests meet it; 60 tok/s throughout.
 fn noisy_at_two() -> Router {
+    noisy_engine(8, 2)
+}
+
+/// The noisy engine of [`noisy_at_two`], its first tokens at two in flight `fast` times in
+/// 0.2 s and `slow` times after 2 s.
+fn noisy_engine(fast: usize, slow: usize) -> Router {
     let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
     let router = router_from(&["noisy"], classes, 0.0);
     let mut requests = vec![(1.0, 0.1, 60.0); 8];
-    requests.extend([(2.0, 0.2, 60.0); 8]);
-    requests.extend([(2.0, 2.0, 60.0); 2]);
+    requests.extend(vec![(2.0, 0.2, 60.0); fast]);
+    requests.extend(vec![(2.0, 2.0, 60.0); slow]);
     teach_each(&router, 0, &requests);
     router
 }
@@ -162,6 +168,14 @@ fn a_class_that_queues_takes_a_full_backend_where_its_request_is_likelier_than_n
     assert_eq!(reason_of(&router, &ask(&router, 0)), Ok(Reason::BestChance));
 }
 
+/// A request of class 0 waiting in `router`'s line is placed at once, where it has a chance.
+async fn goes_from_the_line_at_once(router: &Router) {
+    let waited = Instant::now();
+    let decision = router.wait_in_line(&ask(router, 0), Share::default()).await;
+    assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
+    assert_eq!(waited.elapsed(), Duration::ZERO);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected_in_time() {
     // The noisy engine, where a request takes 1.3 s or so. In line behind one request,
@@ -169,12 +183,7 @@ async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected
     // once, likelier than not to be good.
     let router = noisy_at_two();
     let mut held = occupy(&router, 0, 0, 1);
-    let waited = Instant::now();
-    let decision = router
-        .wait_in_line(&ask(&router, 0), Share::default())
-        .await;
-    assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
-    assert_eq!(waited.elapsed(), Duration::ZERO);
+    goes_from_the_line_at_once(&router).await;
     // Behind two, one of them is expected to finish in time: it waits, and goes when one has.
     held.extend(occupy(&router, 0, 0, 1));
     let behind_two = ask(&router, 0);
@@ -338,22 +347,12 @@ async fn at_its_turn_a_request_takes_any_worthwhile_chance_once_waiting_could_on
     // At two in flight the noisy engine's first tokens come within the 1-s target four times
     // in ten. Arriving to an empty line, a request leaves that chance for a better slot; in
     // line, with no slot due before its target, waiting could only end in a 429: it takes it.
-    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
-    let router = router_from(&["noisy"], classes, 0.0);
-    let mut requests = vec![(1.0, 0.1, 60.0); 8];
-    requests.extend([(2.0, 0.2, 60.0); 4]);
-    requests.extend([(2.0, 2.0, 60.0); 6]);
-    teach_each(&router, 0, &requests);
+    let router = noisy_engine(4, 6);
     let _held = occupy(&router, 0, 0, 1);
     assert_eq!(
         reason_of(&router, &ask(&router, 0)),
         Err(ErrorKind::NoBackendAvailable),
         "it goes to the line"
     );
-    let waited = Instant::now();
-    let decision = router
-        .wait_in_line(&ask(&router, 0), Share::default())
-        .await;
-    assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
-    assert_eq!(waited.elapsed(), Duration::ZERO);
+    goes_from_the_line_at_once(&router).await;
 }
