@@ -139,8 +139,8 @@ mod tests {
             area,
             count,
             at,
-            decoding_area: 0.0,
-            decoding: 0,
+            busy_area: 0.0,
+            busy: 0,
             neighbours_area: 0.0,
             neighbours: 0,
         }

@@ -31,10 +31,12 @@ struct State {
     count: u32,
     /// This replica's request-seconds accumulated up to `last`.
     area: f64,
-    /// Request-seconds of requests past their first token (decoding), fleet-wide as this
-    /// replica knows it (the peers' as of their last round), up to `last`: what the backend's
-    /// engine puts on a device it shares, where a request waiting in its queue costs nothing.
-    decoding_area: f64,
+    /// Seconds with a request past its first token (decoding), fleet-wide as this replica
+    /// knows it (the peers' as of their last round), up to `last`: the time the backend's
+    /// engine runs its forward passes on a device it shares. A device runs one engine's pass
+    /// at a time, so what an engine costs its neighbours is whether it runs, not how many
+    /// requests its pass carries; a request waiting in its queue costs nothing.
+    busy_area: f64,
     last: Instant,
     /// Admitted requests whose first token has not come yet.
     waiting: u32,
@@ -105,15 +107,15 @@ pub(crate) struct Reading {
     pub count: u32,
     /// When it was read.
     pub at: Instant,
-    /// The integral of its requests past their first token (decoding): the load it puts on a
-    /// device it shares ([`Reading::with_neighbours`]).
-    pub decoding_area: f64,
-    /// Those requests at the moment of reading.
-    pub decoding: u32,
-    /// The decoding integral summed over the backends that share its device (`device:`),
+    /// The integral of its running (a request decoding): the load it puts on a device it
+    /// shares ([`Reading::with_neighbours`]).
+    pub busy_area: f64,
+    /// 1 where it runs at the moment of reading, else 0.
+    pub busy: u32,
+    /// The running integrals summed over the backends that share its device (`device:`),
     /// read at the same moment: 0 for a backend that shares none.
     pub neighbours_area: f64,
-    /// Their requests decoding at the moment of reading.
+    /// Those of them running at the moment of reading.
     pub neighbours: u32,
 }
 
@@ -126,8 +128,8 @@ impl Reading {
             area: self.area - f64::from(self.count) * secs,
             count: self.count,
             at: earlier,
-            decoding_area: self.decoding_area - f64::from(self.decoding) * secs,
-            decoding: self.decoding,
+            busy_area: self.busy_area - f64::from(self.busy) * secs,
+            busy: self.busy,
             neighbours_area: self.neighbours_area - f64::from(self.neighbours) * secs,
             neighbours: self.neighbours,
         }
@@ -139,8 +141,8 @@ impl Reading {
         (secs > 0.0).then(|| (later.area - self.area) / secs)
     }
 
-    /// Mean count of requests decoding on the backends sharing its device between `self` and a
-    /// later reading (0 for a backend that shares none).
+    /// Mean count of the backends sharing its device that ran (had a request decoding) between
+    /// `self` and a later reading (0 for a backend that shares none).
     pub(crate) fn neighbours_mean_until(&self, later: &Reading) -> f64 {
         let secs = (later.at - self.at).as_secs_f64();
         if secs > 0.0 {
@@ -153,8 +155,8 @@ impl Reading {
     /// This reading with the neighbours' readings (`others`, taken at the same moment) added.
     pub(crate) fn with_neighbours(self, others: impl Iterator<Item = Reading>) -> Reading {
         others.fold(self, |r, o| Reading {
-            neighbours_area: r.neighbours_area + o.decoding_area,
-            neighbours: r.neighbours.saturating_add(o.decoding),
+            neighbours_area: r.neighbours_area + o.busy_area,
+            neighbours: r.neighbours.saturating_add(o.busy),
             ..r
         })
     }
@@ -189,8 +191,8 @@ impl State {
             area: self.area + self.peers_area(at),
             count: self.fleet_count(),
             at: now,
-            decoding_area: self.decoding_area,
-            decoding: self.fleet_decoding(),
+            busy_area: self.busy_area,
+            busy: u32::from(self.fleet_decoding() > 0),
             neighbours_area: 0.0,
             neighbours: 0,
         }
@@ -210,7 +212,7 @@ impl Occupancy {
             state: Mutex::new(State {
                 count: 0,
                 area: 0.0,
-                decoding_area: 0.0,
+                busy_area: 0.0,
                 last: now,
                 waiting: 0,
                 waiting_since: 0.0,
@@ -235,7 +237,9 @@ impl Occupancy {
         if now > state.last {
             let secs = (now - state.last).as_secs_f64();
             state.area += f64::from(state.count) * secs;
-            state.decoding_area += f64::from(state.fleet_decoding()) * secs;
+            if state.fleet_decoding() > 0 {
+                state.busy_area += secs;
+            }
             state.last = now;
         }
         f(&mut state)
@@ -344,13 +348,14 @@ impl Occupancy {
             .fleet_count()
     }
 
-    /// Past their first token (decoding) now, fleet-wide: the load it puts on a device it
-    /// shares.
-    pub(crate) fn decoding(&self) -> u32 {
+    /// Whether a request is past its first token (decoding) now, fleet-wide: whether its
+    /// engine runs on a device it shares.
+    pub(crate) fn busy(&self) -> bool {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .fleet_decoding()
+            > 0
     }
 
     /// In flight through this replica alone.

@@ -48,8 +48,8 @@ pub(crate) struct Candidate<'r> {
     /// only (0 for a latency request, and without a prediction).
     pub marginal_tps: f64,
     /// Where it shares a device: the most slack a next request like this one would find in the
-    /// fleet once this one is placed here (one more on it, one more beside the backends on its
-    /// device, the rest as they are); infinite elsewhere, where placing a request changes no
+    /// fleet once this one is placed here (one more on it, its engine running beside the
+    /// backends on its device, the rest as they are); infinite elsewhere, where placing a request changes no
     /// other backend ([`Candidate::room`]).
     pub next_slack: f64,
     /// What its prefix index expects of the request, `cached_tokens` no more than the prompt
@@ -186,7 +186,7 @@ impl Router {
                     0.0
                 };
                 let neighbours = if prediction.is_some() {
-                    self.devices.cost(index, ask.model, &self.classes)
+                    self.devices.cost(index, backend, ask.model, &self.classes)
                 } else {
                     NeighbourCost::NONE
                 };
@@ -252,12 +252,15 @@ impl Router {
                 continue;
             };
             let on = device(&candidates[x]);
+            // A request that starts an idle engine puts its pass beside the others on its
+            // device; one that joins a running engine changes nothing for them.
+            let starts = !candidates[x].backend.occupancy.busy();
             let elsewhere = candidates
                 .iter()
                 .enumerate()
                 .filter(|&(y, c)| y != x && c.prediction.is_some())
                 .map(|(y, c)| {
-                    if device(c) == on {
+                    if starts && device(c) == on {
                         ahead[y].map_or(f64::NEG_INFINITY, |(_, beside)| beside)
                     } else {
                         c.slack
@@ -419,7 +422,7 @@ enum Predictor<'r> {
     Curve {
         /// Its fitted model (none before the first observation).
         model: Option<Arc<Model>>,
-        /// Requests decoding on the backends sharing its device.
+        /// The backends sharing its device that run now.
         neighbours: f64,
         /// This request's prompt tokens the backend must prefill (its prefix cache's expected
         /// hit taken off).
@@ -437,7 +440,7 @@ enum Predictor<'r> {
 }
 
 impl Predictor<'_> {
-    /// The same, with one more request decoding beside the backend on its device.
+    /// The same, with one more engine running beside the backend on its device.
     fn beside_one_more(mut self) -> Self {
         if let Self::Curve { neighbours, .. } = &mut self {
             *neighbours += 1.0;

@@ -193,13 +193,19 @@ fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> std::cmp::Ordering {
 /// as a cold one is, outside the exploration budget and from the line too. A first answer
 /// slowed by the engine's own cold start, or a fit through two samples, must not lock a
 /// backend out while requests wait or fail elsewhere, and trying it costs nobody else
-/// anything. Least confidence first.
+/// anything — where it shares no device, or the requests running beside it on its device
+/// keep their speed with its pass beside them. Trying a serial engine beside a busy batch on
+/// two CPU cores slowed the batch's every request fourfold: that is how the collapses on the
+/// CPU engines began. Least confidence first.
 pub(crate) fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
         .filter(|(_, c)| {
-            c.joining == 1 && c.leaves_room && c.prediction.is_some_and(|p| p.confidence < 0.5)
+            c.joining == 1
+                && c.leaves_room
+                && c.keeps_others
+                && c.prediction.is_some_and(|p| p.confidence < 0.5)
         })
         .min_by(|(_, a), (_, b)| {
             let conf = |c: &Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
@@ -219,7 +225,7 @@ pub(crate) fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Opt
         .enumerate()
         .filter(|(_, c)| match c.prediction {
             None => true,
-            Some(p) if c.joining == 1 && p.confidence < 0.5 => c.leaves_room,
+            Some(p) if c.joining == 1 && p.confidence < 0.5 => c.leaves_room && c.keeps_others,
             Some(p) => {
                 (p.beyond_evidence || p.confidence < 0.5)
                     && c.keeps_others

@@ -1,9 +1,12 @@
 //! Backends that share a device (`device:` in their config): two engines on one GPU, or on one
-//! host's cores, take compute from each other, so a request on one slows the requests decoding
-//! on the other. Each backend's curve learns its speed against its neighbours' load as well as
-//! its own (`Fit::tpot_per_neighbour_s`), and a request placed on one of them is charged what
-//! it costs the requests on the others, as it is charged what it costs those on its own
-//! backend (docs/routing.md, "Backends that share a device").
+//! host's cores, take compute from each other. The device runs one engine's forward pass at a
+//! time, so while one runs (has a request decoding) every request decoding on another waits
+//! for its pass too, however many requests that pass carries. Each backend's curve learns its
+//! speed against how many of its neighbours run as well as its own load
+//! (`Fit::tpot_per_neighbour_s`), and a request that starts an idle engine is charged what it
+//! costs the requests on the others, as it is charged what it costs those on its own backend;
+//! one that joins an engine already running adds no pass (docs/routing.md, "Backends that
+//! share a device").
 
 use std::sync::Arc;
 
@@ -71,24 +74,31 @@ impl Devices {
         self.by_backend.get(index)?.as_ref()
     }
 
-    /// Requests decoding on the backends sharing backend `index`'s device (past their first
+    /// The backends sharing backend `index`'s device that run now (a request past its first
     /// token: one waiting in an engine's queue costs the device nothing yet).
     pub(crate) fn load(&self, index: usize) -> f64 {
         self.neighbours(index).map_or(0.0, |n| {
-            n.backends
-                .iter()
-                .map(|b| f64::from(b.occupancy.decoding()))
-                .sum()
+            n.backends.iter().filter(|b| b.occupancy.busy()).count() as f64
         })
     }
 
-    /// What one more request of `model` on backend `index` costs the requests decoding on its
-    /// neighbours, by their curves for the same model (a neighbour without one is charged
-    /// nothing: nothing says what it would lose).
-    pub(crate) fn cost(&self, index: usize, model: &str, classes: &[ClassConfig]) -> NeighbourCost {
+    /// What one more request of `model` on `backend` (index `index`) costs the requests
+    /// decoding on its neighbours, by their curves for the same model (a neighbour without one
+    /// is charged nothing: nothing says what it would lose). Nothing where it runs already:
+    /// its pass takes the device whether this request joins it or not.
+    pub(crate) fn cost(
+        &self,
+        index: usize,
+        backend: &Backend,
+        model: &str,
+        classes: &[ClassConfig],
+    ) -> NeighbourCost {
         let Some(neighbours) = self.neighbours(index) else {
             return NeighbourCost::NONE;
         };
+        if backend.occupancy.busy() {
+            return NeighbourCost::NONE;
+        }
         let mut cost = NeighbourCost::NONE;
         for (&j, neighbour) in neighbours.indexes.iter().zip(neighbours.backends.iter()) {
             let decoding = |i: usize| neighbour.class_in_flight(i);

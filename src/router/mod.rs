@@ -605,7 +605,7 @@ impl Router {
     /// as [`QUEUE_CHANCE`] says (`queued`: the request is deciding at its turn in line), or
     /// at its turn once no slot is expected in time, as [`MIN_CHANCE`] does. A
     /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
-    /// ramp would admit it anyway.
+    /// ramp would admit it anyway, or at that turn, where the other end of waiting is a 429.
     fn best_chance(
         &self,
         ask: &Ask<'_>,
@@ -617,13 +617,12 @@ impl Router {
         // slot is expected in time, as the line pools the fleet's slots better than a backend
         // past its edge serves, and then takes what chance there is. Arriving to an empty
         // line, it commits to a full backend only where it is likelier than not to be good.
+        let last_resort = queued && self.no_slot_in_time(ask);
         let waits = (self.on_miss(ask).0 == OnMiss::Queue).then(|| {
-            if queued {
-                if self.no_slot_in_time(ask) {
-                    MIN_CHANCE
-                } else {
-                    f64::INFINITY
-                }
+            if last_resort {
+                MIN_CHANCE
+            } else if queued {
+                f64::INFINITY
             } else if ask
                 .class
                 .is_some_and(|class| self.line.waiting_in(class) == 0)
@@ -638,7 +637,9 @@ impl Router {
             .enumerate()
             .filter_map(|(i, c)| {
                 let p = c.prediction?;
-                if p.beyond_evidence && !c.ramping {
+                // Beyond its evidence a prediction is a guess; it is still better than the sure
+                // miss of a 429 for a request whose wait could end in nothing else.
+                if p.beyond_evidence && !c.ramping && !last_resort {
                     return None;
                 }
                 let gain = self.chance_gain(ask, policy, c, &p, waits)?;

@@ -195,6 +195,25 @@ async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected
     assert_eq!(behind_two.received.elapsed(), Duration::from_millis(300));
 }
 
+#[tokio::test(start_paused = true)]
+async fn at_its_turn_a_request_takes_a_backend_beyond_its_curves_evidence_rather_than_a_429() {
+    // Seen one request at a time only (20 tok/s, 3.2 s a request), the engine holds two: a
+    // third is beyond twice what its curve has seen, a guess an arriving request does not
+    // take. In line, with no slot due before its 1-s target, the guess beats the sure miss of
+    // a 429 (seen on two CPU engines warmed at 0.5 req/s then offered 2: 20 of 60 refused
+    // while the batching engine's guess said every one would be good).
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["seen_alone"], classes, 0.0);
+    teach_each(&router, 0, &[(1.0, 0.1, 20.0); 16]);
+    let _held = occupy(&router, 0, 0, 2);
+    assert_eq!(
+        reason_of(&router, &ask(&router, 0)),
+        Err(ErrorKind::NoBackendAvailable),
+        "it goes to the line"
+    );
+    goes_from_the_line_at_once(&router).await;
+}
+
 #[test]
 fn a_backend_slowed_by_its_cold_start_is_tried_again_while_idle_by_a_class_that_queues() {
     // A fresh engine's first answer came after 16 s (its warm-up), and no exploration budget is
@@ -252,11 +271,32 @@ fn a_class_that_queues_waits_for_a_full_backend_but_takes_its_chance_on_one_shor
 }
 
 /// Two engines on one device as measured on a shared host: `batching` decodes at 10 ms + 1 ms
-/// per own request a token, and each request on the engine beside it adds 20 ms (a serial
-/// engine's forward pass takes the device from its whole batch); `serial` decodes alone at
-/// 8 ms a token, 2 ms more per request beside it. Both seen with their neighbour idle and busy.
+/// per own request a token, and 20 ms more while the engine beside it runs (a serial engine's
+/// forward pass takes the device from its whole batch); `serial` decodes alone at 8 ms a
+/// token, 2 ms more while the batching engine runs. Both seen with their neighbour idle and
+/// busy.
 fn shared_host(extra: &str) -> Router {
-    let router = router_with(&["batching", "serial"], extra, MARGINAL_SPEED, 0.0);
+    shared_host_for(extra, MARGINAL_SPEED)
+}
+
+/// [`shared_host`] with the classes `classes`.
+fn shared_host_for(extra: &str, classes: &str) -> Router {
+    let router = batching_beside_an_engine(extra, classes);
+    let mut serial = Vec::new();
+    for n in [0.0, 1.0, 0.0, 1.0] {
+        for _ in 0..8 {
+            serial.push((1.0, n, 0.05, 1.0 / (0.008 + 0.002 * n)));
+        }
+    }
+    // A second request waits for the first: its first token after the first's 64 tokens.
+    serial.extend([(2.0, 0.0, 0.05 + 64.0 * 0.008, 125.0); 4]);
+    teach_beside(&router, 1, &serial);
+    router
+}
+
+/// [`shared_host`]'s batching engine, its neighbour `serial` not yet observed.
+fn batching_beside_an_engine(extra: &str, classes: &str) -> Router {
+    let router = router_with(&["batching", "serial"], extra, classes, 0.0);
     let mut batching = Vec::new();
     for c in [1.0, 2.0, 3.0, 4.0] {
         for n in [0.0, 0.0, 0.0, 1.0] {
@@ -266,15 +306,6 @@ fn shared_host(extra: &str) -> Router {
         }
     }
     teach_beside(&router, 0, &batching);
-    let mut serial = Vec::new();
-    for n in [0.0, 1.0, 2.0, 3.0] {
-        for _ in 0..8 {
-            serial.push((1.0, n, 0.05, 1.0 / (0.008 + 0.002 * n)));
-        }
-    }
-    // A second request waits for the first: its first token after the first's 64 tokens.
-    serial.extend([(2.0, 0.0, 0.05 + 64.0 * 0.008, 125.0); 4]);
-    teach_beside(&router, 1, &serial);
     router
 }
 
@@ -306,6 +337,64 @@ fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_be
     // Alone on its device, the serial engine is as good a place as any.
     drop(decoding);
     assert!(router.candidates(&ask, Policy::Headroom)[1].feasible());
+}
+
+#[test]
+fn a_running_engine_slows_its_neighbours_by_its_pass_not_by_the_requests_it_carries() {
+    // 90 tok/s at the median: the serial engine makes it beside a running batch (10 ms a
+    // token), whether that batch carries one request or three; it would not if each of them
+    // cost it 2 ms more.
+    let router = shared_host_for(
+        ", device: host",
+        "- {name: quick, min_tps: 90, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n",
+    );
+    let decoding = |i: usize, n: usize| {
+        let mut held = occupy(&router, i, 0, n);
+        for request in &mut held {
+            request.first_token(Instant::now());
+        }
+        held
+    };
+    let speed_on_serial = |router: &Router| {
+        router.candidates(&ask(router, 0), Policy::Headroom)[1]
+            .prediction
+            .unwrap()
+            .per_user_tps_p50
+    };
+    let _one = decoding(0, 1);
+    let beside_one = speed_on_serial(&router);
+    let two_more = decoding(0, 2);
+    assert_eq!(speed_on_serial(&router), beside_one);
+    assert!((beside_one - 100.0).abs() < 5.0, "{beside_one}");
+    drop(two_more);
+    // The serial engine runs a request of this class: a request joining the running batch
+    // adds no pass beside it, and costs it nothing.
+    let _serial = decoding(1, 1);
+    let loss = router.candidates(&ask(&router, 0), Policy::Headroom)[0].neighbour_loss;
+    assert_eq!(loss, 0.0);
+}
+
+#[test]
+fn an_idle_engine_is_tried_again_only_where_its_pass_costs_the_requests_beside_it_nothing() {
+    // The batching engine is full (its limit, 4) with requests at 71 tok/s; the engine beside
+    // it has two slow samples, too few to condemn it. Its pass would slow those four to
+    // 29 tok/s, under their 60: it is not tried, and the request gets its class's `on_miss`.
+    // Told of no device, it is tried.
+    let classes =
+        "- {name: quick, min_tps: 60, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
+    for (extra, tried) in [
+        (", device: host, max_concurrency: 4", false),
+        (", max_concurrency: 4", true),
+    ] {
+        let router = batching_beside_an_engine(extra, classes);
+        teach_beside(&router, 1, &[(1.0, 1.0, 0.05, 30.0); 2]);
+        let mut full = occupy(&router, 0, 0, 4);
+        for request in &mut full {
+            request.first_token(Instant::now());
+        }
+        let reason = reason_of(&router, &ask(&router, 0));
+        assert_eq!(reason == Ok(Reason::Explore), tried, "{extra}: {reason:?}");
+    }
 }
 
 #[test]
