@@ -176,6 +176,17 @@ async fn goes_from_the_line_at_once(router: &Router) {
     assert_eq!(waited.elapsed(), Duration::ZERO);
 }
 
+/// A request of class 0 arriving at `router` goes to the line, and at its turn there goes at
+/// once ([`goes_from_the_line_at_once`]).
+async fn arrives_in_line_and_goes_at_its_turn(router: &Router) {
+    assert_eq!(
+        reason_of(router, &ask(router, 0)),
+        Err(ErrorKind::NoBackendAvailable),
+        "it goes to the line"
+    );
+    goes_from_the_line_at_once(router).await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected_in_time() {
     // The noisy engine, where a request takes 1.3 s or so. In line behind one request,
@@ -206,12 +217,7 @@ async fn at_its_turn_a_request_takes_a_backend_beyond_its_curves_evidence_rather
     let router = router_from(&["seen_alone"], classes, 0.0);
     teach_each(&router, 0, &[(1.0, 0.1, 20.0); 16]);
     let _held = occupy(&router, 0, 0, 2);
-    assert_eq!(
-        reason_of(&router, &ask(&router, 0)),
-        Err(ErrorKind::NoBackendAvailable),
-        "it goes to the line"
-    );
-    goes_from_the_line_at_once(&router).await;
+    arrives_in_line_and_goes_at_its_turn(&router).await;
 }
 
 #[test]
@@ -438,10 +444,5 @@ async fn at_its_turn_a_request_takes_any_worthwhile_chance_once_waiting_could_on
     // line, with no slot due before its target, waiting could only end in a 429: it takes it.
     let router = noisy_engine(4, 6);
     let _held = occupy(&router, 0, 0, 1);
-    assert_eq!(
-        reason_of(&router, &ask(&router, 0)),
-        Err(ErrorKind::NoBackendAvailable),
-        "it goes to the line"
-    );
-    goes_from_the_line_at_once(&router).await;
+    arrives_in_line_and_goes_at_its_turn(&router).await;
 }
