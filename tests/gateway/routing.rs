@@ -102,8 +102,10 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
             .parse()
             .unwrap();
         // 100 tok/s, measured over a 6-token stream's five gaps of one 10-ms step each: a few
-        // ms of timer jitter on a loaded machine move a request's speed by a fifth or more.
-        assert!((60.0..=150.0).contains(&tps), "predicted {tps} tok/s");
+        // ms of timer jitter on a loaded machine move a request's speed by a fifth or more, and
+        // a first token held up ~20 ms while the rest keep their times reads as 150 (seen in
+        // CI). What matters is fast's measure, far above the SLO and slow's 10.
+        assert!((60.0..=250.0).contains(&tps), "predicted {tps} tok/s");
         let ttft: f64 = header(&ex.headers, "x-tpsgate-predicted-ttft-ms")
             .parse()
             .unwrap();
