@@ -65,6 +65,8 @@ pub(crate) struct Candidate<'r> {
     /// Its ramp ([`crate::fleet::ramp`]) allows the request in flight where its curve has no
     /// evidence (never observed, or beyond twice the concurrency seen).
     pub ramping: bool,
+    /// The prefill rate its first tokens are bounded by ([`Predictor::prefill_rate`]).
+    pub prefill_rate: Option<f64>,
 }
 
 impl Candidate<'_> {
@@ -131,6 +133,7 @@ impl Router {
                     prefix.hashes.get(at).copied()
                 })
             });
+        let fastest = std::cell::OnceCell::new();
         let mut candidates: Vec<Candidate<'_>> = self
             .serving(ask)
             .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
@@ -164,11 +167,13 @@ impl Router {
                         holds_prefix,
                         affinity,
                         ramping: false,
+                        prefill_rate: None,
                     };
                 }
                 let n = f64::from(joining);
-                let predictor =
-                    self.predictor(index, backend, ask, policy, now, cache.cached_tokens);
+                let predictor = self
+                    .predictor(index, backend, ask, policy, now, cache.cached_tokens)
+                    .or_prefill_rate(|| *fastest.get_or_init(|| self.fastest_prefill(ask)));
                 let prediction = predictor.at(n);
                 let batch = policy == Policy::Throughput || ask.slo.is_batch();
                 let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
@@ -211,6 +216,7 @@ impl Router {
                     holds_prefix,
                     affinity,
                     ramping: backend.ramp.allows(joining),
+                    prefill_rate: predictor.prefill_rate(),
                 }
             })
             .collect();
@@ -313,6 +319,16 @@ impl Router {
             ask.now,
             c.cache.cached_tokens,
         )
+        .or_prefill_rate(|| c.prefill_rate)
+    }
+
+    /// The fastest prefill any backend serving the model has shown: no backend clears a queue
+    /// of prefill faster than that, one whose own curve has not told its rate yet included
+    /// (all its prompts alike so far, or a few samples).
+    fn fastest_prefill(&self, ask: &Ask<'_>) -> Option<f64> {
+        self.serving(ask)
+            .filter_map(|(_, b)| b.model(ask.model)?.fit.prefill_tokens_per_s)
+            .reduce(f64::max)
     }
 
     /// Where `backend`'s predictions come from for `ask`, which should find `cached_tokens` of
@@ -331,8 +347,10 @@ impl Router {
         if policy == Policy::Oracle {
             Predictor::Oracle(self.oracle.as_ref(), index)
         } else {
+            let model = backend.model(ask.model);
             Predictor::Curve {
-                model: backend.model(ask.model),
+                prefill_rate: model.as_ref().and_then(|m| m.fit.prefill_tokens_per_s),
+                model,
                 neighbours: self.devices.load(index),
                 prompt_tokens: ask.prompt_tokens - cached_tokens,
                 queue_s: backend.occupancy.waited(now),
@@ -434,12 +452,36 @@ enum Predictor<'r> {
         /// Uncached prompt tokens sent to the backend and not yet at a first token: prefill
         /// this request waits behind, whatever the curve says of the occupancy.
         prefill_waiting: u64,
+        /// Its curve's prefill rate, or where that has none yet, the fastest the fleet has
+        /// shown for the model: a first token comes no sooner than the prefill before it.
+        prefill_rate: Option<f64>,
     },
     /// The simulator's truth for backend `usize`.
     Oracle(Option<&'r Oracle>, usize),
 }
 
 impl Predictor<'_> {
+    /// Where the curve has no prefill rate yet, `fallback`'s: a backend whose prompts were all
+    /// alike so far still queues a burst of long ones one after another. On the Azure trace,
+    /// three prompts of seconds of prefill went one after another to a pod whose curve had
+    /// seen three, none of them waiting; it still predicted 0.6 s, and seven more followed.
+    fn or_prefill_rate(mut self, fallback: impl FnOnce() -> Option<f64>) -> Self {
+        if let Self::Curve { prefill_rate, .. } = &mut self
+            && prefill_rate.is_none()
+        {
+            *prefill_rate = fallback();
+        }
+        self
+    }
+
+    /// The rate its first tokens are bounded by, where it has one.
+    fn prefill_rate(&self) -> Option<f64> {
+        match self {
+            Self::Curve { prefill_rate, .. } => *prefill_rate,
+            Self::Oracle(..) => None,
+        }
+    }
+
     /// The same, with one more engine running beside the backend on its device.
     fn beside_one_more(mut self) -> Self {
         if let Self::Curve { neighbours, .. } = &mut self {
@@ -457,6 +499,7 @@ impl Predictor<'_> {
                 prompt_tokens,
                 queue_s,
                 prefill_waiting,
+                prefill_rate,
             } => {
                 let model = model.as_ref()?;
                 // Prefills run one after another (a queue of prefills, as engines schedule
@@ -467,9 +510,7 @@ impl Predictor<'_> {
                 if concurrency > 1.0 {
                     p = p.ttft_at_least(*queue_s);
                 }
-                if *prefill_waiting > 0
-                    && let Some(rate) = model.fit.prefill_tokens_per_s
-                {
+                if let Some(rate) = prefill_rate {
                     p = p.ttft_at_least(prefill as f64 / rate);
                 }
                 Some(p)

@@ -85,17 +85,25 @@ fn teach(router: &Router, i: usize, per_seq_ms: f64) {
 
 /// [`teach`], seen at the given concurrencies only.
 fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
+    teach_prefilling(router, i, per_seq_ms, seen, None);
+}
+
+/// [`teach_at`]: every prompt of 10 tokens, its first token in 50 ms; or, given a prefill
+/// `rate`, prompts of 1,000 to 8,000 tokens, each first token 50 ms plus its prefill at it.
+fn teach_prefilling(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64], rate: Option<f64>) {
     let now = Instant::now();
     for &c in seen {
-        for _ in 0..8 {
+        for k in 0..8_u64 {
+            let prompt = rate.map_or(10, |_| 1000 * (k + 1));
+            let ttft = 0.05 + rate.map_or(0.0, |r| prompt as f64 / r);
             let obs = Observation {
                 at: now,
                 outcome: Outcome::Completed,
-                ttft: Some(0.05),
+                ttft: Some(ttft),
                 tpot: Some(0.010 + per_seq_ms * 1e-3 * c),
                 output_tokens: 100,
                 estimated: false,
-                prompt_tokens: Some(10),
+                prompt_tokens: Some(prompt),
                 concurrency: Some(c),
                 neighbours: 0.0,
             };
@@ -103,8 +111,8 @@ fn teach_at(router: &Router, i: usize, per_seq_ms: f64, seen: &[f64]) {
                 "m",
                 &FirstToken {
                     at: now,
-                    ttft: 0.05,
-                    prompt_tokens: Some(10),
+                    ttft,
+                    prompt_tokens: Some(prompt),
                     admitted_with: c,
                     queued_with: 0,
                 },
@@ -175,6 +183,40 @@ async fn requests_still_waiting_for_a_first_token_keep_ttft_sensitive_ones_away(
         "b",
         "two seconds without a first token: a queue"
     );
+}
+
+#[test]
+fn long_prompts_queued_on_a_backend_keep_others_away_before_its_curve_knows_its_prefill_rate() {
+    let router = router_over(&["a", "b"]);
+    // a has seen prompts of one size only: its curve cannot tell its prefill rate. b's can.
+    teach(&router, 0, 0.5);
+    teach_prefilling(&router, 1, 0.5, &[1.0, 2.0, 4.0], Some(8000.0));
+    let rate = |i: usize| {
+        router.backends[i]
+            .model("m")
+            .unwrap()
+            .fit
+            .prefill_tokens_per_s
+    };
+    assert_eq!(rate(0), None);
+    assert!((rate(1).unwrap() - 8000.0).abs() < 1.0);
+    let within_a_second = Ask {
+        prompt_tokens: 1000,
+        slo: Slo {
+            max_ttft_s: Some(1.0),
+            ..router.classes[0].slo
+        },
+        ..ask(&router, 0)
+    };
+    let pick = |router: &Router| router.route(&within_a_second).unwrap().unwrap().index;
+    // Two requests on a: a first token there in 50 ms, against b's 50 plus 125 of prefill.
+    let mut held = occupy(&router, 0, 0, 2);
+    assert_eq!(pick(&router), 0);
+    // Their 16,000 prompt tokens not yet prefilled: two seconds at the fleet's fastest rate.
+    for guard in &mut held {
+        guard.expect_prefill(8000, Hit::default());
+    }
+    assert_eq!(pick(&router), 1);
 }
 
 #[test]
