@@ -527,6 +527,9 @@ impl Router {
             None => ask,
         };
         let candidates = self.candidates(ask, policy);
+        if tracing::enabled!(tracing::Level::TRACE) {
+            candidates.iter().for_each(trace_candidate);
+        }
         let may_explore = !queued
             && policy != Policy::Oracle
             && (self.explored.load(Ordering::Relaxed) as f64)
@@ -801,6 +804,26 @@ impl Router {
         }
         owners
     }
+}
+
+/// One evaluated candidate as the router saw it (`RUST_LOG=tpsgate::router=trace`): what a
+/// decision weighed, for the operator asking why a request went where it did.
+fn trace_candidate(c: &Candidate<'_>) {
+    let p = c.prediction;
+    tracing::trace!(
+        backend = &*c.backend.config.name,
+        joining = c.joining,
+        predicted_tps = p.map(|p| p.per_user_tps_p50),
+        predicted_ttft_ms = p.map(|p| p.ttft_p50_s * 1e3),
+        confidence = p.map(|p| p.confidence),
+        beyond_evidence = p.map(|p| p.beyond_evidence),
+        slack = c.slack,
+        next_slack = c.next_slack,
+        chance = c.chance,
+        keeps_others = c.keeps_others,
+        neighbour_loss = c.neighbour_loss,
+        "candidate"
+    );
 }
 
 #[cfg(test)]
