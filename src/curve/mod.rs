@@ -81,8 +81,9 @@ pub struct Fit {
     pub tpot_base_s: f64,
     /// b in TPOT = a + b·c, seconds per concurrent request.
     pub tpot_per_seq_s: f64,
-    /// d in TPOT = a + b·c + d·n, seconds per request in flight on the backends sharing its
-    /// device (`device:`); 0 where none is or none has been seen busy.
+    /// d in TPOT = a + b·c + d·n, seconds per engine running beside it on its device
+    /// (`device:`); 0 where none is, or its samples cannot tell (its neighbours always ran
+    /// beside it, or never).
     pub tpot_per_neighbour_s: f64,
     /// t0 in TTFT = t0 + t1·(c − 1) + P/r, seconds: a lone request's wait.
     pub ttft_base_s: f64,

@@ -239,12 +239,24 @@ impl Model {
         neighbours: f64,
         prompt_tokens: u64,
     ) -> Prediction {
+        let per_neighbour_s = self.fit.tpot_per_neighbour_s;
+        self.predict_beside(concurrency, neighbours, per_neighbour_s, prompt_tokens)
+    }
+
+    /// [`Model::predict`], each neighbour running costing a token `per_neighbour_s` (where
+    /// the curve has not told its own, what another engine on the device learned).
+    pub(crate) fn predict_beside(
+        &self,
+        concurrency: f64,
+        neighbours: f64,
+        per_neighbour_s: f64,
+        prompt_tokens: u64,
+    ) -> Prediction {
         let i = bucket_of(concurrency);
         let j = ttft_bucket_of(concurrency);
         let fit = &self.fit;
-        let tpot_at = |c: f64, n: f64| {
-            fit.tpot_base_s + fit.tpot_per_seq_s * c + fit.tpot_per_neighbour_s * n
-        };
+        let tpot_at =
+            |c: f64, n: f64| fit.tpot_base_s + fit.tpot_per_seq_s * c + per_neighbour_s * n;
         // The requests ahead: a lone request waits for none.
         let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * (c - 1.0).max(0.0);
         let speed_weight = self.buckets[i].map_or(0.0, |s| s.weight);

@@ -350,6 +350,9 @@ impl Router {
             let model = backend.model(ask.model);
             Predictor::Curve {
                 prefill_rate: model.as_ref().and_then(|m| m.fit.prefill_tokens_per_s),
+                per_neighbour_s: model
+                    .as_ref()
+                    .map_or(0.0, |m| self.devices.per_neighbour_s(index, m, ask.model)),
                 model,
                 neighbours: self.devices.load(index),
                 prompt_tokens: ask.prompt_tokens - cached_tokens,
@@ -442,6 +445,8 @@ enum Predictor<'r> {
         model: Option<Arc<Model>>,
         /// The backends sharing its device that run now.
         neighbours: f64,
+        /// What each of them adds to its tokens ([`Devices::per_neighbour_s`](super::device::Devices::per_neighbour_s)).
+        per_neighbour_s: f64,
         /// This request's prompt tokens the backend must prefill (its prefix cache's expected
         /// hit taken off).
         prompt_tokens: u64,
@@ -496,6 +501,7 @@ impl Predictor<'_> {
             Self::Curve {
                 model,
                 neighbours,
+                per_neighbour_s,
                 prompt_tokens,
                 queue_s,
                 prefill_waiting,
@@ -506,7 +512,8 @@ impl Predictor<'_> {
                 // them): this one's first token comes after the waiting ones' and its own, and
                 // the curve learned TTFT against the same count (`FirstToken::prompt_tokens`).
                 let prefill = *prefill_waiting + *prompt_tokens;
-                let mut p = model.predict(concurrency, *neighbours, prefill);
+                let mut p =
+                    model.predict_beside(concurrency, *neighbours, *per_neighbour_s, prefill);
                 if concurrency > 1.0 {
                     p = p.ttft_at_least(*queue_s);
                 }

@@ -404,6 +404,33 @@ fn an_idle_engine_is_tried_again_only_where_its_pass_costs_the_requests_beside_i
 }
 
 #[test]
+fn an_engine_seen_only_beside_another_is_not_judged_alone_by_its_neighbours_passes() {
+    // The batching engine has only ever run beside the serial one, whose pass cost each of its
+    // tokens 20 ms: its own curve cannot tell that from its base, and alone it reads 32 tok/s,
+    // under the class's 41. The serial engine, seen with and without the batching one beside
+    // it, learned what a pass beside it costs: 20 ms. With that, the batching engine alone
+    // gives a request 53 tok/s and leaves the next one room (51 as its second), where the
+    // serial engine would keep the next one waiting behind it (1.2 s) or put it beside itself
+    // on the batching engine (32 tok/s).
+    let router = router_with(&["batching", "serial"], ", device: host", MARGINAL_SPEED, 0.0);
+    let mut batching = Vec::new();
+    for c in [1.0, 2.0, 3.0, 4.0] {
+        batching.extend([(c, 1.0, 0.05, 1.0 / (0.010 + 0.001 * c + 0.020)); 8]);
+    }
+    teach_beside(&router, 0, &batching);
+    let mut serial = Vec::new();
+    for n in [0.0, 1.0, 0.0, 1.0] {
+        serial.extend([(1.0, n, 0.05, 1.0 / (0.008 + 0.020 * n)); 8]);
+    }
+    serial.extend([(2.0, 0.0, 1.2, 125.0); 4]);
+    teach_beside(&router, 1, &serial);
+    let fit = |i: usize| router.backends[i].model("m").unwrap().fit;
+    assert_eq!(fit(0).tpot_per_neighbour_s, 0.0, "{:?}", fit(0));
+    assert!((fit(1).tpot_per_neighbour_s - 0.020).abs() < 1e-6, "{:?}", fit(1));
+    assert_eq!(chosen(&router, 0), Ok("batching"));
+}
+
+#[test]
 fn backends_that_share_no_device_are_not_charged_for_each_other() {
     let router = shared_host("");
     let _decoding = occupy(&router, 0, 0, 2);
