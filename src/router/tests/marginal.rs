@@ -412,7 +412,12 @@ fn an_engine_seen_only_beside_another_is_not_judged_alone_by_its_neighbours_pass
     // gives a request 53 tok/s and leaves the next one room (51 as its second), where the
     // serial engine would keep the next one waiting behind it (1.2 s) or put it beside itself
     // on the batching engine (32 tok/s).
-    let router = router_with(&["batching", "serial"], ", device: host", MARGINAL_SPEED, 0.0);
+    let router = router_with(
+        &["batching", "serial"],
+        ", device: host",
+        MARGINAL_SPEED,
+        0.0,
+    );
     let mut batching = Vec::new();
     for c in [1.0, 2.0, 3.0, 4.0] {
         batching.extend([(c, 1.0, 0.05, 1.0 / (0.010 + 0.001 * c + 0.020)); 8]);
@@ -426,7 +431,11 @@ fn an_engine_seen_only_beside_another_is_not_judged_alone_by_its_neighbours_pass
     teach_beside(&router, 1, &serial);
     let fit = |i: usize| router.backends[i].model("m").unwrap().fit;
     assert_eq!(fit(0).tpot_per_neighbour_s, 0.0, "{:?}", fit(0));
-    assert!((fit(1).tpot_per_neighbour_s - 0.020).abs() < 1e-6, "{:?}", fit(1));
+    assert!(
+        (fit(1).tpot_per_neighbour_s - 0.020).abs() < 1e-6,
+        "{:?}",
+        fit(1)
+    );
     assert_eq!(chosen(&router, 0), Ok("batching"));
 }
 
