@@ -120,7 +120,10 @@ default_class: interactive
 routing: {policy: $policy}
 curves: {half_life_s: 60}
 YAML
-      "$bin" serve --config "$out/gateway-$slo-$arm.yaml" >"$out/gateway-$slo-$arm-$run.log" 2>&1 & pids+=($!)
+      # Every decision and the candidates it weighed, so that a run that collapses can be read
+      # afterwards (a few lines a request).
+      RUST_LOG=${RUST_LOG:-info,tpsgate::router=trace} "$bin" serve --config "$out/gateway-$slo-$arm.yaml" \
+        >"$out/gateway-$slo-$arm-$run.log" 2>&1 & pids+=($!)
       sleep 1
       first=${rates%%,*}
       bench --url http://127.0.0.1:8390 --rate "$first" --duration 10 --seed "$((1000 + run))" >/dev/null
