@@ -8,14 +8,17 @@
 #   comfortable  min_tps = half of that
 # both with a first token within TTFT_MS. Arms: a policy, or `policy:on_miss` (the class's
 # `on_miss` is `queue` unless named). Each arm gets fresh engines (as when this was first seen on
-# an H100, so that one arm's leftovers cannot slow the next; FRESH_ENGINES=0 starts them once per
-# SLO), each warmed by requests straight to it, a fresh gateway, a short warm-up, then the
-# rates; run k offers every arm the same arrivals (bench --seed k), and starts at its k-th arm.
+# an H100, so that one arm's leftovers cannot slow the next; FRESH_ENGINES=0 starts them once for
+# the whole script), each warmed by requests straight to it, a fresh gateway, a short warm-up,
+# then the rates; run k offers every arm the same arrivals (bench --seed k), and starts at its
+# k-th arm.
 #
 # Usage: benches/real-routing.sh [RUNS=3] [RATES=0.5,1,2] [DURATION_S=30] [ARMS...]
 #   VENV=dir (default target/engine-venv; made with torch and transformers[serving] when missing)
 #   DEVICE=cpu|cuda  HIDDEN=256 LAYERS=4 (the model)  DTYPE=auto  LOAD_C=4  TTFT_MS=1000
 #   MAX_TOKENS=64  SLOS="comfortable marginal"  BIN=path (default: build target/release)
+#   REQUEST_TIMEOUT_S=60 (a request not done by then is counted failed, and dropped)
+#   WARMUP_S=10 (each arm's gateway first sees this long of the first rate, unscored)
 #   SHARED=name (the `device:` both backends name; empty: none)  MEDIAN=tok/s (skip measuring)
 #   PYTHON, TRANSFORMERS: the interpreter and the `transformers` command, where they are
 #   installed already (then no venv is made)
@@ -39,6 +42,7 @@ dtype=${DTYPE:-auto}
 load_c=${LOAD_C:-4}
 ttft_ms=${TTFT_MS:-1000}
 max_tokens=${MAX_TOKENS:-64}
+request_timeout=${REQUEST_TIMEOUT_S:-60}
 slos=${SLOS:-comfortable marginal}
 out=${OUT:-$PWD/target/real-routing}
 # Both engines run on this machine's one device (its cores, or its one GPU): the gateway is
@@ -55,16 +59,27 @@ serve_cmd=${TRANSFORMERS:-$venv/bin/transformers}
 bin=${BIN:-$PWD/target/release/tpsgate}
 [ -n "${BIN:-}" ] || cargo build --release --quiet
 model=$out/model-$hidden-$layers
-[ -f "$model/config.json" ] || "$python" benches/tiny_llama.py "$model" "$hidden" "$layers"
+[ -f "$model/config.json" ] || "$python" benches/tiny_llama.py "$model" "$hidden" "$layers" "$device"
 source benches/procs.sh
 
+# Whether an engine answers its health check (python, not curl: a lent GPU machine has no curl).
+healthy() { "$python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=2)' \
+  "http://127.0.0.1:$1/health" 2>/dev/null; }
 engines() { # start both engines, wait until they answer
+  local port engine pid
   "$serve_cmd" serve "$model" --device "$device" --dtype "$dtype" --port 8301 --continuous-batching \
     >"$out/engine-batching.log" 2>&1 & pids+=($!)
   "$serve_cmd" serve "$model" --device "$device" --dtype "$dtype" --port 8302 --no-continuous-batching \
     >"$out/engine-serial.log" 2>&1 & pids+=($!)
-  for port in 8301 8302; do
-    for _ in $(seq 300); do curl -sf -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 1; done
+  for engine in batching:8301:${pids[-2]} serial:8302:${pids[-1]}; do
+    IFS=: read -r engine port pid <<<"$engine"
+    for _ in $(seq 300); do
+      healthy "$port" && break
+      if ! kill -0 "$pid" 2>/dev/null; then # it died: say why now, not after five minutes
+        echo "the $engine engine exited while starting:" >&2; tail -30 "$out/engine-$engine.log" >&2; exit 1
+      fi
+      sleep 1
+    done
     # Warmed, as an operator's readiness check would: a fresh `transformers serve` takes its
     # first answer 16 s (0.03-0.1 s after), which would otherwise be the first thing every
     # arm's router learns of it.
@@ -76,7 +91,7 @@ engines() { # start both engines, wait until they answer
       --concurrency 4 --requests 24 --timeout 120 --json >/dev/null 2>&1 || true
   done
 }
-bench() { "$bin" bench --model tiny --prompt-tokens 64 --max-tokens "$max_tokens" --timeout 60 "$@" --json 2>/dev/null; }
+bench() { "$bin" bench --model tiny --prompt-tokens 64 --max-tokens "$max_tokens" --timeout "$request_timeout" "$@" --json 2>/dev/null; }
 
 # The batching engine's median speed at LOAD_C in flight, straight to it (MEDIAN=tok/s: as
 # given, to compare with an earlier run's SLOs).
@@ -86,7 +101,7 @@ else
   engines
   "$bin" bench --url http://127.0.0.1:8301 --model "$model" --prompt-tokens 64 --max-tokens "$max_tokens" \
     --concurrency "$load_c" --requests 32 --timeout 60 --json 2>/dev/null >"$out/engine-speed.json"
-  stop
+  [ "${FRESH_ENGINES:-1}" = 0 ] || stop
   median=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["per_user_tps_p50"], 1))' "$out/engine-speed.json")
 fi
 echo "batching engine at $load_c in flight: median $median tok/s" >&2
@@ -98,7 +113,7 @@ for slo in $slos; do
     *) echo "SLOS: comfortable, marginal" >&2; exit 2 ;;
   esac
   rm -f "$out/results-$slo.jsonl"
-  [ "${FRESH_ENGINES:-1}" = 1 ] || engines
+  [ "${FRESH_ENGINES:-1}" = 1 ] || [ ${#pids[@]} -gt 0 ] || engines
   for run in $(seq "$runs"); do
     # Each run starts at a different arm, so that none is always the first on the engines.
     read -ra order <<<"$arms"
@@ -126,7 +141,7 @@ YAML
         >"$out/gateway-$slo-$arm-$run.log" 2>&1 & pids+=($!)
       sleep 1
       first=${rates%%,*}
-      bench --url http://127.0.0.1:8390 --rate "$first" --duration 10 --seed "$((1000 + run))" >/dev/null
+      bench --url http://127.0.0.1:8390 --rate "$first" --duration "${WARMUP_S:-10}" --seed "$((1000 + run))" >/dev/null
       bench --url http://127.0.0.1:8390 --rate "$rates" --duration "$duration" --seed "$run" \
         --slo-tps "$min_tps" --slo-ttft-ms "$ttft_ms" \
         | sed "s/^/{\"policy\":\"$arm\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results-$slo.jsonl"
@@ -134,7 +149,7 @@ YAML
       if [ "${FRESH_ENGINES:-1}" = 1 ]; then stop; else kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; fi
     done
   done
-  stop
+  [ "${FRESH_ENGINES:-1}" = 0 ] || stop
   SLO_TPS=$min_tps SLO_TTFT_MS=$ttft_ms python3 benches/goodput_table.py "$out/results-$slo.jsonl" \
     | tee "$out/table-$slo.md"
 done

@@ -6,10 +6,14 @@ Random weights emit random tokens: with a byte-level BPE vocabulary many of them
 UTF-8 sequences, which the engine holds back until they form valid text. That is the case that
 made speed look 2.5x too high (issue "Real engines", item 2), kept on purpose.
 
-Usage: benches/tiny_llama.py OUT_DIR [HIDDEN=256] [LAYERS=4]
+Usage: benches/tiny_llama.py OUT_DIR [HIDDEN=256] [LAYERS=4] [DEVICE=cpu]
+On a GPU (DEVICE=cuda) the weights are drawn there and saved in bfloat16: a 1B model drawn on
+the CPU in float32 takes a minute of a lent machine's time.
 """
 import random
 import sys
+
+import torch
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -36,6 +40,7 @@ def main():
     out = sys.argv[1]
     hidden = int(sys.argv[2]) if len(sys.argv) > 2 else 256
     layers = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -54,7 +59,10 @@ def main():
         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
     )
-    model = LlamaForCausalLM(config)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    if device != "cpu":
+        model = model.to(torch.bfloat16)
     # A random model that never says its end token: every request runs to max_tokens. Nor any
     # other special token: an engine strips those from the text, and a large vocabulary's few
     # specials would otherwise be chunks without content.
