@@ -641,8 +641,12 @@ impl Router {
             .filter_map(|(i, c)| {
                 let p = c.prediction?;
                 // Beyond its evidence a prediction is a guess; it is still better than the sure
-                // miss of a 429 for a request whose wait could end in nothing else.
-                if p.beyond_evidence && !c.ramping && !last_resort {
+                // miss of a 429 for a request whose wait could end in nothing else, one guess
+                // at a time.
+                if p.beyond_evidence
+                    && !c.ramping
+                    && !(last_resort && self.first_guess(ask, policy, c))
+                {
                     return None;
                 }
                 let gain = self.chance_gain(ask, policy, c, &p, waits)?;

@@ -220,6 +220,25 @@ async fn at_its_turn_a_request_takes_a_backend_beyond_its_curves_evidence_rather
     arrives_in_line_and_goes_at_its_turn(&router).await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn at_its_turn_a_request_takes_one_guess_beyond_its_curves_evidence_not_a_burst_of_them() {
+    // Seen one request at a time only, the curve fits no cost per request: it guesses 20 tok/s
+    // at any load. With a guess already in flight (three there, twice what it has seen is
+    // two), the next in line does not bet on the same guess: a line of ten, each at its turn,
+    // once took it together on a GPU and all ten streamed at 10 tok/s against 16.
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["seen_alone"], classes, 0.0);
+    teach_each(&router, 0, &[(1.0, 0.1, 20.0); 16]);
+    let _held = occupy(&router, 0, 0, 3);
+    assert!(
+        router
+            .wait_in_line(&ask(&router, 0), Share::default())
+            .await
+            .is_err(),
+        "it waits for what the guess teaches, and gets a 429 if nothing frees in time"
+    );
+}
+
 #[test]
 fn a_backend_slowed_by_its_cold_start_is_tried_again_while_idle_by_a_class_that_queues() {
     // A fresh engine's first answer came after 16 s (its warm-up), and no exploration budget is
