@@ -39,7 +39,9 @@ export LOAD_C=${LOAD_C:-8} FRESH_ENGINES=0
 # CPU runs' 10 s of unscored warm-up per arm.
 export REQUEST_TIMEOUT_S=${REQUEST_TIMEOUT_S:-15} WARMUP_S=${WARMUP_S:-6}
 start=$(date +%s)
-timeout "${BUDGET_S:-490}" benches/real-routing.sh 1 "${RATES:-2,5}" "${DURATION_S:-12}" \
+# RUNS=3 with one SLO and three arms (SLOS=comfortable ARMS="headroom p2c_peak_ewma round_robin")
+# fits one call too: about 130 s to start and warm the engines, 35 s an arm and run.
+timeout "${BUDGET_S:-490}" benches/real-routing.sh "${RUNS:-1}" "${RATES:-2,5}" "${DURATION_S:-12}" \
   ${ARMS:-headroom headroom:best_effort round_robin p2c_peak_ewma}
 echo "real-routing.sh: exit $? after $(( $(date +%s) - start )) s" | tee -a "$back/gpu.txt"
 cp "$work"/results-*.jsonl "$work"/table-*.md "$work"/engine-speed.json "$back"/ 2>/dev/null
