@@ -206,6 +206,15 @@ async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected
     assert_eq!(behind_two.received.elapsed(), Duration::from_millis(300));
 }
 
+/// An engine seen one request at a time only (20 tok/s, 3.2 s a request), by a class that
+/// wants 10 tok/s and a first token within a second, and queues.
+fn seen_one_at_a_time() -> Router {
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["seen_alone"], classes, 0.0);
+    teach_each(&router, 0, &[(1.0, 0.1, 20.0); 16]);
+    router
+}
+
 #[tokio::test(start_paused = true)]
 async fn at_its_turn_a_request_takes_a_backend_beyond_its_curves_evidence_rather_than_a_429() {
     // Seen one request at a time only (20 tok/s, 3.2 s a request), the engine holds two: a
@@ -213,9 +222,7 @@ async fn at_its_turn_a_request_takes_a_backend_beyond_its_curves_evidence_rather
     // take. In line, with no slot due before its 1-s target, the guess beats the sure miss of
     // a 429 (seen on two CPU engines warmed at 0.5 req/s then offered 2: 20 of 60 refused
     // while the batching engine's guess said every one would be good).
-    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
-    let router = router_from(&["seen_alone"], classes, 0.0);
-    teach_each(&router, 0, &[(1.0, 0.1, 20.0); 16]);
+    let router = seen_one_at_a_time();
     let _held = occupy(&router, 0, 0, 2);
     arrives_in_line_and_goes_at_its_turn(&router).await;
 }
@@ -226,9 +233,7 @@ async fn at_its_turn_a_request_takes_one_guess_beyond_its_curves_evidence_not_a_
     // at any load. With a guess already in flight (three there, twice what it has seen is
     // two), the next in line does not bet on the same guess: a line of ten, each at its turn,
     // once took it together on a GPU and all ten streamed at 10 tok/s against 16.
-    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
-    let router = router_from(&["seen_alone"], classes, 0.0);
-    teach_each(&router, 0, &[(1.0, 0.1, 20.0); 16]);
+    let router = seen_one_at_a_time();
     let _held = occupy(&router, 0, 0, 3);
     assert!(
         router
