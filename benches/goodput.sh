@@ -15,9 +15,11 @@
 # stalls the batch); SLO_TPS and SLO_TTFT_MS set the interactive SLO (default 25 tok/s, 1000
 # ms) in the gateway and the scoring alike. FLEET=shared runs config/sim-fleet-shared.yaml (a
 # batching and a serial engine on one device) behind benches/shared-gateway.yaml, which names
-# the device (SHARED=0: it does not). WARMUP_RATE (default 5 req/s) is the warm-up's rate. Only
+# the device (SHARED=0: it does not); FLEET=bend runs config/sim-fleet-bend.yaml (the same two
+# engines shaped like those on an H200: the batching one holds its speed past 8 in flight)
+# behind the same gateway. WARMUP_RATE (default 5 req/s) is the warm-up's rate. Only
 # the default fleet and SLO write BENCHMARKS.md, and not with SPLICE=0.
-# Needs ports 8180, 9190 and 9101-9104 (9121-9122 for FLEET=noisy, 9131-9132 for shared) free. About 4 minutes per
+# Needs ports 8180, 9190 and 9101-9104 (9121-9122 for FLEET=noisy, 9131-9132 for shared and bend) free. About 4 minutes per
 # policy per run (a request not done in 30 s counts as failed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +35,8 @@ case "$fleet" in
   default) sim_config=config/sim-fleet.yaml gateway=benches/goodput-gateway.yaml model=llama-3.1-8b ;;
   noisy) sim_config=config/sim-fleet-noisy.yaml gateway=benches/noisy-gateway.yaml model=tiny-llama ;;
   shared) sim_config=config/sim-fleet-shared.yaml gateway=benches/shared-gateway.yaml model=tiny-llama ;;
-  *) echo "FLEET is default, noisy or shared" >&2; exit 2 ;;
+  bend) sim_config=config/sim-fleet-bend.yaml gateway=benches/shared-gateway.yaml model=tiny-llama ;;
+  *) echo "FLEET is default, noisy, shared or bend" >&2; exit 2 ;;
 esac
 # FLEET=shared SHARED=0: the gateway is not told that the two engines share a device.
 untold=

@@ -290,6 +290,7 @@ impl SimArgs {
             mode: f.mode.unwrap_or(defaults.mode),
             step_base_ms: f.step_base_ms.unwrap_or(defaults.step_base_ms),
             step_per_seq_ms: f.step_per_seq_ms.unwrap_or(defaults.step_per_seq_ms),
+            step_per_seq_until: defaults.step_per_seq_until,
             max_batch: f.max_batch.or(defaults.max_batch),
             prefill_tokens_per_s: f
                 .prefill_tokens_per_s

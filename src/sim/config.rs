@@ -127,6 +127,10 @@ pub struct EngineRaw {
     pub step_base_ms: f64,
     /// Added to a decode step per running request, milliseconds.
     pub step_per_seq_ms: f64,
+    /// The batch past which a running request adds nothing more to a step (absent: none). A
+    /// batching `transformers serve` on an H200 slowed as a line to 8 in flight and held its
+    /// speed from there to 19: a fit through the levels below cannot see that.
+    pub step_per_seq_until: Option<u32>,
     /// Most requests decoding at once; more wait FIFO. Must be 1 (or absent) in serial mode.
     pub max_batch: Option<u32>,
     /// Prefill speed: a prompt of P tokens stalls decoding for P / this seconds.
@@ -156,6 +160,7 @@ impl Default for EngineRaw {
             mode: Mode::Batching,
             step_base_ms: 13.5,
             step_per_seq_ms: 0.83,
+            step_per_seq_until: None,
             max_batch: None,
             prefill_tokens_per_s: 8000.0,
             prefill_stall_ms: 0.0,
@@ -266,6 +271,8 @@ pub struct Timing {
     pub step_base: f64,
     /// Per running request part of one step.
     pub step_per_seq: f64,
+    /// The batch past which the per-request part stops growing.
+    pub step_per_seq_until: usize,
     /// Most requests decoding at once (1 in serial mode).
     pub max_batch: usize,
     /// Prefill speed, tokens per second.
@@ -286,7 +293,7 @@ pub struct Timing {
 impl Timing {
     /// Length of one decode step with `batch` requests running, seconds.
     pub(crate) fn step(&self, batch: usize) -> f64 {
-        self.step_base + self.step_per_seq * batch as f64
+        self.step_base + self.step_per_seq * batch.min(self.step_per_seq_until) as f64
     }
 
     /// Decode stall caused by admitting a prompt of `prompt_tokens`, seconds.
@@ -512,6 +519,12 @@ impl EngineRaw {
             0.0,
             "use 0 or more",
         )?;
+        if self.step_per_seq_until == Some(0) {
+            return Err(ConfigError::at(
+                format!("{at}.step_per_seq_until"),
+                "must be at least 1 (leave it out for a step that grows with every request)",
+            ));
+        }
         if !(self.prefill_tokens_per_s.is_finite() && self.prefill_tokens_per_s > 0.0) {
             return Err(ConfigError::at(
                 format!("{at}.prefill_tokens_per_s"),
@@ -580,6 +593,7 @@ impl EngineRaw {
         Ok(Timing {
             step_base: self.step_base_ms / 1e3,
             step_per_seq: self.step_per_seq_ms / 1e3,
+            step_per_seq_until: self.step_per_seq_until.map_or(usize::MAX, |n| n as usize),
             max_batch,
             prefill_tokens_per_s: self.prefill_tokens_per_s,
             prefill_stall: self.prefill_stall_ms / 1e3,
@@ -732,6 +746,20 @@ mod tests {
             "{}",
             1.0 / t.step(64)
         );
+    }
+
+    #[test]
+    fn a_step_stops_growing_past_the_batch_named_and_zero_is_rejected() {
+        let engine = |until: &str| {
+            fleet(&format!(
+                "backends:\n  - name: a\n    listen: '127.0.0.1:0'\n    models: [m]\n    engine: {{step_base_ms: 20, step_per_seq_ms: 5, step_per_seq_until: {until}}}\n"
+            ))
+        };
+        let t = engine("8").unwrap()[0].params.timing.clone();
+        assert!((t.step(4) - 0.040).abs() < 1e-12);
+        assert_eq!(t.step(8), t.step(19), "flat past 8 in flight");
+        let err = engine("0").unwrap_err();
+        assert_eq!(err.path, "backends[0].engine.step_per_seq_until");
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! # The timing rule
 //!
-//! A decode step with `b` requests running takes `s(b) = step_base + step_per_seq * b` and yields
+//! A decode step with `b` requests running takes `s(b) = step_base + step_per_seq * min(b, until)`
+//! (`until`: `step_per_seq_until`, unbounded unless set) and yields
 //! one token for each of them; requests beyond `max_batch` wait FIFO. The scheduler keeps a
 //! virtual clock `V` counting completed steps: it advances at `1 / s(b)` per second for the batch
 //! size `b` of the moment, so a change of batch changes everyone's speed from that instant on.
@@ -488,6 +489,7 @@ mod tests {
         Timing {
             step_base: base_ms / 1e3,
             step_per_seq: per_seq_ms / 1e3,
+            step_per_seq_until: usize::MAX,
             max_batch,
             prefill_tokens_per_s: 1000.0,
             prefill_stall: 0.0,

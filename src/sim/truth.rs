@@ -125,6 +125,7 @@ mod tests {
         Timing {
             step_base: 0.010,
             step_per_seq: 0.001,
+            step_per_seq_until: usize::MAX,
             max_batch,
             prefill_tokens_per_s: 1000.0,
             prefill_stall: 0.0,
