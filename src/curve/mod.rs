@@ -26,11 +26,9 @@ pub(crate) use spread::Spread;
 pub use window::FirstToken;
 use window::{Decay, Levels, NeighbourTerm, PrefillRate, Sample, StartSummary, Summary, Window};
 
-/// Bucket concurrency levels.
-pub(crate) const BUCKETS: [u32; 24] = [
-    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
-    3072, 4096,
-];
+/// Speed bucket levels: the TTFT levels. A probe one request past the highest level seen
+/// must land in a level of its own to be believed over the fit.
+pub(crate) const BUCKETS: [u32; 30] = TTFT_LEVELS;
 
 /// Occupancy levels of TTFT buckets: every count up to 16, then the speed levels above it. A
 /// server's batch limit is an exact count and the request after it waits for a slot, so TTFT can
@@ -71,7 +69,7 @@ pub(crate) const MIN_BUCKET_WEIGHT: f64 = 5.0;
 
 /// The bucket nearest to concurrency `c` in log space.
 pub(crate) fn bucket_of(c: f64) -> usize {
-    nearest_in_log(&BUCKETS, c.max(1.0))
+    ttft_bucket_of(c)
 }
 
 /// The fitted model of a curve.

@@ -10,10 +10,11 @@ use super::spread::Spread;
 use super::window::{PrefillRate, StartSummary, Summary};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
-/// Decayed weight at which a TTFT bucket without enough samples to answer on its own still
-/// raises its own prediction over the fit, and the floors above it: one sample up to a
-/// half-life old.
-const SPARSE_TTFT_WEIGHT: f64 = 0.5;
+/// Decayed weight at which a level without enough samples to answer on its own still counts
+/// as tried: a TTFT bucket raises its own prediction over the fit, and the floors above it; a
+/// speed level past the trusted ones is believed over the fit. One sample up to a half-life
+/// old.
+const SPARSE_WEIGHT: f64 = 0.5;
 
 /// What the fit weighs, in samples, against a level's own sparse observations: a level with
 /// direct observations is predicted from them, weighted by their count against the fit (one
@@ -46,6 +47,12 @@ pub struct Prediction {
     /// experienced concurrency, or the highest occupancy a first token came from, whichever is
     /// lower): the fit is extrapolating, and routing treats that as exploration.
     pub beyond_evidence: bool,
+    /// No speed was seen at this concurrency's level, nor at any above it: the speed is the
+    /// fit's, drawn through the levels below. A fit there errs either way, and only a request
+    /// sent there tells which; routing tries such a level one request at a time where the
+    /// other end is a refusal ([`Router::probe`](crate::router::Router)).
+    #[serde(skip)]
+    pub untried: bool,
     /// How per-user TPS spreads there: how likely a request is to reach a speed.
     #[serde(skip)]
     pub tps: Spread,
@@ -64,6 +71,7 @@ impl Prediction {
             ttft_p90_s: ttft.quantile(0.9),
             confidence,
             beyond_evidence,
+            untried: false,
             tps,
             ttft,
         }
@@ -71,12 +79,24 @@ impl Prediction {
 
     /// The same, with a first token no sooner than `at_least_s` (a wait seen live).
     pub(crate) fn ttft_at_least(self, at_least_s: f64) -> Self {
-        Self::new(
-            self.tps,
-            self.ttft.at_least(at_least_s, at_least_s),
-            self.confidence,
-            self.beyond_evidence,
-        )
+        self.with_speed(self.tps)
+            .with_ttft(self.ttft.at_least(at_least_s, at_least_s))
+    }
+
+    /// The same, with the speed spread `tps`.
+    pub(crate) fn with_speed(self, tps: Spread) -> Self {
+        Self {
+            untried: self.untried,
+            ..Self::new(tps, self.ttft, self.confidence, self.beyond_evidence)
+        }
+    }
+
+    /// The same, with the first-token spread `ttft`.
+    fn with_ttft(self, ttft: Spread) -> Self {
+        Self {
+            untried: self.untried,
+            ..Self::new(self.tps, ttft, self.confidence, self.beyond_evidence)
+        }
     }
 
     /// How likely a request is to reach `min_tps` (either may be absent) and to see its first
@@ -126,6 +146,9 @@ pub struct Model {
     pub speed_seen: f64,
     /// Highest occupancy at admission among TTFT buckets holding at least one sample's weight.
     pub ttft_seen: f64,
+    /// Highest experienced concurrency among speed buckets whose own quantiles are trusted
+    /// ([`MIN_BUCKET_WEIGHT`]): above it the fit extrapolates.
+    speed_trusted: f64,
     /// Weighted mean of TTFT + decode time, seconds: how long a request holds its slot.
     pub mean_duration_s: f64,
     /// How speed spreads about its median where a level has evidence of its own, pooled: the
@@ -151,6 +174,7 @@ impl Model {
             })
         });
         let present = || buckets.iter().flatten();
+        let trusted_speed_levels = || present().filter(|s| s.weight >= MIN_BUCKET_WEIGHT);
         let total: f64 = present().map(|s| s.weight).sum();
         if total <= 0.0 {
             return None;
@@ -186,6 +210,9 @@ impl Model {
             .filter(|s| s.weight >= 1.0)
             .map(|s| s.mean_concurrency)
             .fold(0.0, f64::max);
+        let speed_trusted = trusted_speed_levels()
+            .map(|s| s.mean_concurrency)
+            .fold(0.0, f64::max);
         let ttft_seen = starts
             .iter()
             .flatten()
@@ -194,8 +221,7 @@ impl Model {
             .fold(0.0, f64::max);
         // Pooled as a ratio of sums, so that a level whose median wait is a few milliseconds
         // does not stretch every other level's shape.
-        let trusted_speed = present().filter(|s| s.weight >= MIN_BUCKET_WEIGHT);
-        let tps_shape = shape(trusted_speed.map(|s| (s.weight, s.tps)))
+        let tps_shape = shape(trusted_speed_levels().map(|s| (s.weight, s.tps)))
             .unwrap_or_else(|| Spread::log_normal(1.0, 0.1, GUESSED_TPS_P10));
         let trusted_starts = starts
             .iter()
@@ -218,6 +244,7 @@ impl Model {
             floors: floors(&starts, mean_duration_s),
             speed_seen,
             ttft_seen,
+            speed_trusted,
             mean_duration_s,
             tps_shape,
             ttft_shape,
@@ -280,8 +307,15 @@ impl Model {
                     tpot_at(s.mean_concurrency, s.spread_neighbours)
                         / tpot_at(concurrency, neighbours),
                 );
-                let share = observed_share(s.weight);
-                if share >= 1.0 {
+                let share = if concurrency > self.speed_trusted && s.weight >= SPARSE_WEIGHT {
+                    // Past the trusted levels the fit extrapolates a line drawn below them,
+                    // which a batch's cost per request need not follow (an H200's engine held
+                    // its speed from 8 in flight on): the level's own samples are believed.
+                    1.0
+                } else {
+                    observed_share(s.weight)
+                };
+                if s.weight >= MIN_BUCKET_WEIGHT {
                     seen
                 } else {
                     let median =
@@ -307,7 +341,7 @@ impl Model {
                 let fitted = queue_at(concurrency) + prefill;
                 if share >= 1.0 {
                     seen
-                } else if seen.median() > fitted && s.weight >= SPARSE_TTFT_WEIGHT {
+                } else if seen.median() > fitted && s.weight >= SPARSE_WEIGHT {
                     // Bad news is believed before it is certain: a first token at this very
                     // occupancy, within about a half-life, that came later than the fit says
                     // is how a queue past a batch limit, or a burst's, first shows (the fit,
@@ -322,7 +356,13 @@ impl Model {
         };
         let (floor_p50, floor_p90) = self.floors[j];
         let ttft = ttft.at_least(floor_p50 + prefill, floor_p90 + prefill);
-        Prediction::new(tps, ttft, confidence, beyond_evidence)
+        // Past the highest level with a sample's weight of speed, and at a level holding
+        // less than one sample up to a half-life old.
+        let untried = concurrency > self.speed_seen && speed_weight < SPARSE_WEIGHT;
+        Prediction {
+            untried,
+            ..Prediction::new(tps, ttft, confidence, beyond_evidence)
+        }
     }
 
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.
@@ -535,7 +575,7 @@ fn floors(
         }
         below = occupancy;
         let believed = if sparse {
-            SPARSE_TTFT_WEIGHT
+            SPARSE_WEIGHT
         } else {
             MIN_BUCKET_WEIGHT
         };

@@ -35,9 +35,10 @@ fn buckets_round_to_the_nearest_level_in_log_space() {
     assert_eq!(BUCKETS[bucket_of(0.3)], 1);
     assert_eq!(BUCKETS[bucket_of(1.4)], 1);
     assert_eq!(BUCKETS[bucket_of(1.5)], 2);
-    assert_eq!(BUCKETS[bucket_of(5.0)], 6);
+    assert_eq!(BUCKETS[bucket_of(5.0)], 5);
+    assert_eq!(BUCKETS[bucket_of(9.4)], 9);
     assert_eq!(BUCKETS[bucket_of(30.0)], 32);
-    assert_eq!(BUCKETS[bucket_of(1e6)], 4096);
+    assert_eq!(BUCKETS[bucket_of(1e6)], 2048);
     assert_eq!(TTFT_LEVELS[ttft_bucket_of(0.0)], 1);
     assert_eq!(TTFT_LEVELS[ttft_bucket_of(9.0)], 9);
     assert_eq!(TTFT_LEVELS[ttft_bucket_of(16.0)], 16);

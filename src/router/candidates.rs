@@ -40,8 +40,10 @@ pub(crate) struct Candidate<'r> {
     /// good completions ([`NeighbourCost::loss`]); 0 without a prediction.
     pub neighbour_loss: f64,
     /// After this request joins, a request of every latency class could still join and meet its
-    /// SLO there (or the backend cannot serve that class at all). Batch placement requires it,
-    /// so that batch work only takes capacity interactive traffic is not about to need.
+    /// SLO there (or the backend cannot serve that class at all), and on every backend sharing
+    /// its device with its pass beside them ([`NeighbourCost::leaves_room`]). Batch placement
+    /// requires it, so that batch work only takes capacity interactive traffic is not about to
+    /// need.
     pub leaves_room: bool,
     /// System tokens per second this request adds there, `S(n) - S(n-1)` where `S(c)` is `c`
     /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
@@ -176,7 +178,6 @@ impl Router {
                     .or_prefill_rate(|| *fastest.get_or_init(|| self.fastest_prefill(ask)));
                 let prediction = predictor.at(n);
                 let batch = policy == Policy::Throughput || ask.slo.is_batch();
-                let leaves_room = !batch || self.leaves_room(&predictor, n + 1.0);
                 // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
                 // so a backend that queues (TTFT growing with n) adds nothing by taking more.
                 let tokens = ask
@@ -190,11 +191,18 @@ impl Router {
                 } else {
                     0.0
                 };
-                let neighbours = if prediction.is_some() {
-                    self.devices.cost(index, backend, ask.model, &self.classes)
-                } else {
-                    NeighbourCost::NONE
+                let neighbours = match prediction {
+                    Some(p) => self.devices.cost(
+                        index,
+                        backend,
+                        predictor.queues(backend, &p),
+                        ask.model,
+                        &self.classes,
+                    ),
+                    None => NeighbourCost::NONE,
                 };
+                let leaves_room =
+                    !batch || (self.leaves_room(&predictor, n + 1.0) && neighbours.leaves_room);
                 Candidate {
                     index,
                     backend,
@@ -258,9 +266,16 @@ impl Router {
                 continue;
             };
             let on = device(&candidates[x]);
-            // A request that starts an idle engine puts its pass beside the others on its
-            // device; one that joins a running engine changes nothing for them.
-            let starts = !candidates[x].backend.occupancy.busy();
+            // A request that starts an idle engine, or queues on a busy one, puts its pass
+            // beside the others on its device; one that joins a running pass changes nothing
+            // for them.
+            let starts = {
+                let c = &candidates[x];
+                c.prediction.is_some_and(|p| {
+                    !c.backend.occupancy.busy()
+                        || self.predictor_of(c, ask, policy).queues(c.backend, &p)
+                })
+            };
             let elsewhere = candidates
                 .iter()
                 .enumerate()
@@ -320,6 +335,32 @@ impl Router {
                 .predictor_of(c, ask, policy)
                 .at(f64::from(c.joining - 1))
                 .is_some_and(|p| !p.beyond_evidence)
+    }
+
+    /// A request's chance on `c` as a probe of a level whose speed is untried
+    /// ([`Prediction::untried`]): the speed the requests there now are predicted held flat
+    /// one request up, its first token as predicted there. `None` where the level is tried,
+    /// where a probe is there already (the requests there are past their evidence too), or
+    /// for an idle backend (see [`choose::idle_unproven`]).
+    ///
+    /// A fit drawn through the levels below errs either way above them. Too hopeful, it is
+    /// corrected by the requests it lets in; too gloomy, by none, as it lets none in: on a GPU
+    /// a batching engine's speed fell as a line to 8 in flight and held from there to 19,
+    /// and the line's slope kept it at 8 while round robin ran it at 18.
+    pub(super) fn probe_chance(
+        &self,
+        ask: &Ask<'_>,
+        policy: Policy,
+        c: &Candidate<'_>,
+    ) -> Option<f64> {
+        let p = c.prediction.filter(|p| p.untried)?;
+        let now = f64::from(c.joining.checked_sub(1).filter(|&n| n > 0)?);
+        let there = self.predictor_of(c, ask, policy).at(now)?;
+        if there.untried || there.beyond_evidence {
+            return None;
+        }
+        let slo = ask.slo_at(ask.now);
+        Some(p.with_speed(there.tps).chance(slo.min_tps, slo.max_ttft_s))
     }
 
     /// [`Router::predictor`] for an evaluated candidate, at the request's moment.
@@ -450,6 +491,11 @@ fn edge(max_concurrency: Option<u32>, joining: u32, fits: impl Fn(u32) -> bool) 
     (last < near).then_some(last)
 }
 
+/// The share of the time a request holds its slot by which a first token predicted later than
+/// a lone one's is a wait behind the requests there, not a batch's jitter: a queue of 16 slots
+/// turning over (see the curve's `QUEUE_GROWTH_SHARE`).
+const QUEUED_SHARE: f64 = 1.0 / 16.0;
+
 /// A backend's source of predictions for one request.
 enum Predictor<'r> {
     /// The backend's curve.
@@ -490,6 +536,22 @@ impl Predictor<'_> {
             *prefill_rate = fallback();
         }
         self
+    }
+
+    /// Whether a request predicted `p` on `backend`, which runs, waits behind the requests
+    /// there: its first token predicted later than a lone one's by more than [`QUEUED_SHARE`]
+    /// of the time a request holds its slot. Its pass then runs once theirs end, beside
+    /// whatever runs on the device then. On the H200's pair (and its copy in the simulator) a
+    /// serial engine took batch work queued behind batch work, each request joining an engine
+    /// already running, and kept the device from the batching engine beside it the whole
+    /// while.
+    fn queues(&self, backend: &Backend, p: &Prediction) -> bool {
+        let Self::Curve { model: Some(m), .. } = self else {
+            return false;
+        };
+        backend.occupancy.busy()
+            && p.ttft_p50_s - self.at(1.0).map_or(0.0, |a| a.ttft_p50_s)
+                > QUEUED_SHARE * m.mean_duration_s
     }
 
     /// The rate its first tokens are bounded by, where it has one.

@@ -37,6 +37,11 @@ pub(crate) struct NeighbourCost {
     /// The expected good completions they lose: per neighbour and latency class, its requests
     /// times how much less likely each is to reach its speed target.
     pub loss: f64,
+    /// A request of every latency class a neighbour can serve alone could still join it and
+    /// meet its SLO with this pass beside it: batch work on one engine must not take the room
+    /// latency traffic needs on another (a batch request on a serial engine holds the device
+    /// for its whole run, however the load beside it grows meanwhile).
+    pub leaves_room: bool,
 }
 
 impl NeighbourCost {
@@ -44,6 +49,7 @@ impl NeighbourCost {
     pub(crate) const NONE: Self = Self {
         keeps: true,
         loss: 0.0,
+        leaves_room: true,
     };
 }
 
@@ -107,33 +113,46 @@ impl Devices {
 
     /// What one more request of `model` on `backend` (index `index`) costs the requests
     /// decoding on its neighbours, by their curves for the same model (a neighbour without one
-    /// is charged nothing: nothing says what it would lose). Nothing where it runs already:
-    /// its pass takes the device whether this request joins it or not.
+    /// is charged nothing: nothing says what it would lose). A request that starts an idle
+    /// engine adds its pass beside them; one that `queues` behind the requests on a running
+    /// engine keeps its pass beside them once theirs end; one that joins a running pass costs
+    /// them nothing.
     pub(crate) fn cost(
         &self,
         index: usize,
         backend: &Backend,
+        queues: bool,
         model: &str,
         classes: &[ClassConfig],
     ) -> NeighbourCost {
         let Some(neighbours) = self.neighbours(index) else {
             return NeighbourCost::NONE;
         };
-        if backend.occupancy.busy() {
+        let running = backend.occupancy.busy();
+        if running && !queues {
             return NeighbourCost::NONE;
         }
+        // Beside the neighbours' load as it will be without this request: a queued one's
+        // pass comes once the running one's has ended.
+        let without = if running { -1.0 } else { 0.0 };
         let mut cost = NeighbourCost::NONE;
         for (&j, neighbour) in neighbours.indexes.iter().zip(neighbours.backends.iter()) {
-            let decoding = |i: usize| neighbour.class_in_flight(i);
-            if (0..classes.len()).all(|i| decoding(i) == 0) {
-                continue;
-            }
             let Some(curve) = neighbour.model(model) else {
                 continue;
             };
             let own = f64::from(neighbour.in_flight());
-            let load = self.load(j);
+            let load = self.load(j) + without;
             let per_pass = self.per_neighbour_s(j, &curve, model);
+            let alone = curve.predict_beside(1.0, 0.0, per_pass, 0);
+            let next = curve.predict_beside(own + 1.0, load + 1.0, per_pass, 0);
+            cost.leaves_room &= classes
+                .iter()
+                .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
+                .all(|c| c.slo.slack(&next) >= 0.0);
+            let decoding = |i: usize| neighbour.class_in_flight(i);
+            if (0..classes.len()).all(|i| decoding(i) == 0) {
+                continue;
+            }
             let before = curve.predict_beside(own, load, per_pass, 0);
             let after = curve.predict_beside(own, load + 1.0, per_pass, 0);
             for (i, class) in classes.iter().enumerate() {

@@ -635,11 +635,17 @@ impl Router {
                 f64::INFINITY
             }
         });
+        // Where the other end is a refusal, a level nobody has tried is tried.
+        let refused = last_resort || waits.is_none();
         candidates
             .iter()
             .enumerate()
             .filter_map(|(i, c)| {
                 let p = c.prediction?;
+                if refused && let Some(chance) = self.probe_chance(ask, policy, c) {
+                    let gain = chance - c.neighbour_loss;
+                    return (gain >= MIN_CHANCE).then_some((i, gain));
+                }
                 // Beyond its evidence a prediction is a guess; it is still better than the sure
                 // miss of a 429 for a request whose wait could end in nothing else, one guess
                 // at a time.
