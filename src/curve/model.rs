@@ -307,10 +307,17 @@ impl Model {
                     tpot_at(s.mean_concurrency, s.spread_neighbours)
                         / tpot_at(concurrency, neighbours),
                 );
-                let share = if concurrency > self.speed_trusted && s.weight >= SPARSE_WEIGHT {
+                let fitted = 1.0 / tpot_at(concurrency, neighbours);
+                let share = if concurrency > self.speed_trusted
+                    && s.weight >= SPARSE_WEIGHT
+                    && seen.median() > fitted
+                {
                     // Past the trusted levels the fit extrapolates a line drawn below them,
                     // which a batch's cost per request need not follow (an H200's engine held
-                    // its speed from 8 in flight on): the level's own samples are believed.
+                    // its speed from 8 in flight on): a level's own samples that read faster
+                    // are believed. Slower, they are weighed by their count as below: a gloomy
+                    // level lets nobody in to correct it, and one sample slowed by a
+                    // neighbour's pass would hold it shut for a half-life.
                     1.0
                 } else {
                     observed_share(s.weight)
@@ -318,8 +325,7 @@ impl Model {
                 if s.weight >= MIN_BUCKET_WEIGHT {
                     seen
                 } else {
-                    let median =
-                        share * seen.median() + (1.0 - share) / tpot_at(concurrency, neighbours);
+                    let median = share * seen.median() + (1.0 - share) * fitted;
                     self.tps_shape.scaled(median)
                 }
             }

@@ -591,3 +591,21 @@ fn batch_work_queued_on_a_busy_engine_is_charged_the_pass_it_keeps_beside_its_ne
     let on_serial = router.candidates(&ask(&router, 1), Policy::Headroom)[1];
     assert!(!on_serial.leaves_room, "{on_serial:?}");
 }
+
+#[test]
+fn past_its_trusted_levels_a_slow_sample_is_weighed_against_the_line_not_believed() {
+    // A probe at 9 that read 5 tok/s (beside a neighbour's pass, say) is evidence, not the
+    // verdict: believed outright, it would hold the level shut for a half-life with nobody
+    // let in to correct it. One sample weighs as much as the line's 9.7 tok/s.
+    let router = router_from(&["bends"], MARGINAL, 0.0);
+    teach_each(&router, 0, &a_line_up_to_eight());
+    teach_each(&router, 0, &[(9.0, 0.05, 5.0)]);
+    let _held = occupy(&router, 0, 0, 8);
+    let p = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
+        .prediction
+        .unwrap();
+    assert!(
+        p.per_user_tps_p50 > 6.5 && p.per_user_tps_p50 < 9.0,
+        "{p:?}"
+    );
+}
