@@ -10,10 +10,10 @@ use super::spread::Spread;
 use super::window::{PrefillRate, StartSummary, Summary};
 use super::{BUCKETS, Fit, MIN_BUCKET_WEIGHT, Point, TTFT_LEVELS, bucket_of, fit, ttft_bucket_of};
 
-/// Decayed weight at which a level without enough samples to answer on its own still counts
-/// as tried: a TTFT bucket raises its own prediction over the fit, and the floors above it; a
-/// speed level past the trusted ones is believed over the fit. One sample up to a half-life
-/// old.
+/// Decayed weight at which a level without enough samples to answer on its own still speaks:
+/// a TTFT bucket raises its own prediction over the fit, and the floors above it; a speed level
+/// past the trusted ones that reads faster is believed over the fit. One sample up to a
+/// half-life old.
 const SPARSE_WEIGHT: f64 = 0.5;
 
 /// What the fit weighs, in samples, against a level's own sparse observations: a level with
@@ -47,12 +47,13 @@ pub struct Prediction {
     /// experienced concurrency, or the highest occupancy a first token came from, whichever is
     /// lower): the fit is extrapolating, and routing treats that as exploration.
     pub beyond_evidence: bool,
-    /// No speed was seen at this concurrency's level, nor at any above it: the speed is the
-    /// fit's, drawn through the levels below. A fit there errs either way, and only a request
-    /// sent there tells which; routing tries such a level one request at a time where the
-    /// other end is a refusal ([`Router::probe`](crate::router::Router)).
+    /// Past the levels whose speed the curve trusts, at a level without enough samples of its
+    /// own ([`MIN_BUCKET_WEIGHT`]): its speed is the fit's drawn through the levels below, or a
+    /// few samples weighed against it. Either errs either way, and only a request sent there
+    /// tells which; routing tries such a level one request at a time where the other end is a
+    /// refusal ([`Router::probe_chance`](crate::router::Router)).
     #[serde(skip)]
-    pub untried: bool,
+    pub unproven: bool,
     /// How per-user TPS spreads there: how likely a request is to reach a speed.
     #[serde(skip)]
     pub tps: Spread,
@@ -71,7 +72,7 @@ impl Prediction {
             ttft_p90_s: ttft.quantile(0.9),
             confidence,
             beyond_evidence,
-            untried: false,
+            unproven: false,
             tps,
             ttft,
         }
@@ -86,7 +87,7 @@ impl Prediction {
     /// The same, with the speed spread `tps`.
     pub(crate) fn with_speed(self, tps: Spread) -> Self {
         Self {
-            untried: self.untried,
+            unproven: self.unproven,
             ..Self::new(tps, self.ttft, self.confidence, self.beyond_evidence)
         }
     }
@@ -94,7 +95,7 @@ impl Prediction {
     /// The same, with the first-token spread `ttft`.
     fn with_ttft(self, ttft: Spread) -> Self {
         Self {
-            untried: self.untried,
+            unproven: self.unproven,
             ..Self::new(self.tps, ttft, self.confidence, self.beyond_evidence)
         }
     }
@@ -362,13 +363,18 @@ impl Model {
         };
         let (floor_p50, floor_p90) = self.floors[j];
         let ttft = ttft.at_least(floor_p50 + prefill, floor_p90 + prefill);
-        // Past the highest level with a sample's weight of speed, and at a level holding
-        // less than one sample up to a half-life old.
-        let untried = concurrency > self.speed_seen && speed_weight < SPARSE_WEIGHT;
+        // Past the trusted levels, at one without enough samples of its own to be trusted.
+        let unproven = concurrency > self.speed_trusted && speed_weight < MIN_BUCKET_WEIGHT;
         Prediction {
-            untried,
+            unproven,
             ..Prediction::new(tps, ttft, confidence, beyond_evidence)
         }
+    }
+
+    /// The highest experienced concurrency among the speed levels whose own samples are
+    /// trusted (0 before any is).
+    pub(crate) fn speed_trusted(&self) -> f64 {
+        self.speed_trusted
     }
 
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.

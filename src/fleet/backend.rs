@@ -12,7 +12,7 @@ use super::claim::Claimed;
 use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
 use super::prefix::PrefixIndex;
-use super::ramp::Ramp;
+use super::ramp::{LevelProbe, Ramp};
 use super::waiters::Line;
 use crate::config::BackendConfig;
 use crate::curve::{Admitted, Curve, FirstToken, Model, Observation, Occupancy, Outcome};
@@ -65,6 +65,8 @@ pub struct Backend {
     pub rendezvous_seed: u64,
     /// Its slow start: requests it may take beyond what its curve has seen.
     pub ramp: Ramp,
+    /// A probe of a level its curve has not proven, out and not read yet.
+    pub level_probe: LevelProbe,
 }
 
 /// The name models beyond a backend's `max_models` are tracked under.
@@ -117,6 +119,7 @@ impl Backend {
             prefix,
             rendezvous_seed,
             ramp: Ramp::default(),
+            level_probe: LevelProbe::default(),
         }))
     }
 

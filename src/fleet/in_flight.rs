@@ -11,6 +11,26 @@ use super::prefix::Hit;
 use super::ramp::{PROBE_EVENTS, Probe};
 use crate::curve::{Admitted, Reading};
 
+/// Content events a level probe streams before the curve learns its speed from them: twice
+/// what the ramp judges a probe by, a rate over a few hundred milliseconds at tens of tokens a
+/// second.
+pub(crate) const EARLY_EVENTS: u32 = 2 * PROBE_EVENTS;
+
+/// Whether a request's speed is taught to its curve early, from its first content events.
+/// A level past a curve's evidence is tried one request at a time, and a whole request takes
+/// seconds: read at its end, a probe climbed one level per completed request, and an engine
+/// flat from 8 in flight to 37 was still held at 11 after a minute. Read a few hundred
+/// milliseconds in, the next level is tried as soon as this one is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EarlyRead {
+    /// At its end, as every request.
+    No,
+    /// Once it has streamed [`EARLY_EVENTS`] content events.
+    Due,
+    /// Done: its end teaches the curve nothing more.
+    Done,
+}
+
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]
 pub struct InFlightGuard {
@@ -34,6 +54,9 @@ pub struct InFlightGuard {
     probe: Option<Probe>,
     /// Its speed looked short a few events in: judged at its end, not per chunk.
     probe_at_end: bool,
+    /// A probe of a level of its backend's curve that no request has tried: its speed is
+    /// taught early ([`EarlyRead`]).
+    early: EarlyRead,
     /// The backends sharing its backend's device (`device:`), whose load its speed is learned
     /// against; `None` for a backend that shares none.
     neighbours: Option<Arc<[Arc<Backend>]>>,
@@ -58,6 +81,7 @@ impl InFlightGuard {
             expected: Hit::default(),
             probe: None,
             probe_at_end: false,
+            early: EarlyRead::No,
             neighbours: None,
         })
     }
@@ -93,6 +117,36 @@ impl InFlightGuard {
     /// A probe whose speed the ramp has not been told yet, and may be told by its next chunk.
     pub(crate) fn probing(&self) -> bool {
         self.probe.is_some() && !self.probe_at_end
+    }
+
+    /// It probes a level of its backend's curve that no request has tried: the curve learns
+    /// its speed from its first [`EARLY_EVENTS`] content events ([`InFlightGuard::early_due`]),
+    /// not from its whole stream at its end.
+    pub(crate) fn read_early(&mut self) {
+        self.early = EarlyRead::Due;
+        self.backend.level_probe.set(true);
+    }
+
+    /// A level probe whose speed the curve has not learned yet: `events` content events so far
+    /// are enough to tell it.
+    pub(crate) fn early_due(&self, events: u32) -> bool {
+        self.early == EarlyRead::Due && events >= EARLY_EVENTS
+    }
+
+    /// Whether its speed is to be read early and has not been yet (checked per chunk).
+    pub(crate) fn early_pending(&self) -> bool {
+        self.early == EarlyRead::Due
+    }
+
+    /// The curve learned its speed early; its end teaches it nothing more.
+    pub(crate) fn read_early_done(&mut self) {
+        self.early = EarlyRead::Done;
+        self.backend.level_probe.set(false);
+    }
+
+    /// Whether the curve learned its speed early ([`InFlightGuard::read_early`]).
+    pub(crate) fn was_read_early(&self) -> bool {
+        self.early == EarlyRead::Done
     }
 
     /// A probe whose speed the ramp has not been told yet (at its end, this is the last word).
@@ -223,6 +277,10 @@ impl InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
+        if self.early == EarlyRead::Due {
+            // Ended or failed before its speed could be read: the next probe may go.
+            self.backend.level_probe.set(false);
+        }
         self.prefill_done();
         let waiting_since = std::mem::take(&mut self.waiting).then_some(self.admitted);
         self.backend.release(waiting_since, self.class);
@@ -268,6 +326,27 @@ mod tests {
         drop(first);
         assert_eq!((backend.in_flight(), backend.class_in_flight(0)), (1, 0));
         assert!(InFlightGuard::try_admit(&backend, None).is_some());
+    }
+
+    #[test]
+    fn a_level_probe_is_read_after_a_few_events_and_holds_the_next_until_then() {
+        let (backend, _) = backend();
+        let mut probe = InFlightGuard::try_admit(&backend, None).unwrap();
+        probe.read_early();
+        assert!(backend.level_probe.out(), "the next probe waits");
+        assert!(probe.early_pending() && !probe.early_due(EARLY_EVENTS - 1));
+        assert!(probe.early_due(EARLY_EVENTS));
+        probe.read_early_done();
+        assert!(!backend.level_probe.out() && !probe.early_pending());
+        assert!(
+            probe.was_read_early(),
+            "its end teaches the curve nothing more"
+        );
+        // One that ends before it is read lets the next go all the same.
+        let mut short = InFlightGuard::try_admit(&backend, None).unwrap();
+        short.read_early();
+        drop(short);
+        assert!(!backend.level_probe.out());
     }
 
     #[tokio::test(start_paused = true)]

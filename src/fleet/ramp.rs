@@ -17,7 +17,7 @@
 //!
 //! Per replica: the peers' samples teach this replica's curves, not its ramp.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// Content events a probe streams before its speed is judged: enough for a rate, few enough
 /// that the check comes long before the request ends.
@@ -111,6 +111,23 @@ impl Ramp {
 
     fn end(&self) {
         self.allowance.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Whether a probe of a level its curve has not proven is out on a backend and its speed not
+/// read yet: such levels are tried one request at a time, each read a few tokens in
+/// ([`super::in_flight::EARLY_EVENTS`]) before the next is sent.
+#[derive(Debug, Default)]
+pub struct LevelProbe(AtomicBool);
+
+impl LevelProbe {
+    /// Whether one is out.
+    pub(crate) fn out(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set(&self, out: bool) {
+        self.0.store(out, Ordering::Relaxed);
     }
 }
 

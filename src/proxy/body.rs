@@ -344,7 +344,7 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                 this.end.first_token(now, prompt, cached);
             }
             if this.end.probing() {
-                this.end.probe_speed(&meter.timing, false);
+                this.end.probe_speed(&meter.timing, false, now);
             }
             let out = match this.translate.as_mut() {
                 Some(t) if !out.is_empty() => t.frame(&out),

@@ -173,20 +173,44 @@ impl RequestEnd {
         }
     }
 
-    /// The request was admitted on its backend's ramp and the ramp has not heard its speed:
-    /// the stream's content events so far may tell it ([`RequestEnd::probe_speed`]).
+    /// The request was admitted on its backend's ramp and the ramp has not heard its speed, or
+    /// probes a level of its curve that the curve has not learned yet: the stream's content
+    /// events so far may tell them ([`RequestEnd::probe_speed`]).
     pub(crate) fn probing(&self) -> bool {
-        self.slot.as_ref().is_some_and(InFlightGuard::probing)
+        self.slot
+            .as_ref()
+            .is_some_and(|s| s.probing() || s.early_pending())
     }
 
     /// Tells the backend's ramp a probe's speed once `timing` has enough content events (or
-    /// the stream `ended` with fewer).
-    pub(crate) fn probe_speed(&mut self, timing: &StreamTiming, ended: bool) {
-        if let Some(slot) = &mut self.slot
-            && let (Some(first), Some(last)) = (timing.first_content, timing.last_content)
-        {
+    /// the stream `ended` with fewer); and its curve, as of `now`, a level probe's speed once
+    /// it has [`EARLY_EVENTS`](crate::fleet::in_flight::EARLY_EVENTS) of them.
+    pub(crate) fn probe_speed(&mut self, timing: &StreamTiming, ended: bool, now: Instant) {
+        let Some(slot) = &mut self.slot else {
+            return;
+        };
+        if let (Some(first), Some(last)) = (timing.first_content, timing.last_content) {
             let visible = last.saturating_duration_since(first).as_secs_f64();
             slot.probe_speed(timing.content_events, visible, ended, timing.output_tokens);
+        }
+        if !ended
+            && slot.early_due(timing.content_events)
+            && let Some(model) = &self.model
+            && (200..300).contains(&self.status)
+        {
+            // Its speed so far, against the occupancy since its first token: an observation
+            // of the stream as it stands, each content event taken as a token.
+            let obs = Observation::of_stream(
+                timing,
+                Outcome::Completed,
+                self.sent,
+                self.first_reading.as_ref(),
+                &slot.reading(now),
+                now,
+            );
+            slot.backend().record(model, &obs);
+            slot.read_early_done();
+            slot.backend().room_grew();
         }
     }
 
@@ -203,7 +227,7 @@ impl RequestEnd {
             .as_ref()
             .is_some_and(InFlightGuard::probe_unjudged);
         if let Some(meter) = meter.filter(|_| success && unjudged) {
-            self.probe_speed(&meter.timing, true);
+            self.probe_speed(&meter.timing, true, now);
         }
         let class = self.class.as_deref().unwrap_or("none");
         if let Some(slot) = &self.slot {
@@ -238,7 +262,9 @@ impl RequestEnd {
                             &end,
                             now,
                         );
-                        backend.record(model, &obs);
+                        if !slot.was_read_early() {
+                            backend.record(model, &obs);
+                        }
                         if self.outcome == Outcome::Completed {
                             self.calibrate_prefix(backend, slot.expected(), &meter.timing);
                         }

@@ -337,26 +337,32 @@ impl Router {
                 .is_some_and(|p| !p.beyond_evidence)
     }
 
-    /// A request's chance on `c` as a probe of a level whose speed is untried
-    /// ([`Prediction::untried`]): the speed the requests there now are predicted held flat
-    /// one request up, its first token as predicted there. `None` where the level is tried,
-    /// where a probe is there already (the requests there are past their evidence too), or
-    /// for an idle backend (see [`choose::idle_unproven`]).
+    /// A request's chance on `c` as a probe of a level whose speed is unproven
+    /// ([`Prediction::unproven`]): the speed the requests there now are predicted held flat
+    /// one request up, its first token as predicted there. `None` where the level is proven,
+    /// where a probe is out there and not read yet ([`LevelProbe`](crate::fleet::ramp::LevelProbe)),
+    /// where the requests there are past the curve's evidence, or for an idle backend (see
+    /// [`choose::idle_unproven`]).
     ///
-    /// A fit drawn through the levels below errs either way above them. Too hopeful, it is
-    /// corrected by the requests it lets in; too gloomy, by none, as it lets none in: on a GPU
-    /// a batching engine's speed fell as a line to 8 in flight and held from there to 19,
-    /// and the line's slope kept it at 8 while round robin ran it at 18.
+    /// A fit drawn through the levels below errs either way above them, and so do a few
+    /// samples: too hopeful, they are corrected by the requests they let in; too gloomy, by
+    /// none, as they let none in. On a GPU a batching engine's speed fell as a line to 8 in
+    /// flight and held from there to 19, and the line's slope kept it at 8 while round robin
+    /// ran it at 18; in its copy in the simulator, two samples at 9 slowed beside the serial
+    /// engine's pass held it at 8.
     pub(super) fn probe_chance(
         &self,
         ask: &Ask<'_>,
         policy: Policy,
         c: &Candidate<'_>,
     ) -> Option<f64> {
-        let p = c.prediction.filter(|p| p.untried)?;
+        let p = c.prediction.filter(|p| p.unproven)?;
+        if c.backend.level_probe.out() {
+            return None;
+        }
         let now = f64::from(c.joining.checked_sub(1).filter(|&n| n > 0)?);
         let there = self.predictor_of(c, ask, policy).at(now)?;
-        if there.untried || there.beyond_evidence {
+        if there.beyond_evidence {
             return None;
         }
         let slo = ask.slo_at(ask.now);

@@ -153,8 +153,19 @@ impl Devices {
             if (0..classes.len()).all(|i| decoding(i) == 0) {
                 continue;
             }
-            let before = curve.predict_beside(own, load, per_pass, 0);
-            let after = curve.predict_beside(own, load + 1.0, per_pass, 0);
+            // Requests decoding at a level the curve has not proven are held to the speed of
+            // the highest it has: its few samples there, or the fit's line through the levels
+            // below, are what probes test, and a gloomy guess there says they have little left
+            // to lose. On the simulator's copy of the H200's pair, ten requests on the batching
+            // engine, flat at 33 tok/s there, at a level its line put at 27, were charged half a
+            // completion for the serial engine's pass, which slows them to 26.
+            let at = if curve.predict_beside(own, load, per_pass, 0).unproven {
+                own.min(curve.speed_trusted()).max(1.0)
+            } else {
+                own
+            };
+            let before = curve.predict_beside(at, load, per_pass, 0);
+            let after = curve.predict_beside(at, load + 1.0, per_pass, 0);
             for (i, class) in classes.iter().enumerate() {
                 let n = decoding(i);
                 if n == 0 {

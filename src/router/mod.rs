@@ -551,13 +551,18 @@ impl Router {
         // latency request tries an idle backend whose evidence is too thin to condemn it, else
         // goes where it adds the most good completions.
         let mut unproven = false;
+        let mut probe = false;
         let (pick, by_chance) = match pick {
             None if !throughput => match choose::idle_unproven(&candidates).filter(|_| hopeful) {
                 Some(i) => {
                     unproven = true;
                     (Some(i), false)
                 }
-                None => (self.best_chance(ask, policy, &candidates, queued), true),
+                None => {
+                    let chance = self.best_chance(ask, policy, &candidates, queued);
+                    probe = chance.is_some_and(|(_, p)| p);
+                    (chance.map(|(i, _)| i), true)
+                }
             },
             pick => (pick, false),
         };
@@ -596,7 +601,11 @@ impl Router {
             } else {
                 Reason::Feasible
             };
-            self.admit(ask, c, reason)
+            let mut decision = self.admit(ask, c, reason)?;
+            if probe {
+                decision.guard.read_early();
+            }
+            Some(decision)
         });
         decision.ok_or(candidates)
     }
@@ -609,13 +618,15 @@ impl Router {
     /// at its turn once no slot is expected in time, as [`MIN_CHANCE`] does. A
     /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
     /// ramp would admit it anyway, or at that turn, where the other end of waiting is a 429.
+    /// With the candidate, whether it takes the request as a probe of a level its curve has
+    /// not tried ([`Router::probe_chance`]), whose speed the curve then learns a few tokens in.
     fn best_chance(
         &self,
         ask: &Ask<'_>,
         policy: Policy,
         candidates: &[Candidate<'_>],
         queued: bool,
-    ) -> Option<usize> {
+    ) -> Option<(usize, bool)> {
         // Behind others a request waits its turn, as they do; at its turn it waits on while a
         // slot is expected in time, as the line pools the fleet's slots better than a backend
         // past its edge serves, and then takes what chance there is. Arriving to an empty
@@ -644,7 +655,7 @@ impl Router {
                 let p = c.prediction?;
                 if refused && let Some(chance) = self.probe_chance(ask, policy, c) {
                     let gain = chance - c.neighbour_loss;
-                    return (gain >= MIN_CHANCE).then_some((i, gain));
+                    return (gain >= MIN_CHANCE).then_some((i, gain, true));
                 }
                 // Beyond its evidence a prediction is a guess; it is still better than the sure
                 // miss of a 429 for a request whose wait could end in nothing else, one guess
@@ -656,10 +667,10 @@ impl Router {
                     return None;
                 }
                 let gain = self.chance_gain(ask, policy, c, &p, waits)?;
-                (gain >= MIN_CHANCE).then_some((i, gain))
+                (gain >= MIN_CHANCE).then_some((i, gain, false))
             })
-            .max_by(|(_, a), (_, b)| a.total_cmp(b))
-            .map(|(i, _)| i)
+            .max_by(|(_, a, _), (_, b, _)| a.total_cmp(b))
+            .map(|(i, _, probe)| (i, probe))
     }
 
     /// The request goes to `backend`, which should hold `cache` of its prompt: its prefix

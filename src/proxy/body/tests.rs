@@ -199,3 +199,43 @@ async fn the_slot_is_kept_until_the_body_is_dropped_and_the_curve_learns_the_str
     );
     assert!((point.ttft_p50_s.unwrap() - 0.1).abs() < 1e-6, "{point:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_level_probe_teaches_its_curve_its_speed_a_few_tokens_in_and_not_again_at_its_end() {
+    let backend = backend();
+    let (feed, mut body) = metered(Some(false));
+    let mut slot = InFlightGuard::try_admit(&backend, Some(0)).unwrap();
+    slot.read_early();
+    body.keep_slot(slot);
+    let observed = || {
+        backend
+            .curves
+            .get("m")
+            .map_or(0, |c| c.counts().observations)
+    };
+    for i in 0..crate::fleet::in_flight::EARLY_EVENTS {
+        tokio::time::sleep(Duration::from_millis(if i == 0 { 100 } else { 25 })).await;
+        feed.send(Ok(content("a"))).unwrap();
+        body.frame().await.unwrap().unwrap();
+        let early = i + 1 == crate::fleet::in_flight::EARLY_EVENTS;
+        assert_eq!(observed(), u64::from(early), "after {} events", i + 1);
+    }
+    assert!(!backend.level_probe.out(), "the next level may be tried");
+    // The rest streams slower; the curve keeps what it learned early.
+    for _ in 0..16 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        feed.send(Ok(content("b"))).unwrap();
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(feed);
+    assert!(body.frame().await.is_none());
+    drop(body);
+    let curve = backend.curves.get("m").unwrap();
+    assert_eq!(curve.counts().observations, 1);
+    let point = curve.points(Instant::now())[0];
+    // Sixteen content events 25 ms apart: 40 tok/s.
+    assert!(
+        (point.per_user_tps_p50.unwrap() - 40.0).abs() < 1e-6,
+        "{point:?}"
+    );
+}
