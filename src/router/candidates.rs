@@ -69,6 +69,9 @@ pub(crate) struct Candidate<'r> {
     pub ramping: bool,
     /// The prefill rate its first tokens are bounded by ([`Predictor::prefill_rate`]).
     pub prefill_rate: Option<f64>,
+    /// It runs, and the request would wait there behind the requests it has
+    /// ([`Predictor::queues`]): batch work is not sent to wait in a backend's queue.
+    pub queues: bool,
 }
 
 impl Candidate<'_> {
@@ -170,6 +173,7 @@ impl Router {
                         affinity,
                         ramping: false,
                         prefill_rate: None,
+                        queues: false,
                     };
                 }
                 let n = f64::from(joining);
@@ -191,14 +195,11 @@ impl Router {
                 } else {
                     0.0
                 };
+                let queues = prediction.is_some_and(|p| predictor.queues(backend, &p));
                 let neighbours = match prediction {
-                    Some(p) => self.devices.cost(
-                        index,
-                        backend,
-                        predictor.queues(backend, &p),
-                        ask.model,
-                        &self.classes,
-                    ),
+                    Some(_) => self
+                        .devices
+                        .cost(index, backend, queues, ask.model, &self.classes),
                     None => NeighbourCost::NONE,
                 };
                 let leaves_room =
@@ -225,6 +226,7 @@ impl Router {
                     affinity,
                     ramping: backend.ramp.allows(joining),
                     prefill_rate: predictor.prefill_rate(),
+                    queues,
                 }
             })
             .collect();

@@ -137,8 +137,13 @@ fn cold<'a, 'r>(candidates: &'a [Candidate<'r>]) -> Option<(usize, &'a Candidate
 
 /// Batch placement: a never-observed backend first (batch traffic is the one that can afford to
 /// teach the curves), else the backend where the request adds the most system TPS among those
-/// where every class already decoding keeps its speed and a latency-class request could still
-/// join after it.
+/// where every class already decoding keeps its speed, a latency-class request could still
+/// join after it, and it would not wait behind the requests there ([`Candidate::queues`]): in
+/// the gateway's line it takes whichever backend frees first, in a backend's queue only that
+/// one's turn, holding the slot meanwhile. On the simulator's copy of the H200's pair, eight
+/// batch requests went to wait behind each other on the serial engine, each adding a sliver of
+/// throughput by the sums, while the batching engine beside it held five: the serial engine's
+/// pass ran beside the batch for 40 s, and the latency class was refused the whole while.
 pub(crate) fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
     if let Some((i, _)) = cold(candidates) {
         return Some(i);
@@ -146,7 +151,7 @@ pub(crate) fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.prediction.is_some() && c.keeps_others && c.leaves_room)
+        .filter(|(_, c)| c.prediction.is_some() && c.keeps_others && c.leaves_room && !c.queues)
         .max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
         .map(|(i, _)| i)
 }
@@ -230,7 +235,11 @@ pub(crate) fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Opt
                 (p.beyond_evidence || p.confidence < 0.5)
                     && c.keeps_others
                     && c.leaves_room
-                    && (slo.is_batch() || c.slack >= 0.0)
+                    && if slo.is_batch() {
+                        !c.queues
+                    } else {
+                        c.slack >= 0.0
+                    }
             }
         })
         .min_by(|(_, a), (_, b)| {

@@ -664,3 +664,21 @@ fn requests_at_a_level_the_curve_has_not_proven_are_charged_a_neighbours_pass_as
     let serial = router.candidates(&ask(&router, 0), Policy::Headroom)[1];
     assert!(serial.neighbour_loss > 4.0, "{serial:?}");
 }
+
+#[test]
+fn batch_work_waits_at_the_gateway_rather_than_in_a_busy_engines_queue() {
+    // A serial engine runs a batch request; a second would wait behind it there, holding a
+    // slot for that one engine's turn and adding next to nothing. It waits in the gateway's
+    // line instead, for whichever backend frees first.
+    let router = router_with(&["serial"], "", "- {name: batch}\n", 0.0);
+    let mut serial = vec![(1.0, 0.05, 100.0); 8];
+    serial.extend([(2.0, 1.35, 100.0); 8]);
+    teach_each(&router, 0, &serial);
+    let mut running = occupy(&router, 0, 0, 1);
+    running[0].first_token(Instant::now());
+    let waiting = router.candidates(&ask(&router, 0), Policy::Headroom)[0];
+    assert!(waiting.queues, "{waiting:?}");
+    assert_eq!(chosen(&router, 0), Err(ErrorKind::NoBackendAvailable));
+    drop(running);
+    assert_eq!(chosen(&router, 0), Ok("serial"), "idle, it takes it");
+}
