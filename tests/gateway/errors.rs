@@ -217,10 +217,7 @@ async fn upstream_errors_pass_through_unchanged() {
 
 #[tokio::test]
 async fn an_unreachable_upstream_is_a_502() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (_held, closed) = support::refusing_port();
     let gw = support::gateway(&format!(
         "backends:\n{}",
         support::backend_yaml("gone", closed, "openai", "    models: {m: m}\n")

@@ -371,10 +371,7 @@ async fn the_admin_token_is_taken_whatever_the_case_of_its_scheme() {
 
 #[tokio::test]
 async fn a_failed_upstream_is_named_but_its_internal_error_stays_in_the_log() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let (_held, closed) = support::refusing_port();
     let gw = gateway_to(closed, "", "").await;
     let ex = chat(&gw, false).await;
     assert_eq!(ex.status, StatusCode::BAD_GATEWAY);

@@ -241,6 +241,17 @@ pub fn rel_err(got: f64, want: f64) -> f64 {
 }
 
 /// A gateway config backend entry for a sim at `addr`.
+/// A loopback address that refuses connections, held for as long as the socket lives: the
+/// port is bound but not listened on, so no server another test starts in parallel can take it.
+pub fn refusing_port() -> (tokio::net::TcpSocket, SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind("127.0.0.1:0".parse().unwrap())
+        .expect("a free port");
+    let addr = socket.local_addr().expect("its address");
+    (socket, addr)
+}
+
 pub fn backend_yaml(name: &str, addr: SocketAddr, dialect: &str, extra: &str) -> String {
     format!("  - name: {name}\n    url: http://{addr}\n    dialect: {dialect}\n{extra}")
 }
