@@ -408,9 +408,12 @@ pub(crate) fn neighbour_term(buckets: &[Option<Summary>; BUCKETS.len()]) -> f64 
 
 /// TPOT = a + b·c + d·n fitted sample by sample, where the backends sharing this one's device
 /// have been seen busy (`None` where they have not, or the fit says nothing sensible): (a, b, d)
-/// with every term a cost. Where the three cannot be told apart as costs (its own load seems to
-/// speed it up, as a one-slot server's experienced concurrency counts a queue that does not
-/// slow it; or its own load and its neighbours' rose together), its own term is left out.
+/// with every term a cost. `d` is what the neighbours cost within a level
+/// ([`neighbour_cost_within_levels`]) where the levels say, else the pooled fit's; `a` and `b`
+/// are then the line through the speeds put back beside an idle device. Where the pooled three
+/// cannot be told apart as costs (its own load seems to speed it up, as a one-slot server's
+/// experienced concurrency counts a queue that does not slow it; or its own load and its
+/// neighbours' rose together), its own term is left out.
 fn beside_neighbours(buckets: &[Option<Summary>; BUCKETS.len()]) -> Option<(f64, f64, f64)> {
     let present = || buckets.iter().flatten();
     if !present().any(|s| s.mean_neighbours > 0.0) {
@@ -428,6 +431,15 @@ fn beside_neighbours(buckets: &[Option<Summary>; BUCKETS.len()]) -> Option<(f64,
             *cell += a;
         }
     }
+    if let Some(d) = neighbour_cost_within_levels(buckets) {
+        // The line through each speed less what its neighbours cost it.
+        let own = [[xx[0][0], xx[0][1]], [xx[1][0], xx[1][1]]];
+        let rest = [xy[0] - d * xx[0][2], xy[1] - d * xx[1][2]];
+        return match fit::solve(own, rest) {
+            Some([a, b]) if a > 0.0 && b >= 0.0 => Some((a, b, d)),
+            _ => (rest[0] > 0.0).then(|| (rest[0] / xx[0][0], 0.0, d)),
+        };
+    }
     match fit::solve(xx, xy) {
         Some([a, b, d]) if a > 0.0 && b >= 0.0 && d >= 0.0 => Some((a, b, d)),
         _ => {
@@ -440,6 +452,40 @@ fn beside_neighbours(buckets: &[Option<Summary>; BUCKETS.len()]) -> Option<(f64,
             }
         }
     }
+}
+
+/// What one running neighbour adds to a token's time, told by the samples of each level
+/// against each other only (each level's own means taken out, the differences pooled): a
+/// level's requests decoding beside a busy neighbour against those of the same level beside an
+/// idle one. A line through every level would charge the neighbours for how speed bends with
+/// the engine's own load: on an H200's engine that slowed to 8 in flight and held from there,
+/// the pooled fit took a serial engine's pass beside it for 2 ms a token where it cost 8.5, so
+/// samples slowed by that pass were put back barely faster, and the batch stayed shut at 8 in
+/// flight for a half-life. `None` where no level has seen its neighbours both busy and idle,
+/// or the difference is no cost.
+fn neighbour_cost_within_levels(buckets: &[Option<Summary>; BUCKETS.len()]) -> Option<f64> {
+    // Centred sums of (c, n) against each other and against TPOT, per level, pooled.
+    let mut cc = [[0.0; 2]; 2];
+    let mut cy = [0.0; 2];
+    for s in buckets.iter().flatten() {
+        let w = s.xx[0][0];
+        if w <= 0.0 {
+            continue;
+        }
+        for (j, row) in cc.iter_mut().enumerate() {
+            for (k, cell) in row.iter_mut().enumerate() {
+                *cell += s.xx[j + 1][k + 1] - s.xx[0][j + 1] * s.xx[0][k + 1] / w;
+            }
+            cy[j] += s.xy[j + 1] - s.xx[0][j + 1] * s.xy[0] / w;
+        }
+    }
+    let d = match fit::solve(cc, cy) {
+        Some([b, d]) if b >= 0.0 => d,
+        // Its own load within a level says nothing (a one-slot server's queue): the
+        // neighbours' alone.
+        _ => fit::solve([[cc[1][1]]], [cy[1]])?[0],
+    };
+    (d > 0.0).then_some(d)
 }
 
 /// The shape of weighted spreads about their medians: their weighted sum over the weighted sum

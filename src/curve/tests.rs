@@ -675,3 +675,36 @@ fn a_speed_put_back_beside_an_idle_device_is_never_faster_than_any_seen() {
     let beside = model.predict(1.0, 1.0, 64);
     assert!(beside.tps.share_above(50.0) < 0.5, "{beside:?}");
 }
+
+#[test]
+fn a_neighbours_cost_is_told_within_each_level_where_speed_bends_with_load() {
+    // An H200's batching engine, as the simulator's bend fleet: 10 ms a token plus 2.5 ms per
+    // request up to 8 in flight and no more from there, and 8.5 ms more while the serial engine
+    // beside it runs. Most samples are past the bend, where a line through every level is flat,
+    // and the serial engine ran most beside the few requests below it.
+    let mut curve = Curve::new(300.0);
+    let now = Instant::now();
+    for c in 1..=16 {
+        let c = f64::from(c);
+        let (runs, beside) = if c < 8.0 {
+            (2, [0.0, 1.0, 1.0, 1.0])
+        } else {
+            (6, [0.0, 0.0, 0.0, 1.0])
+        };
+        for n in beside {
+            for _ in 0..runs {
+                let obs = Observation {
+                    tpot: Some(0.010 + 0.0025 * c.min(8.0) + 0.0085 * n),
+                    neighbours: n,
+                    ..observation(now, c, 64, 1.0)
+                };
+                learn(&mut curve, &obs);
+            }
+        }
+    }
+    let fit = curve.fit(now).unwrap();
+    assert!((fit.tpot_per_neighbour_s - 0.0085).abs() < 1e-4, "{fit:?}");
+    // Beside an idle device, the level past the bend streams as it did alone.
+    let p = curve.predict(12.0, 64, now).unwrap();
+    assert!((p.per_user_tps_p50 - 1.0 / 0.030).abs() < 0.5, "{p:?}");
+}
