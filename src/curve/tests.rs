@@ -651,7 +651,7 @@ fn a_backend_sharing_its_device_learns_what_its_neighbours_load_costs_its_speed(
 }
 
 #[test]
-fn a_speed_put_back_beside_an_idle_device_is_never_faster_than_any_seen() {
+fn a_speed_put_back_beside_an_idle_device_is_never_faster_than_one_from_a_lighter_load() {
     // Two engines on two CPU cores: alone a token takes 8 ms; while the engine beside it
     // decodes, 41 ms; where it decoded for a third of this one's life, 9 ms (the cores were
     // shared unevenly). The linear term (35 ms a neighbour) puts the last back below zero.
@@ -707,4 +707,28 @@ fn a_neighbours_cost_is_told_within_each_level_where_speed_bends_with_load() {
     // Beside an idle device, the level past the bend streams as it did alone.
     let p = curve.predict(12.0, 64, now).unwrap();
     assert!((p.per_user_tps_p50 - 1.0 / 0.030).abs() < 0.5, "{p:?}");
+}
+
+#[test]
+fn a_level_seen_only_beside_a_busy_neighbour_is_put_back_to_its_speed_alone() {
+    // 10 ms a token plus 2.5 ms per request, 8.5 ms more beside the neighbour's pass: seen with
+    // the neighbour idle and busy up to 6 in flight, and at 7 only beside it.
+    let mut curve = Curve::new(300.0);
+    let now = Instant::now();
+    for c in 1..=7 {
+        let c = f64::from(c);
+        let beside: &[f64] = if c < 7.0 { &[0.0, 1.0] } else { &[1.0] };
+        for &n in beside {
+            for _ in 0..8 {
+                let obs = Observation {
+                    tpot: Some(0.010 + 0.0025 * c + 0.0085 * n),
+                    neighbours: n,
+                    ..observation(now, c, 64, 1.0)
+                };
+                learn(&mut curve, &obs);
+            }
+        }
+    }
+    let p = curve.predict(7.0, 64, now).unwrap();
+    assert!((p.per_user_tps_p50 - 1.0 / 0.0275).abs() < 0.5, "{p:?}");
 }

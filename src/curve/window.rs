@@ -521,25 +521,7 @@ impl Summarize for Sample {
             let tps = Spread::from_fn(|q| ranked_quantile(&window.ranked, total, q));
             (tps, mean_neighbours)
         } else {
-            // Each speed as it would have been beside an idle device, never faster than the
-            // fastest this level has seen: a linear term overshoots a sample that its neighbours
-            // slowed less than their mean load says (two engines on two CPU cores: 33 ms a
-            // token per neighbour, fitted where one took the cores from the other, put samples
-            // that a neighbour barely touched back at 1,000-4,000 tok/s, and a request placed
-            // beside them was charged nothing for slowing them).
-            let fastest = window.weighted().map(|(_, s)| s.tps).fold(0.0, f64::max);
-            let mut alone: Vec<(f64, f64)> = window
-                .weighted()
-                .map(|(w, s)| {
-                    let idle = 1.0 / s.tps - term.tpot_s(s.neighbours);
-                    let tps = if idle > 0.0 {
-                        (1.0 / idle).min(fastest)
-                    } else {
-                        fastest
-                    };
-                    (tps, w)
-                })
-                .collect();
+            let mut alone = put_back(window.weighted(), term);
             alone.sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
             (Spread::from_fn(|q| ranked_quantile(&alone, total, q)), 0.0)
         };
@@ -556,6 +538,45 @@ impl Summarize for Sample {
             tps,
         })
     }
+}
+
+/// Each sample's speed as it would have been beside an idle device, `(tps, weight)`: its time
+/// per token less what `term` says its neighbours' mean load cost it, never faster than any
+/// sample from a lighter load put back. A linear term overshoots a sample that its neighbours
+/// slowed less than their mean load says (two engines on two CPU cores: 33 ms a token per
+/// neighbour, fitted where one took the cores from the other, put samples that a neighbour
+/// barely touched back at 1,000-4,000 tok/s, and a request placed beside them was charged
+/// nothing for slowing them); one it overshoots with no lighter sample to bound it keeps its
+/// speed as seen. Bounded by the lighter loads' samples, not by the fastest seen: a level whose
+/// every request ran beside a neighbour's pass (a bend engine's seven in flight, all beside the
+/// serial engine, read 27-30 tok/s where alone they stream 36) would otherwise be put back no
+/// faster than it was slowed, and stay shut.
+fn put_back<'s>(
+    samples: impl Iterator<Item = (f64, &'s Sample)>,
+    term: NeighbourTerm,
+) -> Vec<(f64, f64)> {
+    let mut samples: Vec<(f64, &Sample)> = samples.collect();
+    samples.sort_unstable_by(|a, b| a.1.neighbours.total_cmp(&b.1.neighbours));
+    let mut alone = Vec::with_capacity(samples.len());
+    // The fastest put back from a load lighter than the sample's, and from the sample's own
+    // (0: none yet).
+    let (mut lighter, mut this_load, mut load) = (0.0_f64, 0.0_f64, f64::NAN);
+    for (w, s) in samples {
+        if s.neighbours != load {
+            lighter = lighter.max(this_load);
+            (this_load, load) = (0.0, s.neighbours);
+        }
+        let idle = 1.0 / s.tps - term.tpot_s(s.neighbours);
+        let tps = match (idle > 0.0, lighter > 0.0) {
+            (true, true) => (1.0 / idle).min(lighter),
+            (true, false) => 1.0 / idle,
+            (false, true) => lighter,
+            (false, false) => s.tps,
+        };
+        this_load = this_load.max(tps);
+        alone.push((tps, w));
+    }
+    alone
 }
 
 impl Summarize for FirstToken {
