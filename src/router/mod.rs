@@ -619,7 +619,8 @@ impl Router {
     /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
     /// ramp would admit it anyway, or at that turn, where the other end of waiting is a 429.
     /// With the candidate, whether it takes the request as a probe of a level its curve has
-    /// not tried ([`Router::probe_chance`]), whose speed the curve then learns a few tokens in.
+    /// not tried ([`Router::probe_chance`]), whose speed the curve then learns a few tokens in:
+    /// for a class that sheds, and for one that queues at a request's turn in line.
     fn best_chance(
         &self,
         ask: &Ask<'_>,
@@ -646,8 +647,11 @@ impl Router {
                 f64::INFINITY
             }
         });
-        // Where the other end is a refusal, a level nobody has tried is tried.
-        let refused = last_resort || waits.is_none();
+        // Where the other end is a refusal, or a line: a level nobody has tried is tried, one
+        // request at a time. A line is the proven levels not holding the load; probing only
+        // where waiting had run out climbed one level per last resort (the bend at 4 req/s: 13
+        // to 18 in flight for 10 s where it needed 25, a 429 every second).
+        let refused = queued || waits.is_none();
         candidates
             .iter()
             .enumerate()

@@ -550,6 +550,24 @@ fn a_level_past_the_evidence_is_tried_one_request_at_a_time_before_it_is_condemn
     assert_eq!(reason_of(&router, &ask), Ok(Reason::BestChance));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_request_at_its_turn_in_line_probes_a_level_nobody_has_tried_rather_than_wait_for_a_slot()
+{
+    // Eight in flight, each about 6 s: a slot frees in time, and waiting for it at the levels
+    // the curve has proven would hold the engine at eight while the line grows. The request at
+    // the head of the line tries the ninth level instead; an arrival to an empty line waits
+    // for its turn, as the line is the sign that the proven levels do not hold the load.
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["bends"], classes, 0.0);
+    teach_each(&router, 0, &a_line_up_to_eight());
+    let _held = occupy(&router, 0, 0, 8);
+    assert!(
+        !router.no_slot_in_time(&ask(&router, 0)),
+        "a slot is due in time"
+    );
+    arrives_in_line_and_goes_at_its_turn(&router).await;
+}
+
 #[test]
 fn a_level_whose_few_samples_read_slow_is_tried_again_not_shut() {
     // Two requests at 9 read 9 tok/s (beside a neighbour's pass, say): fewer samples than a
