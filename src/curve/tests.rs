@@ -18,6 +18,16 @@ fn observation(at: Instant, c: f64, prompt: u64, slow: f64) -> Observation {
     }
 }
 
+/// One request of [`observation`] at `c` in flight whose tokens came every `tpot` seconds,
+/// with `neighbours` running beside it on its device.
+fn beside(now: Instant, c: f64, tpot: f64, neighbours: f64) -> Observation {
+    Observation {
+        tpot: Some(tpot),
+        neighbours,
+        ..observation(now, c, 64, 1.0)
+    }
+}
+
 /// One request of [`observation`] as the proxy reports it: its first token, then its end.
 fn learn(curve: &mut Curve, obs: &Observation) {
     curve.first_token(&FirstToken {
@@ -622,12 +632,10 @@ fn a_backend_sharing_its_device_learns_what_its_neighbours_load_costs_its_speed(
     for c in [1.0, 2.0, 4.0, 8.0] {
         for n in [0.0, 0.0, 1.0, 2.0] {
             for _ in 0..4 {
-                let obs = Observation {
-                    tpot: Some(0.010 + 0.001 * c + 0.006 * n),
-                    neighbours: n,
-                    ..observation(now, c, 64, 1.0)
-                };
-                learn(&mut curve, &obs);
+                learn(
+                    &mut curve,
+                    &beside(now, c, 0.010 + 0.001 * c + 0.006 * n, n),
+                );
             }
         }
     }
@@ -659,12 +667,7 @@ fn a_speed_put_back_beside_an_idle_device_is_never_faster_than_one_from_a_lighte
     let now = Instant::now();
     for (tpot, n) in [(0.008, 0.0), (0.009, 0.3), (0.041, 1.0)] {
         for _ in 0..8 {
-            let obs = Observation {
-                tpot: Some(tpot),
-                neighbours: n,
-                ..observation(now, 1.0, 64, 1.0)
-            };
-            learn(&mut curve, &obs);
+            learn(&mut curve, &beside(now, 1.0, tpot, n));
         }
     }
     let model = curve.model().unwrap();
@@ -686,19 +689,17 @@ fn a_neighbours_cost_is_told_within_each_level_where_speed_bends_with_load() {
     let now = Instant::now();
     for c in 1..=16 {
         let c = f64::from(c);
-        let (runs, beside) = if c < 8.0 {
+        let (runs, loads) = if c < 8.0 {
             (2, [0.0, 1.0, 1.0, 1.0])
         } else {
             (6, [0.0, 0.0, 0.0, 1.0])
         };
-        for n in beside {
+        for n in loads {
             for _ in 0..runs {
-                let obs = Observation {
-                    tpot: Some(0.010 + 0.0025 * c.min(8.0) + 0.0085 * n),
-                    neighbours: n,
-                    ..observation(now, c, 64, 1.0)
-                };
-                learn(&mut curve, &obs);
+                learn(
+                    &mut curve,
+                    &beside(now, c, 0.010 + 0.0025 * c.min(8.0) + 0.0085 * n, n),
+                );
             }
         }
     }
@@ -717,15 +718,13 @@ fn a_level_seen_only_beside_a_busy_neighbour_is_put_back_to_its_speed_alone() {
     let now = Instant::now();
     for c in 1..=7 {
         let c = f64::from(c);
-        let beside: &[f64] = if c < 7.0 { &[0.0, 1.0] } else { &[1.0] };
-        for &n in beside {
+        let loads: &[f64] = if c < 7.0 { &[0.0, 1.0] } else { &[1.0] };
+        for &n in loads {
             for _ in 0..8 {
-                let obs = Observation {
-                    tpot: Some(0.010 + 0.0025 * c + 0.0085 * n),
-                    neighbours: n,
-                    ..observation(now, c, 64, 1.0)
-                };
-                learn(&mut curve, &obs);
+                learn(
+                    &mut curve,
+                    &beside(now, c, 0.010 + 0.0025 * c + 0.0085 * n, n),
+                );
             }
         }
     }
