@@ -424,42 +424,58 @@ pub struct Redis {
 impl Redis {
     /// Starts one on a free port and waits until it answers.
     pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        Self::on(port).await
+        Self::on_a_free_port(|port| vec!["--port".into(), port.to_string()]).await
     }
 
     /// Starts one on `port` (again, after [`Redis::kill`]) and waits until it answers.
     pub async fn on(port: u16) -> Self {
-        Self::spawn(port, &["--port", &port.to_string()]).await
+        Self::spawn(port, &["--port".into(), port.to_string()])
+            .await
+            .expect("redis-server listens on the port it was given")
     }
 
     /// Starts one that speaks only TLS, with the PEM certificate and key given, on a free port,
     /// and waits until it accepts connections (clients are not asked for certificates).
     pub async fn start_tls(cert: &std::path::Path, key: &std::path::Path) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
         let (cert, key) = (cert.display().to_string(), key.display().to_string());
-        let args = [
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-auth-clients",
-            "no",
-        ];
-        Self::spawn(port, &args).await
+        Self::on_a_free_port(|port| {
+            [
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-auth-clients",
+                "no",
+            ]
+            .map(String::from)
+            .into()
+        })
+        .await
     }
 
-    async fn spawn(port: u16, args: &[&str]) -> Self {
+    /// Starts one with `args(port)` on a port free a moment ago; on another where a server a
+    /// test started in parallel took that one in between (redis-server then exits at once).
+    async fn on_a_free_port(args: impl Fn(u16) -> Vec<String>) -> Self {
+        let mut started = None;
+        for _ in 0..3 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            started = Self::spawn(port, &args(port)).await;
+            if started.is_some() {
+                break;
+            }
+        }
+        started.expect("redis-server listens on one of three ports free a moment before")
+    }
+
+    /// `None` where it exited before answering (its port was taken).
+    async fn spawn(port: u16, args: &[String]) -> Option<Self> {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let child = std::process::Command::new("redis-server")
             .args(args)
@@ -471,32 +487,39 @@ impl Redis {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("redis-server starts: install it with `apt-get install redis-server` (.ci/run does)");
-        let redis = Self {
+        let mut redis = Self {
             child: Some(child),
             port,
             _dir: dir,
         };
-        let tls = args.contains(&"--tls-port");
-        let ready = || async {
-            if tls {
-                tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok()
-            } else {
-                redis.ping().await
-            }
-        };
+        let tls = args.iter().any(|a| a == "--tls-port");
         for _ in 0..200 {
-            if ready().await {
-                break;
+            if redis.ready(tls).await {
+                return Some(redis);
+            }
+            if let Some(child) = redis.child.as_mut()
+                && matches!(child.try_wait(), Ok(Some(_)))
+            {
+                return None;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(
-            ready().await,
+            redis.ready(tls).await,
             "redis-server on port {port} did not answer within 2 s"
         );
-        redis
+        Some(redis)
+    }
+
+    /// Whether it answers: PING, or over TLS, a connection.
+    async fn ready(&self, tls: bool) -> bool {
+        if tls {
+            tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+        } else {
+            self.ping().await
+        }
     }
 
     /// Whether it answers PING.
