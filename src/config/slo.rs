@@ -35,6 +35,11 @@ impl Slo {
         }
     }
 
+    /// The share of requests that must reach `min_tps`: a half, or nine in ten.
+    pub(crate) fn tps_share(&self) -> f64 {
+        if self.tps_percentile >= 90 { 0.9 } else { 0.5 }
+    }
+
     /// The predicted TTFT at this SLO's percentile, seconds.
     pub(crate) fn ttft(&self, p: &Prediction) -> f64 {
         if self.ttft_percentile >= 90 {

@@ -97,16 +97,29 @@ impl Devices {
     /// serial one ran, fitted none; its base took the serial engine's passes in, it looked a
     /// third as fast alone as it is, and a lone request went to the serial engine, whose
     /// pass then slowed the next arrivals on the batching engine.
+    ///
+    /// Where nothing on the device has learned one yet, a pass costs what a lone token takes
+    /// on the engines beside it (their fits' lone request), the most a pass can take. An engine
+    /// seen only beside another took that one's passes into its own, so this errs gloomy,
+    /// which the first requests run beside each other correct; charged nothing, on the
+    /// simulator's copy of the H200's pair, the serial engine's requests (and batch work) were
+    /// sent beside the batching engine's latency requests as if free, and each slowed eight
+    /// of them under the target for its 4 to 15 s.
     pub(crate) fn per_neighbour_s(&self, index: usize, curve: &Model, model: &str) -> f64 {
         let own = curve.fit.tpot_per_neighbour_s;
         if own > 0.0 {
             return own;
         }
         self.neighbours(index).map_or(0.0, |n| {
-            n.backends
-                .iter()
-                .filter_map(|b| b.model(model))
+            let curves = || n.backends.iter().filter_map(|b| b.model(model));
+            let learned = curves()
                 .map(|m| m.fit.tpot_per_neighbour_s)
+                .fold(0.0, f64::max);
+            if learned > 0.0 {
+                return learned;
+            }
+            curves()
+                .map(|m| m.fit.tpot_base_s + m.fit.tpot_per_seq_s)
                 .fold(0.0, f64::max)
         })
     }
@@ -153,29 +166,29 @@ impl Devices {
             if (0..classes.len()).all(|i| decoding(i) == 0) {
                 continue;
             }
-            // Requests decoding at a level the curve has not proven are held to the speed of
-            // the highest it has: its few samples there, or the fit's line through the levels
-            // below, are what probes test, and a gloomy guess there says they have little left
-            // to lose. On the simulator's copy of the H200's pair, ten requests on the batching
-            // engine, flat at 33 tok/s there, at a level its line put at 27, were charged half a
-            // completion for the serial engine's pass, which slows them to 26.
-            let at = if curve.predict_beside(own, load, per_pass, 0).unproven {
-                own.min(curve.speed_trusted()).max(1.0)
-            } else {
-                own
-            };
-            let before = curve.predict_beside(at, load, per_pass, 0);
-            let after = curve.predict_beside(at, load + 1.0, per_pass, 0);
+            // Requests decoding at a level the curve has not proven are taken to meet their
+            // target there, as they were let in to: its few samples there, or the fit's line
+            // through the levels below, are what probes test, and a gloomy guess there says
+            // they have little left to lose. On the simulator's copy of the H200's pair, ten
+            // requests on the batching engine, flat at 33 tok/s there, at a level its line put
+            // at 27, were charged half a completion for the serial engine's pass, which slows
+            // them to 26. Held instead to the highest level proven, they were charged as at
+            // one in flight where none was proven yet (90 tok/s, 46 beside the pass), and the
+            // serial engine's requests were sent beside nine of them as if free.
+            let before = curve.predict_beside(own, load, per_pass, 0);
+            let after = curve.predict_beside(own, load + 1.0, per_pass, 0);
             for (i, class) in classes.iter().enumerate() {
                 let n = decoding(i);
-                if n == 0 {
+                let Some(min) = class.slo.min_tps.filter(|_| n > 0) else {
                     continue;
-                }
+                };
+                let (let_in, kept) = match class.slo.tps(&before) {
+                    tps if before.unproven && tps < min => (min / tps, class.slo.tps_share()),
+                    _ => (1.0, before.tps.share_above(min)),
+                };
+                let after = after.with_speed(after.tps.scaled(let_in));
                 cost.keeps &= class.slo.speed_holds(&after);
-                if let Some(min) = class.slo.min_tps {
-                    let lost = before.tps.share_above(min) - after.tps.share_above(min);
-                    cost.loss += f64::from(n) * lost.max(0.0);
-                }
+                cost.loss += f64::from(n) * (kept - after.tps.share_above(min)).max(0.0);
             }
         }
         cost

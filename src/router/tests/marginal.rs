@@ -640,6 +640,47 @@ fn batch_work_queued_on_a_busy_engine_is_charged_the_pass_it_keeps_beside_its_ne
 }
 
 #[test]
+fn until_the_device_tells_what_a_pass_costs_it_is_charged_a_lone_token_of_the_engine_beside() {
+    // Both engines seen only with the other idle: nothing says what the serial engine's pass
+    // costs the two latency requests decoding on the batching engine (12 ms a token). Charged
+    // a lone token of the serial engine (20 ms), it takes them to 31 tok/s, under the class's
+    // 41: neither a latency request nor batch work starts it beside them. Once the batching
+    // engine has run beside the pass (2 ms a token more: 71 tok/s), both may.
+    let classes = format!("{MARGINAL_SPEED}- {{name: batch}}\n");
+    let router = router_with(&["batching", "serial"], ", device: host", &classes, 0.0);
+    let mut batching = Vec::new();
+    for c in [1.0, 2.0, 3.0, 4.0] {
+        batching.extend([(c, 0.0, 0.05, 1.0 / (0.010 + 0.001 * c)); 16]);
+    }
+    teach_beside(&router, 0, &batching);
+    let mut serial = vec![(1.0, 0.0, 0.05, 50.0); 16];
+    serial.extend([(2.0, 0.0, 0.5, 50.0); 4]);
+    teach_beside(&router, 1, &serial);
+    let mut decoding = occupy(&router, 0, 0, 2);
+    for request in &mut decoding {
+        request.first_token(Instant::now());
+    }
+    let on_serial = |class: usize| router.candidates(&ask(&router, class), Policy::Headroom)[1];
+    let latency = on_serial(0);
+    assert!(
+        !latency.keeps_others && latency.neighbour_loss > 1.0,
+        "{latency:?}"
+    );
+    assert!(!on_serial(1).leaves_room, "{:?}", on_serial(1));
+    let beside: Vec<_> = [1.0, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|&c| [(c, 1.0, 0.05, 1.0 / (0.012 + 0.001 * c)); 16])
+        .collect();
+    teach_beside(&router, 0, &beside);
+    let latency = on_serial(0);
+    assert!(
+        latency.keeps_others && latency.neighbour_loss < 0.1,
+        "{latency:?}"
+    );
+    assert!(on_serial(1).leaves_room, "{:?}", on_serial(1));
+}
+
+#[test]
 fn past_its_trusted_levels_a_slow_sample_is_weighed_against_the_line_not_believed() {
     // A probe at 9 that read 5 tok/s (beside a neighbour's pass, say) is evidence, not the
     // verdict: believed outright, it would hold the level shut for a half-life with nobody
@@ -658,13 +699,15 @@ fn past_its_trusted_levels_a_slow_sample_is_weighed_against_the_line_not_believe
 }
 
 #[test]
-fn requests_at_a_level_the_curve_has_not_proven_are_charged_a_neighbours_pass_as_at_the_last_it_has()
+fn requests_at_a_level_the_curve_has_not_proven_are_charged_a_neighbours_pass_as_if_meeting_their_target()
  {
     // The batching engine was seen from 1 to 4 in flight, 5 ms more a token per request: 33
     // tok/s at 4, and its line says 20 at 8. Eight decode there now, where the line is only a
     // guess (an H200's engine held its speed past 8). The serial engine's pass would cost them
-    // 20 ms a token: charged at the line's 20 tok/s they would have nothing to lose; held to
-    // the 33 of the last level seen, each loses its chance of 30 tok/s.
+    // 20 ms a token: charged at the line's 20 tok/s they would have nothing to lose; taken to
+    // make their median 30 tok/s, as they were let in to, half of them lose it. (Held to the
+    // speed of the last level proven, requests on a curve with none proven yet were charged
+    // as at one in flight, and lost nothing.)
     let classes = "- {name: interactive, min_tps: 30, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
     let router = router_with(&["batching", "serial"], ", device: host", classes, 0.0);
     let mut batching = Vec::new();
@@ -680,7 +723,34 @@ fn requests_at_a_level_the_curve_has_not_proven_are_charged_a_neighbours_pass_as
         request.first_token(Instant::now());
     }
     let serial = router.candidates(&ask(&router, 0), Policy::Headroom)[1];
-    assert!(serial.neighbour_loss > 4.0, "{serial:?}");
+    assert!(
+        !serial.keeps_others && serial.neighbour_loss >= 4.0 - 1e-9,
+        "{serial:?}"
+    );
+}
+
+#[test]
+fn requests_on_a_curve_with_no_level_proven_yet_are_not_charged_a_neighbours_pass_as_if_alone() {
+    // Two samples a level, 1 to 4 in flight (none proven), 5 ms more a token per request and
+    // 10 ms more beside the serial engine's pass. Eight decode: at one in flight the pass
+    // would leave 40 tok/s, but at eight it takes their 30 to 25.
+    let classes = "- {name: interactive, min_tps: 30, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
+    let router = router_with(&["batching", "serial"], ", device: host", classes, 0.0);
+    let batching: Vec<_> = [1.0, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|&c| [0.0, 1.0].map(|n| (c, n, 0.05, 1.0 / (0.010 + 0.005 * c + 0.010 * n))))
+        .collect();
+    teach_beside(&router, 0, &batching);
+    teach_each(&router, 1, &[(1.0, 0.05, 100.0); 8]);
+    let mut decoding = occupy(&router, 0, 0, 8);
+    for request in &mut decoding {
+        request.first_token(Instant::now());
+    }
+    let serial = router.candidates(&ask(&router, 0), Policy::Headroom)[1];
+    assert!(
+        !serial.keeps_others && serial.neighbour_loss >= 4.0 - 1e-9,
+        "{serial:?}"
+    );
 }
 
 #[test]
