@@ -708,25 +708,14 @@ fn requests_at_a_level_the_curve_has_not_proven_are_charged_a_neighbours_pass_as
     // make their median 30 tok/s, as they were let in to, half of them lose it. (Held to the
     // speed of the last level proven, requests on a curve with none proven yet were charged
     // as at one in flight, and lost nothing.)
-    let classes = "- {name: interactive, min_tps: 30, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
-    let router = router_with(&["batching", "serial"], ", device: host", classes, 0.0);
+    let router = batching_and_serial_at_30();
     let mut batching = Vec::new();
     for c in [1.0, 2.0, 3.0, 4.0] {
         for n in [0.0, 0.0, 0.0, 1.0] {
             batching.extend([(c, n, 0.05, 1.0 / (0.010 + 0.005 * c + 0.020 * n)); 4]);
         }
     }
-    teach_beside(&router, 0, &batching);
-    teach_each(&router, 1, &[(1.0, 0.05, 100.0); 8]);
-    let mut decoding = occupy(&router, 0, 0, 8);
-    for request in &mut decoding {
-        request.first_token(Instant::now());
-    }
-    let serial = router.candidates(&ask(&router, 0), Policy::Headroom)[1];
-    assert!(
-        !serial.keeps_others && serial.neighbour_loss >= 4.0 - 1e-9,
-        "{serial:?}"
-    );
+    assert_half_of_eight_lose_their_target_beside_the_serial_pass(&router, &batching);
 }
 
 #[test]
@@ -734,19 +723,34 @@ fn requests_on_a_curve_with_no_level_proven_yet_are_not_charged_a_neighbours_pas
     // Two samples a level, 1 to 4 in flight (none proven), 5 ms more a token per request and
     // 10 ms more beside the serial engine's pass. Eight decode: at one in flight the pass
     // would leave 40 tok/s, but at eight it takes their 30 to 25.
-    let classes = "- {name: interactive, min_tps: 30, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
-    let router = router_with(&["batching", "serial"], ", device: host", classes, 0.0);
+    let router = batching_and_serial_at_30();
     let batching: Vec<_> = [1.0, 2.0, 3.0, 4.0]
         .iter()
         .flat_map(|&c| [0.0, 1.0].map(|n| (c, n, 0.05, 1.0 / (0.010 + 0.005 * c + 0.010 * n))))
         .collect();
-    teach_beside(&router, 0, &batching);
-    teach_each(&router, 1, &[(1.0, 0.05, 100.0); 8]);
-    let mut decoding = occupy(&router, 0, 0, 8);
+    assert_half_of_eight_lose_their_target_beside_the_serial_pass(&router, &batching);
+}
+
+/// `batching` and `serial` on one device, a class that wants a median of 30 tok/s.
+fn batching_and_serial_at_30() -> Router {
+    let classes = "- {name: interactive, min_tps: 30, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
+    router_with(&["batching", "serial"], ", device: host", classes, 0.0)
+}
+
+/// With the batching engine taught `batching` and eight of its requests decoding, a request
+/// on the serial engine (100 tok/s alone) is charged half of them: taken to make their median
+/// 30 tok/s, they lose it beside its pass.
+fn assert_half_of_eight_lose_their_target_beside_the_serial_pass(
+    router: &Router,
+    batching: &[(f64, f64, f64, f64)],
+) {
+    teach_beside(router, 0, batching);
+    teach_each(router, 1, &[(1.0, 0.05, 100.0); 8]);
+    let mut decoding = occupy(router, 0, 0, 8);
     for request in &mut decoding {
         request.first_token(Instant::now());
     }
-    let serial = router.candidates(&ask(&router, 0), Policy::Headroom)[1];
+    let serial = router.candidates(&ask(router, 0), Policy::Headroom)[1];
     assert!(
         !serial.keeps_others && serial.neighbour_loss >= 4.0 - 1e-9,
         "{serial:?}"
