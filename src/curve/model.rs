@@ -371,12 +371,6 @@ impl Model {
         }
     }
 
-    /// The highest experienced concurrency among the speed levels whose own samples are
-    /// trusted (0 before any is).
-    pub(crate) fn speed_trusted(&self) -> f64 {
-        self.speed_trusted
-    }
-
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.
     pub(crate) fn points(&self) -> Vec<Point> {
         let mut points = std::collections::BTreeMap::new();
