@@ -774,3 +774,39 @@ fn batch_work_waits_at_the_gateway_rather_than_in_a_busy_engines_queue() {
     drop(running);
     assert_eq!(chosen(&router, 0), Ok("serial"), "idle, it takes it");
 }
+
+#[test]
+fn requests_on_an_engine_short_of_the_target_even_alone_are_charged_a_neighbours_pass_only_what_they_could_still_lose()
+ {
+    // Seen on an H200 with fresh engines: the batching engine's first samples, slowed by its
+    // warm-up and the serial engine's passes, read 9 to 14 tok/s at 1 and 2 in flight, under
+    // the class's 16 even alone. Its two requests there came in on their best chance, not to
+    // meet the target; taken to meet it, they were charged nine tenths of a completion each
+    // for the idle serial engine's pass, and the next requests joined them at a chance of
+    // 0.06 or waited for a 429 while the serial engine (55 tok/s) stood idle.
+    let classes = "- {name: interactive, min_tps: 16, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_with(&["batching", "serial"], ", device: gpu", classes, 0.0);
+    teach_beside(
+        &router,
+        0,
+        &[
+            (1.0, 0.0, 0.05, 14.0),
+            (1.0, 1.0, 0.05, 9.0),
+            (2.0, 0.0, 0.1, 12.0),
+            (2.0, 1.0, 0.1, 10.0),
+        ],
+    );
+    teach_beside(
+        &router,
+        1,
+        &[(1.0, 0.0, 0.04, 55.0), (1.0, 1.0, 0.04, 36.0)],
+    );
+    let mut decoding = occupy(&router, 0, 0, 2);
+    for request in &mut decoding {
+        request.first_token(Instant::now());
+    }
+    let serial = router.candidates(&ask(&router, 0), Policy::Headroom)[1];
+    assert!(serial.chance > 0.9, "{}", serial.chance);
+    assert!(serial.neighbour_loss < 0.5, "{}", serial.neighbour_loss);
+    assert_eq!(chosen(&router, 0), Ok("serial"));
+}
