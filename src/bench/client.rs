@@ -99,6 +99,19 @@ impl RequestSpec {
         .with_max_tokens(self.max_tokens)
     }
 
+    /// The same request named `id` (`x-request-id`, in place of any it had). The simulator
+    /// draws a named request's speed from its name, so runs that send the same names get the
+    /// same speeds, and arms replaying the same arrivals differ only in where they sent them.
+    #[must_use]
+    pub(crate) fn named(mut self, id: &str) -> Self {
+        let name = HeaderName::from_static("x-request-id");
+        self.headers.retain(|(n, _)| *n != name);
+        if let Ok(value) = HeaderValue::from_str(id) {
+            self.headers.push((name, value));
+        }
+        self
+    }
+
     /// The same request asking for `max_tokens` of output.
     #[must_use]
     pub fn with_max_tokens(&self, max_tokens: u32) -> Self {

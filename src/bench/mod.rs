@@ -189,6 +189,7 @@ pub(crate) async fn open_loop(
     let start = Instant::now();
     let mut at = 0.0;
     let mut inflight = JoinSet::new();
+    let mut arrivals = 0_u64;
     loop {
         // Exponential gaps: -ln(U) / rate, with U in (0, 1].
         at += -(1.0 - rng.random::<f64>()).ln() / rate.max(1e-9);
@@ -209,6 +210,14 @@ pub(crate) async fn open_loop(
             .map(|a| (a.mix.draw(&a.spec, &mut shapes), a.mix.clone()))
         else {
             break;
+        };
+        // A seeded run names its requests, so that a simulator draws the same speeds for them
+        // on every run (`RequestSpec::named`).
+        let name = seed.map(|s| format!("s{s}-r{}-{arrivals}", (rate * 1000.0).round() as u64));
+        arrivals += 1;
+        let spec = match &name {
+            Some(name) => spec.named(name),
+            None => spec,
         };
         let (client, progress) = (client.clone(), progress.clone());
         // A conversation's later questions come from draws of its own, seeded from the
@@ -238,6 +247,9 @@ pub(crate) async fn open_loop(
                     break;
                 }
                 spec = spec.next_turn(reply, conversation::words(question, &mut own));
+                if let Some(name) = &name {
+                    spec = spec.named(&format!("{name}-t{}", turn + 1));
+                }
             }
             turns
         });

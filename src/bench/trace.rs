@@ -270,7 +270,11 @@ pub(crate) async fn replay(
         }
         tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
         let prompt = Prompt::Text(prompt_of(request, index, scale).into());
-        let spec = spec.with_shape(prompt, scale.tokens(request.output_tokens));
+        // Named by its place in the trace, so that a simulator draws it the same speed on
+        // every replay (`RequestSpec::named`).
+        let spec = spec
+            .with_shape(prompt, scale.tokens(request.output_tokens))
+            .named(&format!("trace-{index}"));
         let (client, progress) = (client.clone(), progress.clone());
         inflight.spawn(async move {
             let sample = super::timed(&client, &spec, limit).await;

@@ -109,6 +109,8 @@ enum Command {
 struct Job {
     prompt_tokens: u32,
     max_tokens: u32,
+    /// Seeds the request's own draws (its speed), when it names one.
+    seed: Option<u64>,
     tokens: mpsc::UnboundedSender<()>,
 }
 
@@ -181,21 +183,24 @@ impl Engine {
     /// Queues a request; its tokens arrive on the returned channel, which closes after the
     /// `max_tokens`-th. Dropping the receiver cancels the request.
     pub(crate) fn submit(&self, prompt_tokens: u32, max_tokens: u32) -> TokenRx {
-        self.submit_after(Duration::ZERO, prompt_tokens, max_tokens)
+        self.submit_after(Duration::ZERO, prompt_tokens, max_tokens, None)
     }
 
     /// Like [`Engine::submit`], but the engine sees the request only after `delay` (a hosted
-    /// API's network and queue time, which holds no batch slot).
+    /// API's network and queue time, which holds no batch slot). A request given a `seed`
+    /// draws its speed from it, so that the same request gets the same speed on every run.
     pub(crate) fn submit_after(
         &self,
         delay: Duration,
         prompt_tokens: u32,
         max_tokens: u32,
+        seed: Option<u64>,
     ) -> TokenRx {
         let (tokens, rx) = mpsc::unbounded_channel();
         let job = Command::Submit(Job {
             prompt_tokens,
             max_tokens: max_tokens.max(1),
+            seed,
             tokens,
         });
         // A send fails only once the scheduler has stopped; the receiver then closes empty and
@@ -221,6 +226,20 @@ impl Engine {
     pub(crate) fn stats(&self) -> StatsSnapshot {
         self.stats.snapshot()
     }
+}
+
+/// A new request's steps per token: log-normal about 1, so that its speed's 10th percentile is
+/// `spread` below the median (`z` of the 10th percentile: −1.2816).
+fn pace(spread: f64, rng: &mut SmallRng) -> f64 {
+    if spread <= 0.0 {
+        return 1.0;
+    }
+    let sigma = -(1.0 - spread).ln() / 1.281_552;
+    // Box–Muller: one standard normal from two uniforms.
+    let u: f64 = rng.random_range(f64::EPSILON..1.0);
+    let v: f64 = rng.random();
+    let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+    (-sigma * z).exp()
 }
 
 /// Half of Tokio's timer resolution (1 ms), seconds.
@@ -426,7 +445,10 @@ impl Scheduler {
             self.stall_until = self.stall_until.max(now) + prefill;
             let v0 = self.v;
             let first = v0 + 1.0 + self.jitter();
-            let pace = self.pace();
+            let pace = match job.seed {
+                Some(seed) => pace(self.timing.speed_spread, &mut SmallRng::seed_from_u64(seed)),
+                None => pace(self.timing.speed_spread, &mut self.rng),
+            };
             let key = self.running.insert(Running {
                 v0,
                 pace,
@@ -437,21 +459,6 @@ impl Scheduler {
             self.due.push(Due { v: first, key });
             self.stats.admitted.fetch_add(1, AtomicOrdering::Relaxed);
         }
-    }
-
-    /// A new request's steps per token: log-normal about 1, so that its speed's 10th percentile
-    /// is `speed_spread` below the median (`z` of the 10th percentile: −1.2816).
-    fn pace(&mut self) -> f64 {
-        let spread = self.timing.speed_spread;
-        if spread <= 0.0 {
-            return 1.0;
-        }
-        let sigma = -(1.0 - spread).ln() / 1.281_552;
-        // Box–Muller: one standard normal from two uniforms.
-        let u: f64 = self.rng.random_range(f64::EPSILON..1.0);
-        let v: f64 = self.rng.random();
-        let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
-        (-sigma * z).exp()
     }
 
     fn jitter(&mut self) -> f64 {
@@ -610,6 +617,38 @@ mod tests {
         assert!((0.55..=0.85).contains(&(p10 / p50)), "{tps:?}");
         // The first token is one step after admission, whatever the request's own speed.
         assert!(all.iter().all(|t| (t[0] - 0.010).abs() < 0.0011));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_names_a_seed_decodes_at_the_same_speed_on_every_run() {
+        let mut spread = timing(10.0, 0.0, 256);
+        spread.speed_spread = 0.3;
+        let speeds = |seeds: [u64; 8]| {
+            let engine = Engine::spawn(spread.clone(), None);
+            async move {
+                let start = Instant::now();
+                let rxs: Vec<_> = seeds
+                    .iter()
+                    .map(|&s| engine.submit_after(Duration::ZERO, 0, 11, Some(s)))
+                    .collect();
+                let all =
+                    futures_util::future::join_all(rxs.into_iter().map(|rx| arrivals(rx, start)))
+                        .await;
+                all.iter()
+                    .map(|t| 10.0 / (t[10] - t[0]))
+                    .collect::<Vec<f64>>()
+            }
+        };
+        let seeds = [1, 2, 3, 4, 5, 6, 7, 8];
+        let (first, again) = (speeds(seeds).await, speeds(seeds).await);
+        for (a, b) in first.iter().zip(&again) {
+            assert!((a - b).abs() < 1e-6 * a, "{first:?} {again:?}");
+        }
+        // Each seed its own speed: the draws are spread, not one for all.
+        let (slowest, fastest) = first
+            .iter()
+            .fold((f64::MAX, 0.0_f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+        assert!(fastest > 1.1 * slowest, "{first:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
 //! The HTTP face of one simulated backend: OpenAI and Anthropic endpoints over the engine, and
 //! the `/sim/*` control endpoints.
 
+use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -347,10 +348,17 @@ impl SimBackend {
         }
         let timing = &live.params.timing;
         let (target, finish) = ending(&mut gen_req, dialect, timing.default_max_tokens);
+        // A request's speed is drawn from its x-request-id, where it has one: two runs that
+        // send the same requests (`tpsgate bench --seed`) then draw the same speeds, whichever
+        // engine each lands on, and two routers are compared on their choices alone.
+        let seed = request_id
+            .as_deref()
+            .map(|id| BuildHasherDefault::<DefaultHasher>::default().hash_one(id));
         let tokens = self.engine.submit_after(
             timing.extra_ttft,
             gen_req.prompt_tokens - gen_req.cached_tokens,
             target,
+            seed,
         );
         // A client's x-request-id becomes the response id, so that two runs of the same request
         // can be compared byte for byte.

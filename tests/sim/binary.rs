@@ -204,9 +204,23 @@ async fn a_seeded_open_loop_offers_the_same_requests_every_time() {
                 .collect::<Vec<_>>()
         }
     };
+    // Named alike too (`x-request-id`), so that a simulator draws each the same speed.
+    let names = |seen: &[serde_json::Value]| -> std::collections::BTreeSet<String> {
+        seen.iter()
+            .map(|r| r["request_id"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
     let first = per_class("7").await;
     assert_eq!(first.len(), 2, "one report per class");
+    let seen = support::seen(addr).await;
+    let named = names(&seen);
+    assert!(
+        named.iter().all(|id| id.starts_with("s7-r40000-")),
+        "{named:?}"
+    );
     assert_eq!(per_class("7").await, first);
+    let again = support::seen(addr).await;
+    assert_eq!(names(&again[again.len() - seen.len()..]), named);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
