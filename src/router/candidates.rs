@@ -91,6 +91,17 @@ impl Candidate<'_> {
             .is_some_and(|p| p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
     }
 
+    /// The requests already here and on the backends sharing its device keep their speed
+    /// with this one beside them, and lose less than [`MIN_CHANCE`](super::MIN_CHANCE) of a
+    /// good completion between them: what trying a backend on thin evidence may cost others.
+    /// Keeping their percentile is not enough: on the simulator's copy of the H200's pair an
+    /// idle serial engine tried beside four latency requests on the batching engine kept their
+    /// 10th percentile on paper, its passes slowed them to 29–31 tok/s against 30, and four
+    /// requests after them got a 429.
+    pub(super) fn costs_others_nothing(&self) -> bool {
+        self.keeps_others && self.neighbour_loss < super::MIN_CHANCE
+    }
+
     /// Never observed, and would take its first request alone, or one more that its ramp
     /// allows.
     pub(super) fn cold_start(&self) -> bool {

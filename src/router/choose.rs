@@ -209,7 +209,7 @@ pub(crate) fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
         .filter(|(_, c)| {
             c.joining == 1
                 && c.leaves_room
-                && c.keeps_others
+                && c.costs_others_nothing()
                 && c.prediction.is_some_and(|p| p.confidence < 0.5)
         })
         .min_by(|(_, a), (_, b)| {
@@ -230,7 +230,9 @@ pub(crate) fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Opt
         .enumerate()
         .filter(|(_, c)| match c.prediction {
             None => true,
-            Some(p) if c.joining == 1 && p.confidence < 0.5 => c.leaves_room && c.keeps_others,
+            Some(p) if c.joining == 1 && p.confidence < 0.5 => {
+                c.leaves_room && c.costs_others_nothing()
+            }
             Some(p) => {
                 (p.beyond_evidence || p.confidence < 0.5)
                     && c.keeps_others

@@ -810,3 +810,46 @@ fn requests_on_an_engine_short_of_the_target_even_alone_are_charged_a_neighbours
     assert!(serial.neighbour_loss < 0.5, "{}", serial.neighbour_loss);
     assert_eq!(chosen(&router, 0), Ok("serial"));
 }
+
+#[test]
+fn an_idle_engine_is_not_tried_beside_requests_whose_share_of_the_target_its_pass_would_cost() {
+    // The batching engine runs four requests at 71 tok/s, spread ±10%; the engine beside it
+    // has two slow samples (20 tok/s), too few to condemn it. Its pass would take the four to
+    // 29 tok/s: their 10th percentile still clears the class's 26, but some would now miss
+    // where none did. It is not tried while they decode; told of no device, it is.
+    let classes = "- {name: quick, min_tps: 26, max_ttft_ms: 1000, on_miss: shed}\n";
+    for (extra, tried) in [
+        (", device: host, max_concurrency: 4", false),
+        (", max_concurrency: 4", true),
+    ] {
+        let router = router_with(&["batching", "serial"], extra, classes, 0.0);
+        let mut batching = Vec::new();
+        for c in [1.0, 2.0, 3.0, 4.0] {
+            for n in [0.0, 0.0, 0.0, 1.0] {
+                for k in [0.9, 0.95, 1.0, 1.05, 1.1] {
+                    batching.push((c, n, 0.05, k / (0.010 + 0.001 * c + 0.020 * n)));
+                }
+            }
+        }
+        teach_beside(&router, 0, &batching);
+        teach_beside(&router, 1, &[(1.0, 1.0, 0.05, 20.0); 2]);
+        let mut full = occupy(&router, 0, 0, 4);
+        for request in &mut full {
+            request.first_token(Instant::now());
+        }
+        let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
+        let serial = candidates
+            .iter()
+            .find(|c| &*c.backend.config.name == "serial")
+            .unwrap();
+        assert!(serial.keeps_others, "{extra}: {}", serial.neighbour_loss);
+        assert_eq!(
+            serial.neighbour_loss > 0.05,
+            !tried,
+            "{extra}: {}",
+            serial.neighbour_loss
+        );
+        let reason = reason_of(&router, &ask(&router, 0));
+        assert_eq!(reason == Ok(Reason::Explore), tried, "{extra}: {reason:?}");
+    }
+}
