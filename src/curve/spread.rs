@@ -73,23 +73,18 @@ impl Spread {
     fn cdf(&self, x: f64, strict: bool) -> f64 {
         let v = &self.0;
         let last = v.len() - 1;
-        let slope = |i: usize| {
-            let dv = v[i + 1] - v[i];
-            (dv > 0.0).then(|| (KNOTS[i + 1] - KNOTS[i]) / dv)
-        };
         let at_or_below = v.partition_point(|k| if strict { *k < x } else { *k <= x });
         if at_or_below == 0 {
             // Below every knot: the lowest segment's slope, down to 0.
             let gap = v[0] - x;
-            return (0..last)
-                .find_map(slope)
+            return self
+                .lowest_slope()
                 .map_or(0.0, |s| (KNOTS[0] - gap * s).max(0.0));
         }
         if at_or_below == v.len() {
             let gap = x - v[last];
-            return (0..last)
-                .rev()
-                .find_map(slope)
+            return self
+                .highest_slope()
                 .map_or(1.0, |s| (KNOTS[last] + gap * s).min(1.0));
         }
         let i = at_or_below - 1;
@@ -174,18 +169,28 @@ impl Spread {
     fn support(&self) -> (f64, f64) {
         let v = &self.0;
         let last = v.len() - 1;
-        let slope = |i: usize| {
-            let dv = v[i + 1] - v[i];
-            (dv > 0.0).then(|| (KNOTS[i + 1] - KNOTS[i]) / dv)
-        };
-        let lo = (0..last)
-            .find_map(slope)
-            .map_or(v[0], |s| v[0] - KNOTS[0] / s);
-        let hi = (0..last)
-            .rev()
-            .find_map(slope)
+        let lo = self.lowest_slope().map_or(v[0], |s| v[0] - KNOTS[0] / s);
+        let hi = self
+            .highest_slope()
             .map_or(v[last], |s| v[last] + (1.0 - KNOTS[last]) / s);
         (lo, hi)
+    }
+
+    /// The distribution function's slope from knot `i` to the next; `None` where they are
+    /// equal (a point mass).
+    fn slope(&self, i: usize) -> Option<f64> {
+        let dv = self.0[i + 1] - self.0[i];
+        (dv > 0.0).then(|| (KNOTS[i + 1] - KNOTS[i]) / dv)
+    }
+
+    /// The lowest segment's slope that has one: the distribution goes on with it below.
+    fn lowest_slope(&self) -> Option<f64> {
+        (0..KNOTS.len() - 1).find_map(|i| self.slope(i))
+    }
+
+    /// The highest segment's slope that has one: the distribution goes on with it above.
+    fn highest_slope(&self) -> Option<f64> {
+        (0..KNOTS.len() - 1).rev().find_map(|i| self.slope(i))
     }
 
     /// The weighted mean of spreads, knot by knot (a pooled shape); `None` without weight.
