@@ -78,13 +78,9 @@ pub(crate) fn among_feasible(
 /// Where a prompt no feasible backend holds goes, when it is long enough to be worth holding
 /// (at least `min_match_tokens`, or hinted) and the policy spreads load (`pack` and `cheapest`
 /// keep their own order): the backend whose prefix index is least full, among those meeting the
-/// SLO and those never observed that would take it alone (an idle backend with an empty cache
-/// is the best home for a new prompt); ties, as when every index is full, by the policy. Not a
-/// never-observed backend's second request, which its ramp would admit once the first token of
-/// the first came in time: that says nothing of whether the second waits behind the first,
-/// and a latency request is no probe while another backend meets its SLO. On two CPU engines,
-/// the serial one, never observed, took a new prompt that way while its first was still
-/// decoding, and the request waited 5.3 s for its turn. A prompt will be re-sent where it lands, and an engine's
+/// SLO and those never observed that their ramp admits (an idle backend with an empty cache is
+/// the best home for a new prompt, and its ramp bounds what trying it costs); ties, as when
+/// every index is full, by the policy. A prompt will be re-sent where it lands, and an engine's
 /// cache, not its compute, is what a prompt too many overflows: headroom alone filled the first
 /// backends to be observed with every prompt while the others stood idle.
 fn place(policy: Policy, candidates: &[Candidate<'_>], ask: &Ask<'_>) -> Option<usize> {
@@ -94,9 +90,7 @@ fn place(policy: Policy, candidates: &[Candidate<'_>], ask: &Ask<'_>) -> Option<
     candidates
         .iter()
         .enumerate()
-        .filter(|(_, c)| {
-            c.affinity.is_some() && (c.feasible() || (c.cold_start() && c.joining == 1))
-        })
+        .filter(|(_, c)| c.affinity.is_some() && (c.feasible() || c.cold_start()))
         .min_by(|(_, a), (_, b)| {
             a.cache
                 .fill_per_mille

@@ -3,7 +3,6 @@
 
 use super::*;
 use crate::curve::{FirstToken, Observation, Outcome};
-use crate::fleet::ramp::Probe;
 use crate::fleet::{Hit, Share};
 
 mod marginal;
@@ -468,20 +467,6 @@ fn a_new_prompt_goes_to_the_emptiest_cache_inside_the_slo_an_idle_never_observed
         ..ask(&router, 1)
     };
     assert_eq!(router.route(&ask).unwrap().unwrap().index, 2);
-    // Once c holds one, its ramp would admit a second before the first has told whether c
-    // batches: while a and b meet the SLO, the prompt goes to the emptier of theirs.
-    router.backends[2].ramp.first_token(
-        &Probe {
-            admitted_with: 1,
-            max_ttft_s: Some(1.0),
-            min_tps: None,
-        },
-        0.05,
-    );
-    assert!(router.backends[2].ramp.allows(2));
-    let first = occupy(&router, 2, 1, 1);
-    assert_eq!(router.route(&ask).unwrap().unwrap().index, 1);
-    drop(first);
     // Without the idle one, b's cache is the emptier: headroom alone would send it to a.
     let avoid = [2];
     let elsewhere = Ask {
