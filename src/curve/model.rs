@@ -361,7 +361,6 @@ impl Model {
             }
             None => self.ttft_shape.scaled(queue_at(concurrency) + prefill),
         };
-        let ttft = self.or_waiting_a_turn(ttft, concurrency, queue_at);
         let (floor_p50, floor_p90) = self.floors[j];
         let ttft = ttft.at_least(floor_p50 + prefill, floor_p90 + prefill);
         // Past the trusted levels, at one without enough samples of its own to be trusted.
@@ -370,36 +369,6 @@ impl Model {
             unproven,
             ..Prediction::new(tps, ttft, confidence, beyond_evidence)
         }
-    }
-
-    /// `ttft` at `concurrency`, or, on an engine no first token has yet come from beside
-    /// another request, the same or after a wait for a turn. Its fit has no queue term to go
-    /// by, and nothing says whether it starts a second request beside the one it runs or
-    /// queues it: the bend's serial engine, seen only alone, had its second request predicted
-    /// a lone one's first token (33 ms), and it waited 3.9 s. Either is taken as likely (the
-    /// rule of succession with no success yet), and the queued request to wait half a
-    /// request's hold for the first ahead and a whole one for each more, less what the fit
-    /// charges already. A first token at two in flight settles it: a batching engine's then
-    /// says it batches, a serial one's gives the fit its queue term. (Past the highest level
-    /// a batching engine has shown, a batch limit shows as a queue at its first level, which
-    /// [`floors`] carries on.)
-    fn or_waiting_a_turn(
-        &self,
-        ttft: Spread,
-        concurrency: f64,
-        queue_at: impl Fn(f64) -> f64,
-    ) -> Spread {
-        // Seen alone only: the lone level's mean occupancy is 1.
-        if self.ttft_seen >= 1.5 || concurrency < 2.0 {
-            return ttft;
-        }
-        let ahead = (concurrency - 1.0).floor();
-        let charged = queue_at(concurrency) - queue_at(1.0);
-        let turn = (ahead - 0.5) * self.mean_duration_s - charged;
-        if turn <= 0.0 {
-            return ttft;
-        }
-        ttft.mixed(0.5, &ttft.shifted(turn))
     }
 
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.

@@ -66,25 +66,25 @@ impl Spread {
 
     /// The share of the distribution at or below `x`.
     pub(crate) fn share_below(&self, x: f64) -> f64 {
-        self.cdf(x, false)
-    }
-
-    /// The share at or below `x`, or with `strict`, below it (a point mass at `x` left out).
-    fn cdf(&self, x: f64, strict: bool) -> f64 {
         let v = &self.0;
         let last = v.len() - 1;
-        let at_or_below = v.partition_point(|k| if strict { *k < x } else { *k <= x });
+        let slope = |i: usize| {
+            let dv = v[i + 1] - v[i];
+            (dv > 0.0).then(|| (KNOTS[i + 1] - KNOTS[i]) / dv)
+        };
+        let at_or_below = v.partition_point(|k| *k <= x);
         if at_or_below == 0 {
             // Below every knot: the lowest segment's slope, down to 0.
             let gap = v[0] - x;
-            return self
-                .lowest_slope()
+            return (0..last)
+                .find_map(slope)
                 .map_or(0.0, |s| (KNOTS[0] - gap * s).max(0.0));
         }
         if at_or_below == v.len() {
             let gap = x - v[last];
-            return self
-                .highest_slope()
+            return (0..last)
+                .rev()
+                .find_map(slope)
                 .map_or(1.0, |s| (KNOTS[last] + gap * s).min(1.0));
         }
         let i = at_or_below - 1;
@@ -125,72 +125,6 @@ impl Spread {
             }
         }
         Self(knots)
-    }
-
-    /// A draw from `self` with probability `share`, else from `other`: two hypotheses about
-    /// one request, each with its own spread. The mixture's distribution function is read at
-    /// every knot of either and where either reaches 0 or 1, linear between them as each is,
-    /// and its quantiles taken off it (a point mass stays one).
-    pub(crate) fn mixed(&self, share: f64, other: &Self) -> Self {
-        let share = share.clamp(0.0, 1.0);
-        let (a_lo, a_hi) = self.support();
-        let (b_lo, b_hi) = other.support();
-        let mut xs = [0.0; 2 * KNOTS.len() + 4];
-        let ends = [a_lo, a_hi, b_lo, b_hi];
-        for (x, v) in xs
-            .iter_mut()
-            .zip(self.0.iter().chain(&other.0).chain(&ends))
-        {
-            *x = *v;
-        }
-        xs.sort_unstable_by(f64::total_cmp);
-        let at = |x: f64, strict: bool| {
-            share * self.cdf(x, strict) + (1.0 - share) * other.cdf(x, strict)
-        };
-        Self::from_fn(|q| {
-            let k = xs.partition_point(|&x| at(x, false) < q);
-            let Some(&x1) = xs.get(k) else {
-                return xs[xs.len() - 1];
-            };
-            let Some(&x0) = k.checked_sub(1).map(|h| &xs[h]) else {
-                return x1;
-            };
-            // Linear from x0 to just below x1, where a point mass may jump.
-            let (f0, f1) = (at(x0, false), at(x1, true));
-            if q <= f1 && f1 > f0 {
-                x0 + (x1 - x0) * (q - f0) / (f1 - f0)
-            } else {
-                x1
-            }
-        })
-    }
-
-    /// Where the distribution function reaches 0 and 1, the outer segments carried on.
-    fn support(&self) -> (f64, f64) {
-        let v = &self.0;
-        let last = v.len() - 1;
-        let lo = self.lowest_slope().map_or(v[0], |s| v[0] - KNOTS[0] / s);
-        let hi = self
-            .highest_slope()
-            .map_or(v[last], |s| v[last] + (1.0 - KNOTS[last]) / s);
-        (lo, hi)
-    }
-
-    /// The distribution function's slope from knot `i` to the next; `None` where they are
-    /// equal (a point mass).
-    fn slope(&self, i: usize) -> Option<f64> {
-        let dv = self.0[i + 1] - self.0[i];
-        (dv > 0.0).then(|| (KNOTS[i + 1] - KNOTS[i]) / dv)
-    }
-
-    /// The lowest segment's slope that has one: the distribution goes on with it below.
-    fn lowest_slope(&self) -> Option<f64> {
-        (0..KNOTS.len() - 1).find_map(|i| self.slope(i))
-    }
-
-    /// The highest segment's slope that has one: the distribution goes on with it above.
-    fn highest_slope(&self) -> Option<f64> {
-        (0..KNOTS.len() - 1).rev().find_map(|i| self.slope(i))
     }
 
     /// The weighted mean of spreads, knot by knot (a pooled shape); `None` without weight.
@@ -241,28 +175,6 @@ mod tests {
         assert!((s.quantile(0.1) - 45.0).abs() < 1e-9);
         let t = Spread::log_normal(1.0, 0.9, 1.25);
         assert!((t.quantile(0.9) - 1.25).abs() < 1e-9);
-    }
-
-    #[test]
-    fn a_mixture_of_two_hypotheses_meets_a_target_as_often_as_their_shares_say() {
-        let soon = Spread::from_fn(|q| 0.1 * q);
-        let late = Spread::from_fn(|q| 2.0 + q);
-        let either = soon.mixed(0.5, &late);
-        // Every early draw meets 1 s, no late one does: so says the mixture, within the step
-        // between two knots (the gap between the hypotheses is drawn as a line).
-        let meets = either.share_below(1.0);
-        assert!((0.5..0.6).contains(&meets), "{either:?}");
-        assert!(
-            either.quantile(0.1) < 0.1 && either.quantile(0.9) > 2.0,
-            "{either:?}"
-        );
-        let mostly = soon.mixed(0.8, &late).share_below(1.0);
-        assert!((0.8..0.9).contains(&mostly), "{mostly}");
-        // All of one is that one.
-        for q in KNOTS {
-            assert!((soon.mixed(1.0, &late).quantile(q) - soon.quantile(q)).abs() < 1e-9);
-            assert!((soon.mixed(0.0, &late).quantile(q) - late.quantile(q)).abs() < 1e-9);
-        }
     }
 
     #[test]
