@@ -12,7 +12,8 @@
 # Workloads: `uniform` (conversations spread evenly over the 16 prompts) and `hot` (one prompt
 # carries half of them). Each arm gets a fresh simulator and gateway and a warm-up; run k
 # offers every arm the same conversations (bench --seed k). Writes the table into BENCHMARKS.md
-# between the conversations markers (median over runs).
+# between the conversations markers (median over runs), unless SPLICE=0 (an A/B of one arm,
+# whose table would replace the recorded one).
 #
 # Usage: [BIN=path] [FIRST_RUN=1] benches/conversations.sh [RUNS=1] [RATES=2,4,6,8,12,16] [DURATION_S=20] [ARMS...]
 # FIRST_RUN=k with arms given measures runs k..RUNS of those arms and keeps their earlier runs.
@@ -73,4 +74,4 @@ for run in $(seq "$first" "$runs"); do
 done
 python3 benches/conversations_table.py "$out/results.jsonl" >"$out/table.md"
 cat "$out/table.md"
-python3 benches/splice.py conversations "$out/table.md"
+if [ "${SPLICE:-1}" = 1 ]; then python3 benches/splice.py conversations "$out/table.md"; fi
