@@ -54,12 +54,6 @@ pub struct Prediction {
     /// refusal ([`Router::probe_chance`](crate::router::Router)).
     #[serde(skip)]
     pub unproven: bool,
-    /// A second request or more, on an engine no first token has yet come from beside another
-    /// of its own: whether it starts a request beside those it runs or queues it is not known,
-    /// and the first token predicted is a lone request's. A serial engine's second request
-    /// waits for the whole of the first; one batching engine's starts at once.
-    #[serde(skip)]
-    pub queue_unseen: bool,
     /// How per-user TPS spreads there: how likely a request is to reach a speed.
     #[serde(skip)]
     pub tps: Spread,
@@ -79,7 +73,6 @@ impl Prediction {
             confidence,
             beyond_evidence,
             unproven: false,
-            queue_unseen: false,
             tps,
             ttft,
         }
@@ -94,20 +87,16 @@ impl Prediction {
     /// The same, with the speed spread `tps`.
     pub(crate) fn with_speed(self, tps: Spread) -> Self {
         Self {
-            per_user_tps_p50: tps.median(),
-            per_user_tps_p10: tps.quantile(0.1),
-            tps,
-            ..self
+            unproven: self.unproven,
+            ..Self::new(tps, self.ttft, self.confidence, self.beyond_evidence)
         }
     }
 
     /// The same, with the first-token spread `ttft`.
     fn with_ttft(self, ttft: Spread) -> Self {
         Self {
-            ttft_p50_s: ttft.median(),
-            ttft_p90_s: ttft.quantile(0.9),
-            ttft,
-            ..self
+            unproven: self.unproven,
+            ..Self::new(self.tps, ttft, self.confidence, self.beyond_evidence)
         }
     }
 
@@ -378,7 +367,6 @@ impl Model {
         let unproven = concurrency > self.speed_trusted && speed_weight < MIN_BUCKET_WEIGHT;
         Prediction {
             unproven,
-            queue_unseen: concurrency >= 2.0 && self.ttft_seen < 1.5,
             ..Prediction::new(tps, ttft, confidence, beyond_evidence)
         }
     }

@@ -45,11 +45,6 @@ pub(crate) struct Candidate<'r> {
     /// requires it, so that batch work only takes capacity interactive traffic is not about to
     /// need.
     pub leaves_room: bool,
-    /// The backends sharing its device have nothing in flight, and a request of every latency
-    /// class could still join each of them and meet its SLO with this one's pass beside it
-    /// (always, where it shares none): trying it on thin evidence slows nobody now, and leaves
-    /// the next arrival a place that is not behind it.
-    pub spares_neighbours: bool,
     /// System tokens per second this request adds there, `S(n) - S(n-1)` where `S(c)` is `c`
     /// requests of `T` tokens each taking `TTFT + T / TPS` (medians); computed for batch placement
     /// only (0 for a latency request, and without a prediction).
@@ -111,12 +106,6 @@ impl Candidate<'_> {
     /// allows.
     pub(super) fn cold_start(&self) -> bool {
         self.prediction.is_none() && (self.joining == 1 || self.ramping)
-    }
-
-    /// Its prediction is a lone request's first token for one that would not be alone
-    /// ([`Prediction::queue_unseen`]).
-    pub(super) fn queue_unseen(&self) -> bool {
-        self.prediction.is_some_and(|p| p.queue_unseen)
     }
 
     /// The room placing the request here leaves: its own slack, or the next request's where
@@ -188,7 +177,6 @@ impl Router {
                         keeps_others: true,
                         neighbour_loss: 0.0,
                         leaves_room: true,
-                        spares_neighbours: true,
                         marginal_tps: 0.0,
                         next_slack: f64::INFINITY,
                         cache,
@@ -238,7 +226,6 @@ impl Router {
                         && neighbours.keeps,
                     neighbour_loss: neighbours.loss,
                     leaves_room,
-                    spares_neighbours: neighbours.leaves_room && self.devices.idle_beside(index),
                     marginal_tps: if batch {
                         prediction.map_or(0.0, |p| system(n, &p) - before)
                     } else {

@@ -29,12 +29,7 @@ pub(crate) fn is_baseline(policy: Policy) -> bool {
 /// or the request's conversation hint; more cached tokens first, then the prefix's rendezvous
 /// order); else, for a prompt long enough to be worth holding, [`place`]; else by policy:
 /// `headroom` the most room ([`Candidate::room`]: the slack, or the next request's where a
-/// shared device makes that less) where its first token is known to come as predicted, before
-/// one whose prediction takes a request beside the engine's own for a lone one
-/// ([`Candidate::queue_unseen`]: on two CPU engines, an idle batching engine's request went to
-/// the serial one, busy and seen only alone, predicted a first token in 0.1 s for the 0.7 s it
-/// waited, and the serial engine's queue and passes then slowed the batch under its target),
-/// `pack` the least slack, `cheapest` the lowest price then the most
+/// shared device makes that less), `pack` the least slack, `cheapest` the lowest price then the most
 /// slack. `oracle` decides as `headroom` does. A holder that cannot meet the SLO is passed
 /// over, and the backend chosen instead holds the prefix from then on. A holder beyond the
 /// concurrency its curve has seen still counts where its prediction meets the SLO and keeps
@@ -75,11 +70,7 @@ pub(crate) fn among_feasible(
                 .total_cmp(&price(b, ask))
                 .then(b.slack.total_cmp(&a.slack))
         }),
-        _ => feasible().max_by(|(_, a), (_, b)| {
-            b.queue_unseen()
-                .cmp(&a.queue_unseen())
-                .then(a.room().total_cmp(&b.room()))
-        }),
+        _ => feasible().max_by(|(_, a), (_, b)| a.room().total_cmp(&b.room())),
     };
     pick.or_else(|| cold(candidates)).map(|(i, _)| i)
 }
@@ -232,16 +223,7 @@ pub(crate) fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
 /// whose curve has no confident answer at this concurrency (never observed, beyond twice the
 /// concurrency it has seen, or a bucket gone stale), whose prediction — when there is one —
 /// keeps this request's SLO, the speed of every class already there and (for batch work, which
-/// holds a slot for long) room for the next latency request. An idle one on thin evidence
-/// that shares a device is tried only where it spares its neighbours
-/// ([`Candidate::spares_neighbours`]): nothing runs beside it, whose cost is read off the
-/// curves that know least, and the next arrival could still join a neighbour beside its pass;
-/// the budget can wait for a lull. On two CPU engines, each collapse began with the serial
-/// engine tried: beside a batch of two, priced to slow them from 126 to 39 tok/s (above their
-/// 24), the batch's next arrivals joined them beside its passes and streamed at 23; beside an
-/// idle batching engine that its pass would slow to 22, the next arrival took the serial
-/// engine's queue, and the requests after it waited in line for a device it held. Least
-/// confidence first.
+/// holds a slot for long) room for the next latency request. Least confidence first.
 pub(crate) fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
@@ -249,7 +231,7 @@ pub(crate) fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Opt
         .filter(|(_, c)| match c.prediction {
             None => true,
             Some(p) if c.joining == 1 && p.confidence < 0.5 => {
-                c.leaves_room && c.costs_others_nothing() && c.spares_neighbours
+                c.leaves_room && c.costs_others_nothing()
             }
             Some(p) => {
                 (p.beyond_evidence || p.confidence < 0.5)

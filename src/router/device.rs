@@ -89,13 +89,6 @@ impl Devices {
         })
     }
 
-    /// Nothing is in flight on the backends sharing backend `index`'s device (true where it
-    /// shares none).
-    pub(crate) fn idle_beside(&self, index: usize) -> bool {
-        self.neighbours(index)
-            .is_none_or(|n| n.backends.iter().all(|b| b.in_flight() == 0))
-    }
-
     /// What an engine running beside backend `index` adds to each of its tokens, by `curve`,
     /// its curve for `model`: the curve's own neighbour term, or where its samples cannot tell
     /// one (the engine beside it always ran, or never), the most that any engine on its device

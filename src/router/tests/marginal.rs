@@ -328,12 +328,7 @@ fn shared_host_for(extra: &str, classes: &str) -> Router {
 
 /// [`shared_host`]'s batching engine, its neighbour `serial` not yet observed.
 fn batching_beside_an_engine(extra: &str, classes: &str) -> Router {
-    batching_beside_an_engine_exploring(extra, classes, 0.0)
-}
-
-/// [`batching_beside_an_engine`], exploring up to `exploration` of requests.
-fn batching_beside_an_engine_exploring(extra: &str, classes: &str, exploration: f64) -> Router {
-    let router = router_with(&["batching", "serial"], extra, classes, exploration);
+    let router = router_with(&["batching", "serial"], extra, classes, 0.0);
     let mut batching = Vec::new();
     for c in [1.0, 2.0, 3.0, 4.0] {
         for n in [0.0, 0.0, 0.0, 1.0] {
@@ -432,77 +427,6 @@ fn an_idle_engine_is_tried_again_only_where_its_pass_costs_the_requests_beside_i
         let reason = reason_of(&router, &ask(&router, 0));
         assert_eq!(reason == Ok(Reason::Explore), tried, "{extra}: {reason:?}");
     }
-}
-
-#[test]
-fn an_engine_on_thin_evidence_is_explored_only_while_the_engines_beside_it_run_nothing() {
-    // The serial engine has two samples, too few to trust. While the batching engine beside it
-    // runs a request, what the serial engine's pass would cost that one is read off thin
-    // curves: the serial engine waits for a lull. Told of no device, nothing runs beside it,
-    // and it is tried at once.
-    let classes =
-        "- {name: loose, min_tps: 21, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
-    for (extra, explored_while_busy) in [(", device: host", false), ("", true)] {
-        let router = batching_beside_an_engine_exploring(extra, classes, 0.5);
-        teach_beside(&router, 1, &[(1.0, 0.0, 0.05, 120.0); 2]);
-        let explored = |router: &Router| {
-            let ask = ask(router, 0);
-            choose::exploration_target(&ask.slo, &router.candidates(&ask, Policy::Headroom))
-        };
-        let mut decoding = occupy(&router, 0, 0, 1);
-        decoding[0].first_token(Instant::now());
-        let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
-        assert!(candidates[1].costs_others_nothing(), "{:?}", candidates[1]);
-        assert_eq!(explored(&router).is_some(), explored_while_busy, "{extra}");
-        drop(decoding);
-        assert_eq!(explored(&router), Some(1), "{extra}: the device idle");
-    }
-    // A class of 41 tok/s: the batching engine meets it alone (91 tok/s), not beside the
-    // serial engine's pass (32). Tried there, the serial engine would leave the next arrival
-    // only its own queue, or the batching engine at a speed under the target.
-    for (extra, explored) in [(", device: host", None), ("", Some(1))] {
-        let router = batching_beside_an_engine_exploring(extra, MARGINAL_SPEED, 0.5);
-        teach_beside(&router, 1, &[(1.0, 0.0, 0.05, 120.0); 2]);
-        let ask = ask(&router, 0);
-        let candidates = router.candidates(&ask, Policy::Headroom);
-        assert_eq!(
-            choose::exploration_target(&ask.slo, &candidates),
-            explored,
-            "{extra}: {candidates:?}"
-        );
-    }
-}
-
-#[test]
-fn a_second_request_goes_where_the_engine_is_known_to_start_it_not_to_one_seen_only_alone() {
-    // The batching engine, seen at one to four in flight, streams 60 tok/s a request; the
-    // other, seen only alone, 120. Each runs a request. By its curve the second engine gives
-    // the next request the most room, but no first token has yet come from it beside a request
-    // of its own: a serial engine would start this one only after the first one's tokens. The
-    // batching engine is known to meet the SLO with it.
-    let router = router_from(&["batching", "unknown"], MARGINAL_SPEED, 0.0);
-    let batching: Vec<_> = (1..=4)
-        .flat_map(|c| [(f64::from(c), 0.05, 60.0); 8])
-        .collect();
-    teach_each(&router, 0, &batching);
-    teach_each(&router, 1, &[(1.0, 0.05, 120.0); 8]);
-    let mut decoding = occupy(&router, 0, 0, 1);
-    decoding.extend(occupy(&router, 1, 0, 1));
-    for request in &mut decoding {
-        request.first_token(Instant::now());
-    }
-    let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
-    let (batching, unknown) = (&candidates[0], &candidates[1]);
-    assert!(
-        batching.feasible() && !batching.queue_unseen(),
-        "{batching:?}"
-    );
-    assert!(unknown.feasible() && unknown.queue_unseen(), "{unknown:?}");
-    assert!(unknown.room() > batching.room(), "{candidates:?}");
-    assert_eq!(chosen(&router, 0), Ok("batching"));
-    // Its first tokens at two in flight came at once: it batches, and its room counts again.
-    teach_each(&router, 1, &[(2.0, 0.05, 110.0); 8]);
-    assert_eq!(chosen(&router, 0), Ok("unknown"));
 }
 
 #[test]
