@@ -72,6 +72,13 @@ pub(crate) struct Candidate<'r> {
     /// It runs, and the request would wait there behind the requests it has
     /// ([`Predictor::queues`]): batch work is not sent to wait in a backend's queue.
     pub queues: bool,
+    /// It is idle and shares its device (`device:`): the request would start its engine's
+    /// passes beside whatever the engines sharing it run meanwhile.
+    pub starts_shared: bool,
+    /// It is idle and a backend sharing its device has requests in flight
+    /// ([`Devices::active_beside`](super::device::Devices::active_beside)): the request would
+    /// start its engine beside a running one.
+    pub starts_beside: bool,
 }
 
 impl Candidate<'_> {
@@ -185,6 +192,8 @@ impl Router {
                         ramping: false,
                         prefill_rate: None,
                         queues: false,
+                        starts_shared: false,
+                        starts_beside: false,
                     };
                 }
                 let n = f64::from(joining);
@@ -238,6 +247,8 @@ impl Router {
                     ramping: backend.ramp.allows(joining),
                     prefill_rate: predictor.prefill_rate(),
                     queues,
+                    starts_shared: joining == 1 && self.devices.of(index).is_some(),
+                    starts_beside: joining == 1 && self.devices.active_beside(index),
                 }
             })
             .collect();

@@ -24,7 +24,9 @@ pub(crate) fn is_baseline(policy: Policy) -> bool {
     )
 }
 
-/// Among the feasible (or, failing those, cold backends taking a lone request): the one that
+/// Among the feasible (or, failing those, cold backends taking a lone request, though where the
+/// cold one would start beside a running engine on its device, first a backend that
+/// [`Candidate::may_stretch`]): the one that
 /// holds the longest prefix of the prompt, where any holds one (at least `min_match_tokens`,
 /// or the request's conversation hint; more cached tokens first, then the prefix's rendezvous
 /// order); else, for a prompt long enough to be worth holding, [`place`]; else by policy:
@@ -72,7 +74,26 @@ pub(crate) fn among_feasible(
         }),
         _ => feasible().max_by(|(_, a), (_, b)| a.room().total_cmp(&b.room())),
     };
-    pick.or_else(|| cold(candidates)).map(|(i, _)| i)
+    pick.or_else(|| {
+        let cold = cold(candidates);
+        if cold.is_some_and(|(_, c)| c.starts_beside) {
+            // Its engine would start beside a running one: the running one, a level past its
+            // evidence where it is predicted to meet the SLO, adds no pass beside anything.
+            stretch(candidates).or(cold)
+        } else {
+            cold
+        }
+    })
+    .map(|(i, _)| i)
+}
+
+/// The candidate with the most room among those that [`Candidate::may_stretch`].
+fn stretch<'a, 'r>(candidates: &'a [Candidate<'r>]) -> Option<(usize, &'a Candidate<'r>)> {
+    candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.may_stretch())
+        .max_by(|(_, a), (_, b)| a.room().total_cmp(&b.room()))
 }
 
 /// Where a prompt no feasible backend holds goes, when it is long enough to be worth holding
@@ -126,13 +147,21 @@ fn price(c: &Candidate<'_>, ask: &Ask<'_>) -> f64 {
 }
 
 /// The never-observed backend that would take the request with the fewest in flight (a lone
-/// request, or one its ramp allows).
+/// request, or one its ramp allows), one that would not start its engine beside a running one
+/// on its device first ([`Candidate::starts_beside`]). Two never-observed engines started
+/// together on one device take it from each other, and each curve's first samples book the
+/// other's load as its own: on the CPU engines, the serial engine started beside the batching
+/// engine's first request slowed that one's first tokens from 30 ms to 1.2–2.2 s, and the
+/// gateway then took the batching engine to miss the target even alone and locked onto the
+/// serial one. The ramp of the engine already running takes the next request instead, or that
+/// engine a level past its evidence where its line meets the SLO ([`among_feasible`]); where
+/// nothing else can, the engine is still started beside the other, rather than never tried.
 fn cold<'a, 'r>(candidates: &'a [Candidate<'r>]) -> Option<(usize, &'a Candidate<'r>)> {
     candidates
         .iter()
         .enumerate()
         .filter(|(_, c)| c.cold_start())
-        .min_by_key(|(_, c)| c.joining)
+        .min_by_key(|(_, c)| (c.starts_beside, c.joining))
 }
 
 /// Batch placement: a never-observed backend first (batch traffic is the one that can afford to
@@ -224,10 +253,22 @@ pub(crate) fn idle_unproven(candidates: &[Candidate<'_>]) -> Option<usize> {
 /// concurrency it has seen, or a bucket gone stale), whose prediction — when there is one —
 /// keeps this request's SLO, the speed of every class already there and (for batch work, which
 /// holds a slot for long) room for the next latency request. Least confidence first.
+///
+/// Never one whose idle engine it would start on a device it shares
+/// ([`Candidate::starts_shared`]): its passes run beside whatever the device's other engines
+/// take meanwhile, and what that costs them is what exploring does not know. On two CPU cores
+/// a serial engine explored beside two requests on the batching engine slowed every request on
+/// both under the target for 30 s (the router refused 30 of 69). Explored only while the
+/// device was idle, it still ran 0.4 s and more: the next arrivals went to its queue and beside
+/// its pass, and in four runs of six the router then refused 3 to 7 requests. Such an engine is
+/// tried again as its cold start and an idle engine on thin evidence are, where nothing is
+/// feasible; joining an engine already running (a level its curve has not seen) adds no pass
+/// and may still be explored.
 pub(crate) fn exploration_target(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
+        .filter(|(_, c)| !c.starts_shared)
         .filter(|(_, c)| match c.prediction {
             None => true,
             Some(p) if c.joining == 1 && p.confidence < 0.5 => {

@@ -89,6 +89,14 @@ impl Devices {
         })
     }
 
+    /// Whether a backend sharing backend `index`'s device has requests in flight (prefilling,
+    /// decoding or queued behind those): a request that starts backend `index` would run beside
+    /// it.
+    pub(crate) fn active_beside(&self, index: usize) -> bool {
+        self.neighbours(index)
+            .is_some_and(|n| n.backends.iter().any(|b| b.in_flight() > 0))
+    }
+
     /// What an engine running beside backend `index` adds to each of its tokens, by `curve`,
     /// its curve for `model`: the curve's own neighbour term, or where its samples cannot tell
     /// one (the engine beside it always ran, or never), the most that any engine on its device

@@ -853,3 +853,84 @@ fn an_idle_engine_is_not_tried_beside_requests_whose_share_of_the_target_its_pas
         assert_eq!(reason == Ok(Reason::Explore), tried, "{extra}: {reason:?}");
     }
 }
+
+#[test]
+fn a_never_observed_engine_is_not_started_beside_a_running_one_while_that_ones_ramp_takes_the_request()
+ {
+    // A fresh gateway over two never-observed engines on two CPU cores: the first request goes
+    // to the batching engine. Started beside it, the serial engine took the cores from it,
+    // and both curves' first samples booked the other's load as their own.
+    let router = router_with(&["batching", "serial"], ", device: host", MARGINAL, 0.0);
+    let first = router.route(&ask(&router, 0)).unwrap().unwrap();
+    assert_eq!(&*first.backend.config.name, "batching");
+    // Its first token came in time: its ramp takes a second request.
+    first.guard.probe_first_token(0.03);
+    let second = router.route(&ask(&router, 0)).unwrap().unwrap();
+    assert_eq!(
+        &*second.backend.config.name, "batching",
+        "the running engine's ramp, not a start beside it"
+    );
+    // Its ramp takes no third before the second's first token: where nothing else can take
+    // the request, the idle engine is started beside the running one rather than never tried.
+    assert_eq!(chosen(&router, 0), Ok("serial"));
+    drop((first, second));
+    assert_eq!(chosen(&router, 0), Ok("batching"), "alone, in turn");
+}
+
+#[test]
+fn exploring_never_starts_an_idle_engine_on_a_device_it_shares() {
+    // Two CPU cores: a serial engine never observed, explored beside two requests on the
+    // batching engine, slowed every request on both under the target for 30 s; explored while
+    // the device was idle, its pass still ran beside the next arrivals.
+    let router = router_with(
+        &["batching", "serial"],
+        ", device: host",
+        MARGINAL_SPEED,
+        0.5,
+    );
+    let mut batching = vec![(1.0, 0.05, 100.0); 8];
+    batching.extend([(2.0, 0.05, 90.0); 8]);
+    teach_each(&router, 0, &batching);
+    let running = occupy(&router, 0, 0, 1);
+    assert_eq!(
+        chosen(&router, 0),
+        Ok("batching"),
+        "not beside a running engine"
+    );
+    drop(running);
+    assert_eq!(chosen(&router, 0), Ok("batching"), "nor on an idle device");
+    // On a device of its own, the same engine is explored.
+    let apart = router_with(&["batching", "serial"], "", MARGINAL_SPEED, 0.5);
+    teach_each(&apart, 0, &batching);
+    assert_eq!(chosen(&apart, 0), Ok("serial"));
+}
+
+#[test]
+fn a_running_engine_takes_a_level_past_its_evidence_before_a_cold_one_is_started_beside_it() {
+    // The batching engine, seen at one and two in flight, runs four; its ramp has ended. The
+    // serial engine beside it was never observed: started now, its pass would run beside the
+    // four, at a cost nothing has measured. The batching engine's line says a fifth request
+    // meets the SLO there (69 tok/s), and joining it adds no pass.
+    let fifth_beside_four = |classes: &str| {
+        let router = router_with(&["batching", "serial"], ", device: host", classes, 0.0);
+        let mut batching = vec![(1.0, 0.05, 100.0); 8];
+        batching.extend([(2.0, 0.05, 90.0); 8]);
+        teach_each(&router, 0, &batching);
+        let missed = crate::fleet::ramp::Probe {
+            admitted_with: 1,
+            max_ttft_s: Some(0.01),
+            min_tps: None,
+        };
+        router.backends[0].ramp.first_token(&missed, 1.0);
+        let _running = occupy(&router, 0, 0, 4);
+        let fifth = router.candidates(&ask(&router, 0), Policy::Headroom)[0];
+        assert!(!fifth.feasible(), "beyond its evidence: {fifth:?}");
+        chosen(&router, 0).map(str::to_owned)
+    };
+    assert_eq!(fifth_beside_four(MARGINAL_SPEED).as_deref(), Ok("batching"));
+    // Where the line says a fifth misses (70 tok/s), the serial engine is started beside the
+    // batch rather than never tried.
+    let fast =
+        "- {name: fast, min_tps: 70, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
+    assert_eq!(fifth_beside_four(fast).as_deref(), Ok("serial"));
+}
