@@ -15,9 +15,13 @@
 //! step it joins, and an engine without chunked prefill runs a forward pass of its own for it);
 //! prompts admitted together prefill back to back. With `speed_spread`, each request takes its
 //! own number of steps per token after the first, drawn once at admission: some requests
-//! decode slower than others at the same batch, as measured on real engines. The newcomer's first token
-//! comes one full step after its prefill ends. With nothing queued ahead, TTFT is therefore
-//! `P / prefill + s(b)` exactly, where `b` counts the newcomer.
+//! decode slower than others at the same batch, as measured on real engines.
+//!
+//! The newcomer's first token comes one step `s(b)` after its own prefill ends (`b` counts the
+//! newcomer), on the wall clock: prompts admitted after it prefill after it, as in an engine
+//! without chunked prefill, whose prefill pass emits its own first token. They stall its next
+//! tokens, never its first. With nothing queued ahead, TTFT is therefore `P / prefill + s(b)`
+//! exactly; prompts admitted just before it add what remains of their prefills.
 //!
 //! Requests are not phase-aligned: each decodes on its own grid at the shared rate. Real engines
 //! align tokens to global step boundaries, which adds a uniformly distributed residual of up to
@@ -32,7 +36,7 @@
 //!
 //! The clock comes from `tokio::time`, so the engine can run under paused time in tests.
 
-use std::cmp::Ordering;
+use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
@@ -258,6 +262,9 @@ struct Scheduler {
     /// Decoding stands still until then (prefill in progress).
     stall_until: Instant,
     running: Slab<Running>,
+    /// First tokens, by when they are due on the wall clock (see the module's timing rule).
+    firsts: BinaryHeap<Reverse<(Instant, usize)>>,
+    /// Every later token, by when it is due on the virtual clock.
     due: BinaryHeap<Due>,
     waiting: VecDeque<Job>,
     /// Its place on a shared device, and what the other engines' steps add to its own.
@@ -266,6 +273,8 @@ struct Scheduler {
 }
 
 struct Running {
+    /// The virtual time its token grid starts from: token `k` (from 1) is due at
+    /// `v0 + 1 + (k - 1) * pace`.
     v0: f64,
     /// Steps per token after the first: 1, or the request's own speed drawn at admission
     /// (`Timing::speed_spread`).
@@ -312,6 +321,7 @@ impl Scheduler {
             last: now,
             stall_until: now,
             running: Slab::new(),
+            firsts: BinaryHeap::new(),
             due: BinaryHeap::new(),
             waiting: VecDeque::new(),
             seat,
@@ -386,14 +396,28 @@ impl Scheduler {
     /// emitting what is due within half a tick ([`Scheduler::emit_due`]) makes a token's error
     /// ±0.5 ms around its time instead of 0..+1 ms late.
     fn next_wake(&self) -> Option<Instant> {
-        let next = self.due.peek()?;
-        let from = self.last.max(self.stall_until);
-        let steps = (next.v - self.v).max(0.0);
-        let secs = (steps * self.step(self.running.len()) - HALF_TICK_S).max(0.0);
-        Some(from + Duration::from_secs_f64(secs))
+        let half_tick = Duration::from_secs_f64(HALF_TICK_S);
+        let first = self.firsts.peek().map(|Reverse((at, _))| *at - half_tick);
+        let next = self.due.peek().map(|next| {
+            let from = self.last.max(self.stall_until);
+            let steps = (next.v - self.v).max(0.0);
+            let secs = (steps * self.step(self.running.len()) - HALF_TICK_S).max(0.0);
+            from + Duration::from_secs_f64(secs)
+        });
+        match (first, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn emit_due(&mut self) {
+        let soon = self.last + Duration::from_secs_f64(HALF_TICK_S);
+        while let Some(&Reverse((at, key))) = self.firsts.peek()
+            && at <= soon
+        {
+            self.firsts.pop();
+            self.emit(key);
+        }
         let batch = self.running.len().max(1);
         // Due within half a timer tick counts as due now (see `next_wake`); nothing is due while
         // a prefill stalls decoding.
@@ -410,23 +434,34 @@ impl Scheduler {
             let Some(Due { key, .. }) = self.due.pop() else {
                 break;
             };
-            let Some(run) = self.running.get_mut(key) else {
-                continue;
-            };
-            if run.tokens.send(()).is_err() {
-                self.running.remove(key);
-                self.stats.cancelled.fetch_add(1, AtomicOrdering::Relaxed);
-                continue;
-            }
-            self.stats.tokens.fetch_add(1, AtomicOrdering::Relaxed);
-            run.emitted += 1;
-            if run.emitted >= run.max_tokens {
-                self.running.remove(key);
-                self.stats.completed.fetch_add(1, AtomicOrdering::Relaxed);
-            } else {
-                let v = run.v0 + 1.0 + f64::from(run.emitted) * run.pace + self.jitter();
-                self.due.push(Due { v, key });
-            }
+            self.emit(key);
+        }
+    }
+
+    /// Sends request `key` its next token and schedules the one after, if any.
+    fn emit(&mut self, key: usize) {
+        let Some(run) = self.running.get_mut(key) else {
+            return;
+        };
+        if run.tokens.send(()).is_err() {
+            self.running.remove(key);
+            self.stats.cancelled.fetch_add(1, AtomicOrdering::Relaxed);
+            return;
+        }
+        self.stats.tokens.fetch_add(1, AtomicOrdering::Relaxed);
+        if run.emitted == 0 {
+            // A later prompt's prefill may have held the virtual clock since this one was
+            // admitted; the second token still comes `pace` steps of decode after the first.
+            run.v0 = run.v0.min(self.v - 1.0);
+        }
+        run.emitted += 1;
+        if run.emitted >= run.max_tokens {
+            self.running.remove(key);
+            self.stats.completed.fetch_add(1, AtomicOrdering::Relaxed);
+        } else {
+            let next = run.v0 + 1.0 + f64::from(run.emitted) * run.pace;
+            let v = next + self.jitter();
+            self.due.push(Due { v, key });
         }
     }
 
@@ -444,7 +479,8 @@ impl Scheduler {
             let prefill = Duration::from_secs_f64(self.timing.prefill(job.prompt_tokens));
             self.stall_until = self.stall_until.max(now) + prefill;
             let v0 = self.v;
-            let first = v0 + 1.0 + self.jitter();
+            let first_step = self.step(self.running.len() + 1) * (1.0 + self.jitter());
+            let first = self.stall_until + Duration::from_secs_f64(first_step.max(0.0));
             let pace = match job.seed {
                 Some(seed) => pace(self.timing.speed_spread, &mut SmallRng::seed_from_u64(seed)),
                 None => pace(self.timing.speed_spread, &mut self.rng),
@@ -456,7 +492,7 @@ impl Scheduler {
                 max_tokens: job.max_tokens,
                 tokens: job.tokens,
             });
-            self.due.push(Due { v: first, key });
+            self.firsts.push(Reverse((first, key)));
             self.stats.admitted.fetch_add(1, AtomicOrdering::Relaxed);
         }
     }
@@ -670,6 +706,25 @@ mod tests {
             (second[0] - (0.105 + 0.050 + 0.010)).abs() < 0.0015,
             "{second:?}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prompt_admitted_later_stalls_an_earlier_ones_decode_but_not_its_first_token() {
+        let engine = Engine::spawn(timing(10.0, 0.0, 8), None);
+        let start = Instant::now();
+        // 200 ms of prefill, then a 500 ms one admitted while it runs.
+        let early = tokio::spawn(arrivals(engine.submit(200, 3), start));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let late = tokio::spawn(arrivals(engine.submit(500, 2), start));
+        let (early, late) = (early.await.unwrap(), late.await.unwrap());
+        // Its first token at the end of its own prefill and a step; its next once the later
+        // prefill (200 .. 700 ms) is done, a step later.
+        let want = [0.210, 0.710, 0.720];
+        for (got, want) in early.iter().zip(want) {
+            assert!((got - want).abs() < 0.0015, "{early:?}");
+        }
+        // The later one's first token: after both prefills, back to back, and a step.
+        assert!((late[0] - 0.710).abs() < 0.0015, "{late:?}");
     }
 
     /// Gaps between a request's tokens, ms.

@@ -11,10 +11,12 @@
 //!   therefore runs a share `1 - λp` of the time.
 //! - TPOT: `s(b) / (1 - λp)`, solved as a fixed point with `L = p + s(b) + (T - 1) * TPOT`
 //!   (`T` = output tokens).
-//! - TTFT: `extra_ttft + W + (p + k * s(b)) / (1 - λp)`: the own prefill and the `k` steps that
-//!   fill the first chunk (`k = min(tokens_per_chunk, T)`), stretched by others' prefills
-//!   landing meanwhile; `W = (c - b) * L / b` is the FIFO wait once the batch is
-//!   full (Little's law on the `b` slots).
+//! - TTFT: `extra_ttft + W + λp · p / 2 + p + s(b) + (k - 1) * TPOT`: what remains of a prefill
+//!   in progress on arrival (one is, a share `λp` of the time, half done on average), the own
+//!   prefill and first step, and the `k - 1` further steps that fill the first chunk
+//!   (`k = min(tokens_per_chunk, T)`), stretched by others' prefills landing meanwhile;
+//!   `W = (c - b) * L / b` is the FIFO wait once the batch is full (Little's law on the `b`
+//!   slots).
 //!
 //! Arrivals are assumed spread over the lifetime, not synchronised in waves; `tpsgate bench`
 //! staggers its workers so that this holds.
@@ -91,7 +93,12 @@ pub(crate) fn point_chunked(
     TruthPoint {
         concurrency: c,
         per_user_tps: 1.0 / tpot,
-        ttft_s: timing.extra_ttft.as_secs_f64() + wait + (p + first_steps * s) / running,
+        ttft_s: timing.extra_ttft.as_secs_f64()
+            + wait
+            + (1.0 - running) * p / 2.0
+            + p
+            + s
+            + (first_steps - 1.0) * tpot,
         system_tps: b as f64 / tpot,
     }
 }
