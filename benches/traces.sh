@@ -19,6 +19,8 @@
 # at 1 req/s, as a gateway in service has seen traffic before any minute of it: without one,
 # the Azure replay's first burst (63 long prompts in 20 s) met a gateway that had seen nothing.
 #
+# TRACE_LIST (default "mooncake azure") names the traces to replay.
+#
 # Usage: [BIN=path] benches/traces.sh [RUNS=1] [ARMS...]
 # Needs ports 8181, 9191 and 9111-9114 free.
 set -euo pipefail
@@ -37,7 +39,7 @@ mkdir -p "$out"
 rm -f "$out/results.jsonl"
 source benches/procs.sh
 for run in $(seq "$runs"); do
-  for trace in mooncake azure; do
+  for trace in ${TRACE_LIST:-mooncake azure}; do
     case $trace in
       mooncake) file=$traces/mooncake_synthetic.jsonl scale="--token-scale 0.2" shape="2300 14" ;;
       azure) file=$traces/azure_llm_2023_code.csv scale="--time-scale 0.5" shape="1500 13" ;;
