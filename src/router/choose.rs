@@ -173,6 +173,12 @@ fn cold<'a, 'r>(candidates: &'a [Candidate<'r>]) -> Option<(usize, &'a Candidate
 /// batch requests went to wait behind each other on the serial engine, each adding a sliver of
 /// throughput by the sums, while the batching engine beside it held five: the serial engine's
 /// pass ran beside the batch for 40 s, and the latency class was refused the whole while.
+/// Nor does batch work start an idle engine beside a running one on its device
+/// ([`Candidate::starts_beside`]): the neighbour cost its curves have learned may be too
+/// little, and a batch request's pass runs for its whole long answer. On the same copy at 4
+/// req/s, one started the serial engine beside the batching engine's latency requests (its
+/// curves said they kept their speed), a second queued behind it, and 84 to 95 latency
+/// requests got a 429 in 30 s.
 pub(crate) fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
     if let Some((i, _)) = cold(candidates) {
         return Some(i);
@@ -180,7 +186,13 @@ pub(crate) fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates
         .iter()
         .enumerate()
-        .filter(|(_, c)| c.prediction.is_some() && c.keeps_others && c.leaves_room && !c.queues)
+        .filter(|(_, c)| {
+            c.prediction.is_some()
+                && c.keeps_others
+                && c.leaves_room
+                && !c.queues
+                && !c.starts_beside
+        })
         .max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
         .map(|(i, _)| i)
 }

@@ -934,3 +934,44 @@ fn a_running_engine_takes_a_level_past_its_evidence_before_a_cold_one_is_started
         "- {name: fast, min_tps: 70, tps_percentile: 50, max_ttft_ms: 1000, on_miss: shed}\n";
     assert_eq!(fifth_beside_four(fast).as_deref(), Ok("serial"));
 }
+
+#[test]
+fn batch_work_never_starts_an_idle_engine_beside_a_running_one() {
+    // The simulator's copy of the H200's pair at 4 req/s: a batch request started the idle
+    // serial engine beside the batching engine's latency requests, and a second queued behind
+    // it. Their 512 tokens each kept the device from the batch for 16 s, which the neighbour
+    // cost learned so far did not show, and 84 to 95 latency requests got a 429 in 30 s.
+    let classes = format!("{MARGINAL_SPEED}- {{name: batch}}\n");
+    let router = router_with(&["batching", "serial"], ", device: host", &classes, 0.0);
+    let mut batching = Vec::new();
+    for c in [1.0, 2.0, 3.0, 4.0] {
+        for n in [0.0, 0.0, 0.0, 1.0] {
+            for _ in 0..4 {
+                batching.push((c, n, 0.05, 1.0 / (0.010 + 0.001 * c + 0.001 * n)));
+            }
+        }
+    }
+    teach_beside(&router, 0, &batching);
+    let mut serial = Vec::new();
+    for n in [0.0, 1.0, 0.0, 1.0] {
+        serial.extend([(1.0, n, 0.05, 1.0 / (0.008 + 0.001 * n)); 8]);
+    }
+    teach_beside(&router, 1, &serial);
+    let running = occupy(&router, 0, 0, 1);
+    let on_serial = router.candidates(&ask(&router, 1), Policy::Headroom)[1];
+    assert!(
+        on_serial.starts_beside && on_serial.keeps_others && on_serial.leaves_room,
+        "by its curves the pass would cost nobody: {on_serial:?}"
+    );
+    assert_eq!(
+        chosen(&router, 1),
+        Ok("batching"),
+        "joins the running engine"
+    );
+    drop(running);
+    assert_eq!(
+        chosen(&router, 1),
+        Ok("serial"),
+        "an idle device: the most added"
+    );
+}
