@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use super::claim::Claimed;
 use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
+use super::paces::Paces;
 use super::prefix::PrefixIndex;
 use super::ramp::{LevelProbe, Ramp};
 use super::waiters::Line;
@@ -67,6 +68,9 @@ pub struct Backend {
     pub ramp: Ramp,
     /// A probe of a level its curve has not proven, out and not read yet.
     pub level_probe: LevelProbe,
+    /// Its streams' spare time against their speed targets, and the stall a prefill costs
+    /// them.
+    pub paces: Paces,
 }
 
 /// The name models beyond a backend's `max_models` are tracked under.
@@ -120,6 +124,7 @@ impl Backend {
             rendezvous_seed,
             ramp: Ramp::default(),
             level_probe: LevelProbe::default(),
+            paces: Paces::default(),
         }))
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use super::backend::Backend;
+use super::paces::Pace;
 use super::prefix::Hit;
 use super::ramp::{PROBE_EVENTS, Probe};
 use crate::curve::{Admitted, Reading};
@@ -60,6 +61,10 @@ pub struct InFlightGuard {
     /// The backends sharing its backend's device (`device:`), whose load its speed is learned
     /// against; `None` for a backend that shares none.
     neighbours: Option<Arc<[Arc<Backend>]>>,
+    /// Uncached prompt tokens, counted as prefilled on its backend at its first token.
+    uncached: u64,
+    /// Its progress against its speed target, read by the router ([`super::paces`]).
+    pace: Option<Arc<Pace>>,
 }
 
 impl InFlightGuard {
@@ -83,7 +88,23 @@ impl InFlightGuard {
             probe_at_end: false,
             early: EarlyRead::No,
             neighbours: None,
+            uncached: 0,
+            pace: None,
         })
+    }
+
+    /// It streams about `tokens` output tokens, held to `min_tps` where its class has a speed
+    /// target: its progress counts in what a prefill beside it would cost
+    /// ([`Paces`](super::paces::Paces)).
+    pub(crate) fn pace(&mut self, tokens: u32, min_tps: Option<f64>) {
+        self.pace = Some(self.backend.paces.start(tokens, min_tps));
+    }
+
+    /// `events` content events so far, the latest at `at`.
+    pub(crate) fn progress(&self, events: u32, at: Instant) {
+        if let Some(pace) = &self.pace {
+            pace.progress(&self.backend.paces, events, at);
+        }
     }
 
     /// Its backend shares a device with `neighbours`: its speed is learned against their load
@@ -203,6 +224,7 @@ impl InFlightGuard {
     /// cache: the rest counts as prefill waiting there until its first token.
     pub(crate) fn expect_prefill(&mut self, prompt_tokens: u64, hit: Hit) {
         self.expected = hit;
+        self.uncached = prompt_tokens.saturating_sub(hit.cached_tokens);
         if let Some(index) = &self.backend.prefix {
             self.prefill = prompt_tokens.saturating_sub(hit.cached_tokens);
             self.prefill_ahead = index.prefill_sent(self.prefill);
@@ -261,6 +283,11 @@ impl InFlightGuard {
     pub(crate) fn first_token(&mut self, now: Instant) -> Reading {
         self.prefill_done();
         if std::mem::take(&mut self.waiting) {
+            self.backend.paces.prefilled(self.uncached);
+            if self.admitted_with.in_flight == 1 {
+                let ttft = now.saturating_duration_since(self.admitted).as_secs_f64();
+                self.backend.paces.alone(ttft, self.uncached);
+            }
             let (reading, others, unseen) =
                 self.backend
                     .occupancy
@@ -282,6 +309,9 @@ impl Drop for InFlightGuard {
             self.backend.level_probe.set(false);
         }
         self.prefill_done();
+        if let Some(pace) = self.pace.take() {
+            self.backend.paces.end(&pace);
+        }
         let waiting_since = std::mem::take(&mut self.waiting).then_some(self.admitted);
         self.backend.release(waiting_since, self.class);
     }

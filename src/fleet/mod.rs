@@ -14,6 +14,7 @@ pub(crate) mod claim;
 pub(crate) mod health;
 pub(crate) mod in_flight;
 pub(crate) mod outbox;
+pub(crate) mod paces;
 pub(crate) mod prefix;
 pub(crate) mod ramp;
 pub(crate) mod waiters;

@@ -343,6 +343,7 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
                 let (prompt, cached) = (meter.timing.prompt_tokens, meter.timing.cached_tokens);
                 this.end.first_token(now, prompt, cached);
             }
+            this.end.progress(&meter.timing);
             if this.end.probing() {
                 this.end.probe_speed(&meter.timing, false, now);
             }

@@ -173,6 +173,14 @@ impl RequestEnd {
         }
     }
 
+    /// The stream's content events so far, for its pace on its backend
+    /// ([`InFlightGuard::progress`]).
+    pub(crate) fn progress(&self, timing: &StreamTiming) {
+        if let (Some(slot), Some(at)) = (&self.slot, timing.last_content) {
+            slot.progress(timing.content_events, at);
+        }
+    }
+
     /// The request was admitted on its backend's ramp and the ramp has not heard its speed, or
     /// probes a level of its curve that the curve has not learned yet: the stream's content
     /// events so far may tell them ([`RequestEnd::probe_speed`]).

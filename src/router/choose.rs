@@ -200,16 +200,15 @@ pub(crate) fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
 /// `on_miss: best_effort`: for a latency request whose prompt some backend holds, that backend
 /// (the longest prefix, then the likeliest to meet the SLO): a request that misses its SLO
 /// anyway costs the fleet least where its prefill is cached, while a cold prefill elsewhere
-/// stalls every stream decoding there and evicts what that backend held. Otherwise the
-/// likeliest to meet the SLO, then the least predicted violation (for a batch request, the most
-/// added throughput); without any prediction, the fewest in flight.
+/// stalls every stream decoding there and evicts what that backend held. Otherwise where it
+/// adds the most good completions: its chance of meeting the SLO (0 where nothing is
+/// predicted) less the streams its prefill would push below their speed targets
+/// ([`Candidate::stall_broken`]), then the least predicted violation, then the fewest in
+/// flight. For a batch request, the most added throughput; without any prediction, the
+/// fewest in flight.
 pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
-    let predicted = || {
-        candidates
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.prediction.is_some())
-    };
+    let all = || candidates.iter().enumerate();
+    let predicted = || all().filter(|(_, c)| c.prediction.is_some());
     let pick = if slo.is_batch() {
         predicted().max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
     } else {
@@ -221,18 +220,21 @@ pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usi
                     .cmp(&b.cache.cached_tokens)
                     .then(likelier(a, b))
             })
-            .or_else(|| predicted().max_by(|(_, a), (_, b)| likelier(a, b)))
+            .or_else(|| all().max_by(|(_, a), (_, b)| likelier(a, b)))
     };
-    pick.or_else(|| candidates.iter().enumerate().min_by_key(|(_, c)| c.joining))
+    pick.or_else(|| all().min_by_key(|(_, c)| c.joining))
         .map(|(i, _)| i)
 }
 
-/// The candidate likelier to meet the SLO (`Greater`: `a`), then the one predicted to miss it
-/// by less.
+/// The candidate where the request adds more good completions (`Greater`: `a`): its chance
+/// less the streams it would push below their targets, then the one predicted to miss by
+/// less, then the one with fewer in flight.
 fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> std::cmp::Ordering {
-    a.chance
-        .total_cmp(&b.chance)
+    let gain = |c: &Candidate<'_>| c.chance - f64::from(c.stall_broken);
+    gain(a)
+        .total_cmp(&gain(b))
         .then(a.slack.total_cmp(&b.slack))
+        .then(b.joining.cmp(&a.joining))
 }
 
 /// Where nothing is feasible: an idle backend whose thin evidence predicts a miss, tried again

@@ -658,7 +658,7 @@ impl Router {
             .filter_map(|(i, c)| {
                 let p = c.prediction?;
                 if refused && let Some(chance) = self.probe_chance(ask, policy, c) {
-                    let gain = chance - c.neighbour_loss;
+                    let gain = chance - c.neighbour_loss - f64::from(c.stall_broken);
                     return (gain >= MIN_CHANCE).then_some((i, gain, true));
                 }
                 // Beyond its evidence a prediction is a guess; it is still better than the sure
@@ -695,6 +695,11 @@ impl Router {
             guard.probe(slo.max_ttft_s, slo.min_tps);
         }
         guard.expect_prefill(ask.prompt_tokens, c.cache);
+        guard.pace(
+            ask.max_tokens
+                .unwrap_or(choose::ASSUMED_OUTPUT_TOKENS as u32),
+            ask.slo.min_tps,
+        );
         let edge = self.edge_of(ask, c, self.policy(ask));
         // A decision at the edge counts once its claim is settled: a refused one never went.
         if edge.is_none() {
@@ -846,6 +851,8 @@ fn trace_candidate(c: &Candidate<'_>) {
         next_slack = c.next_slack,
         chance = c.chance,
         keeps_others = c.keeps_others,
+        stall_broken = c.stall_broken,
+        stall_s_per_token = c.backend.paces.stall_s_per_token(),
         neighbour_loss = c.neighbour_loss,
         "candidate"
     );

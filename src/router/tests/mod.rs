@@ -6,6 +6,7 @@ use crate::curve::{FirstToken, Observation, Outcome};
 use crate::fleet::{Hit, Share};
 
 mod marginal;
+mod stall;
 
 /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
 /// (median speed >= 41 tok/s), `loose` (>= 21 tok/s), both shedding on a miss, and `batch`
