@@ -65,6 +65,8 @@ pub struct InFlightGuard {
     uncached: u64,
     /// Its progress against its speed target, read by the router ([`super::paces`]).
     pace: Option<Arc<Pace>>,
+    /// Its backend's occupancy integral at its first token: the load its decode ran at.
+    decoding_from: Option<Reading>,
 }
 
 impl InFlightGuard {
@@ -90,6 +92,7 @@ impl InFlightGuard {
             neighbours: None,
             uncached: 0,
             pace: None,
+            decoding_from: None,
         })
     }
 
@@ -293,6 +296,7 @@ impl InFlightGuard {
                     .occupancy
                     .first_token(self.admitted, &self.admitted_with, now);
             self.waiting_at_first_token = others;
+            self.decoding_from = Some(reading);
             // Its TTFT is learned at the occupancy it really found.
             self.admitted_with.in_flight += unseen;
             self.with_neighbours(reading)
@@ -310,7 +314,11 @@ impl Drop for InFlightGuard {
         }
         self.prefill_done();
         if let Some(pace) = self.pace.take() {
-            self.backend.paces.end(&pace);
+            let in_flight = self
+                .decoding_from
+                .and_then(|from| from.mean_until(&self.backend.occupancy.read(Instant::now())))
+                .unwrap_or(1.0);
+            self.backend.paces.end(&pace, in_flight);
         }
         let waiting_since = std::mem::take(&mut self.waiting).then_some(self.admitted);
         self.backend.release(waiting_since, self.class);

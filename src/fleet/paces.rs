@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
+use crate::curve::Spread;
+
 /// One stream with a speed target: what the router reads of its progress, written per content
 /// event with two relaxed stores.
 #[derive(Debug)]
@@ -50,15 +52,26 @@ impl Pace {
     }
 }
 
-/// A least-squares line `seconds per output token = a + stall · prefill tokens per output
-/// token` over the streams that ended, older ones fading ([`FADE`]).
+/// A least-squares plane `speed = a + c · requests in flight + d · prompt tokens prefilled
+/// beside it per second` over the streams that ended, older ones fading ([`FADE`]). Where a
+/// prefill stalls the streams beside it for `s` seconds a token, a stream beside `r` tokens a
+/// second of it is stalled `s · r` of its time, and streams at `v0` alone at `v0 · (1 − s · r)`:
+/// `s = −d / v0`. By the rate and the speed, not by the tokens beside a stream and its time per
+/// token: a stream that is slow for its own reasons (its draw of the engine's spread) stays
+/// longer and sees more prefill beside it, which would read as a stall. The requests in flight
+/// are there because, on a batching engine, more of them mean both more prefill beside a
+/// stream and a slower step for it.
 #[derive(Debug, Default, Clone, Copy)]
 struct StallFit {
     w: f64,
-    x: f64,
-    y: f64,
-    xx: f64,
-    xy: f64,
+    r: f64,
+    n: f64,
+    v: f64,
+    rr: f64,
+    nn: f64,
+    rn: f64,
+    rv: f64,
+    nv: f64,
     /// Streams that had prefill run beside them, faded the same way.
     beside: f64,
 }
@@ -70,24 +83,48 @@ const FADE: f64 = 0.99;
 const MIN_BESIDE: f64 = 4.0;
 
 impl StallFit {
-    fn add(&mut self, x: f64, y: f64) {
-        let f = |s: f64, v: f64| s * FADE + v;
+    /// A stream with `r` prompt tokens a second prefilled beside it, `n` requests in flight on
+    /// average, at `v` tokens a second.
+    fn add(&mut self, r: f64, n: f64, v: f64) {
+        let f = |s: f64, x: f64| s * FADE + x;
         self.w = f(self.w, 1.0);
-        self.x = f(self.x, x);
-        self.y = f(self.y, y);
-        self.xx = f(self.xx, x * x);
-        self.xy = f(self.xy, x * y);
-        self.beside = f(self.beside, if x > 0.0 { 1.0 } else { 0.0 });
+        self.r = f(self.r, r);
+        self.n = f(self.n, n);
+        self.v = f(self.v, v);
+        self.rr = f(self.rr, r * r);
+        self.nn = f(self.nn, n * n);
+        self.rn = f(self.rn, r * n);
+        self.rv = f(self.rv, r * v);
+        self.nv = f(self.nv, n * v);
+        self.beside = f(self.beside, if r > 0.0 { 1.0 } else { 0.0 });
     }
 
     /// Seconds a stream waits per prompt token prefilled beside it, once enough streams had
-    /// prefill beside them to tell (never below 0).
+    /// prefill beside them to tell (never below 0). Where the load never moved, the line
+    /// through the prefill rate alone.
     fn stall_s_per_token(&self) -> Option<f64> {
         if self.beside < MIN_BESIDE {
             return None;
         }
-        let var = self.w * self.xx - self.x * self.x;
-        (var > 0.0).then(|| ((self.w * self.xy - self.x * self.y) / var).max(0.0))
+        // Sums of squares and products about the means, times the weight.
+        let centred = |a: f64, b: f64, ab: f64| self.w * ab - a * b;
+        let srr = centred(self.r, self.r, self.rr);
+        let snn = centred(self.n, self.n, self.nn);
+        let srn = centred(self.r, self.n, self.rn);
+        let srv = centred(self.r, self.v, self.rv);
+        let snv = centred(self.n, self.v, self.nv);
+        if srr <= 0.0 {
+            return None;
+        }
+        let det = srr * snn - srn * srn;
+        let d = if det > 1e-9 * srr * snn.max(f64::MIN_POSITIVE) {
+            (srv * snn - snv * srn) / det
+        } else {
+            srv / srr
+        };
+        // The speed at the mean load with no prefill beside.
+        let alone = (self.v - d * self.r) / self.w;
+        (alone > 0.0).then(|| (-d / alone).max(0.0))
     }
 }
 
@@ -119,13 +156,6 @@ impl Default for Paces {
     }
 }
 
-/// What a prompt's prefill would cost the streams on a backend.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Stall {
-    /// Streams still on their target that it would push below it.
-    pub broken: u32,
-}
-
 impl Paces {
     fn micros(&self, now: Instant) -> u64 {
         u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
@@ -148,9 +178,10 @@ impl Paces {
         pace
     }
 
-    /// The stream ended: it leaves, and its time per token against the prefill that ran beside
-    /// it teaches the stall per prompt token.
-    pub(crate) fn end(&self, pace: &Arc<Pace>) {
+    /// The stream ended, with `in_flight` requests on the backend on average since its first
+    /// token: it leaves, and its time per token against the prefill that ran beside it
+    /// teaches the stall per prompt token.
+    pub(crate) fn end(&self, pace: &Arc<Pace>, in_flight: f64) {
         {
             let mut streams = self.lock_streams();
             if let Some(i) = streams.iter().position(|p| Arc::ptr_eq(p, pace)) {
@@ -165,7 +196,6 @@ impl Paces {
         if events < 4 || first == u64::MAX || last <= first {
             return;
         }
-        let per = f64::from(events - 1);
         let beside = self
             .prefilled
             .load(Ordering::Relaxed)
@@ -174,7 +204,11 @@ impl Paces {
         self.fit
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .add(beside as f64 / per, decode_s / per);
+            .add(
+                beside as f64 / decode_s,
+                in_flight,
+                f64::from(events - 1) / decode_s,
+            );
     }
 
     /// `tokens` of uncached prompt were prefilled (a request's first token came).
@@ -205,22 +239,23 @@ impl Paces {
     }
 
     /// What prefilling `prompt_tokens` here, after `ahead_tokens` already due, would cost the
-    /// streams here at `now`, each expected to stream its remaining tokens at `tps` (in no
-    /// time where nothing is predicted): those
-    /// that would still meet their target after the prefill ahead and would not after this
-    /// one too. A stream still waiting for its first token is stalled by this prompt alone
-    /// (its own prefill runs before). Until the streams here have told the stall per prompt
-    /// token, a prefill is taken to stall every stream beside it for its whole length:
-    /// `unlearned` (the backend's prefill time per token), else a long prompt's first token
-    /// time per token on the idle backend.
-    pub(crate) fn stall(
+    /// streams here at `now`: the good completions they lose between them. A stream meets its
+    /// target where its remaining tokens fit in the time it has left (its target's time less
+    /// what has passed since its first token and the prefill ahead), at a speed drawn from
+    /// `speed` (the level's spread; without one, in no time); the prompt's prefill takes its
+    /// stall off that time. A stream still waiting for its first token is stalled by this
+    /// prompt alone (its own prefill runs before). Until the streams here have told the stall
+    /// per prompt token, a prefill is taken to stall every stream beside it for its whole
+    /// length: `unlearned` (the backend's prefill time per token), else a long prompt's first
+    /// token time per token on the idle backend.
+    pub(crate) fn stall_loss(
         &self,
         now: Instant,
-        tps: Option<f64>,
+        speed: Option<&Spread>,
         prompt_tokens: u64,
         ahead_tokens: u64,
         unlearned: Option<f64>,
-    ) -> Stall {
+    ) -> f64 {
         let alone = Some(f64::from_bits(
             self.alone_s_per_token.load(Ordering::Relaxed),
         ))
@@ -231,32 +266,36 @@ impl Paces {
             .or(alone)
             .filter(|s| *s > 0.0)
         else {
-            return Stall::default();
+            return 0.0;
         };
         let this = per_token * prompt_tokens as f64;
         let ahead = per_token * ahead_tokens as f64;
         let now_us = self.micros(now);
-        let broken = self
-            .lock_streams()
+        // How likely `remaining` tokens are to stream within `left` seconds.
+        let within = |remaining: f64, left: f64| {
+            if left < 0.0 {
+                0.0
+            } else if remaining <= 0.0 {
+                1.0
+            } else {
+                speed.map_or(1.0, |s| s.share_above(remaining / left))
+            }
+        };
+        self.lock_streams()
             .iter()
-            .filter(|p| {
+            .map(|p| {
                 let events = p.events.load(Ordering::Relaxed);
-                let remaining = tps.filter(|t| *t > 0.0).map_or(0.0, |t| {
-                    f64::from(p.tokens.saturating_sub(events.max(1))) / t
-                });
+                let remaining = f64::from(p.tokens.saturating_sub(events.max(1)));
                 let first = p.first_us.load(Ordering::Relaxed);
-                let spare = if first == u64::MAX {
-                    p.allowed_s - remaining
+                let left = if first == u64::MAX {
+                    p.allowed_s
                 } else {
                     let since = now_us.saturating_sub(first) as f64 / 1e6;
-                    p.allowed_s - since - remaining - ahead
+                    p.allowed_s - since - ahead
                 };
-                (0.0..this).contains(&spare)
+                within(remaining, left) - within(remaining, left - this)
             })
-            .count();
-        Stall {
-            broken: u32::try_from(broken).unwrap_or(u32::MAX),
-        }
+            .sum()
     }
 
     fn lock_streams(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Pace>>> {
@@ -271,7 +310,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_prefill_breaks_the_streams_it_pushes_past_their_spare_and_not_those_already_past_it() {
+    fn a_prefill_costs_the_streams_it_pushes_past_their_spare_and_not_those_already_past_it() {
         let paces = Paces::default();
         let now = Instant::now();
         // 11 tokens at 25 tok/s: 0.4 s for the last ten, which take 0.1 s at 100 tok/s: 0.3 s
@@ -283,29 +322,30 @@ mod tests {
         let long = paces.start(101, Some(25.0));
         long.progress(&paces, 1, now);
         let _batch = paces.start(11, None);
+        let exactly = Spread::log_normal(100.0, 0.1, 1.0);
         let per_token = Some(1e-4);
-        let broken = |prompt, ahead| {
-            paces
-                .stall(now, Some(100.0), prompt, ahead, per_token)
-                .broken
-        };
-        assert_eq!(broken(2000, 0), 0, "0.2 s: everyone keeps the target");
-        assert_eq!(broken(4000, 0), 2, "0.4 s: both short answers miss");
-        // 0.2 s of prefill due first leaves the decoding one 0.1 s; the waiting one prefills
-        // before this prompt, whatever is ahead.
-        assert_eq!(broken(2000, 2000), 1);
+        let loss = |prompt, ahead| paces.stall_loss(now, Some(&exactly), prompt, ahead, per_token);
+        assert_eq!(loss(1500, 0), 0.0, "0.15 s: everyone keeps the target");
+        assert_eq!(loss(4000, 0), 2.0, "0.4 s: both short answers miss");
+        // 0.15 s of prefill due first leaves the decoding one 0.15 s; the waiting one
+        // prefills before this prompt, whatever is ahead.
+        assert_eq!(loss(2000, 1500), 1.0);
         assert_eq!(
-            broken(1000, 4000),
-            0,
+            loss(1000, 4000),
+            0.0,
             "the prefill ahead breaks it already: this one costs nothing more"
         );
         assert_eq!(
-            paces.stall(now, Some(100.0), 4000, 0, None).broken,
-            0,
+            paces.stall_loss(now, Some(&exactly), 4000, 0, None),
+            0.0,
             "nothing known of the stall: nothing charged"
         );
+        // Speeds that spread: a stall takes a share of a stream's chance, not all or nothing.
+        let spread = Spread::log_normal(100.0, 0.1, 0.7);
+        let partial = paces.stall_loss(now, Some(&spread), 3000, 0, per_token);
+        assert!(partial > 0.0 && partial < 2.0, "{partial}");
         // A long prompt sent to the idle backend tells the stall's size until streams do.
         paces.alone(0.11, 1000);
-        assert_eq!(paces.stall(now, Some(100.0), 4000, 0, None).broken, 2);
+        assert_eq!(paces.stall_loss(now, Some(&exactly), 4000, 0, None), 2.0);
     }
 }

@@ -34,12 +34,12 @@ pub(crate) struct Candidate<'r> {
     /// left); 0 without a prediction.
     pub chance: f64,
     /// Every class already decoding there, and on the backends sharing its device, keeps its
-    /// speed target, and no stream there still on its target would miss it for this prompt's
-    /// prefill (`stall_broken`).
+    /// speed target, and this prompt's prefill costs the streams there less than half a good
+    /// completion between them (`stall_loss`).
     pub keeps_others: bool,
-    /// Streams there still on their speed targets that this prompt's prefill would push below
-    /// them ([`Paces::stall`](crate::fleet::paces::Paces::stall)).
-    pub stall_broken: u32,
+    /// The good completions the streams there lose to this prompt's prefill
+    /// ([`Paces::stall_loss`](crate::fleet::paces::Paces::stall_loss)).
+    pub stall_loss: f64,
     /// What the requests decoding on the backends sharing its device lose of their expected
     /// good completions ([`NeighbourCost::loss`]); 0 without a prediction.
     pub neighbour_loss: f64,
@@ -186,7 +186,7 @@ impl Router {
                         slack: 0.0,
                         chance: 0.0,
                         keeps_others: true,
-                        stall_broken: 0,
+                        stall_loss: 0.0,
                         neighbour_loss: 0.0,
                         leaves_room: true,
                         marginal_tps: 0.0,
@@ -229,8 +229,7 @@ impl Router {
                 };
                 let leaves_room =
                     !batch || (self.leaves_room(&predictor, n + 1.0) && neighbours.leaves_room);
-                let stall_broken =
-                    predictor.stall(backend, now, prediction.map(|p| p.per_user_tps_p50));
+                let stall_loss = predictor.stall_loss(backend, now, prediction.as_ref());
                 Candidate {
                     index,
                     backend,
@@ -240,8 +239,8 @@ impl Router {
                     chance: prediction.map_or(0.0, |p| p.chance(slo.min_tps, slo.max_ttft_s)),
                     keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p))
                         && neighbours.keeps
-                        && stall_broken == 0,
-                    stall_broken,
+                        && stall_loss < 0.5,
+                    stall_loss,
                     neighbour_loss: neighbours.loss,
                     leaves_room,
                     marginal_tps: if batch {
@@ -503,7 +502,7 @@ impl Router {
                 .sum(),
             _ => 0.0,
         };
-        let gain = c.chance - loss.max(f64::from(c.stall_broken)) - c.neighbour_loss;
+        let gain = c.chance - loss.max(c.stall_loss) - c.neighbour_loss;
         (!full || waits.is_some_and(|least| gain >= least)).then_some(gain)
     }
 
@@ -593,29 +592,23 @@ impl Predictor<'_> {
                 > QUEUED_SHARE * m.mean_duration_s
     }
 
-    /// The streams on `backend` still on their speed targets that this request's prefill would
-    /// push below them at `now`, each streaming its remaining tokens at `tps` (the predicted
-    /// median).
-    fn stall(&self, backend: &Backend, now: Instant, tps: Option<f64>) -> u32 {
+    /// The good completions the streams on `backend` lose at `now` to this request's prefill,
+    /// each streaming its remaining tokens at a speed drawn from `p`'s spread.
+    fn stall_loss(&self, backend: &Backend, now: Instant, p: Option<&Prediction>) -> f64 {
         match self {
             Self::Curve {
                 prompt_tokens,
                 prefill_waiting,
                 prefill_rate,
                 ..
-            } => {
-                backend
-                    .paces
-                    .stall(
-                        now,
-                        tps,
-                        *prompt_tokens,
-                        *prefill_waiting,
-                        prefill_rate.map(|r| 1.0 / r),
-                    )
-                    .broken
-            }
-            Self::Oracle(..) => 0,
+            } => backend.paces.stall_loss(
+                now,
+                p.map(|p| &p.tps),
+                *prompt_tokens,
+                *prefill_waiting,
+                prefill_rate.map(|r| 1.0 / r),
+            ),
+            Self::Oracle(..) => 0.0,
         }
     }
 

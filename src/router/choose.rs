@@ -202,8 +202,8 @@ pub(crate) fn throughput(candidates: &[Candidate<'_>]) -> Option<usize> {
 /// anyway costs the fleet least where its prefill is cached, while a cold prefill elsewhere
 /// stalls every stream decoding there and evicts what that backend held. Otherwise where it
 /// adds the most good completions: its chance of meeting the SLO (0 where nothing is
-/// predicted) less the streams its prefill would push below their speed targets
-/// ([`Candidate::stall_broken`]), then the least predicted violation, then the fewest in
+/// predicted) less what its prefill costs the streams there
+/// ([`Candidate::stall_loss`]), then the least predicted violation, then the fewest in
 /// flight. For a batch request, the most added throughput; without any prediction, the
 /// fewest in flight.
 pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
@@ -227,10 +227,10 @@ pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usi
 }
 
 /// The candidate where the request adds more good completions (`Greater`: `a`): its chance
-/// less the streams it would push below their targets, then the one predicted to miss by
+/// less what its prefill costs the streams there, then the one predicted to miss by
 /// less, then the one with fewer in flight.
 fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> std::cmp::Ordering {
-    let gain = |c: &Candidate<'_>| c.chance - f64::from(c.stall_broken);
+    let gain = |c: &Candidate<'_>| c.chance - c.stall_loss;
     gain(a)
         .total_cmp(&gain(b))
         .then(a.slack.total_cmp(&b.slack))

@@ -658,7 +658,7 @@ impl Router {
             .filter_map(|(i, c)| {
                 let p = c.prediction?;
                 if refused && let Some(chance) = self.probe_chance(ask, policy, c) {
-                    let gain = chance - c.neighbour_loss - f64::from(c.stall_broken);
+                    let gain = chance - c.neighbour_loss - c.stall_loss;
                     return (gain >= MIN_CHANCE).then_some((i, gain, true));
                 }
                 // Beyond its evidence a prediction is a guess; it is still better than the sure
@@ -851,7 +851,7 @@ fn trace_candidate(c: &Candidate<'_>) {
         next_slack = c.next_slack,
         chance = c.chance,
         keeps_others = c.keeps_others,
-        stall_broken = c.stall_broken,
+        stall_loss = c.stall_loss,
         stall_s_per_token = c.backend.paces.stall_s_per_token(),
         neighbour_loss = c.neighbour_loss,
         "candidate"

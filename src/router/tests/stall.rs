@@ -3,6 +3,7 @@
 //! each one's spare time, not a level's average.
 
 use super::*;
+use crate::fleet::paces::Paces;
 
 /// Two backends prefilling 8,000 and 7,000 tokens a second (their curves taught so), with a
 /// class that wants a first token within a second and 25 tok/s, sent on a miss where it adds
@@ -67,32 +68,34 @@ fn a_prompt_that_no_backend_serves_in_time_goes_where_its_prefill_costs_the_fewe
 }
 
 #[test]
-fn streams_that_end_teach_how_long_a_prefill_stalls_them() {
+fn streams_that_end_teach_how_long_a_prefill_stalls_them_not_what_the_batch_or_their_draw_costs() {
     let router = prefilling_pair();
-    let paces = &router.backends[0].paces;
-    assert_eq!(paces.stall_s_per_token(), None, "nothing learned yet");
-    // Eight streams of 21 tokens, each 10 ms a token plus 0.1 ms per prompt token prefilled
-    // beside it: 0 to 7,000 tokens.
-    let t0 = Instant::now();
-    for k in 0..8_u32 {
-        let beside = 1000 * u64::from(k);
-        let pace = paces.start(21, Some(25.0));
-        pace.progress(paces, 1, t0);
-        paces.prefilled(beside);
-        let decode = 20.0 * 0.010 + beside as f64 * 1e-4;
-        pace.progress(paces, 21, t0 + Duration::from_secs_f64(decode));
-        paces.end(&pace);
-    }
-    let learned = paces.stall_s_per_token().unwrap();
-    assert!((learned - 1e-4).abs() < 1e-6, "{learned}");
-    // Where prefill stalls nobody (a hosted API), the streams say so.
-    let hosted = &router.backends[1].paces;
-    for k in 0..8_u32 {
-        let pace = hosted.start(21, Some(25.0));
-        pace.progress(hosted, 1, t0);
-        hosted.prefilled(1000 * u64::from(k));
-        pace.progress(hosted, 21, t0 + Duration::from_millis(200));
-        hosted.end(&pace);
-    }
-    assert_eq!(hosted.stall_s_per_token(), Some(0.0));
+    // Streams of 21 tokens at 1 to 4 in flight, each with a speed of its own (±30% about the
+    // engine's), beside 0 to 4,000 prompt tokens a second of prefill: 100 tok/s alone, 5 fewer
+    // per request in flight, and on `a` stalled 0.1 ms per prompt token beside it; `b` (a
+    // hosted API, say) is slowed by its load alone. A slow stream sees more prefill beside it
+    // for being slow, which is not a stall.
+    let teach = |paces: &Paces, stall_s: f64| {
+        let t0 = Instant::now();
+        for k in 0..48_u32 {
+            let in_flight = f64::from(1 + k % 4);
+            let rate = 1000.0 * f64::from(k % 5);
+            let own = [0.7, 1.0, 1.3][(k % 3) as usize];
+            let speed = own * (100.0 - 5.0 * in_flight) * (1.0 - stall_s * rate);
+            let decode = 20.0 / speed;
+            let pace = paces.start(21, Some(25.0));
+            pace.progress(paces, 1, t0);
+            paces.prefilled((rate * decode) as u64);
+            pace.progress(paces, 21, t0 + Duration::from_secs_f64(decode));
+            paces.end(&pace, in_flight);
+        }
+    };
+    let (a, b) = (&router.backends[0].paces, &router.backends[1].paces);
+    assert_eq!(a.stall_s_per_token(), None, "nothing learned yet");
+    teach(a, 1e-4);
+    teach(b, 0.0);
+    let learned = a.stall_s_per_token().unwrap();
+    assert!((learned - 1e-4).abs() < 1.5e-5, "{learned}");
+    let hosted = b.stall_s_per_token().unwrap();
+    assert!(hosted < 1e-5, "{hosted}");
 }
