@@ -286,7 +286,6 @@ impl InFlightGuard {
     pub(crate) fn first_token(&mut self, now: Instant) -> Reading {
         self.prefill_done();
         if std::mem::take(&mut self.waiting) {
-            self.backend.paces.prefilled(self.uncached);
             if self.admitted_with.in_flight == 1 {
                 let ttft = now.saturating_duration_since(self.admitted).as_secs_f64();
                 self.backend.paces.alone(ttft, self.uncached);
@@ -295,6 +294,7 @@ impl InFlightGuard {
                 self.backend
                     .occupancy
                     .first_token(self.admitted, &self.admitted_with, now);
+            self.backend.paces.first_token(self.uncached, others > 0);
             self.waiting_at_first_token = others;
             self.decoding_from = Some(reading);
             // Its TTFT is learned at the occupancy it really found.

@@ -10,7 +10,9 @@
 //! remaining tokens may take and still meet its class's `min_tps`. And it learns how long a
 //! prefill stalls the streams beside it, per prompt token, from the streams themselves: their
 //! time per token against the prefill that ran beside them (nothing on an engine whose
-//! prefill stalls nobody, such as a hosted API, where this costs nothing).
+//! prefill stalls nobody, such as a hosted API, where this costs nothing). An engine that
+//! serves one request at a time runs a newcomer's prefill after the streams there: its first
+//! tokens come while others wait and never beside a decoding stream, and it is charged nothing.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,6 +48,7 @@ impl Pace {
             self.first_us.store(us, Ordering::Relaxed);
             self.prefilled_at_first
                 .store(paces.prefilled.load(Ordering::Relaxed), Ordering::Relaxed);
+            paces.decoding.fetch_add(1, Ordering::Relaxed);
         }
         self.last_us.store(us, Ordering::Relaxed);
         self.events.store(events, Ordering::Relaxed);
@@ -74,6 +77,11 @@ struct StallFit {
     nv: f64,
     /// Streams that had prefill run beside them, faded the same way.
     beside: f64,
+    /// First tokens that came while other requests here waited for theirs and no stream was
+    /// decoding, and those that came while one was, each faded by [`FADE`] per first token:
+    /// an engine that serves one request at a time shows only the first kind.
+    apart: f64,
+    overlapped: f64,
 }
 
 /// Weight each earlier stream keeps when one more ends: about the last hundred count.
@@ -99,10 +107,22 @@ impl StallFit {
         self.beside = f(self.beside, if r > 0.0 { 1.0 } else { 0.0 });
     }
 
+    /// A first token came with others waiting for theirs, or with a stream decoding beside
+    /// it.
+    fn first_token(&mut self, others_waiting: bool, decoding: bool) {
+        self.apart = self.apart * FADE + f64::from(u8::from(others_waiting && !decoding));
+        self.overlapped = self.overlapped * FADE + f64::from(u8::from(decoding));
+    }
+
     /// Seconds a stream waits per prompt token prefilled beside it, once enough streams had
     /// prefill beside them to tell (never below 0). Where the load never moved, the line
-    /// through the prefill rate alone.
+    /// through the prefill rate alone. An engine whose first tokens come while others wait and
+    /// (next to never) while a stream decodes serves one request at a time: a newcomer's
+    /// prefill runs after the streams there and stalls none of them.
     fn stall_s_per_token(&self) -> Option<f64> {
+        if self.apart >= MIN_BESIDE && self.overlapped * 10.0 < self.apart {
+            return Some(0.0);
+        }
         if self.beside < MIN_BESIDE {
             return None;
         }
@@ -134,6 +154,8 @@ pub struct Paces {
     streams: Mutex<Vec<Arc<Pace>>>,
     /// Uncached prompt tokens whose first token has come, since start.
     prefilled: AtomicU64,
+    /// Streams past their first token and not yet ended.
+    decoding: AtomicU32,
     fit: Mutex<StallFit>,
     /// The least first-token time per uncached prompt token of a long prompt sent to an idle
     /// backend (f64 bits; infinity before one): its prefill's time per token, or a little more.
@@ -149,6 +171,7 @@ impl Default for Paces {
         Self {
             streams: Mutex::default(),
             prefilled: AtomicU64::new(0),
+            decoding: AtomicU32::new(0),
             fit: Mutex::default(),
             alone_s_per_token: AtomicU64::new(f64::INFINITY.to_bits()),
             epoch: Instant::now(),
@@ -193,6 +216,9 @@ impl Paces {
             pace.first_us.load(Ordering::Relaxed),
             pace.last_us.load(Ordering::Relaxed),
         );
+        if first != u64::MAX {
+            self.decoding.fetch_sub(1, Ordering::Relaxed);
+        }
         if events < 4 || first == u64::MAX || last <= first {
             return;
         }
@@ -201,19 +227,21 @@ impl Paces {
             .load(Ordering::Relaxed)
             .saturating_sub(pace.prefilled_at_first.load(Ordering::Relaxed));
         let decode_s = (last - first) as f64 / 1e6;
-        self.fit
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .add(
-                beside as f64 / decode_s,
-                in_flight,
-                f64::from(events - 1) / decode_s,
-            );
+        self.lock_fit().add(
+            beside as f64 / decode_s,
+            in_flight,
+            f64::from(events - 1) / decode_s,
+        );
     }
 
-    /// `tokens` of uncached prompt were prefilled (a request's first token came).
-    pub(crate) fn prefilled(&self, tokens: u64) {
+    /// A request's first token came, after `tokens` of uncached prompt were prefilled, with
+    /// `others_waiting` for theirs here or not (read before its stream counts as decoding).
+    pub(crate) fn first_token(&self, tokens: u64, others_waiting: bool) {
         self.prefilled.fetch_add(tokens, Ordering::Relaxed);
+        let decoding = self.decoding.load(Ordering::Relaxed) > 0;
+        if others_waiting || decoding {
+            self.lock_fit().first_token(others_waiting, decoding);
+        }
     }
 
     /// A request sent to this backend while it was idle had its first token `ttft_s` later,
@@ -232,10 +260,7 @@ impl Paces {
 
     /// Seconds a stream here waits per prompt token prefilled beside it, once learned.
     pub(crate) fn stall_s_per_token(&self) -> Option<f64> {
-        self.fit
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .stall_s_per_token()
+        self.lock_fit().stall_s_per_token()
     }
 
     /// What prefilling `prompt_tokens` here, after `ahead_tokens` already due, would cost the
@@ -298,6 +323,12 @@ impl Paces {
             .sum()
     }
 
+    fn lock_fit(&self) -> std::sync::MutexGuard<'_, StallFit> {
+        self.fit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     fn lock_streams(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Pace>>> {
         self.streams
             .lock()
@@ -347,5 +378,46 @@ mod tests {
         // A long prompt sent to the idle backend tells the stall's size until streams do.
         paces.alone(0.11, 1000);
         assert_eq!(paces.stall_loss(now, Some(&exactly), 4000, 0, None), 2.0);
+    }
+
+    #[test]
+    fn an_engine_that_serves_one_request_at_a_time_is_not_charged_for_a_newcomer_s_prefill() {
+        let exactly = Spread::log_normal(100.0, 0.1, 1.0);
+        let per_token = Some(1e-4);
+        // One stream a few tokens from its target's edge, and one waiting behind it.
+        let loaded = |paces: &Paces, now: Instant| {
+            let decoding = paces.start(11, Some(25.0));
+            decoding.progress(paces, 1, now);
+            let waiting = paces.start(11, Some(25.0));
+            (decoding, waiting)
+        };
+        let now = Instant::now();
+        let unknown = Paces::default();
+        let _there = loaded(&unknown, now);
+        assert_eq!(
+            unknown.stall_loss(now, Some(&exactly), 4000, 0, per_token),
+            2.0,
+            "nothing known of the engine: it is taken to prefill beside its streams"
+        );
+        // Every first token so far came while others waited and none decoded: the engine runs
+        // a prompt after the streams there, not beside them.
+        let serial = Paces::default();
+        for _ in 0..8 {
+            serial.first_token(64, true);
+        }
+        assert_eq!(serial.stall_s_per_token(), Some(0.0));
+        let _there = loaded(&serial, now);
+        assert_eq!(
+            serial.stall_loss(now, Some(&exactly), 4000, 0, per_token),
+            0.0
+        );
+        // First tokens beside a decoding stream: it batches after all.
+        for _ in 0..4 {
+            serial.first_token(64, false);
+        }
+        assert_eq!(
+            serial.stall_loss(now, Some(&exactly), 4000, 0, per_token),
+            2.0
+        );
     }
 }

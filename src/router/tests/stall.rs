@@ -85,7 +85,7 @@ fn streams_that_end_teach_how_long_a_prefill_stalls_them_not_what_the_batch_or_t
             let decode = 20.0 / speed;
             let pace = paces.start(21, Some(25.0));
             pace.progress(paces, 1, t0);
-            paces.prefilled((rate * decode) as u64);
+            paces.first_token((rate * decode) as u64, false);
             pace.progress(paces, 21, t0 + Duration::from_secs_f64(decode));
             paces.end(&pace, in_flight);
         }
@@ -98,4 +98,39 @@ fn streams_that_end_teach_how_long_a_prefill_stalls_them_not_what_the_batch_or_t
     assert!((learned - 1e-4).abs() < 1.5e-5, "{learned}");
     let hosted = b.stall_s_per_token().unwrap();
     assert!(hosted < 1e-5, "{hosted}");
+}
+
+#[test]
+fn a_serial_engine_is_told_by_its_first_tokens_coming_while_others_wait_and_none_decodes() {
+    let router = prefilling_pair();
+    // Two requests at a time on each. On `a` (serial) the second waits for the first stream to
+    // end; on `b` (batching) its first token comes while the first decodes.
+    for _ in 0..8 {
+        for (i, serial) in [(0, true), (1, false)] {
+            let now = Instant::now();
+            let mut guards = occupy(&router, i, 0, 2);
+            for g in &mut guards {
+                g.pace(21, Some(25.0));
+            }
+            let mut second = guards.pop().unwrap();
+            let mut first = guards.pop().unwrap();
+            first.first_token(now);
+            first.progress(1, now);
+            if serial {
+                first.progress(21, now);
+                drop(first);
+                second.first_token(now);
+            } else {
+                second.first_token(now);
+                drop(first);
+            }
+        }
+    }
+    let (a, b) = (&router.backends[0].paces, &router.backends[1].paces);
+    assert_eq!(a.stall_s_per_token(), Some(0.0), "a newcomer stalls nobody");
+    assert_eq!(
+        b.stall_s_per_token(),
+        None,
+        "not learned yet: taken to stall"
+    );
 }
