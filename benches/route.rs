@@ -47,13 +47,16 @@ fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
     for (i, backend) in backends.iter().enumerate() {
         let per_seq = 0.0005 + 0.0001 * (i % 7) as f64;
         for c in [1.0, 2.0, 4.0, 8.0, 16.0, 32.0] {
-            for _ in 0..8 {
+            for k in 0..8 {
+                // Prompts of 64 to 512 tokens, prefilled at 10,000 a second: the curve knows
+                // the backend's prefill rate, and so what a prompt's prefill stalls.
+                let prompt = 64_u64 << (k % 4);
                 backend.first_token(
                     "m",
                     &FirstToken {
                         at: now,
-                        ttft: 0.05 + 0.002 * c,
-                        prompt_tokens: Some(64),
+                        ttft: 0.05 + 0.002 * c + prompt as f64 * 1e-4,
+                        prompt_tokens: Some(prompt),
                         admitted_with: c,
                         queued_with: 0,
                     },
@@ -75,12 +78,19 @@ fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
             }
         }
     }
-    // A few requests in flight on each, so that occupancies differ.
+    // A few requests in flight on each, so that occupancies differ, each streaming 128 tokens
+    // at the class's pace: every candidate's streams are asked what this prompt's prefill
+    // would cost them.
     let held = backends
         .iter()
         .enumerate()
         .flat_map(|(i, b)| {
-            (0..i % 5).map(move |_| InFlightGuard::try_admit(b, Some(0)).expect("slot"))
+            (0..i % 5).map(move |_| {
+                let mut slot = InFlightGuard::try_admit(b, Some(0)).expect("slot");
+                slot.pace(128, Some(20.0));
+                slot.progress(1, now);
+                slot
+            })
         })
         .collect();
     let router = Router::new(

@@ -99,12 +99,12 @@ impl InFlightGuard {
     /// It streams about `tokens` output tokens, held to `min_tps` where its class has a speed
     /// target: its progress counts in what a prefill beside it would cost
     /// ([`Paces`](super::paces::Paces)).
-    pub(crate) fn pace(&mut self, tokens: u32, min_tps: Option<f64>) {
+    pub fn pace(&mut self, tokens: u32, min_tps: Option<f64>) {
         self.pace = Some(self.backend.paces.start(tokens, min_tps));
     }
 
     /// `events` content events so far, the latest at `at`.
-    pub(crate) fn progress(&self, events: u32, at: Instant) {
+    pub fn progress(&self, events: u32, at: Instant) {
         if let Some(pace) = &self.pace {
             pace.progress(&self.backend.paces, events, at);
         }
