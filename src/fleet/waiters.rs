@@ -63,12 +63,13 @@ type Key = (u64, u64);
 /// One class's line.
 #[derive(Debug, Default, Clone)]
 struct ClassLine {
-    /// Waiting requests in fair order, first served first, each with what wakes it.
-    order: BTreeMap<Key, Arc<Notify>>,
+    /// Waiting requests in fair order, first served first, each with what wakes it and its
+    /// start tag.
+    order: BTreeMap<Key, (Arc<Notify>, u64)>,
     /// Each flow's last virtual finish; forgotten when the line empties (an idle flow keeps
     /// no credit and owes nothing).
     finish: HashMap<u64, u64>,
-    /// The class's virtual time: the largest start tag served so far.
+    /// The class's virtual time: the smallest start tag still waiting, never moving back.
     now: u64,
     /// Where the turn is: in round `.0`, every request before key `.1` has passed.
     turn: (u64, Key),
@@ -76,7 +77,7 @@ struct ClassLine {
 
 impl ClassLine {
     /// Whose turn it is in `round`: the first request that has not passed in it.
-    fn turn_holder(&self, round: u64) -> Option<(&Key, &Arc<Notify>)> {
+    fn turn_holder(&self, round: u64) -> Option<(&Key, &(Arc<Notify>, u64))> {
         if self.turn.0 == round {
             self.order.range(self.turn.1..).next()
         } else {
@@ -86,7 +87,7 @@ impl ClassLine {
 
     /// Wakes the request whose turn it is in `round`, if any.
     fn wake_turn(&self, round: u64) {
-        if let Some((_, wake)) = self.turn_holder(round) {
+        if let Some((_, (wake, _))) = self.turn_holder(round) {
             wake.notify_one();
         }
     }
@@ -141,25 +142,26 @@ impl Line {
     }
 
     /// Joins the line of `class` as `share`; leaving is dropping the [`Place`] (or
-    /// [`Place::served`]).
+    /// placed).
     pub(crate) fn join(&self, class: usize, share: Share) -> Place<'_> {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let wake = Arc::new(Notify::new());
         let mut classes = self.classes();
-        let (start, finish) = match classes.get_mut(class) {
+        let finish = match classes.get_mut(class) {
             Some(line) => {
                 let previous = line.finish.get(&share.flow).copied().unwrap_or(0);
                 let start = previous.max(line.now);
                 let cost = share.tokens.max(1) as f64 * TAG_PER_TOKEN / share.weight.max(1e-3);
                 let finish = start.saturating_add(cost as u64);
                 line.finish.insert(share.flow, finish);
-                line.order.insert((finish, ticket), Arc::clone(&wake));
+                line.order
+                    .insert((finish, ticket), (Arc::clone(&wake), start));
                 // Joining ahead of where the turn is: the turn is this request's (it has not
                 // passed).
                 line.turn.1 = line.turn.1.min((finish, ticket));
-                (start, finish)
+                finish
             }
-            None => (0, 0),
+            None => 0,
         };
         drop(classes);
         if let Some(n) = self.per_class.get(class) {
@@ -170,10 +172,8 @@ impl Line {
             line: self,
             class,
             ticket,
-            start,
             finish,
             wake,
-            served: false,
         }
     }
 }
@@ -184,10 +184,8 @@ pub(crate) struct Place<'a> {
     line: &'a Line,
     class: usize,
     ticket: u64,
-    start: u64,
     finish: u64,
     wake: Arc<Notify>,
-    served: bool,
 }
 
 impl Place<'_> {
@@ -249,11 +247,6 @@ impl Place<'_> {
     pub(crate) fn wake(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)
     }
-
-    /// Leaves the line placed: the class's virtual time reaches its start.
-    pub(crate) fn served(mut self) {
-        self.served = true;
-    }
 }
 
 impl Drop for Place<'_> {
@@ -262,10 +255,15 @@ impl Drop for Place<'_> {
         let mut classes = self.line.classes();
         if let Some(line) = classes.get_mut(self.class) {
             line.order.remove(&self.key());
-            // Only service moves virtual time: a request that gave up waiting was tagged
-            // far ahead when its flow floods, and would carry every later tag with it.
-            if self.served {
-                line.now = line.now.max(self.start);
+            // Virtual time is the oldest start still waiting. The start of what was served
+            // would do where the line serves in fair order, but it does not always: a newer
+            // request fits a slot too late for an older one's first token, and taking its
+            // start would tag a light key's next request level with a flood's newest instead
+            // of its oldest (tenant B lost its priority to A's freshest requests). Nor does a
+            // request that gave up, tagged far ahead when its flow floods, carry every later
+            // tag with it.
+            if let Some(oldest) = line.order.values().map(|&(_, start)| start).min() {
+                line.now = line.now.max(oldest);
             }
             if line.order.is_empty() {
                 line.finish.clear();
@@ -366,7 +364,7 @@ mod tests {
         assert!(woken(&new).await, "the next in line is woken");
         assert_eq!((old.turn(), new.turn()), (None, Some(round)));
         // Placed: it leaves, and the turn goes on to the one after it.
-        new.served();
+        drop(new);
         assert!(woken(&newest).await);
         newest.pass(round);
         assert_eq!((old.turn(), newest.turn()), (None, None), "everyone tried");
@@ -404,17 +402,29 @@ mod tests {
     }
 
     #[test]
-    fn only_service_moves_the_virtual_time_not_requests_that_gave_up() {
+    fn a_flood_s_newest_request_served_first_does_not_cost_a_light_key_its_place() {
         let line = Line::new(1);
         let mut flood: Vec<_> = (0..10).map(|_| line.join(0, flow(1, 1.0, 100))).collect();
-        // Five of the flooding key's requests give up waiting, two are served.
+        // A slot too late for the older requests' first tokens goes to the flood's newest.
+        drop(flood.pop());
+        // The light key's request is tagged from the oldest start still waiting: it goes
+        // second, not behind the flood's other eight.
+        let light = line.join(0, flow(2, 1.0, 100));
+        assert_eq!(light.finish, 100 * TAG_PER_TOKEN as u64);
+        drop(flood.remove(0));
+        assert!(light.is_first());
+    }
+
+    #[test]
+    fn requests_that_gave_up_move_the_virtual_time_only_to_the_oldest_still_waiting() {
+        let line = Line::new(1);
+        let mut flood: Vec<_> = (0..10).map(|_| line.join(0, flow(1, 1.0, 100))).collect();
+        // Five of the flooding key's requests give up waiting; the next of its own is the
+        // oldest start left (5 requests' worth), not the far-ahead tag of its newest.
         flood.drain(..5).for_each(drop);
-        flood.remove(0).served();
-        flood.remove(0).served();
-        // A newcomer starts at the virtual time of what was served (the second served started
-        // at 6 requests' worth), not at the start of those that left unserved.
         let newcomer = line.join(0, flow(2, 1.0, 100));
-        assert_eq!(newcomer.finish, 7 * 100 * TAG_PER_TOKEN as u64);
+        assert_eq!(newcomer.finish, 6 * 100 * TAG_PER_TOKEN as u64);
+        drop(flood.remove(0));
         assert!(newcomer.is_first());
     }
 

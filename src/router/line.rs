@@ -38,7 +38,12 @@ impl Router {
                 match self.try_decide(&ask.at(Instant::now()), policy, true) {
                     Ok(decision) => match self.claim(ask, decision).await {
                         Some(decision) => {
-                            place.served();
+                            tracing::debug!(
+                                flow = share.flow,
+                                waited_ms = ask.received.elapsed().as_secs_f64() * 1e3,
+                                reason = decision.reason.label(),
+                                "line served"
+                            );
                             return Ok(decision);
                         }
                         // Another replica took the slot; the counts are fresh now.
@@ -55,6 +60,7 @@ impl Router {
                 () = tokio::time::sleep_until(tick.min(deadline)) => place.look_again(),
             }
             if Instant::now() >= deadline {
+                tracing::debug!(flow = share.flow, "line shed");
                 let why = if ask.slo.is_batch() {
                     "no backend had room for batch work within the class's queue wait"
                 } else {

@@ -674,7 +674,17 @@ impl Router {
                 (gain >= MIN_CHANCE).then_some((i, gain, false))
             })
             .max_by(|(_, a, _), (_, b, _)| a.total_cmp(b))
-            .map(|(i, _, probe)| (i, probe))
+            .map(|(i, gain, probe)| {
+                tracing::debug!(
+                    backend = &*candidates[i].backend.config.name,
+                    gain,
+                    probe,
+                    queued,
+                    last_resort,
+                    "best chance"
+                );
+                (i, probe)
+            })
     }
 
     /// The request goes to `backend`, which should hold `cache` of its prompt: its prefix
