@@ -154,8 +154,11 @@ impl Backend {
 
     /// The fitted curve of `model` (or the prior's, before it has been observed).
     pub(crate) fn model(&self, model: &str) -> Option<Arc<Model>> {
-        let model = self.tracked(model);
-        match self.curves.get(model) {
+        // One look-up where the model has a curve: every decision asks it of every candidate.
+        if let Some(curve) = self.curves.get(model) {
+            return curve.model().cloned();
+        }
+        match self.curves.get(self.tracked(model)) {
             Some(curve) => curve.model().cloned(),
             None => self.prior.as_ref()?.model().cloned(),
         }

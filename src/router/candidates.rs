@@ -161,105 +161,115 @@ impl Router {
                 })
             });
         let fastest = std::cell::OnceCell::new();
-        let mut candidates: Vec<Candidate<'_>> = self
-            .serving(ask)
-            .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
-            .map(|(index, backend)| {
-                let joining = backend.in_flight() + 1;
-                let hit = match (&backend.prefix, ask.prefix) {
-                    (Some(index), Some(prefix)) => index.expected(prefix, now),
-                    _ => Hit::default(),
-                };
-                let cached_tokens = hit.cached_tokens.min(ask.prompt_tokens);
-                let holds_prefix = hit.hint || cached_tokens >= min_match;
-                let cache = Hit {
-                    cached_tokens,
-                    ..hit
-                };
-                let affinity = key.map(|k| crate::prefix::rendezvous(k, backend.rendezvous_seed));
-                if !predicts {
-                    return Candidate {
+        // Sized once: a candidate carries two spreads, and growing the list moves them all.
+        let mut candidates: Vec<Candidate<'_>> = Vec::with_capacity(self.backends.len());
+        candidates.extend(
+            self.serving(ask)
+                .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
+                .map(|(index, backend)| {
+                    let joining = backend.in_flight() + 1;
+                    let hit = match (&backend.prefix, ask.prefix) {
+                        (Some(index), Some(prefix)) => index.expected(prefix, now),
+                        _ => Hit::default(),
+                    };
+                    let cached_tokens = hit.cached_tokens.min(ask.prompt_tokens);
+                    let holds_prefix = hit.hint || cached_tokens >= min_match;
+                    let cache = Hit {
+                        cached_tokens,
+                        ..hit
+                    };
+                    let affinity =
+                        key.map(|k| crate::prefix::rendezvous(k, backend.rendezvous_seed));
+                    if !predicts {
+                        return Candidate {
+                            index,
+                            backend,
+                            joining,
+                            prediction: None,
+                            slack: 0.0,
+                            chance: 0.0,
+                            keeps_others: true,
+                            stall_loss: 0.0,
+                            neighbour_loss: 0.0,
+                            leaves_room: true,
+                            marginal_tps: 0.0,
+                            next_slack: f64::INFINITY,
+                            cache,
+                            holds_prefix,
+                            affinity,
+                            ramping: false,
+                            prefill_rate: None,
+                            queues: false,
+                            starts_shared: false,
+                            starts_beside: false,
+                        };
+                    }
+                    let n = f64::from(joining);
+                    let predictor = self
+                        .predictor(index, backend, ask, policy, now, cache.cached_tokens)
+                        .or_prefill_rate(|| *fastest.get_or_init(|| self.fastest_prefill(ask)));
+                    let prediction = predictor.at(n);
+                    let batch = policy == Policy::Throughput || ask.slo.is_batch();
+                    // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
+                    // so a backend that queues (TTFT growing with n) adds nothing by taking more.
+                    let tokens = ask
+                        .max_tokens
+                        .map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
+                    let system = |c: f64, p: &Prediction| {
+                        c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
+                    };
+                    let before = if batch && joining > 1 {
+                        predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
+                    } else {
+                        0.0
+                    };
+                    let queues = prediction
+                        .as_ref()
+                        .is_some_and(|p| predictor.queues(backend, p));
+                    let neighbours = match prediction {
+                        Some(_) => {
+                            self.devices
+                                .cost(index, backend, queues, ask.model, &self.classes)
+                        }
+                        None => NeighbourCost::NONE,
+                    };
+                    let leaves_room =
+                        !batch || (self.leaves_room(&predictor, n + 1.0) && neighbours.leaves_room);
+                    let stall_loss = predictor.stall_loss(backend, now, prediction.as_ref());
+                    Candidate {
                         index,
                         backend,
                         joining,
-                        prediction: None,
-                        slack: 0.0,
-                        chance: 0.0,
-                        keeps_others: true,
-                        stall_loss: 0.0,
-                        neighbour_loss: 0.0,
-                        leaves_room: true,
-                        marginal_tps: 0.0,
+                        prediction,
+                        slack: prediction.as_ref().map_or(0.0, |p| slo.slack(p)),
+                        chance: prediction
+                            .as_ref()
+                            .map_or(0.0, |p| p.chance(slo.min_tps, slo.max_ttft_s)),
+                        keeps_others: prediction
+                            .as_ref()
+                            .is_none_or(|p| self.keeps_others(backend, p))
+                            && neighbours.keeps
+                            && stall_loss < 0.5,
+                        stall_loss,
+                        neighbour_loss: neighbours.loss,
+                        leaves_room,
+                        marginal_tps: if batch {
+                            prediction.as_ref().map_or(0.0, |p| system(n, p) - before)
+                        } else {
+                            0.0
+                        },
                         next_slack: f64::INFINITY,
                         cache,
                         holds_prefix,
                         affinity,
-                        ramping: false,
-                        prefill_rate: None,
-                        queues: false,
-                        starts_shared: false,
-                        starts_beside: false,
-                    };
-                }
-                let n = f64::from(joining);
-                let predictor = self
-                    .predictor(index, backend, ask, policy, now, cache.cached_tokens)
-                    .or_prefill_rate(|| *fastest.get_or_init(|| self.fastest_prefill(ask)));
-                let prediction = predictor.at(n);
-                let batch = policy == Policy::Throughput || ask.slo.is_batch();
-                // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
-                // so a backend that queues (TTFT growing with n) adds nothing by taking more.
-                let tokens = ask
-                    .max_tokens
-                    .map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
-                let system = |c: f64, p: &Prediction| {
-                    c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
-                };
-                let before = if batch && joining > 1 {
-                    predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
-                } else {
-                    0.0
-                };
-                let queues = prediction.is_some_and(|p| predictor.queues(backend, &p));
-                let neighbours = match prediction {
-                    Some(_) => self
-                        .devices
-                        .cost(index, backend, queues, ask.model, &self.classes),
-                    None => NeighbourCost::NONE,
-                };
-                let leaves_room =
-                    !batch || (self.leaves_room(&predictor, n + 1.0) && neighbours.leaves_room);
-                let stall_loss = predictor.stall_loss(backend, now, prediction.as_ref());
-                Candidate {
-                    index,
-                    backend,
-                    joining,
-                    prediction,
-                    slack: prediction.map_or(0.0, |p| slo.slack(&p)),
-                    chance: prediction.map_or(0.0, |p| p.chance(slo.min_tps, slo.max_ttft_s)),
-                    keeps_others: prediction.is_none_or(|p| self.keeps_others(backend, &p))
-                        && neighbours.keeps
-                        && stall_loss < 0.5,
-                    stall_loss,
-                    neighbour_loss: neighbours.loss,
-                    leaves_room,
-                    marginal_tps: if batch {
-                        prediction.map_or(0.0, |p| system(n, &p) - before)
-                    } else {
-                        0.0
-                    },
-                    next_slack: f64::INFINITY,
-                    cache,
-                    holds_prefix,
-                    affinity,
-                    ramping: backend.ramp.allows(joining),
-                    prefill_rate: predictor.prefill_rate(),
-                    queues,
-                    starts_shared: joining == 1 && self.devices.of(index).is_some(),
-                    starts_beside: joining == 1 && self.devices.active_beside(index),
-                }
-            })
-            .collect();
+                        ramping: backend.ramp.allows(joining),
+                        prefill_rate: predictor.prefill_rate(),
+                        queues,
+                        starts_shared: joining == 1 && self.devices.of(index).is_some(),
+                        starts_beside: joining == 1 && self.devices.active_beside(index),
+                    }
+                }),
+        );
         if predicts {
             self.look_ahead(ask, policy, &mut candidates);
         }
