@@ -157,6 +157,9 @@ pub struct Paces {
     /// Streams past their first token and not yet ended.
     decoding: AtomicU32,
     fit: Mutex<StallFit>,
+    /// The fit's stall per prompt token as of its last change (f64 bits; NaN while it has
+    /// none): read per candidate of every decision, without the fit's lock.
+    stall: AtomicU64,
     /// The least first-token time per uncached prompt token of a long prompt sent to an idle
     /// backend (f64 bits; infinity before one): its prefill's time per token, or a little more.
     alone_s_per_token: AtomicU64,
@@ -173,6 +176,7 @@ impl Default for Paces {
             prefilled: AtomicU64::new(0),
             decoding: AtomicU32::new(0),
             fit: Mutex::default(),
+            stall: AtomicU64::new(f64::NAN.to_bits()),
             alone_s_per_token: AtomicU64::new(f64::INFINITY.to_bits()),
             epoch: Instant::now(),
         }
@@ -227,11 +231,13 @@ impl Paces {
             .load(Ordering::Relaxed)
             .saturating_sub(pace.prefilled_at_first.load(Ordering::Relaxed));
         let decode_s = (last - first) as f64 / 1e6;
-        self.lock_fit().add(
-            beside as f64 / decode_s,
-            in_flight,
-            f64::from(events - 1) / decode_s,
-        );
+        self.teach(|fit| {
+            fit.add(
+                beside as f64 / decode_s,
+                in_flight,
+                f64::from(events - 1) / decode_s,
+            );
+        });
     }
 
     /// A request's first token came, after `tokens` of uncached prompt were prefilled, with
@@ -240,7 +246,7 @@ impl Paces {
         self.prefilled.fetch_add(tokens, Ordering::Relaxed);
         let decoding = self.decoding.load(Ordering::Relaxed) > 0;
         if others_waiting || decoding {
-            self.lock_fit().first_token(others_waiting, decoding);
+            self.teach(|fit| fit.first_token(others_waiting, decoding));
         }
     }
 
@@ -260,7 +266,7 @@ impl Paces {
 
     /// Seconds a stream here waits per prompt token prefilled beside it, once learned.
     pub(crate) fn stall_s_per_token(&self) -> Option<f64> {
-        self.lock_fit().stall_s_per_token()
+        Some(f64::from_bits(self.stall.load(Ordering::Relaxed))).filter(|s| !s.is_nan())
     }
 
     /// What prefilling `prompt_tokens` here, after `ahead_tokens` already due, would cost the
@@ -323,10 +329,15 @@ impl Paces {
             .sum()
     }
 
-    fn lock_fit(&self) -> std::sync::MutexGuard<'_, StallFit> {
-        self.fit
+    /// Changes the fit, and the stall per token read from it.
+    fn teach(&self, change: impl FnOnce(&mut StallFit)) {
+        let mut fit = self
+            .fit
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        change(&mut fit);
+        let stall = fit.stall_s_per_token().unwrap_or(f64::NAN);
+        self.stall.store(stall.to_bits(), Ordering::Relaxed);
     }
 
     fn lock_streams(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Pace>>> {
