@@ -22,8 +22,9 @@ use tpsgate::{Backend, InFlightGuard, Line};
 use tpsgate::{FirstToken, Observation, Outcome};
 
 /// A router over `n` backends serving `m`, each taught a batching curve, with an interactive
-/// class (>= 20 tok/s at the median, TTFT <= 1 s) that sheds on a miss.
-fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
+/// class (>= 20 tok/s at the median, TTFT <= 1 s) that sheds on a miss. Backend `i` has
+/// `streams(i)` requests in flight.
+fn router(n: usize, streams: fn(usize) -> usize) -> (Router, Vec<InFlightGuard>) {
     let list: String = (0..n)
         .map(|i| {
             format!(
@@ -78,16 +79,16 @@ fn router(n: usize) -> (Router, Vec<InFlightGuard>) {
             }
         }
     }
-    // A few requests in flight on each, so that occupancies differ, each streaming 128 tokens
-    // at the class's pace: every candidate's streams are asked what this prompt's prefill
-    // would cost them.
+    // Requests in flight on each, each streaming 128 tokens at the class's pace: every
+    // candidate's streams are asked what this prompt's prefill would cost them.
     let held = backends
         .iter()
         .enumerate()
         .flat_map(|(i, b)| {
-            (0..i % 5).map(move |_| {
+            (0..streams(i)).map(move |_| {
                 let mut slot = InFlightGuard::try_admit(b, Some(0)).expect("slot");
                 slot.pace(128, Some(20.0));
+                slot.first_token_came(now);
                 slot.progress(1, now);
                 slot
             })
@@ -112,18 +113,24 @@ fn route(c: &mut Criterion) {
     // `no_prefix`: a 64-token prompt, no prefix asked about (as before the prefix index, or
     // with `prefix_cache.enabled: false`). `prefix`: the default path, a 2,000-token prompt (31
     // blocks of 64) whose every candidate's index is looked up; each decision holds the prompt
-    // on its backend, so later decisions find holders, as a conversation's turns do.
+    // on its backend, so later decisions find holders, as a conversation's turns do. Both with a
+    // few requests in flight on each backend (`i % 5`, so that occupancies differ); `busy`: the
+    // default path with 32 streams in flight on every backend, where a decision that scanned
+    // each candidate's streams would cost the most.
     let prompt = tpsgate::RequestPrefix {
         hashes: (1..=31).collect(),
         hint: None,
     };
-    for (name, prefix, prompt_tokens) in [
-        ("route_decision/no_prefix", None, 64),
-        ("route_decision/prefix", Some(&prompt), 2000),
+    let few: fn(usize) -> usize = |i| i % 5;
+    let busy: fn(usize) -> usize = |_| 32;
+    for (name, prefix, prompt_tokens, streams) in [
+        ("route_decision/no_prefix", None, 64, few),
+        ("route_decision/prefix", Some(&prompt), 2000, few),
+        ("route_decision/busy", Some(&prompt), 2000, busy),
     ] {
         let mut group = c.benchmark_group(name);
         for n in [4usize, 8, 64, 256] {
-            let (router, _held) = router(n);
+            let (router, _held) = router(n, streams);
             let slo = router.classes()[0].slo;
             group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
                 b.iter(|| {

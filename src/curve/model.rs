@@ -51,7 +51,7 @@ pub struct Prediction {
     /// own ([`MIN_BUCKET_WEIGHT`]): its speed is the fit's drawn through the levels below, or a
     /// few samples weighed against it. Either errs either way, and only a request sent there
     /// tells which; routing tries such a level one request at a time where the other end is a
-    /// refusal ([`Router::probe_chance`](crate::router::Router)).
+    /// refusal (`Candidate::probe_chance` in `router/candidates.rs`).
     #[serde(skip)]
     pub unproven: bool,
     /// How per-user TPS spreads there: how likely a request is to reach a speed.

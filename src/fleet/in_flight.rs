@@ -282,6 +282,12 @@ impl InFlightGuard {
         }
     }
 
+    /// Its first token came at `now`, as the response body tells it (a benchmark's held
+    /// streams too): no longer waiting.
+    pub fn first_token_came(&mut self, now: Instant) {
+        let _ = self.first_token(now);
+    }
+
     /// Its first token came at `now`: no longer waiting; the occupancy integral as of then.
     pub(crate) fn first_token(&mut self, now: Instant) -> Reading {
         self.prefill_done();

@@ -4,20 +4,23 @@
 //! there keep their speed, and for batch work what it would add and whether it leaves room for a
 //! latency request.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::device::NeighbourCost;
 use super::oracle::Oracle;
-use super::{Ask, Router, choose};
-use crate::config::Policy;
+use super::{ASSUMED_OUTPUT_TOKENS, Ask, Router, baseline};
+use crate::config::{ClassConfig, Policy};
 use crate::curve::{Model, Prediction};
 use crate::fleet::claim::EDGE;
 use crate::fleet::{Backend, Hit};
 
-/// One candidate backend as the router sees it for one request.
-#[derive(Debug, Clone, Copy)]
+/// One candidate backend as the router sees it for one request. What a rung of the decision
+/// ladder needs of it is read here: a field where every decision needs it, a method where only
+/// some rungs ask (the prefill's stall over the streams there is read once, when first asked).
+#[derive(Debug, Clone)]
 pub(crate) struct Candidate<'r> {
     /// Index in the router's backend list.
     pub index: usize,
@@ -34,12 +37,11 @@ pub(crate) struct Candidate<'r> {
     /// left); 0 without a prediction.
     pub chance: f64,
     /// Every class already decoding there, and on the backends sharing its device, keeps its
-    /// speed target, and this prompt's prefill costs the streams there less than half a good
-    /// completion between them (`stall_loss`).
-    pub keeps_others: bool,
-    /// The good completions the streams there lose to this prompt's prefill
-    /// ([`Paces::stall_loss`](crate::fleet::paces::Paces::stall_loss)).
-    pub stall_loss: f64,
+    /// speed target (the prefill's stall aside: [`Candidate::keeps_others`]).
+    pub keeps_classes: bool,
+    /// The good completions the streams there lose to this prompt's prefill, once asked
+    /// ([`Candidate::stall_loss`]).
+    stall: Cell<Option<f64>>,
     /// What the requests decoding on the backends sharing its device lose of their expected
     /// good completions ([`NeighbourCost::loss`]); 0 without a prediction.
     pub neighbour_loss: f64,
@@ -71,8 +73,10 @@ pub(crate) struct Candidate<'r> {
     /// Its ramp ([`crate::fleet::ramp`]) allows the request in flight where its curve has no
     /// evidence (never observed, or beyond twice the concurrency seen).
     pub ramping: bool,
-    /// The prefill rate its first tokens are bounded by ([`Predictor::prefill_rate`]).
-    pub prefill_rate: Option<f64>,
+    /// Where its predictions come from, for this request at its moment.
+    predictor: Predictor<'r>,
+    /// The moment of the decision.
+    now: Instant,
     /// It runs, and the request would wait there behind the requests it has
     /// ([`Predictor::queues`]): batch work is not sent to wait in a backend's queue.
     pub queues: bool,
@@ -87,47 +91,140 @@ pub(crate) struct Candidate<'r> {
 
 impl Candidate<'_> {
     /// Meets the SLO on a prediction the curve stands behind, or its ramp does where the curve
-    /// has not seen this concurrency.
-    pub(super) fn feasible(&self) -> bool {
+    /// has not seen this concurrency, and keeps the others there ([`Candidate::keeps_others`]):
+    /// what the rungs that choose among the feasible ask, in two steps.
+    #[cfg(test)]
+    pub(crate) fn feasible(&self) -> bool {
+        self.meets_slo() && self.keeps_others()
+    }
+
+    /// [`Candidate::feasible`] but for the prefill's stall, which is read only when asked: what
+    /// a rung filters on before it asks the stall of the few it would choose
+    /// ([`Candidate::keeps_others`], [`super::scene::kept_best`]).
+    pub(crate) fn meets_slo(&self) -> bool {
         self.prediction.is_some_and(|p| {
-            (!p.beyond_evidence || self.ramping) && self.slack >= 0.0 && self.keeps_others
+            (!p.beyond_evidence || self.ramping) && self.slack >= 0.0 && self.keeps_classes
         })
     }
 
     /// Predicted to meet the SLO and keep every class there, but beyond the concurrency its
-    /// curve has seen: what exploration would try (see
-    /// [`choose::exploration_target`](super::choose::exploration_target)).
-    pub(super) fn may_stretch(&self) -> bool {
+    /// curve has seen: what exploration would try. The stall aside, as in
+    /// [`Candidate::meets_slo`]: a rung asks [`Candidate::keeps_others`] next.
+    pub(crate) fn may_stretch_slo(&self) -> bool {
         self.prediction
-            .is_some_and(|p| p.beyond_evidence && self.slack >= 0.0 && self.keeps_others)
+            .is_some_and(|p| p.beyond_evidence && self.slack >= 0.0 && self.keeps_classes)
     }
 
-    /// The requests already here and on the backends sharing its device keep their speed
-    /// with this one beside them, and lose less than [`MIN_CHANCE`](super::MIN_CHANCE) of a
-    /// good completion between them: what trying a backend on thin evidence may cost others.
-    /// Keeping their percentile is not enough: on the simulator's copy of the H200's pair an
-    /// idle serial engine tried beside four latency requests on the batching engine kept their
-    /// 10th percentile on paper, its passes slowed them to 29–31 tok/s against 30, and four
-    /// requests after them got a 429.
-    pub(super) fn costs_others_nothing(&self) -> bool {
-        self.keeps_others && self.neighbour_loss < super::MIN_CHANCE
+    /// Every class already decoding there, and on the backends sharing its device, keeps its
+    /// speed target, and this prompt's prefill costs the streams there less than half a good
+    /// completion between them ([`Candidate::stall_loss`]).
+    pub(crate) fn keeps_others(&self) -> bool {
+        self.keeps_classes && self.stall_loss() < 0.5
+    }
+
+    /// The good completions the streams there lose to this prompt's prefill
+    /// ([`Paces::stall_loss`](crate::fleet::paces::Paces::stall_loss)), read over the
+    /// backend's streams the first time it is asked.
+    pub(crate) fn stall_loss(&self) -> f64 {
+        if let Some(loss) = self.stall.get() {
+            return loss;
+        }
+        let loss = self
+            .predictor
+            .stall_loss(self.backend, self.now, self.prediction.as_ref());
+        self.stall.set(Some(loss));
+        loss
+    }
+
+    /// What a request joining at `level` (itself included) would see here.
+    pub(crate) fn at(&self, level: f64) -> Option<Prediction> {
+        self.predictor.at(level)
+    }
+
+    /// Whether the requests already here are all within its curve's evidence, so that this
+    /// one would be the only guess there. A curve seen at one or two in flight fits no cost per
+    /// request: its guess is as fast at twelve as at three, and a line of requests each taking
+    /// that guess at its turn would all stream under the target (docs/benchmarks, "On a GPU").
+    pub(crate) fn first_guess(&self) -> bool {
+        self.joining <= 1
+            || self
+                .at(f64::from(self.joining - 1))
+                .is_some_and(|p| !p.beyond_evidence)
+    }
+
+    /// The request's chance here as a probe of a level whose speed is unproven
+    /// ([`Prediction::unproven`]): the speed the requests here now are predicted, held flat one
+    /// request up, its first token as predicted here. `None` where the level is proven, where a
+    /// probe is out here and not read yet ([`LevelProbe`](crate::fleet::ramp::LevelProbe)),
+    /// where the requests here are past the curve's evidence, or for an idle backend. A fit
+    /// drawn through the levels below errs either way above them: too hopeful, it is corrected
+    /// by the requests it lets in; too gloomy, by none, as it lets none in.
+    pub(crate) fn probe_chance(&self, ask: &Ask<'_>) -> Option<f64> {
+        let p = self.prediction.filter(|p| p.unproven)?;
+        if self.backend.level_probe.out() {
+            return None;
+        }
+        let now = f64::from(self.joining.checked_sub(1).filter(|&n| n > 0)?);
+        let there = self.at(now)?;
+        if there.beyond_evidence {
+            return None;
+        }
+        let slo = ask.slo_at(ask.now);
+        Some(p.with_speed(there.tps).chance(slo.min_tps, slo.max_ttft_s))
+    }
+
+    /// What admitting the request here (predicted `p`) adds to the expected good completions:
+    /// its own chance of meeting its SLO, less what it costs the requests already here (per
+    /// latency class of `classes` decoding here, its requests times how much less likely each
+    /// is to reach its speed target with one more beside it; their first tokens are behind them,
+    /// or ahead of this one in the queue) and on the backends sharing its device. Where the
+    /// class would rather wait (`waits` is `Some`) and the backend meets its SLO at the class's
+    /// percentiles alone, the backend is full, not short of the target: the request is
+    /// committed to it only where that adds at least what `waits` holds (else `None`), as it
+    /// takes the slot a waiting request would get whichever backend frees first.
+    pub(crate) fn chance_gain(
+        &self,
+        ask: &Ask<'_>,
+        classes: &[ClassConfig],
+        p: &Prediction,
+        waits: Option<f64>,
+    ) -> Option<f64> {
+        let full = waits.is_some()
+            && self
+                .at(1.0)
+                .is_some_and(|alone| ask.slo.slack(&alone) >= 0.0);
+        let loss = match self.at(f64::from(self.joining.saturating_sub(1))) {
+            Some(before) if self.joining > 1 => classes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, class)| {
+                    Some((self.backend.class_in_flight(i), class.slo.min_tps?))
+                })
+                .map(|(n, min)| {
+                    f64::from(n) * (before.tps.share_above(min) - p.tps.share_above(min)).max(0.0)
+                })
+                .sum(),
+            _ => 0.0,
+        };
+        let gain = self.chance - loss.max(self.stall_loss()) - self.neighbour_loss;
+        (!full || waits.is_some_and(|least| gain >= least)).then_some(gain)
     }
 
     /// Never observed, and would take its first request alone, or one more that its ramp
     /// allows.
-    pub(super) fn cold_start(&self) -> bool {
+    pub(crate) fn cold_start(&self) -> bool {
         self.prediction.is_none() && (self.joining == 1 || self.ramping)
     }
 
     /// The room placing the request here leaves: its own slack, or the next request's where
     /// that is less. Two engines on one device, one serial: the serial one alone gives a lone
     /// request the most slack, and takes the device from the batch the next request would join.
-    pub(super) fn room(&self) -> f64 {
+    pub(crate) fn room(&self) -> f64 {
         self.slack.min(self.next_slack)
     }
 
     /// Taken on its ramp's evidence alone: a probe, whose first token and speed tell the ramp.
-    pub(super) fn on_ramp(&self) -> bool {
+    pub(crate) fn on_ramp(&self) -> bool {
         self.ramping && self.prediction.is_none_or(|p| p.beyond_evidence)
     }
 }
@@ -145,7 +242,7 @@ impl Router {
         let healthy_exists = self
             .serving(ask)
             .any(|(_, b)| under_limit(b) && b.is_healthy(now));
-        let predicts = !choose::is_baseline(policy);
+        let predicts = !baseline::is_baseline(policy);
         let slo = ask.slo_at(now);
         let min_match = self.routing.prefix.map_or(u64::MAX, |p| p.min_match_tokens);
         // A request's key in rendezvous orders: its hint, else the block that makes a match.
@@ -188,8 +285,8 @@ impl Router {
                             prediction: None,
                             slack: 0.0,
                             chance: 0.0,
-                            keeps_others: true,
-                            stall_loss: 0.0,
+                            keeps_classes: true,
+                            stall: Cell::new(Some(0.0)),
                             neighbour_loss: 0.0,
                             leaves_room: true,
                             marginal_tps: 0.0,
@@ -198,7 +295,8 @@ impl Router {
                             holds_prefix,
                             affinity,
                             ramping: false,
-                            prefill_rate: None,
+                            predictor: Predictor::Nothing,
+                            now,
                             queues: false,
                             starts_shared: false,
                             starts_beside: false,
@@ -212,9 +310,7 @@ impl Router {
                     let batch = policy == Policy::Throughput || ask.slo.is_batch();
                     // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds,
                     // so a backend that queues (TTFT growing with n) adds nothing by taking more.
-                    let tokens = ask
-                        .max_tokens
-                        .map_or(choose::ASSUMED_OUTPUT_TOKENS, f64::from);
+                    let tokens = ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from);
                     let system = |c: f64, p: &Prediction| {
                         c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50)
                     };
@@ -235,7 +331,6 @@ impl Router {
                     };
                     let leaves_room =
                         !batch || (self.leaves_room(&predictor, n + 1.0) && neighbours.leaves_room);
-                    let stall_loss = predictor.stall_loss(backend, now, prediction.as_ref());
                     Candidate {
                         index,
                         backend,
@@ -245,12 +340,11 @@ impl Router {
                         chance: prediction
                             .as_ref()
                             .map_or(0.0, |p| p.chance(slo.min_tps, slo.max_ttft_s)),
-                        keeps_others: prediction
+                        keeps_classes: prediction
                             .as_ref()
-                            .is_none_or(|p| self.keeps_others(backend, p))
-                            && neighbours.keeps
-                            && stall_loss < 0.5,
-                        stall_loss,
+                            .is_none_or(|p| self.classes_keep_speed(backend, p))
+                            && neighbours.keeps,
+                        stall: Cell::new(None),
                         neighbour_loss: neighbours.loss,
                         leaves_room,
                         marginal_tps: if batch {
@@ -263,7 +357,8 @@ impl Router {
                         holds_prefix,
                         affinity,
                         ramping: backend.ramp.allows(joining),
-                        prefill_rate: predictor.prefill_rate(),
+                        predictor,
+                        now,
                         queues,
                         starts_shared: joining == 1 && self.devices.of(index).is_some(),
                         starts_beside: joining == 1 && self.devices.active_beside(index),
@@ -271,7 +366,7 @@ impl Router {
                 }),
         );
         if predicts {
-            self.look_ahead(ask, policy, &mut candidates);
+            self.look_ahead(ask, &mut candidates);
         }
         candidates
     }
@@ -279,7 +374,7 @@ impl Router {
     /// Sets `next_slack` on each candidate that shares a device and has a prediction. Where
     /// none shares one, nothing is predicted; where some do, two predictions more each, and a
     /// pass over the others.
-    fn look_ahead(&self, ask: &Ask<'_>, policy: Policy, candidates: &mut [Candidate<'_>]) {
+    fn look_ahead(&self, ask: &Ask<'_>, candidates: &mut [Candidate<'_>]) {
         let shares = |c: &Candidate<'_>| self.devices.of(c.index).is_some();
         if !candidates.iter().any(shares) {
             return;
@@ -292,11 +387,10 @@ impl Router {
             .iter()
             .map(|c| {
                 c.prediction.filter(|_| shares(c))?;
-                let predictor = self.predictor_of(c, ask, policy);
                 let n = f64::from(c.joining);
                 Some((
-                    slack(predictor.at(n + 1.0)),
-                    slack(predictor.beside_one_more().at(n)),
+                    slack(c.at(n + 1.0)),
+                    slack(c.predictor.clone().beside_one_more().at(n)),
                 ))
             })
             .collect();
@@ -314,8 +408,7 @@ impl Router {
             let starts = {
                 let c = &candidates[x];
                 c.prediction.is_some_and(|p| {
-                    !c.backend.occupancy.busy()
-                        || self.predictor_of(c, ask, policy).queues(c.backend, &p)
+                    !c.backend.occupancy.busy() || c.predictor.queues(c.backend, &p)
                 })
             };
             let elsewhere = candidates
@@ -343,85 +436,26 @@ impl Router {
             return None;
         }
         let cap = backend.config.max_concurrency;
-        if choose::is_baseline(policy) {
+        if baseline::is_baseline(policy) {
             return edge(cap, c.joining, |_| true);
         }
-        let now = ask.now;
-        let slo = ask.slo_at(now);
-        let predictor = self.predictor_of(c, ask, policy);
+        let slo = ask.slo_at(ask.now);
+        let predictor = &c.predictor;
         let batch = policy == Policy::Throughput || ask.slo.is_batch();
         edge(cap, c.joining, |m| {
             let at = f64::from(m);
             if batch {
-                return self.leaves_room(&predictor, at + 1.0);
+                return self.leaves_room(predictor, at + 1.0);
             }
             match predictor.at(at) {
                 Some(p) => {
                     (!p.beyond_evidence || backend.ramp.allows(m))
                         && slo.slack(&p) >= 0.0
-                        && self.keeps_others(backend, &p)
+                        && self.classes_keep_speed(backend, &p)
                 }
                 None => m == 1 || backend.ramp.allows(m),
             }
         })
-    }
-
-    /// Whether the requests already on candidate `c` are all within its curve's evidence, so
-    /// that this one would be the only guess there. A curve seen at one or two in flight fits
-    /// no cost per request: its guess is as fast at twelve as at three. On a GPU a line of ten
-    /// requests, each at its turn, took that guess at once, and all ten streamed at 10 tok/s
-    /// against a target of 16; one at a time, each guess is tried before the next is taken.
-    pub(super) fn first_guess(&self, ask: &Ask<'_>, policy: Policy, c: &Candidate<'_>) -> bool {
-        c.joining <= 1
-            || self
-                .predictor_of(c, ask, policy)
-                .at(f64::from(c.joining - 1))
-                .is_some_and(|p| !p.beyond_evidence)
-    }
-
-    /// A request's chance on `c` as a probe of a level whose speed is unproven
-    /// ([`Prediction::unproven`]): the speed the requests there now are predicted held flat
-    /// one request up, its first token as predicted there. `None` where the level is proven,
-    /// where a probe is out there and not read yet ([`LevelProbe`](crate::fleet::ramp::LevelProbe)),
-    /// where the requests there are past the curve's evidence, or for an idle backend (see
-    /// [`choose::idle_unproven`]).
-    ///
-    /// A fit drawn through the levels below errs either way above them, and so do a few
-    /// samples: too hopeful, they are corrected by the requests they let in; too gloomy, by
-    /// none, as they let none in. On a GPU a batching engine's speed fell as a line to 8 in
-    /// flight and held from there to 19, and the line's slope kept it at 8 while round robin
-    /// ran it at 18; in its copy in the simulator, two samples at 9 slowed beside the serial
-    /// engine's pass held it at 8.
-    pub(super) fn probe_chance(
-        &self,
-        ask: &Ask<'_>,
-        policy: Policy,
-        c: &Candidate<'_>,
-    ) -> Option<f64> {
-        let p = c.prediction.filter(|p| p.unproven)?;
-        if c.backend.level_probe.out() {
-            return None;
-        }
-        let now = f64::from(c.joining.checked_sub(1).filter(|&n| n > 0)?);
-        let there = self.predictor_of(c, ask, policy).at(now)?;
-        if there.beyond_evidence {
-            return None;
-        }
-        let slo = ask.slo_at(ask.now);
-        Some(p.with_speed(there.tps).chance(slo.min_tps, slo.max_ttft_s))
-    }
-
-    /// [`Router::predictor`] for an evaluated candidate, at the request's moment.
-    fn predictor_of(&self, c: &Candidate<'_>, ask: &Ask<'_>, policy: Policy) -> Predictor<'_> {
-        self.predictor(
-            c.index,
-            c.backend,
-            ask,
-            policy,
-            ask.now,
-            c.cache.cached_tokens,
-        )
-        .or_prefill_rate(|| c.prefill_rate)
     }
 
     /// The fastest prefill any backend serving the model has shown: no backend clears a queue
@@ -476,48 +510,8 @@ impl Router {
             .all(|c| c.slo.slack(&then) >= 0.0)
     }
 
-    /// What admitting the request to candidate `c` (predicted `p` there) adds to the expected
-    /// good completions: its own chance of meeting its SLO, less what it costs the requests
-    /// already there (per latency class decoding there, its requests times how much less likely
-    /// each is to reach its speed target with one more beside it; their first tokens are behind
-    /// them, or ahead of this one in the queue) and on the backends sharing its device. Where the class would rather wait (`waits` is
-    /// `Some`) and the backend meets its SLO at the class's percentiles alone, the backend is
-    /// full, not short of the target: the request is committed to it only where that adds at
-    /// least what `waits` holds (else `None`), as it takes the slot a waiting request would get
-    /// whichever backend frees first: [`QUEUE_CHANCE`](super::QUEUE_CHANCE) arriving to an
-    /// empty line, [`MIN_CHANCE`](super::MIN_CHANCE) at its turn once waiting could only end
-    /// in a 429, infinity where it waits.
-    pub(super) fn chance_gain(
-        &self,
-        ask: &Ask<'_>,
-        policy: Policy,
-        c: &Candidate<'_>,
-        p: &Prediction,
-        waits: Option<f64>,
-    ) -> Option<f64> {
-        let predictor = self.predictor_of(c, ask, policy);
-        let full = waits.is_some()
-            && predictor
-                .at(1.0)
-                .is_some_and(|alone| ask.slo.slack(&alone) >= 0.0);
-        let loss = match predictor.at(f64::from(c.joining.saturating_sub(1))) {
-            Some(before) if c.joining > 1 => self
-                .classes
-                .iter()
-                .enumerate()
-                .filter_map(|(i, class)| Some((c.backend.class_in_flight(i), class.slo.min_tps?)))
-                .map(|(n, min)| {
-                    f64::from(n) * (before.tps.share_above(min) - p.tps.share_above(min)).max(0.0)
-                })
-                .sum(),
-            _ => 0.0,
-        };
-        let gain = c.chance - loss.max(c.stall_loss) - c.neighbour_loss;
-        (!full || waits.is_some_and(|least| gain >= least)).then_some(gain)
-    }
-
     /// Whether every class with requests decoding on `backend` keeps its speed at `p`.
-    fn keeps_others(&self, backend: &Backend, p: &Prediction) -> bool {
+    fn classes_keep_speed(&self, backend: &Backend, p: &Prediction) -> bool {
         self.classes
             .iter()
             .enumerate()
@@ -545,6 +539,7 @@ fn edge(max_concurrency: Option<u32>, joining: u32, fits: impl Fn(u32) -> bool) 
 const QUEUED_SHARE: f64 = 1.0 / 16.0;
 
 /// A backend's source of predictions for one request.
+#[derive(Debug, Clone)]
 enum Predictor<'r> {
     /// The backend's curve.
     Curve {
@@ -570,6 +565,8 @@ enum Predictor<'r> {
     },
     /// The simulator's truth for backend `usize`.
     Oracle(Option<&'r Oracle>, usize),
+    /// None: a baseline policy decides without predictions.
+    Nothing,
 }
 
 impl Predictor<'_> {
@@ -618,15 +615,7 @@ impl Predictor<'_> {
                 *prefill_waiting,
                 prefill_rate.map(|r| 1.0 / r),
             ),
-            Self::Oracle(..) => 0.0,
-        }
-    }
-
-    /// The rate its first tokens are bounded by, where it has one.
-    fn prefill_rate(&self) -> Option<f64> {
-        match self {
-            Self::Curve { prefill_rate, .. } => *prefill_rate,
-            Self::Oracle(..) => None,
+            Self::Oracle(..) | Self::Nothing => 0.0,
         }
     }
 
@@ -666,6 +655,7 @@ impl Predictor<'_> {
                 Some(p)
             }
             Self::Oracle(oracle, index) => oracle.as_ref()?.predict(*index, concurrency),
+            Self::Nothing => None,
         }
     }
 }

@@ -12,19 +12,22 @@
 //!   Where the curve has no evidence (never observed, or beyond twice what it has seen), the
 //!   backend's [ramp](crate::fleet::ramp) stands in: a lone request first, then more as their
 //!   first tokens and speed keep the SLO (TCP's slow start).
-//! - Choice among the feasible: [`choose`]. No feasible backend: the class's `on_miss`.
-//! - Exploration: a budgeted share of requests goes where the curve knows least, but only where
-//!   no prediction says it would break an SLO (its own or anyone's already there).
+//! - The choice: the decision [`ladder`], an ordered list of [`rungs`], each a rule that picks a
+//!   candidate or passes ([`scene`]: what they read and answer). A request every rung passes
+//!   gets its class's `on_miss`. Baseline policies decide without curves ([`baseline`]).
 //!
 //! A decision is synchronous and reads no clock: [`Ask::now`] is the moment it is taken. Where a
 //! request waits (in its class's line, or on a claim another replica may contest) is [`line`].
 
+pub(crate) mod baseline;
 pub(crate) mod candidates;
 pub(crate) mod caps;
-pub(crate) mod choose;
 pub(crate) mod device;
+pub(crate) mod ladder;
 pub(crate) mod line;
 pub(crate) mod oracle;
+pub(crate) mod rungs;
+pub(crate) mod scene;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -45,6 +48,10 @@ use crate::prefix::RequestPrefix;
 pub(crate) use candidates::Candidate;
 pub(crate) use caps::Best;
 use oracle::Oracle;
+use scene::{Rung, Scene, Turn};
+
+/// Output tokens assumed when the request sets no `max_tokens` (for prices and throughput).
+pub(crate) const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
 
 /// What the router needs to know about a request.
 #[derive(Debug, Clone, Copy)]
@@ -113,22 +120,13 @@ pub(crate) const MIN_CHANCE: f64 = 0.05;
 /// The least a request of a class that queues must add to the expected good completions (its
 /// chance less its cost to the others) to be committed to a backend that is full, meeting the
 /// SLO alone but not with one more: likelier than not, and only by a request that finds its
-/// class's line empty. One whose turn in line has come when no slot is expected to free before
-/// its first-token target (or its queue wait) runs out takes any chance worth [`MIN_CHANCE`]:
-/// waiting could only end in a 429, which serves no one (on two CPU engines, once a serial
-/// engine's request slowed the batch beside it, the line refused 20-43 requests a run that
-/// would each have had a fair chance). Waiting pays where a backend
-/// past its edge would fail the request and slots free often (the default fleet at twice its
-/// capacity: committing every arrival cost 30% of the goodput, and every arrival likelier than
-/// not to be good 11%); where a percentile is missed by a few outliers while most requests meet
-/// the SLO (two `transformers serve` engines on CPU: a p90 TTFT over 1 s at two in flight, most
-/// requests well within it) and a slot frees once a second, waiting for an idle engine refused
-/// most requests.
+/// class's line empty (at its turn in line, once no slot is expected to free in time, any
+/// chance worth [`MIN_CHANCE`]). Waiting pays where a backend past its edge would fail the
+/// request and slots free often; where a percentile is missed by a few outliers and a slot
+/// frees once a second, waiting for an idle engine refuses most requests (BENCHMARKS.md, "The
+/// line at its turn, and the room for the next request").
 pub(crate) const QUEUE_CHANCE: f64 = 0.5;
 
-/// A request whose claims keep being refused is decided again at most this many times: each
-/// refusal brings the fleet's counts fresh, so a second is rare and a fourth means counts that
-/// move faster than a round trip.
 impl Ask<'_> {
     /// The same request, decided again at `now`.
     #[must_use]
@@ -463,12 +461,12 @@ impl Router {
             ));
         }
         let policy = self.policy(ask);
-        if choose::is_baseline(policy) {
+        if baseline::is_baseline(policy) {
             let candidates = self.candidates(ask, policy);
             let pinned = (policy == Policy::PrefixHash)
                 .then(|| self.pinned(ask, served))
                 .flatten();
-            return choose::baseline(policy, &candidates, &self.turn, pinned)
+            return baseline::baseline(policy, &candidates, &self.turn, pinned)
                 .and_then(|c| self.admit(ask, &candidates[c], Reason::Baseline))
                 .or_else(|| self.any_admissible(ask, &candidates))
                 .map(Some)
@@ -490,7 +488,7 @@ impl Router {
         match on_miss {
             OnMiss::BestEffort => {
                 let candidates = missed.unwrap_or_else(|| self.candidates(ask, policy));
-                choose::best_effort(&ask.slo, &candidates)
+                rungs::best_effort::best_effort(&ask.slo, &candidates)
                     .and_then(|c| self.admit(ask, &candidates[c], Reason::BestEffort))
                     .or_else(|| self.any_admissible(ask, &candidates))
                     .map(Some)
@@ -501,18 +499,16 @@ impl Router {
         }
     }
 
-    /// One attempt to place the request on a feasible (or exploring, or cold) backend; on a
-    /// miss, the candidates as evaluated, for `on_miss`. A request waiting in line (`queued`)
-    /// neither explores nor counts again toward the exploration budget.
+    /// One climb of the decision ladder ([`ladder`]); on a miss (every rung passed, or no slot
+    /// left where they picked), the candidates as evaluated, for `on_miss`. A request waiting in
+    /// line (`queued`) neither explores nor counts again toward the exploration budget.
     fn try_decide(
         &self,
         ask: &Ask<'_>,
         policy: Policy,
         queued: bool,
     ) -> Result<Decision, Vec<Candidate<'_>>> {
-        // A request whose first-token target has passed while it waited cannot be helped by
-        // trying an unproven backend: it would only take the slot from the ones behind it.
-        let hopeful = ask.slo.max_ttft_s.is_none_or(|t| {
+        let in_time = ask.slo.max_ttft_s.is_none_or(|t| {
             ask.now
                 .saturating_duration_since(ask.received)
                 .as_secs_f64()
@@ -530,161 +526,55 @@ impl Router {
         if tracing::enabled!(tracing::Level::TRACE) {
             candidates.iter().for_each(trace_candidate);
         }
-        let may_explore = !queued
-            && policy != Policy::Oracle
-            && (self.explored.load(Ordering::Relaxed) as f64)
-                < self.routing.exploration * self.decided.load(Ordering::Relaxed) as f64;
-        if may_explore
-            && let Some(c) = choose::exploration_target(&ask.slo, &candidates)
-            && let Some(decision) = self.admit(ask, &candidates[c], Reason::Explore)
-        {
-            self.explored.fetch_add(1, Ordering::Relaxed);
-            return Ok(decision);
-        }
-        let throughput = policy == Policy::Throughput || ask.slo.is_batch();
-        let pick = if throughput {
-            choose::throughput(&candidates)
-        } else {
-            choose::among_feasible(policy, &candidates, ask)
-        };
-        // A percentile is a target for choosing, not a cliff: with none feasible at it, a
-        // latency request tries an idle backend whose evidence is too thin to condemn it, else
-        // goes where it adds the most good completions.
-        let mut unproven = false;
-        let mut probe = false;
-        let (pick, by_chance) = match pick {
-            None if !throughput => match choose::idle_unproven(&candidates).filter(|_| hopeful) {
-                Some(i) => {
-                    unproven = true;
-                    (Some(i), false)
-                }
-                None => {
-                    let chance = self.best_chance(ask, policy, &candidates, queued);
-                    probe = chance.is_some_and(|(_, p)| p);
-                    (chance.map(|(i, _)| i), true)
-                }
-            },
-            pick => (pick, false),
-        };
-        if tracing::enabled!(tracing::Level::DEBUG)
-            && let Some(i) = pick
-            && !candidates[i].holds_prefix
-            && let Some(holder) = candidates.iter().find(|c| c.holds_prefix)
-        {
-            // A prompt leaving the backend that holds its prefix pays its prefill cold
-            // elsewhere: why the holder was passed over.
-            let (chosen, p) = (&candidates[i], holder.prediction);
-            tracing::debug!(
-                holder = &*holder.backend.config.name,
-                holder_slack = holder.slack,
-                holder_ttft_p90_ms = p.map(|p| p.ttft_p90_s * 1e3),
-                holder_tps_p10 = p.map(|p| p.per_user_tps_p10),
-                holder_beyond_evidence = p.map(|p| p.beyond_evidence),
-                holder_keeps_others = holder.keeps_others,
-                holder_joining = holder.joining,
-                chosen = &*chosen.backend.config.name,
-                chosen_slack = chosen.slack,
-                chosen_ttft_p90_ms = chosen.prediction.map(|p| p.ttft_p90_s * 1e3),
-                "left the prefix's holder"
-            );
-        }
-        let decision = pick.and_then(|i| {
-            let c = &candidates[i];
-            let reason = if by_chance {
-                Reason::BestChance
-            } else if unproven {
-                Reason::Explore
-            } else if queued {
-                Reason::Queued
-            } else if c.prediction.is_none() {
-                Reason::ColdStart
-            } else {
-                Reason::Feasible
+        let decision = {
+            let scene = Scene {
+                ask,
+                policy,
+                classes: &self.classes,
+                candidates: &candidates,
+                on_miss: self.on_miss(ask).0,
+                turn: queued.then(|| Turn {
+                    last_resort: self.no_slot_in_time(ask),
+                }),
+                line_empty: ask.class.is_some_and(|c| self.line.waiting_in(c) == 0),
+                may_explore: !queued
+                    && policy != Policy::Oracle
+                    && (self.explored.load(Ordering::Relaxed) as f64)
+                        < self.routing.exploration * self.decided.load(Ordering::Relaxed) as f64,
+                in_time,
             };
-            let mut decision = self.admit(ask, c, reason)?;
-            if probe {
-                decision.guard.read_early();
-            }
-            Some(decision)
-        });
+            let rungs = if policy == Policy::Throughput || ask.slo.is_batch() {
+                ladder::BATCH
+            } else {
+                ladder::LATENCY
+            };
+            self.climb(&scene, rungs)
+        };
         decision.ok_or(candidates)
     }
 
-    /// With no candidate feasible at the class's percentiles: the one where admitting the
-    /// request adds the most expected good completions, its own chance of meeting both
-    /// targets less what it costs the requests already there ([`Router::chance_gain`]), if
-    /// that is at least [`MIN_CHANCE`]. For a class that queues, a full backend counts only
-    /// as [`QUEUE_CHANCE`] says (`queued`: the request is deciding at its turn in line), or
-    /// at its turn once no slot is expected in time, as [`MIN_CHANCE`] does. A
-    /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
-    /// ramp would admit it anyway, or at that turn, where the other end of waiting is a 429.
-    /// With the candidate, whether it takes the request as a probe of a level its curve has
-    /// not tried ([`Router::probe_chance`]), whose speed the curve then learns a few tokens in:
-    /// for a class that sheds, and for one that queues at a request's turn in line.
-    fn best_chance(
-        &self,
-        ask: &Ask<'_>,
-        policy: Policy,
-        candidates: &[Candidate<'_>],
-        queued: bool,
-    ) -> Option<(usize, bool)> {
-        // Behind others a request waits its turn, as they do; at its turn it waits on while a
-        // slot is expected in time, as the line pools the fleet's slots better than a backend
-        // past its edge serves, and then takes what chance there is. Arriving to an empty
-        // line, it commits to a full backend only where it is likelier than not to be good.
-        let last_resort = queued && self.no_slot_in_time(ask);
-        let waits = (self.on_miss(ask).0 == OnMiss::Queue).then(|| {
-            if last_resort {
-                MIN_CHANCE
-            } else if queued {
-                f64::INFINITY
-            } else if ask
-                .class
-                .is_some_and(|class| self.line.waiting_in(class) == 0)
-            {
-                QUEUE_CHANCE
-            } else {
-                f64::INFINITY
+    /// The first pick down `rungs` whose slot can be taken (a backend may fill between its
+    /// evaluation and its pick: the next rungs are asked then).
+    fn climb(&self, scene: &Scene<'_, '_>, rungs: &[&dyn Rung]) -> Option<Decision> {
+        let mut from = 0;
+        while let Some((at, pick)) = ladder::climb(rungs, scene, from) {
+            let c = &scene.candidates[pick.candidate];
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                left_holder(scene.candidates, c);
             }
-        });
-        // Where the other end is a refusal, or a line: a level nobody has tried is tried, one
-        // request at a time. A line is the proven levels not holding the load; probing only
-        // where waiting had run out climbed one level per last resort (the bend at 4 req/s: 13
-        // to 18 in flight for 10 s where it needed 25, a 429 every second).
-        let refused = queued || waits.is_none();
-        candidates
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let p = c.prediction?;
-                if refused && let Some(chance) = self.probe_chance(ask, policy, c) {
-                    let gain = chance - c.neighbour_loss - c.stall_loss;
-                    return (gain >= MIN_CHANCE).then_some((i, gain, true));
+            if let Some(mut decision) = self.admit(scene.ask, c, pick.reason) {
+                tracing::debug!(rung = rungs[at].name(), "rung");
+                if rungs[at].name() == rungs::explore::Explore.name() {
+                    self.explored.fetch_add(1, Ordering::Relaxed);
                 }
-                // Beyond its evidence a prediction is a guess; it is still better than the sure
-                // miss of a 429 for a request whose wait could end in nothing else, one guess
-                // at a time.
-                if p.beyond_evidence
-                    && !c.ramping
-                    && !(last_resort && self.first_guess(ask, policy, c))
-                {
-                    return None;
+                if pick.read_early {
+                    decision.guard.read_early();
                 }
-                let gain = self.chance_gain(ask, policy, c, &p, waits)?;
-                (gain >= MIN_CHANCE).then_some((i, gain, false))
-            })
-            .max_by(|(_, a, _), (_, b, _)| a.total_cmp(b))
-            .map(|(i, gain, probe)| {
-                tracing::debug!(
-                    backend = &*candidates[i].backend.config.name,
-                    gain,
-                    probe,
-                    queued,
-                    last_resort,
-                    "best chance"
-                );
-                (i, probe)
-            })
+                return Some(decision);
+            }
+            from = at + 1;
+        }
+        None
     }
 
     /// The request goes to `backend`, which should hold `cache` of its prompt: its prefix
@@ -706,8 +596,7 @@ impl Router {
         }
         guard.expect_prefill(ask.prompt_tokens, c.cache);
         guard.pace(
-            ask.max_tokens
-                .unwrap_or(choose::ASSUMED_OUTPUT_TOKENS as u32),
+            ask.max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS as u32),
             ask.slo.min_tps,
         );
         let edge = self.edge_of(ask, c, self.policy(ask));
@@ -728,7 +617,7 @@ impl Router {
             predicted_ttft_ms = c.prediction.map(|p| p.ttft_p50_s * 1e3),
             slack = c.slack,
             beyond_evidence = c.prediction.map(|p| p.beyond_evidence),
-            keeps_others = c.keeps_others,
+            keeps_others = c.keeps_others(),
             cached_tokens = c.cache.cached_tokens,
             edge,
             "routed"
@@ -846,6 +735,31 @@ impl Router {
     }
 }
 
+/// The prompt is leaving the backend that holds its prefix for `chosen`: it pays its prefill
+/// cold there. Why the holder was passed over, at debug level.
+fn left_holder(candidates: &[Candidate<'_>], chosen: &Candidate<'_>) {
+    if chosen.holds_prefix {
+        return;
+    }
+    let Some(holder) = candidates.iter().find(|c| c.holds_prefix) else {
+        return;
+    };
+    let p = holder.prediction;
+    tracing::debug!(
+        holder = &*holder.backend.config.name,
+        holder_slack = holder.slack,
+        holder_ttft_p90_ms = p.map(|p| p.ttft_p90_s * 1e3),
+        holder_tps_p10 = p.map(|p| p.per_user_tps_p10),
+        holder_beyond_evidence = p.map(|p| p.beyond_evidence),
+        holder_keeps_others = holder.keeps_others(),
+        holder_joining = holder.joining,
+        chosen = &*chosen.backend.config.name,
+        chosen_slack = chosen.slack,
+        chosen_ttft_p90_ms = chosen.prediction.map(|p| p.ttft_p90_s * 1e3),
+        "left the prefix's holder"
+    );
+}
+
 /// One evaluated candidate as the router saw it (`RUST_LOG=tpsgate::router=trace`): what a
 /// decision weighed, for the operator asking why a request went where it did.
 fn trace_candidate(c: &Candidate<'_>) {
@@ -860,8 +774,8 @@ fn trace_candidate(c: &Candidate<'_>) {
         slack = c.slack,
         next_slack = c.next_slack,
         chance = c.chance,
-        keeps_others = c.keeps_others,
-        stall_loss = c.stall_loss,
+        keeps_others = c.keeps_others(),
+        stall_loss = c.stall_loss(),
         stall_s_per_token = c.backend.paces.stall_s_per_token(),
         neighbour_loss = c.neighbour_loss,
         "candidate"

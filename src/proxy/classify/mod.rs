@@ -61,9 +61,7 @@ impl Classified {
     pub(crate) fn output_estimate(&self) -> u64 {
         match self.max_tokens {
             Some(n) => u64::from(n),
-            None if self.endpoint.generates() => {
-                crate::router::choose::ASSUMED_OUTPUT_TOKENS as u64
-            }
+            None if self.endpoint.generates() => crate::router::ASSUMED_OUTPUT_TOKENS as u64,
             None => 0,
         }
     }

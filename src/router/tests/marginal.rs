@@ -5,7 +5,7 @@
 use super::*;
 
 /// Teaches backend `i` one request per `(concurrency, ttft_s, tps)`.
-fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
+pub(super) fn teach_each(router: &Router, i: usize, requests: &[(f64, f64, f64)]) {
     let beside: Vec<_> = requests.iter().map(|&(c, t, s)| (c, 0.0, t, s)).collect();
     teach_beside(router, i, &beside);
 }
@@ -44,11 +44,12 @@ fn teach_beside(router: &Router, i: usize, requests: &[(f64, f64, f64, f64)]) {
 
 /// A class that wants 10 tok/s from nine requests in ten and a first token within a second,
 /// shedding what it cannot place.
-const MARGINAL: &str = "- {name: marginal, min_tps: 10, max_ttft_ms: 1000, on_miss: shed}\n";
+pub(super) const MARGINAL: &str =
+    "- {name: marginal, min_tps: 10, max_ttft_ms: 1000, on_miss: shed}\n";
 
 /// A noisy engine's requests at 1 to 8 in flight: 9 to 13 tok/s at every level (a p10 of about
 /// 9.5, a median of 11), first tokens in 150 ms.
-fn short_of_ten() -> Vec<(f64, f64, f64)> {
+pub(super) fn short_of_ten() -> Vec<(f64, f64, f64)> {
     let speeds = [9.0, 9.5, 10.2, 10.6, 11.0, 11.4, 11.8, 12.4, 13.0];
     (1..=8)
         .flat_map(|c| speeds.map(|tps| (f64::from(c), 0.15, tps)))
@@ -363,7 +364,7 @@ fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_be
         serial.slack >= 0.0,
         "it meets its own SLO there: {serial:?}"
     );
-    assert!(!serial.keeps_others, "but not the others'");
+    assert!(!serial.keeps_others(), "but not the others'");
     assert!(serial.neighbour_loss > 1.0, "{}", serial.neighbour_loss);
     assert_eq!(chosen(&router, 0), Ok("batching"));
     // Alone on its device, the serial engine is as good a place as any.
@@ -470,7 +471,7 @@ fn backends_that_share_no_device_are_not_charged_for_each_other() {
     let router = shared_host("");
     let _decoding = occupy(&router, 0, 0, 2);
     let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
-    assert!(candidates[1].keeps_others && candidates[1].neighbour_loss == 0.0);
+    assert!(candidates[1].keeps_others() && candidates[1].neighbour_loss == 0.0);
     assert_eq!(
         chosen(&router, 0),
         Ok("serial"),
@@ -579,7 +580,7 @@ fn a_level_whose_few_samples_read_slow_is_tried_again_not_shut() {
     teach_each(&router, 0, &[(9.0, 0.05, 9.0); 2]);
     let ask = ask(&router, 0);
     let _held = occupy(&router, 0, 0, 8);
-    let ninth = router.candidates(&ask, Policy::Headroom)[0];
+    let ninth = router.candidates(&ask, Policy::Headroom).swap_remove(0);
     assert!(
         !ninth.feasible() && ninth.prediction.is_some_and(|p| p.unproven),
         "{ninth:?}"
@@ -590,7 +591,7 @@ fn a_level_whose_few_samples_read_slow_is_tried_again_not_shut() {
         "tried again"
     );
     teach_each(&router, 0, &[(9.0, 0.05, 9.0); 4]);
-    let ninth = router.candidates(&ask, Policy::Headroom)[0];
+    let ninth = router.candidates(&ask, Policy::Headroom).swap_remove(0);
     assert!(ninth.prediction.is_some_and(|p| !p.unproven), "{ninth:?}");
     assert_eq!(reason_of(&router, &ask), Err(ErrorKind::SloUnmet), "shut");
 }
@@ -603,7 +604,9 @@ fn past_its_trusted_levels_a_curve_believes_a_levels_own_samples_over_its_line()
     teach_each(&router, 0, &a_line_up_to_eight());
     teach_each(&router, 0, &[(9.0, 0.05, 10.4)]);
     let _held = occupy(&router, 0, 0, 8);
-    let ninth = router.candidates(&ask(&router, 0), Policy::Headroom)[0];
+    let ninth = router
+        .candidates(&ask(&router, 0), Policy::Headroom)
+        .swap_remove(0);
     let p = ninth.prediction.unwrap();
     assert!((p.per_user_tps_p50 - 10.4).abs() < 0.1, "{p:?}");
     assert!(ninth.feasible(), "{ninth:?}");
@@ -627,15 +630,19 @@ fn batch_work_queued_on_a_busy_engine_is_charged_the_pass_it_keeps_beside_its_ne
     for request in &mut running {
         request.first_token(Instant::now());
     }
-    let on_serial = router.candidates(&ask(&router, 1), Policy::Headroom)[1];
+    let on_serial = router
+        .candidates(&ask(&router, 1), Policy::Headroom)
+        .swap_remove(1);
     assert!(
-        !on_serial.keeps_others && on_serial.neighbour_loss > 1.0,
+        !on_serial.keeps_others() && on_serial.neighbour_loss > 1.0,
         "{on_serial:?}"
     );
     assert_eq!(chosen(&router, 1), Err(ErrorKind::NoBackendAvailable));
     // Idle, its pass would leave the batching engine no room for a latency request.
     drop(running);
-    let on_serial = router.candidates(&ask(&router, 1), Policy::Headroom)[1];
+    let on_serial = router
+        .candidates(&ask(&router, 1), Policy::Headroom)
+        .swap_remove(1);
     assert!(!on_serial.leaves_room, "{on_serial:?}");
 }
 
@@ -660,10 +667,14 @@ fn until_the_device_tells_what_a_pass_costs_it_is_charged_a_lone_token_of_the_en
     for request in &mut decoding {
         request.first_token(Instant::now());
     }
-    let on_serial = |class: usize| router.candidates(&ask(&router, class), Policy::Headroom)[1];
+    let on_serial = |class: usize| {
+        router
+            .candidates(&ask(&router, class), Policy::Headroom)
+            .swap_remove(1)
+    };
     let latency = on_serial(0);
     assert!(
-        !latency.keeps_others && latency.neighbour_loss > 1.0,
+        !latency.keeps_others() && latency.neighbour_loss > 1.0,
         "{latency:?}"
     );
     assert!(!on_serial(1).leaves_room, "{:?}", on_serial(1));
@@ -674,7 +685,7 @@ fn until_the_device_tells_what_a_pass_costs_it_is_charged_a_lone_token_of_the_en
     teach_beside(&router, 0, &beside);
     let latency = on_serial(0);
     assert!(
-        latency.keeps_others && latency.neighbour_loss < 0.1,
+        latency.keeps_others() && latency.neighbour_loss < 0.1,
         "{latency:?}"
     );
     assert!(on_serial(1).leaves_room, "{:?}", on_serial(1));
@@ -750,9 +761,11 @@ fn assert_half_of_eight_lose_their_target_beside_the_serial_pass(
     for request in &mut decoding {
         request.first_token(Instant::now());
     }
-    let serial = router.candidates(&ask(router, 0), Policy::Headroom)[1];
+    let serial = router
+        .candidates(&ask(router, 0), Policy::Headroom)
+        .swap_remove(1);
     assert!(
-        !serial.keeps_others && serial.neighbour_loss >= 4.0 - 1e-9,
+        !serial.keeps_others() && serial.neighbour_loss >= 4.0 - 1e-9,
         "{serial:?}"
     );
 }
@@ -768,7 +781,9 @@ fn batch_work_waits_at_the_gateway_rather_than_in_a_busy_engines_queue() {
     teach_each(&router, 0, &serial);
     let mut running = occupy(&router, 0, 0, 1);
     running[0].first_token(Instant::now());
-    let waiting = router.candidates(&ask(&router, 0), Policy::Headroom)[0];
+    let waiting = router
+        .candidates(&ask(&router, 0), Policy::Headroom)
+        .swap_remove(0);
     assert!(waiting.queues, "{waiting:?}");
     assert_eq!(chosen(&router, 0), Err(ErrorKind::NoBackendAvailable));
     drop(running);
@@ -805,7 +820,9 @@ fn requests_on_an_engine_short_of_the_target_even_alone_are_charged_a_neighbours
     for request in &mut decoding {
         request.first_token(Instant::now());
     }
-    let serial = router.candidates(&ask(&router, 0), Policy::Headroom)[1];
+    let serial = router
+        .candidates(&ask(&router, 0), Policy::Headroom)
+        .swap_remove(1);
     assert!(serial.chance > 0.9, "{}", serial.chance);
     assert!(serial.neighbour_loss < 0.5, "{}", serial.neighbour_loss);
     assert_eq!(chosen(&router, 0), Ok("serial"));
@@ -842,7 +859,7 @@ fn an_idle_engine_is_not_tried_beside_requests_whose_share_of_the_target_its_pas
             .iter()
             .find(|c| &*c.backend.config.name == "serial")
             .unwrap();
-        assert!(serial.keeps_others, "{extra}: {}", serial.neighbour_loss);
+        assert!(serial.keeps_others(), "{extra}: {}", serial.neighbour_loss);
         assert_eq!(
             serial.neighbour_loss > 0.05,
             !tried,
@@ -923,7 +940,9 @@ fn a_running_engine_takes_a_level_past_its_evidence_before_a_cold_one_is_started
         };
         router.backends[0].ramp.first_token(&missed, 1.0);
         let _running = occupy(&router, 0, 0, 4);
-        let fifth = router.candidates(&ask(&router, 0), Policy::Headroom)[0];
+        let fifth = router
+            .candidates(&ask(&router, 0), Policy::Headroom)
+            .swap_remove(0);
         assert!(!fifth.feasible(), "beyond its evidence: {fifth:?}");
         chosen(&router, 0).map(str::to_owned)
     };
@@ -958,9 +977,11 @@ fn batch_work_never_starts_an_idle_engine_beside_a_running_one() {
     }
     teach_beside(&router, 1, &serial);
     let running = occupy(&router, 0, 0, 1);
-    let on_serial = router.candidates(&ask(&router, 1), Policy::Headroom)[1];
+    let on_serial = router
+        .candidates(&ask(&router, 1), Policy::Headroom)
+        .swap_remove(1);
     assert!(
-        on_serial.starts_beside && on_serial.keeps_others && on_serial.leaves_room,
+        on_serial.starts_beside && on_serial.keeps_others() && on_serial.leaves_room,
         "by its curves the pass would cost nobody: {on_serial:?}"
     );
     assert_eq!(

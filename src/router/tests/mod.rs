@@ -5,6 +5,7 @@ use super::*;
 use crate::curve::{FirstToken, Observation, Outcome};
 use crate::fleet::{Hit, Share};
 
+mod each_rung;
 mod marginal;
 mod stall;
 
@@ -520,13 +521,19 @@ fn with_no_backend_meeting_the_slo_best_effort_sends_the_prompt_where_it_is_cach
     };
     let candidates = router.candidates(&ask, Policy::Headroom);
     assert!(candidates.iter().all(|c| !c.feasible()));
-    assert_eq!(choose::best_effort(&ask.slo, &candidates), Some(0));
+    assert_eq!(
+        rungs::best_effort::best_effort(&ask.slo, &candidates),
+        Some(0)
+    );
     let blind = Ask {
         prefix: None,
         ..ask
     };
     let candidates = router.candidates(&blind, Policy::Headroom);
-    assert_eq!(choose::best_effort(&blind.slo, &candidates), Some(1));
+    assert_eq!(
+        rungs::best_effort::best_effort(&blind.slo, &candidates),
+        Some(1)
+    );
 }
 
 #[test]

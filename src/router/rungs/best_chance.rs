@@ -1,0 +1,80 @@
+//! Rung 8: with no candidate feasible at the class's percentiles, the request still goes where
+//! it is most likely to meet its SLO, unless admitting it is predicted to cost the requests
+//! already there more good completions than it adds. A percentile is a target for choosing,
+//! not a cliff (BENCHMARKS.md, "Noisy engines and marginal SLOs: no regret against the
+//! baselines"; "The line at its turn, and the room for the next request").
+
+use crate::config::OnMiss;
+use crate::router::scene::{Pick, Rung, Scene};
+use crate::router::{Candidate, MIN_CHANCE, QUEUE_CHANCE, Reason};
+
+/// Where the request adds the most expected good completions.
+#[derive(Debug)]
+pub(crate) struct BestChance;
+
+impl Rung for BestChance {
+    fn name(&self) -> &'static str {
+        "best_chance"
+    }
+
+    /// The candidate where the request's chance of meeting both targets, less what it costs
+    /// the requests already there ([`Candidate::chance_gain`]), is largest, if at least
+    /// [`MIN_CHANCE`]. For a class that queues a full backend counts only as [`waits`] says. A
+    /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
+    /// ramp would admit it anyway, or at a last resort, one guess at a time
+    /// ([`Candidate::first_guess`]). Where the other end is a refusal or the line, a level
+    /// whose speed is unproven takes one request as a probe, at the chance the level below's
+    /// speed gives it ([`Candidate::probe_chance`]), read a few tokens in.
+    fn pick(&self, scene: &Scene<'_, '_>) -> Option<Pick> {
+        let ask = scene.ask;
+        let waits = waits(scene);
+        let last_resort = scene.turn.is_some_and(|t| t.last_resort);
+        let refused = scene.turn.is_some() || waits.is_none();
+        let gain_of = |c: &Candidate<'_>| -> Option<(f64, bool)> {
+            let p = c.prediction?;
+            if refused && let Some(chance) = c.probe_chance(ask) {
+                let gain = chance - c.neighbour_loss - c.stall_loss();
+                return (gain >= MIN_CHANCE).then_some((gain, true));
+            }
+            if p.beyond_evidence && !c.ramping && !(last_resort && c.first_guess()) {
+                return None;
+            }
+            let gain = c.chance_gain(ask, scene.classes, &p, waits)?;
+            (gain >= MIN_CHANCE).then_some((gain, false))
+        };
+        let (i, gain, probe) = scene
+            .candidates
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| gain_of(c).map(|(gain, probe)| (i, gain, probe)))
+            .max_by(|(_, a, _), (_, b, _)| a.total_cmp(b))?;
+        tracing::debug!(
+            backend = &*scene.candidates[i].backend.config.name,
+            gain,
+            probe,
+            queued = scene.turn.is_some(),
+            last_resort,
+            "best chance"
+        );
+        Some(Pick {
+            candidate: i,
+            reason: Reason::BestChance,
+            read_early: probe,
+        })
+    }
+}
+
+/// The least a class that queues must gain to commit a request to a full backend, meeting its
+/// SLO alone but not with one more: [`QUEUE_CHANCE`] arriving to an empty line, [`MIN_CHANCE`]
+/// at its turn once no slot is expected in time (waiting could only end in a 429), never
+/// (infinity) behind others or at its turn while a slot is expected, as the line pools the
+/// fleet's slots better than a backend past its edge serves. `None` for a class that does not
+/// queue.
+fn waits(scene: &Scene<'_, '_>) -> Option<f64> {
+    (scene.on_miss == OnMiss::Queue).then(|| match scene.turn {
+        Some(turn) if turn.last_resort => MIN_CHANCE,
+        Some(_) => f64::INFINITY,
+        None if scene.line_empty => QUEUE_CHANCE,
+        None => f64::INFINITY,
+    })
+}

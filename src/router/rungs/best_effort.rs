@@ -1,0 +1,45 @@
+//! `on_miss: best_effort`, after the ladder: where nothing is feasible nor worth a chance, a
+//! class that sends anyway sends where the request costs the fleet least
+//! (BENCHMARKS.md, "A prompt's prefill charged to the streams it stalls").
+
+use std::cmp::Ordering;
+
+use crate::config::Slo;
+use crate::router::Candidate;
+
+/// For a latency request whose prompt some backend holds, that backend (the longest prefix,
+/// then the likeliest to meet the SLO): a request that misses its SLO anyway costs the fleet
+/// least where its prefill is cached, while a cold prefill elsewhere stalls every stream
+/// decoding there and evicts what that backend held. Otherwise where it adds the most good
+/// completions ([`likelier`]). For a batch request, the most added throughput; without any
+/// prediction, the fewest in flight.
+pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
+    let all = || candidates.iter().enumerate();
+    let predicted = || all().filter(|(_, c)| c.prediction.is_some());
+    let pick = if slo.is_batch() {
+        predicted().max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
+    } else {
+        predicted()
+            .filter(|(_, c)| c.holds_prefix)
+            .max_by(|(_, a), (_, b)| {
+                a.cache
+                    .cached_tokens
+                    .cmp(&b.cache.cached_tokens)
+                    .then(likelier(a, b))
+            })
+            .or_else(|| all().max_by(|(_, a), (_, b)| likelier(a, b)))
+    };
+    pick.or_else(|| all().min_by_key(|(_, c)| c.joining))
+        .map(|(i, _)| i)
+}
+
+/// The candidate where the request adds more good completions (`Greater`: `a`): its chance
+/// less what its prefill costs the streams there, then the one predicted to miss by less, then
+/// the one with fewer in flight.
+fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
+    let gain = |c: &Candidate<'_>| c.chance - c.stall_loss();
+    gain(a)
+        .total_cmp(&gain(b))
+        .then(a.slack.total_cmp(&b.slack))
+        .then(b.joining.cmp(&a.joining))
+}

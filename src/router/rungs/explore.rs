@@ -1,0 +1,63 @@
+//! Rung 1: a budgeted share of requests (`routing.exploration`) goes where the curve knows
+//! least, only where no prediction says it would break an SLO, its own or anyone's already
+//! there (BENCHMARKS.md, "Backends that share a device").
+
+use crate::router::Reason;
+use crate::router::scene::{Pick, Rung, Scene, kept_best};
+
+/// Spends the exploration budget.
+#[derive(Debug)]
+pub(crate) struct Explore;
+
+impl Rung for Explore {
+    fn name(&self) -> &'static str {
+        "explore"
+    }
+
+    /// A backend whose curve has no confident answer at this concurrency (never observed,
+    /// beyond twice the concurrency it has seen, or a bucket gone stale), whose prediction,
+    /// where there is one, keeps this request's SLO, the speed of every class already there and
+    /// (for batch work, which holds a slot for long) room for the next latency request. Least
+    /// confidence first. Never one whose idle engine it would start on a device it shares
+    /// ([`Candidate::starts_shared`](crate::router::Candidate)): what its passes cost the
+    /// device's other engines is what exploring does not know. Such an engine is tried as its
+    /// slow start, or as an idle engine on thin evidence, where nothing is feasible.
+    fn pick(&self, scene: &Scene<'_, '_>) -> Option<Pick> {
+        if !scene.may_explore {
+            return None;
+        }
+        let batch = scene.ask.slo.is_batch();
+        let confidence =
+            |c: &crate::router::Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
+        let i = kept_best(
+            scene.candidates,
+            |c| {
+                !c.starts_shared
+                    && match c.prediction {
+                        None => true,
+                        Some(p) if c.joining == 1 && p.confidence < 0.5 => {
+                            c.keeps_classes
+                                && c.leaves_room
+                                && c.neighbour_loss < crate::router::MIN_CHANCE
+                        }
+                        Some(p) => {
+                            (p.beyond_evidence || p.confidence < 0.5)
+                                && c.keeps_classes
+                                && c.leaves_room
+                                && if batch { !c.queues } else { c.slack >= 0.0 }
+                        }
+                    }
+            },
+            |c| c.prediction.is_none() || c.keeps_others(),
+            |open| {
+                open.min_by(|(_, a), (_, b)| confidence(a).total_cmp(&confidence(b)))
+                    .map(|(i, _)| i)
+            },
+        )?;
+        Some(Pick {
+            candidate: i,
+            reason: Reason::Explore,
+            read_early: false,
+        })
+    }
+}

@@ -1,0 +1,51 @@
+//! Rung 7: where nothing is feasible, an idle backend whose thin evidence predicts a miss is
+//! tried again, as a never-observed one is, outside the exploration budget and from the line
+//! too: a first answer slowed by the engine's own cold start, or a fit through two samples,
+//! must not lock a backend out while requests wait or fail elsewhere (BENCHMARKS.md,
+//! "Collapses on the CPU engines").
+
+use crate::router::Reason;
+use crate::router::scene::{Pick, Rung, Scene, kept_best};
+
+/// An idle backend on thin evidence, tried again.
+#[derive(Debug)]
+pub(crate) struct RetryIdle;
+
+impl Rung for RetryIdle {
+    fn name(&self) -> &'static str {
+        "retry_idle"
+    }
+
+    /// An idle backend with a prediction of confidence under one half, where trying it costs
+    /// nobody else anything: it leaves room, keeps the others there and costs the requests
+    /// beside it on its device less than [`MIN_CHANCE`](crate::router::MIN_CHANCE) of a good
+    /// completion. Least confidence first. Not for a request whose first-token target has passed
+    /// while it waited: it would only take the slot from the ones behind it.
+    fn pick(&self, scene: &Scene<'_, '_>) -> Option<Pick> {
+        if !scene.in_time {
+            return None;
+        }
+        let confidence =
+            |c: &crate::router::Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
+        let i = kept_best(
+            scene.candidates,
+            |c| {
+                c.joining == 1
+                    && c.leaves_room
+                    && c.keeps_classes
+                    && c.neighbour_loss < crate::router::MIN_CHANCE
+                    && c.prediction.is_some_and(|p| p.confidence < 0.5)
+            },
+            |c| c.keeps_others(),
+            |open| {
+                open.min_by(|(_, a), (_, b)| confidence(a).total_cmp(&confidence(b)))
+                    .map(|(i, _)| i)
+            },
+        )?;
+        Some(Pick {
+            candidate: i,
+            reason: Reason::Explore,
+            read_early: false,
+        })
+    }
+}
