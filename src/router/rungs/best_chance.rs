@@ -71,10 +71,11 @@ impl Rung for BestChance {
 /// fleet's slots better than a backend past its edge serves. `None` for a class that does not
 /// queue.
 fn waits(scene: &Scene<'_, '_>) -> Option<f64> {
-    (scene.on_miss == OnMiss::Queue).then(|| match scene.turn {
+    let least = match scene.turn {
         Some(turn) if turn.last_resort => MIN_CHANCE,
         Some(_) => f64::INFINITY,
         None if scene.line_empty => QUEUE_CHANCE,
         None => f64::INFINITY,
-    })
+    };
+    (scene.on_miss == OnMiss::Queue).then_some(least)
 }
