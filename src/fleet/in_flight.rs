@@ -9,28 +9,8 @@ use tokio::time::Instant;
 use super::backend::Backend;
 use super::paces::Pace;
 use super::prefix::Hit;
-use super::ramp::{PROBE_EVENTS, Probe};
+use super::trial::Trial;
 use crate::curve::{Admitted, Reading};
-
-/// Content events a level probe streams before the curve learns its speed from them: twice
-/// what the ramp judges a probe by, a rate over a few hundred milliseconds at tens of tokens a
-/// second.
-pub(crate) const EARLY_EVENTS: u32 = 2 * PROBE_EVENTS;
-
-/// Whether a request's speed is taught to its curve early, from its first content events.
-/// A level past a curve's evidence is tried one request at a time, and a whole request takes
-/// seconds: read at its end, a probe climbed one level per completed request, and an engine
-/// flat from 8 in flight to 37 was still held at 11 after a minute. Read a few hundred
-/// milliseconds in, the next level is tried as soon as this one is known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EarlyRead {
-    /// At its end, as every request.
-    No,
-    /// Once it has streamed [`EARLY_EVENTS`] content events.
-    Due,
-    /// Done: its end teaches the curve nothing more.
-    Done,
-}
 
 /// One admitted request; releases its slot on drop.
 #[derive(Debug)]
@@ -51,13 +31,8 @@ pub struct InFlightGuard {
     prefill_ahead: u64,
     /// What the backend's prefix index expected it to hold of this request.
     expected: Hit,
-    /// Admitted on the backend's ramp alone: what it tells the ramp, until its speed is told.
-    probe: Option<Probe>,
-    /// Its speed looked short a few events in: judged at its end, not per chunk.
-    probe_at_end: bool,
-    /// A probe of a level of its backend's curve that no request has tried: its speed is
-    /// taught early ([`EarlyRead`]).
-    early: EarlyRead,
+    /// What it probes of its backend's slow start or curve, if anything.
+    trial: Option<Trial>,
     /// The backends sharing its backend's device (`device:`), whose load its speed is learned
     /// against; `None` for a backend that shares none.
     neighbours: Option<Arc<[Arc<Backend>]>>,
@@ -86,9 +61,7 @@ impl InFlightGuard {
             prefill: 0,
             prefill_ahead: 0,
             expected: Hit::default(),
-            probe: None,
-            probe_at_end: false,
-            early: EarlyRead::No,
+            trial: None,
             neighbours: None,
             uncached: 0,
             pace: None,
@@ -128,99 +101,20 @@ impl InFlightGuard {
         }
     }
 
-    /// It was admitted on the backend's ramp alone ([`super::ramp`]): its first token and its
-    /// speed tell the ramp whether to go on.
-    pub(crate) fn probe(&mut self, max_ttft_s: Option<f64>, min_tps: Option<f64>) {
-        self.probe = Some(Probe {
-            admitted_with: self.admitted_with.in_flight,
-            max_ttft_s,
-            min_tps,
-        });
+    /// What it probes of its backend ([`Trial`]), begun on first asking.
+    pub(crate) fn trial(&mut self) -> &mut Trial {
+        self.trial
+            .get_or_insert_with(|| Trial::new(Arc::clone(&self.backend)))
     }
 
-    /// A probe whose speed the ramp has not been told yet, and may be told by its next chunk.
-    pub(crate) fn probing(&self) -> bool {
-        self.probe.is_some() && !self.probe_at_end
+    /// What it probes of its backend, if anything.
+    pub(crate) fn trial_ref(&self) -> Option<&Trial> {
+        self.trial.as_ref()
     }
 
-    /// It probes a level of its backend's curve that no request has tried: the curve learns
-    /// its speed from its first [`EARLY_EVENTS`] content events ([`InFlightGuard::early_due`]),
-    /// not from its whole stream at its end.
-    pub(crate) fn read_early(&mut self) {
-        self.early = EarlyRead::Due;
-        self.backend.level_probe.set(true);
-    }
-
-    /// A level probe whose speed the curve has not learned yet: `events` content events so far
-    /// are enough to tell it.
-    pub(crate) fn early_due(&self, events: u32) -> bool {
-        self.early == EarlyRead::Due && events >= EARLY_EVENTS
-    }
-
-    /// Whether its speed is to be read early and has not been yet (checked per chunk).
-    pub(crate) fn early_pending(&self) -> bool {
-        self.early == EarlyRead::Due
-    }
-
-    /// The curve learned its speed early; its end teaches it nothing more.
-    pub(crate) fn read_early_done(&mut self) {
-        self.early = EarlyRead::Done;
-        self.backend.level_probe.set(false);
-    }
-
-    /// Whether the curve learned its speed early ([`InFlightGuard::read_early`]).
-    pub(crate) fn was_read_early(&self) -> bool {
-        self.early == EarlyRead::Done
-    }
-
-    /// A probe whose speed the ramp has not been told yet (at its end, this is the last word).
-    pub(crate) fn probe_unjudged(&self) -> bool {
-        self.probe.is_some()
-    }
-
-    /// Its first token came `ttft_s` after it was sent: the ramp learns it if it is a probe.
-    pub(crate) fn probe_first_token(&self, ttft_s: f64) {
-        if let Some(probe) = &self.probe
-            && self.backend.ramp.first_token(probe, ttft_s)
-        {
-            self.backend.room_grew();
-        }
-    }
-
-    /// A probe's speed, once. A few content events in ([`PROBE_EVENTS`], `events` so far, the
-    /// first and the latest `visible_s` apart) each event taken as one token: at the target,
-    /// the ramp grows at once. Below it, the judgment waits for the end (`ended`), where the
-    /// stream's reported `tokens` say how many tokens its events carried: a hosted API that
-    /// streams several tokens an event is not mistaken for a slow one.
-    pub(crate) fn probe_speed(
-        &mut self,
-        events: u32,
-        visible_s: f64,
-        ended: bool,
-        tokens: Option<u64>,
-    ) {
-        if !(ended || events >= PROBE_EVENTS) || events < 2 || visible_s <= 0.0 {
-            if ended {
-                self.probe = None;
-            }
-            return;
-        }
-        let Some(probe) = self.probe else {
-            return;
-        };
-        let per_event = match tokens {
-            Some(t) if ended && t > u64::from(events) => t as f64 / f64::from(events),
-            _ => 1.0,
-        };
-        let tps = f64::from(events - 1) * per_event / visible_s;
-        if !ended && probe.min_tps.is_some_and(|min| tps < min) {
-            self.probe_at_end = true;
-            return;
-        }
-        self.probe = None;
-        if self.backend.ramp.speed(&probe, tps) {
-            self.backend.room_grew();
-        }
+    /// [`InFlightGuard::trial_ref`], to tell it what the stream showed.
+    pub(crate) fn trial_mut(&mut self) -> Option<&mut Trial> {
+        self.trial.as_mut()
     }
 
     /// The request is expected to find `hit` of its `prompt_tokens` in the backend's prefix
@@ -314,10 +208,8 @@ impl InFlightGuard {
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        if self.early == EarlyRead::Due {
-            // Ended or failed before its speed could be read: the next probe may go.
-            self.backend.level_probe.set(false);
-        }
+        // A level probe's end lets the next go before the slot wakes the line.
+        drop(self.trial.take());
         self.prefill_done();
         if let Some(pace) = self.pace.take() {
             let in_flight = self
@@ -335,6 +227,7 @@ impl Drop for InFlightGuard {
 mod tests {
     use super::*;
     use crate::fleet::Line;
+    use crate::fleet::trial::EARLY_EVENTS;
 
     /// A backend with `max_concurrency: 2`, two classes, and the wait line it wakes.
     fn backend() -> (Arc<Backend>, Arc<Line>) {
@@ -376,19 +269,20 @@ mod tests {
     fn a_level_probe_is_read_after_a_few_events_and_holds_the_next_until_then() {
         let (backend, _) = backend();
         let mut probe = InFlightGuard::try_admit(&backend, None).unwrap();
-        probe.read_early();
+        let trial = probe.trial();
+        trial.read_early();
         assert!(backend.level_probe.out(), "the next probe waits");
-        assert!(probe.early_pending() && !probe.early_due(EARLY_EVENTS - 1));
-        assert!(probe.early_due(EARLY_EVENTS));
-        probe.read_early_done();
-        assert!(!backend.level_probe.out() && !probe.early_pending());
+        assert!(trial.early_pending() && !trial.early_due(EARLY_EVENTS - 1));
+        assert!(trial.early_due(EARLY_EVENTS));
+        trial.read_early_done();
+        assert!(!backend.level_probe.out() && !trial.early_pending());
         assert!(
-            probe.was_read_early(),
+            trial.was_read_early(),
             "its end teaches the curve nothing more"
         );
         // One that ends before it is read lets the next go all the same.
         let mut short = InFlightGuard::try_admit(&backend, None).unwrap();
-        short.read_early();
+        short.trial().read_early();
         drop(short);
         assert!(!backend.level_probe.out());
     }

@@ -116,7 +116,7 @@ impl Ramp {
 
 /// Whether a probe of a level its curve has not proven is out on a backend and its speed not
 /// read yet: such levels are tried one request at a time, each read a few tokens in
-/// ([`super::in_flight::EARLY_EVENTS`]) before the next is sent.
+/// ([`super::trial::EARLY_EVENTS`]) before the next is sent.
 #[derive(Debug, Default)]
 pub struct LevelProbe(AtomicBool);
 

@@ -144,7 +144,9 @@ impl RequestEnd {
             return;
         };
         self.first_reading = Some(slot.first_token(now));
-        slot.probe_first_token((now - self.sent).as_secs_f64());
+        if let Some(trial) = slot.trial_ref() {
+            trial.first_token((now - self.sent).as_secs_f64());
+        }
         let prompt = prompt_tokens.unwrap_or(self.prompt_estimate);
         let expected = slot.expected().cached_tokens;
         // What the backend prefilled before this first token: this prompt's uncached tokens
@@ -187,22 +189,27 @@ impl RequestEnd {
     pub(crate) fn probing(&self) -> bool {
         self.slot
             .as_ref()
-            .is_some_and(|s| s.probing() || s.early_pending())
+            .and_then(InFlightGuard::trial_ref)
+            .is_some_and(|t| t.probing() || t.early_pending())
     }
 
     /// Tells the backend's ramp a probe's speed once `timing` has enough content events (or
     /// the stream `ended` with fewer); and its curve, as of `now`, a level probe's speed once
-    /// it has [`EARLY_EVENTS`](crate::fleet::in_flight::EARLY_EVENTS) of them.
+    /// it has [`EARLY_EVENTS`](crate::fleet::trial::EARLY_EVENTS) of them.
     pub(crate) fn probe_speed(&mut self, timing: &StreamTiming, ended: bool, now: Instant) {
         let Some(slot) = &mut self.slot else {
             return;
         };
         if let (Some(first), Some(last)) = (timing.first_content, timing.last_content) {
             let visible = last.saturating_duration_since(first).as_secs_f64();
-            slot.probe_speed(timing.content_events, visible, ended, timing.output_tokens);
+            if let Some(trial) = slot.trial_mut() {
+                trial.probe_speed(timing.content_events, visible, ended, timing.output_tokens);
+            }
         }
         if !ended
-            && slot.early_due(timing.content_events)
+            && slot
+                .trial_ref()
+                .is_some_and(|t| t.early_due(timing.content_events))
             && let Some(model) = &self.model
             && (200..300).contains(&self.status)
         {
@@ -217,7 +224,9 @@ impl RequestEnd {
                 now,
             );
             slot.backend().record(model, &obs);
-            slot.read_early_done();
+            if let Some(trial) = slot.trial_mut() {
+                trial.read_early_done();
+            }
             slot.backend().room_grew();
         }
     }
@@ -233,7 +242,8 @@ impl RequestEnd {
         let unjudged = self
             .slot
             .as_ref()
-            .is_some_and(InFlightGuard::probe_unjudged);
+            .and_then(InFlightGuard::trial_ref)
+            .is_some_and(|t| t.probe_unjudged());
         if let Some(meter) = meter.filter(|_| success && unjudged) {
             self.probe_speed(&meter.timing, true, now);
         }
@@ -270,7 +280,7 @@ impl RequestEnd {
                             &end,
                             now,
                         );
-                        if !slot.was_read_early() {
+                        if !slot.trial_ref().is_some_and(|t| t.was_read_early()) {
                             backend.record(model, &obs);
                         }
                         if self.outcome == Outcome::Completed {

@@ -568,7 +568,7 @@ impl Router {
                     self.explored.fetch_add(1, Ordering::Relaxed);
                 }
                 if pick.read_early {
-                    decision.guard.read_early();
+                    decision.guard.trial().read_early();
                 }
                 return Some(decision);
             }
@@ -592,7 +592,8 @@ impl Router {
         guard.beside(self.devices.of(c.index));
         if c.on_ramp() {
             let slo = ask.slo_at(ask.now);
-            guard.probe(slo.max_ttft_s, slo.min_tps);
+            let admitted_with = guard.admitted_with();
+            guard.trial().probe(admitted_with, slo.max_ttft_s, slo.min_tps);
         }
         guard.expect_prefill(ask.prompt_tokens, c.cache);
         guard.pace(

@@ -205,7 +205,7 @@ async fn a_level_probe_teaches_its_curve_its_speed_a_few_tokens_in_and_not_again
     let backend = backend();
     let (feed, mut body) = metered(Some(false));
     let mut slot = InFlightGuard::try_admit(&backend, Some(0)).unwrap();
-    slot.read_early();
+    slot.trial().read_early();
     body.keep_slot(slot);
     let observed = || {
         backend
@@ -213,11 +213,11 @@ async fn a_level_probe_teaches_its_curve_its_speed_a_few_tokens_in_and_not_again
             .get("m")
             .map_or(0, |c| c.counts().observations)
     };
-    for i in 0..crate::fleet::in_flight::EARLY_EVENTS {
+    for i in 0..crate::fleet::trial::EARLY_EVENTS {
         tokio::time::sleep(Duration::from_millis(if i == 0 { 100 } else { 25 })).await;
         feed.send(Ok(content("a"))).unwrap();
         body.frame().await.unwrap().unwrap();
-        let early = i + 1 == crate::fleet::in_flight::EARLY_EVENTS;
+        let early = i + 1 == crate::fleet::trial::EARLY_EVENTS;
         assert_eq!(observed(), u64::from(early), "after {} events", i + 1);
     }
     assert!(!backend.level_probe.out(), "the next level may be tried");

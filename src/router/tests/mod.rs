@@ -6,6 +6,7 @@ use crate::curve::{FirstToken, Observation, Outcome};
 use crate::fleet::{Hit, Share};
 
 mod each_rung;
+mod device;
 mod marginal;
 mod stall;
 
