@@ -593,7 +593,9 @@ impl Router {
         if c.on_ramp() {
             let slo = ask.slo_at(ask.now);
             let admitted_with = guard.admitted_with();
-            guard.trial().probe(admitted_with, slo.max_ttft_s, slo.min_tps);
+            guard
+                .trial()
+                .probe(admitted_with, slo.max_ttft_s, slo.min_tps);
         }
         guard.expect_prefill(ask.prompt_tokens, c.cache);
         guard.pace(

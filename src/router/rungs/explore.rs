@@ -2,8 +2,8 @@
 //! least, only where no prediction says it would break an SLO, its own or anyone's already
 //! there (BENCHMARKS.md, "Backends that share a device").
 
-use crate::router::Reason;
 use crate::router::scene::{Pick, Rung, Scene, kept_best};
+use crate::router::{Candidate, Reason};
 
 /// Spends the exploration budget.
 #[derive(Debug)]
@@ -27,9 +27,7 @@ impl Rung for Explore {
             return None;
         }
         let batch = scene.ask.slo.is_batch();
-        let confidence =
-            |c: &crate::router::Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
-        let i = kept_best(
+        let i = least_confident(
             scene.candidates,
             |c| {
                 !c.starts_shared
@@ -49,10 +47,6 @@ impl Rung for Explore {
                     }
             },
             |c| c.prediction.is_none() || c.keeps_others(),
-            |open| {
-                open.min_by(|(_, a), (_, b)| confidence(a).total_cmp(&confidence(b)))
-                    .map(|(i, _)| i)
-            },
         )?;
         Some(Pick {
             candidate: i,
@@ -60,4 +54,19 @@ impl Rung for Explore {
             read_early: false,
         })
     }
+}
+
+/// Of the candidates passing `cheap` and then `costly` (as in [`kept_best`]), the one whose
+/// prediction has the least confidence (none counts as 0): where trying it teaches the curve
+/// the most.
+pub(super) fn least_confident<'r>(
+    candidates: &[Candidate<'r>],
+    cheap: impl Fn(&Candidate<'r>) -> bool,
+    costly: impl Fn(&Candidate<'r>) -> bool,
+) -> Option<usize> {
+    let confidence = |c: &Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
+    kept_best(candidates, cheap, costly, |open| {
+        open.min_by(|(_, a), (_, b)| confidence(a).total_cmp(&confidence(b)))
+            .map(|(i, _)| i)
+    })
 }

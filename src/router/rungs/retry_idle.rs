@@ -4,8 +4,9 @@
 //! must not lock a backend out while requests wait or fail elsewhere (BENCHMARKS.md,
 //! "Collapses on the CPU engines").
 
+use super::explore::least_confident;
 use crate::router::Reason;
-use crate::router::scene::{Pick, Rung, Scene, kept_best};
+use crate::router::scene::{Pick, Rung, Scene};
 
 /// An idle backend on thin evidence, tried again.
 #[derive(Debug)]
@@ -25,9 +26,7 @@ impl Rung for RetryIdle {
         if !scene.in_time {
             return None;
         }
-        let confidence =
-            |c: &crate::router::Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
-        let i = kept_best(
+        let i = least_confident(
             scene.candidates,
             |c| {
                 c.joining == 1
@@ -37,10 +36,6 @@ impl Rung for RetryIdle {
                     && c.prediction.is_some_and(|p| p.confidence < 0.5)
             },
             |c| c.keeps_others(),
-            |open| {
-                open.min_by(|(_, a), (_, b)| confidence(a).total_cmp(&confidence(b)))
-                    .map(|(i, _)| i)
-            },
         )?;
         Some(Pick {
             candidate: i,

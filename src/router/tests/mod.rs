@@ -5,8 +5,8 @@ use super::*;
 use crate::curve::{FirstToken, Observation, Outcome};
 use crate::fleet::{Hit, Share};
 
-mod each_rung;
 mod device;
+mod each_rung;
 mod marginal;
 mod stall;
 

@@ -9,8 +9,7 @@ fn fleet(text: &str) -> Result<Vec<BackendSpec>, ConfigError> {
 
 #[test]
 fn defaults_describe_a_large_batching_server() {
-    let specs =
-        fleet("backends:\n  - {name: a, listen: '127.0.0.1:0', models: [m]}\n").unwrap();
+    let specs = fleet("backends:\n  - {name: a, listen: '127.0.0.1:0', models: [m]}\n").unwrap();
     let t = &specs[0].params.timing;
     assert_eq!(t.max_batch, 64);
     assert!((1.0 / t.step(1) - 70.0).abs() < 1.0, "{}", 1.0 / t.step(1));
