@@ -144,7 +144,8 @@ impl Candidate<'_> {
     /// Whether the requests already here are all within its curve's evidence, so that this
     /// one would be the only guess there. A curve seen at one or two in flight fits no cost per
     /// request: its guess is as fast at twelve as at three, and a line of requests each taking
-    /// that guess at its turn would all stream under the target (docs/benchmarks, "On a GPU").
+    /// that guess at its turn would all stream under the target (BENCHMARKS.md, "On a GPU: two
+    /// `transformers serve` sharing one H200").
     pub(crate) fn first_guess(&self) -> bool {
         self.joining <= 1
             || self
