@@ -29,6 +29,7 @@ pub(crate) mod oracle;
 pub(crate) mod rungs;
 pub(crate) mod scene;
 
+use std::cell::LazyCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -526,6 +527,7 @@ impl Router {
         if tracing::enabled!(tracing::Level::TRACE) {
             candidates.iter().for_each(trace_candidate);
         }
+        let no_slot_in_time = || self.no_slot_in_time(ask);
         let decision = {
             let scene = Scene {
                 ask,
@@ -534,7 +536,7 @@ impl Router {
                 candidates: &candidates,
                 on_miss: self.on_miss(ask).0,
                 turn: queued.then(|| Turn {
-                    last_resort: self.no_slot_in_time(ask),
+                    last_resort: LazyCell::new(&no_slot_in_time as &dyn Fn() -> bool),
                 }),
                 line_empty: ask.class.is_some_and(|c| self.line.waiting_in(c) == 0),
                 may_explore: !queued

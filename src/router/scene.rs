@@ -2,6 +2,7 @@
 //! candidates) and what it answers ([`Pick`]), and the [`Rung`] it implements. Rungs import
 //! this and [`super::candidates`], never the ladder that runs them (`ladder.rs`).
 
+use std::cell::LazyCell;
 use std::fmt::Debug;
 
 use super::{Ask, Candidate, Reason};
@@ -23,7 +24,7 @@ pub(crate) struct Scene<'s, 'r> {
     /// What its class does when nothing is feasible.
     pub on_miss: OnMiss,
     /// It decides at its turn in its class's line (`None`: on arrival).
-    pub turn: Option<Turn>,
+    pub turn: Option<Turn<'s>>,
     /// No request of its class waits in line.
     pub line_empty: bool,
     /// The exploration budget has room for it (never from the line, nor with the oracle).
@@ -34,11 +35,12 @@ pub(crate) struct Scene<'s, 'r> {
 }
 
 /// A request deciding at its turn in its class's line.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Turn {
+#[derive(Debug)]
+pub(crate) struct Turn<'s> {
     /// No slot is expected to free before its first-token target (or its class's queue wait)
-    /// runs out: waiting longer could only end in a 429.
-    pub last_resort: bool,
+    /// runs out: waiting longer could only end in a 429. Read over the backends serving the
+    /// model only when a rung asks (only where nothing is feasible).
+    pub last_resort: LazyCell<bool, &'s dyn Fn() -> bool>,
 }
 
 /// A rung's answer: the candidate to take, and why.

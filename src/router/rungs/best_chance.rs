@@ -28,7 +28,7 @@ impl Rung for BestChance {
     fn pick(&self, scene: &Scene<'_, '_>) -> Option<Pick> {
         let ask = scene.ask;
         let waits = waits(scene);
-        let last_resort = scene.turn.is_some_and(|t| t.last_resort);
+        let last_resort = scene.turn.as_ref().is_some_and(|t| *t.last_resort);
         let refused = scene.turn.is_some() || waits.is_none();
         let gain_of = |c: &Candidate<'_>| -> Option<(f64, bool)> {
             let p = c.prediction?;
@@ -71,8 +71,8 @@ impl Rung for BestChance {
 /// fleet's slots better than a backend past its edge serves. `None` for a class that does not
 /// queue.
 fn waits(scene: &Scene<'_, '_>) -> Option<f64> {
-    let least = match scene.turn {
-        Some(turn) if turn.last_resort => MIN_CHANCE,
+    let least = match &scene.turn {
+        Some(turn) if *turn.last_resort => MIN_CHANCE,
         Some(_) => f64::INFINITY,
         None if scene.line_empty => QUEUE_CHANCE,
         None => f64::INFINITY,
