@@ -505,7 +505,7 @@ const CLOCK_OR_WAIT: &[&str] = &[
 #[test]
 fn routing_decisions_and_curves_read_no_clock_and_wait_on_nothing() {
     // The router's benchmark-only oracle asks the simulator; its line is where a request waits.
-    let apart = [["router", "line"], ["router", "oracle"]];
+    let apart = [["router", "wait"], ["router", "oracle"]];
     let mut broken = Vec::new();
     let mut read = 0;
     for (module, file) in modules() {
@@ -527,9 +527,126 @@ fn routing_decisions_and_curves_read_no_clock_and_wait_on_nothing() {
     );
     assert!(
         broken.is_empty(),
-        "a decision takes `Ask::now`, a curve its `now` argument; waiting belongs in router/line.rs:\n{}",
+        "a decision takes `Ask::now`, a curve its `now` argument; waiting belongs in router/wait.rs:\n{}",
         broken.join("\n")
     );
+}
+
+/// One decision is read one rule at a time: each rung imports what it reads (the scene, the
+/// candidates, the words of `ask` and `decision`), never the ladder that climbs it nor the
+/// router (`router/mod.rs`) that runs the ladder.
+#[test]
+fn no_rung_imports_the_ladder_or_the_router_that_climbs_it() {
+    let graph = graph();
+    let rungs: Vec<&Vec<String>> = graph
+        .keys()
+        .filter(|m| m.len() == 3 && m[0] == "router" && m[1] == "rungs")
+        .collect();
+    assert!(rungs.len() >= 8, "the rungs were read: {rungs:?}");
+    let above = [
+        vec!["router".to_owned()],
+        vec!["router".to_owned(), "ladder".to_owned()],
+    ];
+    let broken: Vec<String> = rungs
+        .iter()
+        .flat_map(|rung| {
+            graph[*rung]
+                .iter()
+                .filter(|t| above.contains(t))
+                .map(move |t| format!("{} imports {}", name(rung), name(t)))
+        })
+        .collect();
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+}
+
+/// Every Rust file under `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// A file a reader can hold in mind: none over 800 lines, tests and benches included.
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut long = Vec::new();
+    for dir in ["src", "tests", "benches"] {
+        for file in rust_files(&root.join(dir)) {
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            if lines > 800 {
+                long.push(format!("{} has {lines} lines", file.display()));
+            }
+        }
+    }
+    assert!(long.is_empty(), "split by topic:\n{}", long.join("\n"));
+}
+
+/// The functions of a file, by name, with their length in lines (signature to closing brace,
+/// found by the brace at the signature's indentation, as rustfmt writes them).
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        let signature = ["pub(crate) ", "pub(super) ", "pub ", "const ", "async ", ""]
+            .iter()
+            .filter_map(|p| trimmed.strip_prefix(p))
+            .find_map(|rest| {
+                rest.strip_prefix("async ")
+                    .unwrap_or(rest)
+                    .strip_prefix("fn ")
+            });
+        let Some(rest) = signature else { continue };
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // A body opens before a `;` ends the signature (a trait's method without one).
+        let Some(open) = lines[i..]
+            .iter()
+            .position(|l| l.contains('{') || l.trim_end().ends_with(';'))
+        else {
+            continue;
+        };
+        if !lines[i + open].contains('{') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        if lines[i + open].trim_end().ends_with('}') {
+            out.push((name, open + 1));
+            continue;
+        }
+        if let Some(end) = lines[i + open..].iter().position(|l| *l == close) {
+            out.push((name, open + end + 1));
+        }
+    }
+    out
+}
+
+/// The router is read one rule at a time: no function in it over 80 lines.
+#[test]
+fn no_function_in_the_router_is_over_80_lines() {
+    let mut long = Vec::new();
+    let mut read = 0;
+    for file in rust_files(&src().join("router")) {
+        for (name, lines) in function_lengths(&std::fs::read_to_string(&file).unwrap()) {
+            read += 1;
+            if lines > 80 {
+                long.push(format!("{}: {name} has {lines} lines", file.display()));
+            }
+        }
+    }
+    assert!(read > 100, "the router's functions were read: {read}");
+    assert!(long.is_empty(), "{}", long.join("\n"));
 }
 
 #[test]
@@ -562,5 +679,16 @@ fn the_check_sees_a_circle_and_a_forbidden_import_when_there_is_one() {
     assert_eq!(
         resolve(&m("proxy::retry"), "crate::fleet::Backend", &known),
         Some(m("fleet"))
+    );
+    let lengths = function_lengths(
+        "fn short() {\n    1\n}\n\n    pub(crate) fn long(\n        a: u32,\n    ) -> u32 {\n        a\n    }\nfn tiny() {}\n",
+    );
+    assert_eq!(
+        lengths,
+        [
+            ("short".to_owned(), 3),
+            ("long".to_owned(), 5),
+            ("tiny".to_owned(), 1)
+        ]
     );
 }

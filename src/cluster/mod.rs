@@ -24,7 +24,7 @@
 //!
 //! The request path hands samples to a bounded queue ([`crate::fleet::Outbox`]) and reads only
 //! what the last round left in memory; it waits on Redis in one place, a decision near its
-//! backend's edge claiming its slot (`crate::router::line`, answered by `claims.rs` between
+//! backend's edge claiming its slot (`router::wait::settle`, answered by `claims.rs` between
 //! rounds). With Redis
 //! away, slow or partitioned, each replica serves on its own view: the round trip times out,
 //! the peers' numbers are dropped after a lease, the connection is made again with backoff,

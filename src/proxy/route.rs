@@ -27,7 +27,7 @@ use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
 use crate::fleet::{Backend, InFlightGuard, Share};
 use crate::prefix::{Chain, RequestPrefix};
-use crate::router::{Ask, Decision, Reason, Router};
+use crate::router::{Ask, Decision, Reason, Router, wait};
 use crate::tenant::Charge;
 use crate::translate::Direction;
 
@@ -292,11 +292,11 @@ where
                         match pending {
                             Some(decision) => {
                                 let ask = ask(c, model, received, &avoid, prefix.as_ref());
-                                router.settle(&ask, decision, share).await?
+                                wait::settle(&router, &ask, decision, share).await?
                             }
                             None => {
                                 let ask = ask(c, model, received, &[], prefix.as_ref());
-                                router.wait_in_line(&ask, share).await?
+                                wait::in_line(&router, &ask, share).await?
                             }
                         }
                     };

@@ -3,9 +3,9 @@
 //! `tpsgate_concurrency_cap` gauge); and per class whether any backend meets it at all.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use super::Router;
+use crate::config::ClassConfig;
+use crate::fleet::Backend;
 
 /// A derived concurrency cap.
 #[derive(Debug, Clone)]
@@ -20,37 +20,35 @@ pub(crate) struct Cap {
     pub cap: u32,
 }
 
-impl Router {
-    /// Per backend, model and class with an SLO: the largest concurrency its curve predicts
-    /// meets the SLO (for `/admin/curves` and the `tpsgate_concurrency_cap` gauge). Admission
-    /// tests the same predictions at in-flight + 1, which for a curve that only falls with load
-    /// is the test `in_flight + 1 <= cap`.
-    pub(crate) fn caps(&self) -> Vec<Cap> {
-        let mut caps = Vec::new();
-        for b in &self.backends {
-            let limit = b.config.max_concurrency.unwrap_or(4096).min(4096);
-            for entry in &b.curves {
-                let Some(model) = entry.value().model().cloned() else {
-                    continue;
-                };
-                for class in self.classes.iter().filter(|c| !c.slo.is_batch()) {
-                    caps.push(Cap {
-                        backend: Arc::clone(&b.config.name),
-                        model: Arc::clone(entry.key()),
-                        class: Arc::clone(&class.name),
-                        cap: class.slo.derived_cap(limit, |n| model.predict(n, 0.0, 0)),
-                    });
-                }
+/// Per backend, model and class with an SLO: the largest concurrency its curve predicts
+/// meets the SLO (for `/admin/curves` and the `tpsgate_concurrency_cap` gauge). Admission
+/// tests the same predictions at in-flight + 1, which for a curve that only falls with load
+/// is the test `in_flight + 1 <= cap`.
+pub(crate) fn caps(backends: &[Arc<Backend>], classes: &[ClassConfig]) -> Vec<Cap> {
+    let mut caps = Vec::new();
+    for b in backends {
+        let limit = b.config.max_concurrency.unwrap_or(4096).min(4096);
+        for entry in &b.curves {
+            let Some(model) = entry.value().model().cloned() else {
+                continue;
+            };
+            for class in classes.iter().filter(|c| !c.slo.is_batch()) {
+                caps.push(Cap {
+                    backend: Arc::clone(&b.config.name),
+                    model: Arc::clone(entry.key()),
+                    class: Arc::clone(&class.name),
+                    cap: class.slo.derived_cap(limit, |n| model.predict(n, 0.0, 0)),
+                });
             }
         }
-        caps
     }
+    caps
 }
 
 /// Whether a latency class's SLO is met anywhere, as far as the curves know: its standing on
 /// `/admin/curves`, the `tpsgate_slo_feasible` gauge and the warning the gateway logs once.
 #[derive(Debug, Clone)]
-pub(crate) struct Standing {
+pub(crate) struct SloStanding {
     /// Class name.
     pub class: Arc<str>,
     /// Some backend is predicted to meet the SLO at its percentiles with one request alone;
@@ -79,88 +77,52 @@ pub(crate) struct Best {
     pub chance: f64,
 }
 
-impl Router {
-    /// Per latency class: whether any backend's curve predicts it meets the SLO with one request
-    /// alone, and which comes closest. A class no backend meets even idle is served where its
-    /// requests are likeliest to meet it (see [`super::MIN_CHANCE`]); the operator should know.
-    pub(crate) fn standings(&self) -> Vec<Standing> {
-        let alone: Vec<_> = self
-            .backends
-            .iter()
-            .flat_map(|b| {
-                b.curves.iter().filter_map(|entry| {
-                    let model = entry.value().model()?;
-                    Some((
-                        Arc::clone(&b.config.name),
-                        Arc::clone(entry.key()),
-                        model.predict(1.0, 0.0, 0),
-                    ))
+/// Per latency class: whether any backend's curve predicts it meets the SLO with one request
+/// alone, and which comes closest. A class no backend meets even idle is served where its
+/// requests are likeliest to meet it (see [`MIN_CHANCE`](super::rungs::best_chance::MIN_CHANCE));
+/// the operator should know.
+pub(crate) fn standings(backends: &[Arc<Backend>], classes: &[ClassConfig]) -> Vec<SloStanding> {
+    let alone: Vec<_> = backends
+        .iter()
+        .flat_map(|b| {
+            b.curves.iter().filter_map(|entry| {
+                let model = entry.value().model()?;
+                Some((
+                    Arc::clone(&b.config.name),
+                    Arc::clone(entry.key()),
+                    model.predict(1.0, 0.0, 0),
+                ))
+            })
+        })
+        .collect();
+    classes
+        .iter()
+        .filter(|c| !c.slo.is_batch())
+        .map(|class| {
+            let slo = class.slo;
+            let chance = |p: &crate::curve::Prediction| p.chance(slo.min_tps, slo.max_ttft_s);
+            let best = alone
+                .iter()
+                .max_by(|a, b| {
+                    chance(&a.2)
+                        .total_cmp(&chance(&b.2))
+                        .then(slo.slack(&a.2).total_cmp(&slo.slack(&b.2)))
                 })
-            })
-            .collect();
-        self.classes
-            .iter()
-            .filter(|c| !c.slo.is_batch())
-            .map(|class| {
-                let slo = class.slo;
-                let chance = |p: &crate::curve::Prediction| p.chance(slo.min_tps, slo.max_ttft_s);
-                let best = alone
-                    .iter()
-                    .max_by(|a, b| {
-                        chance(&a.2)
-                            .total_cmp(&chance(&b.2))
-                            .then(slo.slack(&a.2).total_cmp(&slo.slack(&b.2)))
-                    })
-                    .map(|(backend, model, p)| Best {
-                        backend: Arc::clone(backend),
-                        model: Arc::clone(model),
-                        per_user_tps_p50: p.per_user_tps_p50,
-                        per_user_tps_p10: p.per_user_tps_p10,
-                        ttft_p50_s: p.ttft_p50_s,
-                        ttft_p90_s: p.ttft_p90_s,
-                        chance: chance(p),
-                    });
-                Standing {
-                    class: Arc::clone(&class.name),
-                    feasible: (!alone.is_empty())
-                        .then(|| alone.iter().any(|(_, _, p)| slo.slack(p) >= 0.0)),
-                    best,
-                }
-            })
-            .collect()
-    }
-
-    /// Warns, once per class, when the curves first show that no backend meets its SLO even
-    /// with one request alone, naming the best backend's figures.
-    pub(crate) fn warn_unmet_slos(&self) {
-        for standing in self.standings() {
-            let (Some(false), Some(best)) = (standing.feasible, &standing.best) else {
-                continue;
-            };
-            let Some(i) = self.classes.iter().position(|c| c.name == standing.class) else {
-                continue;
-            };
-            if self.unmet_warned[i].swap(true, Ordering::Relaxed) {
-                continue;
+                .map(|(backend, model, p)| Best {
+                    backend: Arc::clone(backend),
+                    model: Arc::clone(model),
+                    per_user_tps_p50: p.per_user_tps_p50,
+                    per_user_tps_p10: p.per_user_tps_p10,
+                    ttft_p50_s: p.ttft_p50_s,
+                    ttft_p90_s: p.ttft_p90_s,
+                    chance: chance(p),
+                });
+            SloStanding {
+                class: Arc::clone(&class.name),
+                feasible: (!alone.is_empty())
+                    .then(|| alone.iter().any(|(_, _, p)| slo.slack(p) >= 0.0)),
+                best,
             }
-            let slo = self.classes[i].slo;
-            tracing::warn!(
-                class = &*standing.class,
-                min_tps = slo.min_tps,
-                tps_percentile = slo.tps_percentile,
-                max_ttft_ms = slo.max_ttft_s.map(|s| s * 1e3),
-                ttft_percentile = slo.ttft_percentile,
-                best_backend = &*best.backend,
-                model = &*best.model,
-                tps_p10 = best.per_user_tps_p10,
-                tps_p50 = best.per_user_tps_p50,
-                ttft_p50_ms = best.ttft_p50_s * 1e3,
-                ttft_p90_ms = best.ttft_p90_s * 1e3,
-                chance = best.chance,
-                "no backend meets this class's SLO even with one request alone: its requests go \
-                 where they are likeliest to meet it (route reason best_chance); loosen the SLO \
-                 or add a faster backend"
-            );
-        }
-    }
+        })
+        .collect()
 }

@@ -100,19 +100,11 @@ impl Devices {
     /// What an engine running beside backend `index` adds to each of its tokens, by `curve`,
     /// its curve for `model`: the curve's own neighbour term, or where its samples cannot tell
     /// one (the engine beside it always ran, or never), the most that any engine on its device
-    /// has learned for the model. The device runs one pass at a time, so each engine waits for
-    /// the other's: the CPU engines measured 26 and 30 ms. The batching one, warmed while the
-    /// serial one ran, fitted none; its base took the serial engine's passes in, it looked a
-    /// third as fast alone as it is, and a lone request went to the serial engine, whose
-    /// pass then slowed the next arrivals on the batching engine.
-    ///
-    /// Where nothing on the device has learned one yet, a pass costs what a lone token takes
-    /// on the engines beside it (their fits' lone request), the most a pass can take. An engine
-    /// seen only beside another took that one's passes into its own, so this errs gloomy,
-    /// which the first requests run beside each other correct; charged nothing, on the
-    /// simulator's copy of the H200's pair, the serial engine's requests (and batch work) were
-    /// sent beside the batching engine's latency requests as if free, and each slowed eight
-    /// of them under the target for its 4 to 15 s.
+    /// has learned for the model; where none has learned one yet, what a lone token takes on
+    /// the engines beside it, the most a pass can take. Erring gloomy is corrected by the first
+    /// requests run beside each other; charging nothing let a serial engine's passes slow a
+    /// batching engine's requests as if free (docs/benchmarks/real-engines.md, "Why the
+    /// device's rules are as they are").
     pub(crate) fn per_neighbour_s(&self, index: usize, curve: &Model, model: &str) -> f64 {
         let own = curve.fit.tpot_per_neighbour_s;
         if own > 0.0 {
@@ -175,18 +167,10 @@ impl Devices {
                 continue;
             }
             // Requests decoding at a level the curve has not proven are taken to meet their
-            // target there, as they were let in to: its few samples there, or the fit's line
-            // through the levels below, are what probes test, and a gloomy guess there says
-            // they have little left to lose. On the simulator's copy of the H200's pair, ten
-            // requests on the batching engine, flat at 33 tok/s there, at a level its line put
-            // at 27, were charged half a completion for the serial engine's pass, which slows
-            // them to 26. Held instead to the highest level proven, they were charged as at
-            // one in flight where none was proven yet (90 tok/s, 46 beside the pass), and the
-            // serial engine's requests were sent beside nine of them as if free. Not where the
-            // curve says the engine misses the target even alone: requests there came in on
-            // their best chance, not to meet it. On an H200 two such requests on a fresh
-            // batching engine (9 to 14 tok/s against 16), taken to meet it, kept the idle
-            // serial engine (55 tok/s) from the next requests, which joined them or got a 429.
+            // target there, as they were let in to (a gloomy guess there would say they have
+            // little left to lose, and let a pass slow them as if free); not where the curve
+            // says the engine misses the target even alone, where they came in on their best
+            // chance (docs/benchmarks/real-engines.md, "Why the device's rules are as they are").
             let before = curve.predict_beside(own, load, per_pass, 0);
             let after = curve.predict_beside(own, load + 1.0, per_pass, 0);
             for (i, class) in classes.iter().enumerate() {

@@ -17,17 +17,26 @@
 //!   gets its class's `on_miss`. Baseline policies decide without curves ([`baseline`]).
 //!
 //! A decision is synchronous and reads no clock: [`Ask::now`] is the moment it is taken. Where a
-//! request waits (in its class's line, or on a claim another replica may contest) is [`line`].
+//! request waits (in its class's line, or on a claim another replica may contest) is [`wait`],
+//! which reads one each time a waiting request tries again.
+//!
+//! The words the rungs share are in their own files: [`ask`] (the request), [`decision`] (what
+//! is answered and why), [`served`] (which backends serve a model). `impl Router` is this file.
 
+pub(crate) mod ask;
 pub(crate) mod baseline;
 pub(crate) mod candidates;
 pub(crate) mod caps;
+pub(crate) mod decision;
 pub(crate) mod device;
+pub(crate) mod evaluate;
 pub(crate) mod ladder;
-pub(crate) mod line;
 pub(crate) mod oracle;
+pub(crate) mod predictor;
 pub(crate) mod rungs;
 pub(crate) mod scene;
+pub(crate) mod served;
+pub(crate) mod wait;
 
 use std::cell::LazyCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -36,228 +45,27 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use metrics::Counter;
-use serde::Serialize;
-use tokio::time::Instant;
 
-use crate::config::{
-    BackendDialect, ClassConfig, ModelMap, OnMiss, Policy, PrefixRouting, Routing, Slo,
-};
-use crate::curve::Prediction;
+use crate::config::{ClassConfig, OnMiss, Policy, PrefixRouting, Routing};
 use crate::error::{Error, ErrorKind};
 use crate::fleet::{Backend, Hit, InFlightGuard, Line};
-use crate::prefix::RequestPrefix;
+pub(crate) use ask::ASSUMED_OUTPUT_TOKENS;
+use ask::LINE_RESERVE;
+pub use ask::{Ask, Reach};
 pub(crate) use candidates::Candidate;
-pub(crate) use caps::Best;
+pub(crate) use caps::{Best, Cap, SloStanding};
+pub(crate) use decision::{Decision, Reason};
+use evaluate::Evaluator;
 use oracle::Oracle;
 use scene::{Rung, Scene, Turn};
-
-/// Output tokens assumed when the request sets no `max_tokens` (for prices and throughput).
-pub(crate) const ASSUMED_OUTPUT_TOKENS: f64 = 256.0;
-
-/// What the router needs to know about a request.
-#[derive(Debug, Clone, Copy)]
-pub struct Ask<'a> {
-    /// Client model name.
-    pub model: &'a str,
-    /// The backends the client can reach: of its own dialect, or translated.
-    pub reach: Reach,
-    /// Prompt size, estimated from the body.
-    pub prompt_tokens: u64,
-    /// `max_tokens`, if the body sets it.
-    pub max_tokens: Option<u32>,
-    /// Index of its class, if any.
-    pub class: Option<usize>,
-    /// Its targets (the class's, with any per-request overrides).
-    pub slo: Slo,
-    /// When the gateway received it: queueing counts against the TTFT budget from here.
-    pub received: Instant,
-    /// The moment of this decision: every check of it reads this, and the router no clock
-    /// (its caller reads one; [`line`] again each time a waiting request tries again).
-    pub now: Instant,
-    /// Backends (by index) not to use: a retry avoids those that failed it.
-    pub avoid: &'a [usize],
-    /// Its prompt's prefix, when the prefix index is on.
-    pub prefix: Option<&'a RequestPrefix>,
-}
-
-/// Which backends a client can reach: those of its own dialect, and where its request may be
-/// translated, those of the other dialect that translate (`backends[].translate`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reach {
-    /// The dialect the client speaks.
-    pub dialect: BackendDialect,
-    /// Its request may be translated (a chat completion or a message, no rule forbidding it).
-    pub translate: bool,
-}
-
-impl Reach {
-    /// Reaches only backends of `dialect`.
-    pub const fn own(dialect: BackendDialect) -> Self {
-        Self {
-            dialect,
-            translate: false,
-        }
-    }
-
-    /// Whether a backend of `dialect` that `translates` (or not) is in reach.
-    pub(crate) fn reaches(self, dialect: BackendDialect, translates: bool) -> bool {
-        dialect == self.dialect || (self.translate && translates)
-    }
-}
-
-/// The share of a queueing class's TTFT target kept for its line while others wait there: a
-/// request is placed only where its first token is predicted within the target less this much,
-/// or less the time it has already waited, whichever is more. Without it a backend fills to
-/// the edge of the target, where only a request that has not waited at all still fits, and the
-/// freshest arrival takes every freed slot whatever the line's fair order says.
-pub(crate) const LINE_RESERVE: f64 = 0.2;
-
-/// The least a request sent where no backend meets its SLO at the class's percentiles must add
-/// to the expected good completions (its own chance less what it costs the requests already
-/// there): one in twenty. Below it the slot is worth more to a later request, and the class's
-/// `on_miss` applies.
-pub(crate) const MIN_CHANCE: f64 = 0.05;
-
-/// The least a request of a class that queues must add to the expected good completions (its
-/// chance less its cost to the others) to be committed to a backend that is full, meeting the
-/// SLO alone but not with one more: likelier than not, and only by a request that finds its
-/// class's line empty (at its turn in line, once no slot is expected to free in time, any
-/// chance worth [`MIN_CHANCE`]). Waiting pays where a backend past its edge would fail the
-/// request and slots free often; where a percentile is missed by a few outliers and a slot
-/// frees once a second, waiting for an idle engine refuses most requests (BENCHMARKS.md, "The
-/// line at its turn, and the room for the next request").
-pub(crate) const QUEUE_CHANCE: f64 = 0.5;
-
-impl Ask<'_> {
-    /// The same request, decided again at `now`.
-    #[must_use]
-    pub(crate) fn at(&self, now: Instant) -> Self {
-        Self { now, ..*self }
-    }
-
-    /// As if it had already waited `reserve_s` at `now` (if it has not waited that long): the
-    /// TTFT budget it is held to while requests wait in its class's line.
-    fn holding_back(&self, now: Instant, reserve_s: f64) -> Self {
-        let reserve = Duration::from_secs_f64(reserve_s.max(0.0));
-        Self {
-            received: self
-                .received
-                .min(now.checked_sub(reserve).unwrap_or(self.received)),
-            ..*self
-        }
-    }
-
-    /// The SLO as it stands at `now`: the TTFT budget less the time already spent since the
-    /// request arrived (reading it, waiting in line).
-    pub(crate) fn slo_at(&self, now: Instant) -> Slo {
-        let waited = now.saturating_duration_since(self.received).as_secs_f64();
-        Slo {
-            max_ttft_s: self.slo.max_ttft_s.map(|t| t - waited),
-            ..self.slo
-        }
-    }
-}
-
-/// Why a backend was chosen (the `reason` label of `tpsgate_route_decisions_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Reason {
-    /// Predicted to meet the SLO, chosen by the class policy.
-    Feasible,
-    /// A never-observed backend taking a request its ramp allows (a lone one at first).
-    ColdStart,
-    /// Spent from the exploration budget.
-    Explore,
-    /// No backend was feasible at the class's percentiles: where the request adds the most
-    /// expected good completions, its own chance of meeting the SLO less what it costs the
-    /// requests already there.
-    BestChance,
-    /// No backend was feasible nor worth a chance, and the class sends anyway: the likeliest.
-    BestEffort,
-    /// Feasible after waiting in the class's line.
-    Queued,
-    /// Refused with 429: nothing feasible (at once, or before the wait ran out).
-    Shed,
-    /// Chosen by a baseline policy, which does not predict.
-    Baseline,
-}
-
-impl Reason {
-    const ALL: [Self; 8] = [
-        Self::Feasible,
-        Self::ColdStart,
-        Self::Explore,
-        Self::BestChance,
-        Self::BestEffort,
-        Self::Queued,
-        Self::Shed,
-        Self::Baseline,
-    ];
-
-    /// The metric label.
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Self::Feasible => "feasible",
-            Self::ColdStart => "cold_start",
-            Self::Explore => "explore",
-            Self::BestChance => "best_chance",
-            Self::BestEffort => "best_effort",
-            Self::Queued => "queued",
-            Self::Shed => "shed",
-            Self::Baseline => "baseline",
-        }
-    }
-}
-
-/// A routing decision with its in-flight slot.
-#[derive(Debug)]
-pub struct Decision {
-    /// The chosen backend.
-    pub backend: Arc<Backend>,
-    /// Its index in the router's list.
-    pub index: usize,
-    /// The slot taken there.
-    pub guard: InFlightGuard,
-    /// What the router expected this request to see there.
-    pub prediction: Option<Prediction>,
-    /// Why.
-    pub reason: Reason,
-    /// Near the backend's edge in a cluster: the fleet-wide limit its slot is claimed against
-    /// before the request goes ([`Router::settle`]).
-    pub claim: Option<u32>,
-}
-
-/// What the config's entries say beyond the backends themselves: where bodies naming no model
-/// go (uploads, transcriptions; backends by index, each list one backend or a discovered
-/// entry's members), and the discovered entries that stand for no backend at the moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Entries {
-    /// `default_backend`'s, if one is configured.
-    pub default: Option<Vec<usize>>,
-    /// A `routes[]` rule's, by exact path (first match wins).
-    pub by_path: Vec<(String, Vec<usize>)>,
-    /// Discovered entries whose host resolves to no address now, each with its dialect and
-    /// models: their models are there, their backends are not (503, not 404).
-    pub vacant: Vec<Vacant>,
-}
-
-/// A discovered entry whose host resolves to no address now.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Vacant {
-    /// The entry's name.
-    pub name: Arc<str>,
-    /// Its dialect.
-    pub dialect: BackendDialect,
-    /// Whether it translates for clients of the other dialect.
-    pub translate: bool,
-    /// Its models.
-    pub models: ModelMap,
-}
+pub(crate) use served::{Entries, Vacant};
 
 /// The backends, the classes and the policies' shared state.
 #[derive(Debug)]
 pub struct Router {
     backends: Vec<Arc<Backend>>,
+    /// Which of them serve each model.
+    served: served::Served,
     /// Which of them share a device.
     devices: device::Devices,
     entries: Entries,
@@ -305,6 +113,7 @@ impl Router {
         let unmet_warned = classes.iter().map(|_| AtomicBool::new(false)).collect();
         Self {
             devices: device::Devices::new(&backends),
+            served: served::Served::new(&backends),
             backends,
             entries,
             classes,
@@ -435,11 +244,85 @@ impl Router {
         self.routing.prefix
     }
 
+    /// The candidates for `ask`, evaluated as a decision would ([`Evaluator::candidates`]).
+    #[cfg(test)]
+    pub(crate) fn candidates(&self, ask: &Ask<'_>, policy: Policy) -> Vec<Candidate<'_>> {
+        self.evaluator().candidates(ask, policy)
+    }
+
+    /// What evaluating a request's candidates reads, borrowed for one decision.
+    fn evaluator(&self) -> Evaluator<'_> {
+        Evaluator {
+            backends: &self.backends,
+            served: &self.served,
+            devices: &self.devices,
+            classes: &self.classes,
+            prefix: self.routing.prefix,
+            oracle: self.oracle.as_ref(),
+        }
+    }
+
+    /// The derived concurrency caps ([`caps::caps`]).
+    pub(crate) fn caps(&self) -> Vec<Cap> {
+        caps::caps(&self.backends, &self.classes)
+    }
+
+    /// Per latency class, whether any backend meets its SLO ([`caps::standings`]).
+    pub(crate) fn standings(&self) -> Vec<SloStanding> {
+        caps::standings(&self.backends, &self.classes)
+    }
+
+    /// Warns, once per class, when the curves first show that no backend meets its SLO even
+    /// with one request alone, naming the best backend's figures.
+    pub(crate) fn warn_unmet_slos(&self) {
+        for standing in self.standings() {
+            let (Some(false), Some(best)) = (standing.feasible, &standing.best) else {
+                continue;
+            };
+            let Some(i) = self.classes.iter().position(|c| c.name == standing.class) else {
+                continue;
+            };
+            if self.unmet_warned[i].swap(true, Ordering::Relaxed) {
+                continue;
+            }
+            let slo = self.classes[i].slo;
+            tracing::warn!(
+                class = &*standing.class,
+                min_tps = slo.min_tps,
+                tps_percentile = slo.tps_percentile,
+                max_ttft_ms = slo.max_ttft_s.map(|s| s * 1e3),
+                ttft_percentile = slo.ttft_percentile,
+                best_backend = &*best.backend,
+                model = &*best.model,
+                tps_p10 = best.per_user_tps_p10,
+                tps_p50 = best.per_user_tps_p50,
+                ttft_p50_ms = best.ttft_p50_s * 1e3,
+                ttft_p90_ms = best.ttft_p90_s * 1e3,
+                chance = best.chance,
+                "no backend meets this class's SLO even with one request alone: its requests go \
+                 where they are likeliest to meet it (route reason best_chance); loosen the SLO \
+                 or add a faster backend"
+            );
+        }
+    }
+
+    /// No slot is expected to free before the request's first-token target, or its class's
+    /// queue wait, runs out: waiting longer would only end in a 429.
+    fn no_slot_in_time(&self, ask: &Ask<'_>) -> bool {
+        let (_, max_wait) = self.on_miss(ask);
+        let waited = ask.now.saturating_duration_since(ask.received);
+        let mut left_s = max_wait.saturating_sub(waited).as_secs_f64();
+        if let Some(ttft_s) = ask.slo_at(ask.now).max_ttft_s {
+            left_s = left_s.min(ttft_s);
+        }
+        self.evaluator().soonest_slot_s(ask) >= left_s
+    }
+
     /// Decides for `ask` now. `Ok(None)`: its class queues and nothing is feasible yet, so
-    /// [`Router::wait_in_line`] next. Errors: 404 when no backend serves the model, 503 when all
+    /// [`wait::in_line`] next. Errors: 404 when no backend serves the model, 503 when all
     /// that do are at their hard limit, 429 with Retry-After when the class sheds.
     pub fn route(&self, ask: &Ask<'_>) -> Result<Option<Decision>, Error> {
-        let served = self.serving(ask).count();
+        let served = self.evaluator().serving(ask).count();
         if served == 0 {
             if let Some(Vacant { name: entry, .. }) = self.entries.vacant.iter().find(|v| {
                 ask.reach.reaches(v.dialect, v.translate) && v.models.upstream(ask.model).is_some()
@@ -463,7 +346,7 @@ impl Router {
         }
         let policy = self.policy(ask);
         if baseline::is_baseline(policy) {
-            let candidates = self.candidates(ask, policy);
+            let candidates = self.evaluator().candidates(ask, policy);
             let pinned = (policy == Policy::PrefixHash)
                 .then(|| self.pinned(ask, served))
                 .flatten();
@@ -488,7 +371,7 @@ impl Router {
         };
         match on_miss {
             OnMiss::BestEffort => {
-                let candidates = missed.unwrap_or_else(|| self.candidates(ask, policy));
+                let candidates = missed.unwrap_or_else(|| self.evaluator().candidates(ask, policy));
                 rungs::best_effort::best_effort(&ask.slo, &candidates)
                     .and_then(|c| self.admit(ask, &candidates[c], Reason::BestEffort))
                     .or_else(|| self.any_admissible(ask, &candidates))
@@ -523,7 +406,7 @@ impl Router {
             }
             None => ask,
         };
-        let candidates = self.candidates(ask, policy);
+        let candidates = self.evaluator().candidates(ask, policy);
         if tracing::enabled!(tracing::Level::TRACE) {
             candidates.iter().for_each(trace_candidate);
         }
@@ -604,7 +487,7 @@ impl Router {
             ask.max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS as u32),
             ask.slo.min_tps,
         );
-        let edge = self.edge_of(ask, c, self.policy(ask));
+        let edge = self.evaluator().edge_of(ask, c, self.policy(ask));
         // A decision at the edge counts once its claim is settled: a refused one never went.
         if edge.is_none() {
             self.count(ask, reason);
@@ -618,10 +501,10 @@ impl Router {
                 .map(|k| &*k.name),
             reason = reason.label(),
             joining = c.joining,
-            predicted_tps = c.prediction.map(|p| p.per_user_tps_p50),
-            predicted_ttft_ms = c.prediction.map(|p| p.ttft_p50_s * 1e3),
-            slack = c.slack,
-            beyond_evidence = c.prediction.map(|p| p.beyond_evidence),
+            predicted_tps = c.prediction().map(|p| p.per_user_tps_p50),
+            predicted_ttft_ms = c.prediction().map(|p| p.ttft_p50_s * 1e3),
+            slack = c.estimate.map(|e| e.slack),
+            beyond_evidence = c.prediction().map(|p| p.beyond_evidence),
             keeps_others = c.keeps_others(),
             cached_tokens = c.cache.cached_tokens,
             edge,
@@ -631,7 +514,7 @@ impl Router {
             backend: Arc::clone(c.backend),
             index: c.index,
             guard,
-            prediction: c.prediction,
+            prediction: c.prediction(),
             reason,
             claim: edge,
         })
@@ -657,7 +540,7 @@ impl Router {
     /// ([`Router::soonest_slot_s`]).
     fn shed(&self, ask: &Ask<'_>, why: &str) -> Error {
         self.count(ask, Reason::Shed);
-        let soonest = self.soonest_slot_s(ask);
+        let soonest = self.evaluator().soonest_slot_s(ask);
         let retry_after = if soonest.is_finite() {
             soonest.ceil().clamp(1.0, 60.0) as u32
         } else {
@@ -682,31 +565,20 @@ impl Router {
         let prefix = ask.prefix?;
         let key = prefix.hint.or_else(|| prefix.hashes.first().copied())?;
         let nth = usize::try_from(key % served.max(1) as u64).ok()?;
-        self.serving(ask).nth(nth).map(|(index, _)| index)
+        self.evaluator()
+            .serving(ask)
+            .nth(nth)
+            .map(|(index, _)| index)
     }
 
     /// Backends in `reach` that serve `model`: with more than one, a failed attempt can be
     /// tried again elsewhere.
     pub(crate) fn serving_count(&self, model: &str, reach: Reach) -> usize {
-        self.backends
-            .iter()
-            .filter(|b| {
-                reach.reaches(b.config.dialect, b.config.translate)
-                    && b.config.models.upstream(model).is_some()
-            })
+        self.served
+            .of(model)
+            .filter_map(|i| self.backends.get(i))
+            .filter(|b| reach.reaches(b.config.dialect, b.config.translate))
             .count()
-    }
-
-    /// Backends in the request's reach that serve the model, with their indices.
-    fn serving<'r, 'a>(
-        &'r self,
-        ask: &'a Ask<'_>,
-    ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
-        self.backends.iter().enumerate().filter(|(i, b)| {
-            ask.reach.reaches(b.config.dialect, b.config.translate)
-                && b.config.models.upstream(ask.model).is_some()
-                && !ask.avoid.contains(i)
-        })
     }
 
     /// Client model names served in reach, sorted.
@@ -749,18 +621,18 @@ fn left_holder(candidates: &[Candidate<'_>], chosen: &Candidate<'_>) {
     let Some(holder) = candidates.iter().find(|c| c.holds_prefix) else {
         return;
     };
-    let p = holder.prediction;
+    let p = holder.prediction();
     tracing::debug!(
         holder = &*holder.backend.config.name,
-        holder_slack = holder.slack,
+        holder_slack = holder.estimate.map(|e| e.slack),
         holder_ttft_p90_ms = p.map(|p| p.ttft_p90_s * 1e3),
         holder_tps_p10 = p.map(|p| p.per_user_tps_p10),
         holder_beyond_evidence = p.map(|p| p.beyond_evidence),
         holder_keeps_others = holder.keeps_others(),
         holder_joining = holder.joining,
         chosen = &*chosen.backend.config.name,
-        chosen_slack = chosen.slack,
-        chosen_ttft_p90_ms = chosen.prediction.map(|p| p.ttft_p90_s * 1e3),
+        chosen_slack = chosen.estimate.map(|e| e.slack),
+        chosen_ttft_p90_ms = chosen.prediction().map(|p| p.ttft_p90_s * 1e3),
         "left the prefix's holder"
     );
 }
@@ -768,7 +640,8 @@ fn left_holder(candidates: &[Candidate<'_>], chosen: &Candidate<'_>) {
 /// One evaluated candidate as the router saw it (`RUST_LOG=tpsgate::router=trace`): what a
 /// decision weighed, for the operator asking why a request went where it did.
 fn trace_candidate(c: &Candidate<'_>) {
-    let p = c.prediction;
+    let p = c.prediction();
+    let e = c.estimate;
     tracing::trace!(
         backend = &*c.backend.config.name,
         joining = c.joining,
@@ -776,13 +649,13 @@ fn trace_candidate(c: &Candidate<'_>) {
         predicted_ttft_ms = p.map(|p| p.ttft_p50_s * 1e3),
         confidence = p.map(|p| p.confidence),
         beyond_evidence = p.map(|p| p.beyond_evidence),
-        slack = c.slack,
-        next_slack = c.next_slack,
-        chance = c.chance,
+        slack = e.map(|e| e.slack),
+        next_slack = e.map(|e| e.next_slack),
+        chance = e.map(|e| e.chance),
         keeps_others = c.keeps_others(),
         stall_loss = c.stall_loss(),
         stall_s_per_token = c.backend.paces.stall_s_per_token(),
-        neighbour_loss = c.neighbour_loss,
+        neighbour_loss = e.map(|e| e.neighbour_loss),
         "candidate"
     );
 }

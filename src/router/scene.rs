@@ -5,7 +5,9 @@
 use std::cell::LazyCell;
 use std::fmt::Debug;
 
-use super::{Ask, Candidate, Reason};
+use super::ask::Ask;
+use super::candidates::Candidate;
+use super::decision::Reason;
 use crate::config::{ClassConfig, OnMiss, Policy};
 
 /// One request as the ladder sees it: facts of the request and of the router's state at its
@@ -71,7 +73,7 @@ impl Scene<'_, '_> {
     pub(crate) fn placed(&self, i: usize) -> Pick {
         let reason = if self.turn.is_some() {
             Reason::Queued
-        } else if self.candidates[i].prediction.is_none() {
+        } else if self.candidates[i].estimate.is_none() {
             Reason::ColdStart
         } else {
             Reason::Feasible
@@ -94,7 +96,7 @@ const KEPT_TRIES: usize = 4;
 /// The answer is `best`'s over the candidates passing both, ties included; after
 /// [`KEPT_TRIES`] failures every candidate is asked. A decision's cost then does not grow
 /// with the streams in flight where the chosen backend keeps them
-/// (BENCHMARKS.md, "The decision ladder").
+/// (docs/benchmarks/overhead.md, "The decision ladder").
 pub(crate) fn kept_best<'a, 'r>(
     candidates: &'a [Candidate<'r>],
     cheap: impl Fn(&Candidate<'r>) -> bool,

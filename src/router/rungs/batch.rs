@@ -1,9 +1,9 @@
 //! The batch ladder's placement: batch work goes where it adds the most system throughput
 //! without costing latency traffic its SLO, there or on the engines beside it
-//! (BENCHMARKS.md, "Backends that share a device").
+//! (docs/benchmarks/routing.md, "Backends that share a device").
 
 use super::slow_start::cold;
-use crate::router::Candidate;
+use crate::router::candidates::Candidate;
 use crate::router::scene::{Pick, Rung, Scene, kept_best};
 
 /// Batch placement.
@@ -28,19 +28,22 @@ impl Rung for Batch {
             kept_best(
                 scene.candidates,
                 |c| {
-                    c.prediction.is_some()
-                        && c.keeps_classes
-                        && c.leaves_room
-                        && !c.queues
+                    c.estimate
+                        .is_some_and(|e| e.keeps_classes && e.leaves_room && !e.queues)
                         && !c.starts_beside
                 },
                 Candidate::keeps_others,
                 |open| {
-                    open.max_by(|(_, a), (_, b)| a.marginal_tps.total_cmp(&b.marginal_tps))
+                    open.max_by(|(_, a), (_, b)| marginal_tps(a).total_cmp(&marginal_tps(b)))
                         .map(|(i, _)| i)
                 },
             )
         })?;
         Some(scene.placed(i))
     }
+}
+
+/// System tokens per second the request adds there (nothing known: nothing added).
+pub(super) fn marginal_tps(c: &Candidate<'_>) -> f64 {
+    c.estimate.map_or(f64::NEG_INFINITY, |e| e.marginal_tps)
 }

@@ -1,12 +1,29 @@
 //! Rung 8: with no candidate feasible at the class's percentiles, the request still goes where
 //! it is most likely to meet its SLO, unless admitting it is predicted to cost the requests
 //! already there more good completions than it adds. A percentile is a target for choosing,
-//! not a cliff (BENCHMARKS.md, "Noisy engines and marginal SLOs: no regret against the
+//! not a cliff (docs/benchmarks/routing.md, "Noisy engines and marginal SLOs: no regret against the
 //! baselines"; "The line at its turn, and the room for the next request").
 
 use crate::config::OnMiss;
+use crate::router::candidates::Candidate;
+use crate::router::decision::Reason;
 use crate::router::scene::{Pick, Rung, Scene};
-use crate::router::{Candidate, MIN_CHANCE, QUEUE_CHANCE, Reason};
+
+/// The least a request sent where no backend meets its SLO at the class's percentiles must add
+/// to the expected good completions (its own chance less what it costs the requests already
+/// there): one in twenty. Below it the slot is worth more to a later request, and the class's
+/// `on_miss` applies.
+pub(crate) const MIN_CHANCE: f64 = 0.05;
+
+/// The least a request of a class that queues must add to the expected good completions (its
+/// chance less its cost to the others) to be committed to a backend that is full, meeting the
+/// SLO alone but not with one more: likelier than not, and only by a request that finds its
+/// class's line empty (at its turn in line, once no slot is expected to free in time, any
+/// chance worth [`MIN_CHANCE`]). Waiting pays where a backend past its edge would fail the
+/// request and slots free often; where a percentile is missed by a few outliers and a slot
+/// frees once a second, waiting for an idle engine refuses most requests (docs/benchmarks/routing.md, "The
+/// line at its turn, and the room for the next request").
+pub(crate) const QUEUE_CHANCE: f64 = 0.5;
 
 /// Where the request adds the most expected good completions.
 #[derive(Debug)]
@@ -31,15 +48,15 @@ impl Rung for BestChance {
         let last_resort = scene.turn.as_ref().is_some_and(|t| *t.last_resort);
         let refused = scene.turn.is_some() || waits.is_none();
         let gain_of = |c: &Candidate<'_>| -> Option<(f64, bool)> {
-            let p = c.prediction?;
+            let e = c.estimate?;
             if refused && let Some(chance) = c.probe_chance(ask) {
-                let gain = chance - c.neighbour_loss - c.stall_loss();
+                let gain = chance - e.neighbour_loss - c.stall_loss();
                 return (gain >= MIN_CHANCE).then_some((gain, true));
             }
-            if p.beyond_evidence && !c.ramping && !(last_resort && c.first_guess()) {
+            if e.prediction.beyond_evidence && !c.ramping && !(last_resort && c.first_guess()) {
                 return None;
             }
-            let gain = c.chance_gain(ask, scene.classes, &p, waits)?;
+            let gain = c.chance_gain(ask, scene.classes, &e, waits)?;
             (gain >= MIN_CHANCE).then_some((gain, false))
         };
         let (i, gain, probe) = scene

@@ -1,9 +1,10 @@
 //! Rung 1: a budgeted share of requests (`routing.exploration`) goes where the curve knows
 //! least, only where no prediction says it would break an SLO, its own or anyone's already
-//! there (BENCHMARKS.md, "Backends that share a device").
+//! there (docs/benchmarks/routing.md, "Backends that share a device").
 
+use crate::router::candidates::Candidate;
+use crate::router::decision::Reason;
 use crate::router::scene::{Pick, Rung, Scene, kept_best};
-use crate::router::{Candidate, Reason};
 
 /// Spends the exploration budget.
 #[derive(Debug)]
@@ -31,22 +32,22 @@ impl Rung for Explore {
             scene.candidates,
             |c| {
                 !c.starts_shared
-                    && match c.prediction {
+                    && match c.estimate {
                         None => true,
-                        Some(p) if c.joining == 1 && p.confidence < 0.5 => {
-                            c.keeps_classes
-                                && c.leaves_room
-                                && c.neighbour_loss < crate::router::MIN_CHANCE
+                        Some(e) if c.joining == 1 && e.prediction.confidence < 0.5 => {
+                            e.keeps_classes
+                                && e.leaves_room
+                                && e.neighbour_loss < super::best_chance::MIN_CHANCE
                         }
-                        Some(p) => {
-                            (p.beyond_evidence || p.confidence < 0.5)
-                                && c.keeps_classes
-                                && c.leaves_room
-                                && if batch { !c.queues } else { c.slack >= 0.0 }
+                        Some(e) => {
+                            (e.prediction.beyond_evidence || e.prediction.confidence < 0.5)
+                                && e.keeps_classes
+                                && e.leaves_room
+                                && if batch { !e.queues } else { e.slack >= 0.0 }
                         }
                     }
             },
-            |c| c.prediction.is_none() || c.keeps_others(),
+            |c| c.estimate.is_none() || c.keeps_others(),
         )?;
         Some(Pick {
             candidate: i,
@@ -64,7 +65,7 @@ pub(super) fn least_confident<'r>(
     cheap: impl Fn(&Candidate<'r>) -> bool,
     costly: impl Fn(&Candidate<'r>) -> bool,
 ) -> Option<usize> {
-    let confidence = |c: &Candidate<'_>| c.prediction.map_or(0.0, |p| p.confidence);
+    let confidence = |c: &Candidate<'_>| c.prediction().map_or(0.0, |p| p.confidence);
     kept_best(candidates, cheap, costly, |open| {
         open.min_by(|(_, a), (_, b)| confidence(a).total_cmp(&confidence(b)))
             .map(|(i, _)| i)

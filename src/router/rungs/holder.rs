@@ -1,11 +1,11 @@
 //! Rung 3: the backend holding the longest prefix of the prompt, where it meets the SLO: a
 //! prompt that leaves the backend holding its prefix pays its prefill cold elsewhere
-//! (BENCHMARKS.md, "Conversations and shared prompts").
+//! (docs/benchmarks/routing.md, "Conversations and shared prompts").
 
 use std::cmp::Ordering;
 
 use super::policy::order;
-use crate::router::Candidate;
+use crate::router::candidates::Candidate;
 use crate::router::scene::{Pick, Rung, Scene, kept_best};
 
 /// The holder of the prompt's prefix.

@@ -1,12 +1,13 @@
 //! Rung 5: the class's policy among the backends predicted to meet its SLO: `headroom` the
-//! most room, `pack` the least slack, `cheapest` the lowest price (BENCHMARKS.md, "Routing:
+//! most room, `pack` the least slack, `cheapest` the lowest price (docs/benchmarks/routing.md, "Routing:
 //! goodput per policy on the simulated fleet").
 
 use std::cmp::Ordering;
 
 use crate::config::Policy;
+use crate::router::ask::{ASSUMED_OUTPUT_TOKENS, Ask};
+use crate::router::candidates::Candidate;
 use crate::router::scene::{Pick, Rung, Scene, kept_best};
-use crate::router::{ASSUMED_OUTPUT_TOKENS, Ask, Candidate};
 
 /// The class's policy among the feasible.
 #[derive(Debug)]
@@ -28,11 +29,11 @@ impl Rung for ByPolicy {
             Candidate::keeps_others,
             |open| {
                 let pick = match scene.policy {
-                    Policy::Pack => open.min_by(|(_, a), (_, b)| a.slack.total_cmp(&b.slack)),
+                    Policy::Pack => open.min_by(|(_, a), (_, b)| slack(a).total_cmp(&slack(b))),
                     Policy::Cheapest => open.min_by(|(_, a), (_, b)| {
                         price(a, ask)
                             .total_cmp(&price(b, ask))
-                            .then(b.slack.total_cmp(&a.slack))
+                            .then(slack(b).total_cmp(&slack(a)))
                     }),
                     _ => open.max_by(|(_, a), (_, b)| a.room().total_cmp(&b.room())),
                 };
@@ -51,10 +52,10 @@ pub(super) fn order(
     b: &Candidate<'_>,
 ) -> Ordering {
     match policy {
-        Policy::Pack => b.slack.total_cmp(&a.slack),
+        Policy::Pack => slack(b).total_cmp(&slack(a)),
         Policy::Cheapest => price(b, ask)
             .total_cmp(&price(a, ask))
-            .then(a.slack.total_cmp(&b.slack)),
+            .then(slack(a).total_cmp(&slack(b))),
         _ => a.room().total_cmp(&b.room()),
     }
 }
@@ -66,4 +67,10 @@ fn price(c: &Candidate<'_>, ask: &Ask<'_>) -> f64 {
         cost.input_per_1m * ask.prompt_tokens as f64
             + cost.output_per_1m * ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from)
     })
+}
+
+/// The request's slack there; a backend never observed has none to speak of (0, as its
+/// [`room`](Candidate::room)).
+fn slack(c: &Candidate<'_>) -> f64 {
+    c.estimate.map_or(0.0, |e| e.slack)
 }

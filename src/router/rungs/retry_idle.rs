@@ -5,7 +5,7 @@
 //! "Collapses on the CPU engines").
 
 use super::explore::least_confident;
-use crate::router::Reason;
+use crate::router::decision::Reason;
 use crate::router::scene::{Pick, Rung, Scene};
 
 /// An idle backend on thin evidence, tried again.
@@ -19,7 +19,7 @@ impl Rung for RetryIdle {
 
     /// An idle backend with a prediction of confidence under one half, where trying it costs
     /// nobody else anything: it leaves room, keeps the others there and costs the requests
-    /// beside it on its device less than [`MIN_CHANCE`](crate::router::MIN_CHANCE) of a good
+    /// beside it on its device less than [`MIN_CHANCE`](super::best_chance::MIN_CHANCE) of a good
     /// completion. Least confidence first. Not for a request whose first-token target has passed
     /// while it waited: it would only take the slot from the ones behind it.
     fn pick(&self, scene: &Scene<'_, '_>) -> Option<Pick> {
@@ -30,10 +30,12 @@ impl Rung for RetryIdle {
             scene.candidates,
             |c| {
                 c.joining == 1
-                    && c.leaves_room
-                    && c.keeps_classes
-                    && c.neighbour_loss < crate::router::MIN_CHANCE
-                    && c.prediction.is_some_and(|p| p.confidence < 0.5)
+                    && c.estimate.is_some_and(|e| {
+                        e.leaves_room
+                            && e.keeps_classes
+                            && e.neighbour_loss < super::best_chance::MIN_CHANCE
+                            && e.prediction.confidence < 0.5
+                    })
             },
             |c| c.keeps_others(),
         )?;

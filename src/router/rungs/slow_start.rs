@@ -1,8 +1,8 @@
 //! Rung 6 (and the batch ladder's first choice): a never-observed backend takes the request on
 //! its ramp, a lone request first, then one more per first token in time
-//! ([`crate::fleet::ramp`]; BENCHMARKS.md, "Cold start under load: a slow start").
+//! ([`crate::fleet::ramp`]; docs/benchmarks/routing.md, "Cold start under load: a slow start").
 
-use crate::router::Candidate;
+use crate::router::candidates::Candidate;
 use crate::router::scene::{Pick, Rung, Scene};
 
 /// A never-observed backend's slow start.
@@ -32,7 +32,7 @@ impl Rung for SlowStart {
 /// request, or one its ramp allows), one that would not start its engine beside a running one
 /// on its device first. Two never-observed engines started together on one device take it from
 /// each other, and each curve's first samples book the other's load as its own
-/// (BENCHMARKS.md, "Collapses on the CPU engines"); where nothing else can, the engine is still
+/// (docs/benchmarks/real-engines.md, "Collapses on the CPU engines"); where nothing else can, the engine is still
 /// started beside the other, rather than never tried.
 pub(crate) fn cold(candidates: &[Candidate<'_>]) -> Option<usize> {
     candidates

@@ -62,11 +62,15 @@ fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_be
     let candidates = router.candidates(&ask, Policy::Headroom);
     let serial = &candidates[1];
     assert!(
-        serial.slack >= 0.0,
+        serial.estimate.unwrap().slack >= 0.0,
         "it meets its own SLO there: {serial:?}"
     );
     assert!(!serial.keeps_others(), "but not the others'");
-    assert!(serial.neighbour_loss > 1.0, "{}", serial.neighbour_loss);
+    assert!(
+        serial.estimate.unwrap().neighbour_loss > 1.0,
+        "{}",
+        serial.estimate.unwrap().neighbour_loss
+    );
     assert_eq!(chosen(&router, 0), Ok("batching"));
     // Alone on its device, the serial engine is as good a place as any.
     drop(decoding);
@@ -91,7 +95,7 @@ fn a_running_engine_slows_its_neighbours_by_its_pass_not_by_the_requests_it_carr
     };
     let speed_on_serial = |router: &Router| {
         router.candidates(&ask(router, 0), Policy::Headroom)[1]
-            .prediction
+            .prediction()
             .unwrap()
             .per_user_tps_p50
     };
@@ -104,7 +108,10 @@ fn a_running_engine_slows_its_neighbours_by_its_pass_not_by_the_requests_it_carr
     // The serial engine runs a request of this class: a request joining the running batch
     // adds no pass beside it, and costs it nothing.
     let _serial = decoding(1, 1);
-    let loss = router.candidates(&ask(&router, 0), Policy::Headroom)[0].neighbour_loss;
+    let loss = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
+        .estimate
+        .unwrap()
+        .neighbour_loss;
     assert_eq!(loss, 0.0);
 }
 
@@ -172,7 +179,7 @@ fn backends_that_share_no_device_are_not_charged_for_each_other() {
     let router = shared_host("");
     let _decoding = occupy(&router, 0, 0, 2);
     let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
-    assert!(candidates[1].keeps_others() && candidates[1].neighbour_loss == 0.0);
+    assert!(candidates[1].keeps_others() && candidates[1].estimate.unwrap().neighbour_loss == 0.0);
     assert_eq!(
         chosen(&router, 0),
         Ok("serial"),
@@ -189,15 +196,23 @@ fn with_both_engines_idle_a_request_goes_where_it_leaves_the_next_one_room() {
     let router = shared_host(", device: host");
     let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
     let (batching, serial) = (&candidates[0], &candidates[1]);
-    let rooms = (batching.slack, batching.room(), serial.slack, serial.room());
-    assert!(serial.slack >= batching.slack, "{rooms:?}");
+    let rooms = (
+        batching.estimate.unwrap().slack,
+        batching.room(),
+        serial.estimate.unwrap().slack,
+        serial.room(),
+    );
+    assert!(
+        serial.estimate.unwrap().slack >= batching.estimate.unwrap().slack,
+        "{rooms:?}"
+    );
     assert!(serial.room() < 0.5 && batching.room() > 0.9, "{rooms:?}");
     assert_eq!(chosen(&router, 0), Ok("batching"));
     // Told of no device, each is ranked by its own slack: placing a request on one changes
     // nothing on the other.
     let untold = shared_host("");
     for c in untold.candidates(&ask(&untold, 0), Policy::Headroom) {
-        assert_eq!(c.room(), c.slack);
+        assert_eq!(c.room(), c.estimate.unwrap().slack);
     }
 }
 
@@ -223,7 +238,7 @@ fn batch_work_queued_on_a_busy_engine_is_charged_the_pass_it_keeps_beside_its_ne
         .candidates(&ask(&router, 1), Policy::Headroom)
         .swap_remove(1);
     assert!(
-        !on_serial.keeps_others() && on_serial.neighbour_loss > 1.0,
+        !on_serial.keeps_others() && on_serial.estimate.unwrap().neighbour_loss > 1.0,
         "{on_serial:?}"
     );
     assert_eq!(chosen(&router, 1), Err(ErrorKind::NoBackendAvailable));
@@ -232,7 +247,7 @@ fn batch_work_queued_on_a_busy_engine_is_charged_the_pass_it_keeps_beside_its_ne
     let on_serial = router
         .candidates(&ask(&router, 1), Policy::Headroom)
         .swap_remove(1);
-    assert!(!on_serial.leaves_room, "{on_serial:?}");
+    assert!(!on_serial.estimate.unwrap().leaves_room, "{on_serial:?}");
 }
 
 #[test]
@@ -263,10 +278,14 @@ fn until_the_device_tells_what_a_pass_costs_it_is_charged_a_lone_token_of_the_en
     };
     let latency = on_serial(0);
     assert!(
-        !latency.keeps_others() && latency.neighbour_loss > 1.0,
+        !latency.keeps_others() && latency.estimate.unwrap().neighbour_loss > 1.0,
         "{latency:?}"
     );
-    assert!(!on_serial(1).leaves_room, "{:?}", on_serial(1));
+    assert!(
+        !on_serial(1).estimate.unwrap().leaves_room,
+        "{:?}",
+        on_serial(1)
+    );
     let beside: Vec<_> = [1.0, 2.0, 3.0, 4.0]
         .iter()
         .flat_map(|&c| [(c, 1.0, 0.05, 1.0 / (0.012 + 0.001 * c)); 16])
@@ -274,10 +293,14 @@ fn until_the_device_tells_what_a_pass_costs_it_is_charged_a_lone_token_of_the_en
     teach_beside(&router, 0, &beside);
     let latency = on_serial(0);
     assert!(
-        latency.keeps_others() && latency.neighbour_loss < 0.1,
+        latency.keeps_others() && latency.estimate.unwrap().neighbour_loss < 0.1,
         "{latency:?}"
     );
-    assert!(on_serial(1).leaves_room, "{:?}", on_serial(1));
+    assert!(
+        on_serial(1).estimate.unwrap().leaves_room,
+        "{:?}",
+        on_serial(1)
+    );
 }
 
 #[test]
@@ -336,7 +359,7 @@ fn assert_half_of_eight_lose_their_target_beside_the_serial_pass(
         .candidates(&ask(router, 0), Policy::Headroom)
         .swap_remove(1);
     assert!(
-        !serial.keeps_others() && serial.neighbour_loss >= 4.0 - 1e-9,
+        !serial.keeps_others() && serial.estimate.unwrap().neighbour_loss >= 4.0 - 1e-9,
         "{serial:?}"
     );
 }
@@ -374,8 +397,16 @@ fn requests_on_an_engine_short_of_the_target_even_alone_are_charged_a_neighbours
     let serial = router
         .candidates(&ask(&router, 0), Policy::Headroom)
         .swap_remove(1);
-    assert!(serial.chance > 0.9, "{}", serial.chance);
-    assert!(serial.neighbour_loss < 0.5, "{}", serial.neighbour_loss);
+    assert!(
+        serial.estimate.unwrap().chance > 0.9,
+        "{}",
+        serial.estimate.unwrap().chance
+    );
+    assert!(
+        serial.estimate.unwrap().neighbour_loss < 0.5,
+        "{}",
+        serial.estimate.unwrap().neighbour_loss
+    );
     assert_eq!(chosen(&router, 0), Ok("serial"));
 }
 
@@ -410,12 +441,16 @@ fn an_idle_engine_is_not_tried_beside_requests_whose_share_of_the_target_its_pas
             .iter()
             .find(|c| &*c.backend.config.name == "serial")
             .unwrap();
-        assert!(serial.keeps_others(), "{extra}: {}", serial.neighbour_loss);
+        assert!(
+            serial.keeps_others(),
+            "{extra}: {}",
+            serial.estimate.unwrap().neighbour_loss
+        );
         assert_eq!(
-            serial.neighbour_loss > 0.05,
+            serial.estimate.unwrap().neighbour_loss > 0.05,
             !tried,
             "{extra}: {}",
-            serial.neighbour_loss
+            serial.estimate.unwrap().neighbour_loss
         );
         let reason = reason_of(&router, &ask(&router, 0));
         assert_eq!(reason == Ok(Reason::Explore), tried, "{extra}: {reason:?}");
@@ -534,7 +569,9 @@ fn batch_work_never_starts_an_idle_engine_beside_a_running_one() {
         .candidates(&ask(&router, 1), Policy::Headroom)
         .swap_remove(1);
     assert!(
-        on_serial.starts_beside && on_serial.keeps_others() && on_serial.leaves_room,
+        on_serial.starts_beside
+            && on_serial.keeps_others()
+            && on_serial.estimate.unwrap().leaves_room,
         "by its curves the pass would cost nobody: {on_serial:?}"
     );
     assert_eq!(

@@ -2,6 +2,7 @@
 //! what it gives the user.
 
 use super::*;
+use crate::prefix::RequestPrefix;
 use crate::router::rungs::batch::Batch;
 use crate::router::rungs::best_chance::BestChance;
 use crate::router::rungs::explore::Explore;

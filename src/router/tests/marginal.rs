@@ -85,7 +85,11 @@ fn a_backend_whose_p10_sits_just_below_the_target_still_serves() {
     let ask = ask(&router, 0);
     let candidates = router.candidates(&ask, Policy::Headroom);
     assert!(!candidates[0].feasible(), "its p10 misses the target");
-    assert!(candidates[0].chance > 0.7, "{}", candidates[0].chance);
+    assert!(
+        candidates[0].estimate.unwrap().chance > 0.7,
+        "{}",
+        candidates[0].estimate.unwrap().chance
+    );
     let _held = occupy(&router, 0, 0, 3);
     assert_eq!(reason_of(&router, &ask), Ok(Reason::BestChance));
 }
@@ -119,7 +123,7 @@ fn a_two_sample_fit_does_not_lock_a_backend_out() {
     let router = router_from(&["serial"], MARGINAL, 0.0);
     teach_each(&router, 0, &[(1.0, 0.139, 64.0), (2.0, 4.95, 64.0)]);
     let p = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
-        .prediction
+        .prediction()
         .unwrap();
     assert!(p.ttft_p50_s < 0.2, "{p:?}");
     assert!(matches!(
@@ -174,7 +178,7 @@ fn a_class_that_queues_takes_a_full_backend_where_its_request_is_likelier_than_n
 /// A request of class 0 waiting in `router`'s line is placed at once, where it has a chance.
 async fn goes_from_the_line_at_once(router: &Router) {
     let waited = Instant::now();
-    let decision = router.wait_in_line(&ask(router, 0), Share::default()).await;
+    let decision = wait::in_line(router, &ask(router, 0), Share::default()).await;
     assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
     assert_eq!(waited.elapsed(), Duration::ZERO);
 }
@@ -201,10 +205,13 @@ async fn a_request_waiting_in_line_takes_a_full_backend_once_no_slot_is_expected
     // Behind two, one of them is expected to finish in time: it waits, and goes when one has.
     held.extend(occupy(&router, 0, 0, 1));
     let behind_two = ask(&router, 0);
-    let (decision, ()) = tokio::join!(router.wait_in_line(&behind_two, Share::default()), async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        held.pop();
-    });
+    let (decision, ()) = tokio::join!(
+        wait::in_line(&router, &behind_two, Share::default()),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            held.pop();
+        }
+    );
     assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
     assert_eq!(behind_two.received.elapsed(), Duration::from_millis(300));
 }
@@ -239,8 +246,7 @@ async fn at_its_turn_a_request_takes_one_guess_beyond_its_curves_evidence_not_a_
     let router = seen_one_at_a_time();
     let _held = occupy(&router, 0, 0, 3);
     assert!(
-        router
-            .wait_in_line(&ask(&router, 0), Share::default())
+        wait::in_line(&router, &ask(&router, 0), Share::default())
             .await
             .is_err(),
         "it waits for what the guess teaches, and gets a 429 if nothing frees in time"
@@ -337,7 +343,7 @@ fn a_level_past_the_evidence_is_tried_one_request_at_a_time_before_it_is_condemn
     let _held = occupy(&router, 0, 0, 8);
     let ninth = &router.candidates(&ask, Policy::Headroom)[0];
     assert!(
-        !ninth.feasible() && ninth.prediction.is_some_and(|p| p.unproven),
+        !ninth.feasible() && ninth.prediction().is_some_and(|p| p.unproven),
         "{ninth:?}"
     );
     let mut probe = router.route(&ask).unwrap().unwrap();
@@ -385,7 +391,7 @@ fn a_level_whose_few_samples_read_slow_is_tried_again_not_shut() {
     let _held = occupy(&router, 0, 0, 8);
     let ninth = router.candidates(&ask, Policy::Headroom).swap_remove(0);
     assert!(
-        !ninth.feasible() && ninth.prediction.is_some_and(|p| p.unproven),
+        !ninth.feasible() && ninth.prediction().is_some_and(|p| p.unproven),
         "{ninth:?}"
     );
     assert_eq!(
@@ -395,7 +401,7 @@ fn a_level_whose_few_samples_read_slow_is_tried_again_not_shut() {
     );
     teach_each(&router, 0, &[(9.0, 0.05, 9.0); 4]);
     let ninth = router.candidates(&ask, Policy::Headroom).swap_remove(0);
-    assert!(ninth.prediction.is_some_and(|p| !p.unproven), "{ninth:?}");
+    assert!(ninth.prediction().is_some_and(|p| !p.unproven), "{ninth:?}");
     assert_eq!(reason_of(&router, &ask), Err(ErrorKind::SloUnmet), "shut");
 }
 
@@ -410,7 +416,7 @@ fn past_its_trusted_levels_a_curve_believes_a_levels_own_samples_over_its_line()
     let ninth = router
         .candidates(&ask(&router, 0), Policy::Headroom)
         .swap_remove(0);
-    let p = ninth.prediction.unwrap();
+    let p = ninth.prediction().unwrap();
     assert!((p.per_user_tps_p50 - 10.4).abs() < 0.1, "{p:?}");
     assert!(ninth.feasible(), "{ninth:?}");
 }
@@ -425,7 +431,7 @@ fn past_its_trusted_levels_a_slow_sample_is_weighed_against_the_line_not_believe
     teach_each(&router, 0, &[(9.0, 0.05, 5.0)]);
     let _held = occupy(&router, 0, 0, 8);
     let p = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
-        .prediction
+        .prediction()
         .unwrap();
     assert!(
         p.per_user_tps_p50 > 6.5 && p.per_user_tps_p50 < 9.0,
@@ -447,7 +453,7 @@ fn batch_work_waits_at_the_gateway_rather_than_in_a_busy_engines_queue() {
     let waiting = router
         .candidates(&ask(&router, 0), Policy::Headroom)
         .swap_remove(0);
-    assert!(waiting.queues, "{waiting:?}");
+    assert!(waiting.estimate.unwrap().queues, "{waiting:?}");
     assert_eq!(chosen(&router, 0), Err(ErrorKind::NoBackendAvailable));
     drop(running);
     assert_eq!(chosen(&router, 0), Ok("serial"), "idle, it takes it");

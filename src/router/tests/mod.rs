@@ -2,8 +2,11 @@
 //! exploration, with exact numbers.
 
 use super::*;
+use crate::config::{BackendDialect, Slo};
 use crate::curve::{FirstToken, Observation, Outcome};
 use crate::fleet::{Hit, Share};
+use crate::prefix::RequestPrefix;
+use tokio::time::Instant;
 
 mod device;
 mod each_rung;
@@ -303,7 +306,7 @@ async fn batch_waits_at_the_gateway_until_a_slot_frees_rather_than_take_the_room
     let mut held = occupy(&router, 0, 2, 13);
     let batch = ask(&router, 2);
     assert!(router.route(&batch).unwrap().is_none(), "it waits in line");
-    let (decision, ()) = tokio::join!(router.wait_in_line(&batch, Share::default()), async {
+    let (decision, ()) = tokio::join!(wait::in_line(&router, &batch, Share::default()), async {
         tokio::time::sleep(Duration::from_secs(5)).await;
         held.pop();
     });
@@ -319,8 +322,7 @@ async fn batch_that_never_finds_room_is_shed_after_its_wait_with_a_retry_time() 
     let _held = occupy(&router, 0, 2, 13);
     let batch = ask(&router, 2);
     let waited = Instant::now();
-    let err = router
-        .wait_in_line(&batch, Share::default())
+    let err = wait::in_line(&router, &batch, Share::default())
         .await
         .unwrap_err();
     assert_eq!(

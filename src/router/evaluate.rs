@@ -1,0 +1,411 @@
+//! Evaluating a request's candidates ([`Evaluator`]): for each backend that serves its model,
+//! under its hard limit and healthy (or all of those when none is), what it would see at
+//! in-flight + 1 (the new request slows everyone there), its slack, whether the classes already
+//! decoding there keep their speed, and for batch work what it would add and whether it leaves
+//! room for a latency request.
+
+use std::cell::{Cell, OnceCell};
+use std::sync::Arc;
+
+use super::ask::{ASSUMED_OUTPUT_TOKENS, Ask};
+use super::baseline;
+use super::candidates::{Candidate, Estimate};
+use super::device::Devices;
+use super::oracle::Oracle;
+use super::predictor::Predictor;
+use super::served::Served;
+use crate::config::{ClassConfig, Policy, PrefixRouting, Slo};
+use crate::curve::Prediction;
+use crate::fleet::claim::EDGE;
+use crate::fleet::{Backend, Hit};
+
+/// What evaluating a request's candidates reads of the router: the backends and which of them
+/// serve each model, the devices they share, the classes, the prefix index's settings and the
+/// oracle. Borrowed for one decision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Evaluator<'r> {
+    /// The backends, in config order.
+    pub backends: &'r [Arc<Backend>],
+    /// Which of them serve each model.
+    pub served: &'r Served,
+    /// Which of them share a device.
+    pub devices: &'r Devices,
+    /// The classes, in config order.
+    pub classes: &'r [ClassConfig],
+    /// Prefix-cache-aware routing's settings, unless it is off.
+    pub prefix: Option<PrefixRouting>,
+    /// The simulator's truth, when a class routes by it.
+    pub oracle: Option<&'r Oracle>,
+}
+
+impl<'r> Evaluator<'r> {
+    /// Backends in the request's reach that serve the model, with their indices.
+    pub(crate) fn serving<'a>(
+        self,
+        ask: &'a Ask<'_>,
+    ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
+        let backends = self.backends;
+        self.served
+            .of(ask.model)
+            .filter_map(move |i| Some((i, backends.get(i)?)))
+            .filter(|(i, b)| {
+                ask.reach.reaches(b.config.dialect, b.config.translate) && !ask.avoid.contains(i)
+            })
+    }
+
+    /// When the curves expect a slot to free, seconds from now: the shortest, over the
+    /// backends serving the model, of a request's mean duration divided by the requests there
+    /// (infinite where no curve has a duration yet).
+    pub(crate) fn soonest_slot_s(self, ask: &Ask<'_>) -> f64 {
+        self.serving(ask)
+            .filter_map(|(_, b)| {
+                let model = b.model(ask.model)?;
+                Some(model.mean_duration_s / f64::from(b.in_flight().max(1)))
+            })
+            .fold(f64::INFINITY, f64::min)
+    }
+
+    /// The candidates for `ask`, each evaluated: serving, under the hard limit, healthy (or all
+    /// of those when none is healthy).
+    pub(crate) fn candidates(self, ask: &Ask<'_>, policy: Policy) -> Vec<Candidate<'r>> {
+        let under_limit = |b: &Arc<Backend>| {
+            b.config
+                .max_concurrency
+                .is_none_or(|limit| b.in_flight() < limit)
+        };
+        let now = ask.now;
+        let healthy_exists = self
+            .serving(ask)
+            .any(|(_, b)| under_limit(b) && b.is_healthy(now));
+        let basis = Basis::new(self, ask, policy);
+        // Sized once: a candidate carries two spreads, and growing the list moves them all.
+        let mut candidates: Vec<Candidate<'r>> = Vec::with_capacity(self.backends.len());
+        candidates.extend(
+            self.serving(ask)
+                .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
+                .map(|(index, backend)| self.candidate(&basis, index, backend)),
+        );
+        if basis.predicts {
+            self.look_ahead(ask, &mut candidates);
+        }
+        candidates
+    }
+
+    /// Backend `index` as a candidate for the request `basis` was drawn from.
+    fn candidate(
+        self,
+        basis: &Basis<'_, '_>,
+        index: usize,
+        backend: &'r Arc<Backend>,
+    ) -> Candidate<'r> {
+        let ask = basis.ask;
+        let joining = backend.in_flight() + 1;
+        let hit = match (&backend.prefix, ask.prefix) {
+            (Some(index), Some(prefix)) => index.expected(prefix, ask.now),
+            _ => Hit::default(),
+        };
+        let cached_tokens = hit.cached_tokens.min(ask.prompt_tokens);
+        let cache = Hit {
+            cached_tokens,
+            ..hit
+        };
+        let predictor = if basis.predicts {
+            self.predictor(index, backend, ask, basis.policy, cached_tokens)
+                .or_prefill_rate(|| *basis.fastest.get_or_init(|| self.fastest_prefill(ask)))
+        } else {
+            Predictor::Nothing
+        };
+        let estimate = predictor
+            .at(f64::from(joining))
+            .map(|p| self.estimate(basis, index, backend, &predictor, p));
+        Candidate {
+            index,
+            backend,
+            joining,
+            estimate,
+            cache,
+            holds_prefix: hit.hint || cached_tokens >= basis.min_match,
+            affinity: basis
+                .key
+                .map(|k| crate::prefix::rendezvous(k, backend.rendezvous_seed)),
+            ramping: basis.predicts && backend.ramp.allows(joining),
+            starts_shared: basis.predicts && joining == 1 && self.devices.of(index).is_some(),
+            starts_beside: basis.predicts && joining == 1 && self.devices.active_beside(index),
+            predictor,
+            now: ask.now,
+            stall: Cell::new(None),
+        }
+    }
+
+    /// What prediction `p` of backend `index` says of the request there and of the others
+    /// (`next_slack` is set by [`Evaluator::look_ahead`] once every candidate is evaluated).
+    fn estimate(
+        self,
+        basis: &Basis<'_, '_>,
+        index: usize,
+        backend: &Backend,
+        predictor: &Predictor<'_>,
+        p: Prediction,
+    ) -> Estimate {
+        let ask = basis.ask;
+        let n = f64::from(backend.in_flight() + 1);
+        let queues = predictor.queues(backend, &p);
+        let neighbours = self
+            .devices
+            .cost(index, backend, queues, ask.model, self.classes);
+        // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds, so a
+        // backend that queues (TTFT growing with n) adds nothing by taking more.
+        let tokens = ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from);
+        let system =
+            |c: f64, p: &Prediction| c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50);
+        let marginal_tps = if basis.batch {
+            let before = if n > 1.0 {
+                predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
+            } else {
+                0.0
+            };
+            system(n, &p) - before
+        } else {
+            0.0
+        };
+        Estimate {
+            prediction: p,
+            slack: basis.slo.slack(&p),
+            chance: p.chance(basis.slo.min_tps, basis.slo.max_ttft_s),
+            keeps_classes: self.classes_keep_speed(backend, &p) && neighbours.keeps,
+            neighbour_loss: neighbours.loss,
+            leaves_room: !basis.batch
+                || (self.leaves_room(predictor, n + 1.0) && neighbours.leaves_room),
+            marginal_tps,
+            next_slack: f64::INFINITY,
+            queues,
+        }
+    }
+
+    /// Sets `next_slack` on each candidate that shares a device and has a prediction. Where
+    /// none shares one, nothing is predicted; where some do, two predictions more each, and a
+    /// pass over the others.
+    fn look_ahead(self, ask: &Ask<'_>, candidates: &mut [Candidate<'_>]) {
+        let shares = |c: &Candidate<'_>| self.devices.of(c.index).is_some();
+        if !candidates.iter().any(shares) {
+            return;
+        }
+        let slo = ask.slo_at(ask.now);
+        let slack = |p: Option<Prediction>| p.map_or(f64::NEG_INFINITY, |p| slo.slack(&p));
+        // Per candidate: the next request's slack there with one more on it, and with one more
+        // on a backend beside it.
+        let ahead: Vec<Option<(f64, f64)>> = candidates
+            .iter()
+            .map(|c| {
+                c.estimate.filter(|_| shares(c))?;
+                let n = f64::from(c.joining);
+                Some((
+                    slack(c.at(n + 1.0)),
+                    slack(c.predictor.clone().beside_one_more().at(n)),
+                ))
+            })
+            .collect();
+        fn device<'r>(c: &Candidate<'r>) -> Option<&'r str> {
+            c.backend.config.device.as_deref()
+        }
+        for x in 0..candidates.len() {
+            let Some((here, _)) = ahead[x] else {
+                continue;
+            };
+            let on = device(&candidates[x]);
+            // A request that starts an idle engine, or queues on a busy one, puts its pass
+            // beside the others on its device; one that joins a running pass changes nothing
+            // for them.
+            let starts = {
+                let c = &candidates[x];
+                c.estimate.is_some_and(|e| {
+                    !c.backend.occupancy.busy() || c.predictor.queues(c.backend, &e.prediction)
+                })
+            };
+            let elsewhere = candidates
+                .iter()
+                .enumerate()
+                .filter(|&(y, _)| y != x)
+                .filter_map(|(y, c)| {
+                    let e = c.estimate?;
+                    Some(if starts && device(c) == on {
+                        ahead[y].map_or(f64::NEG_INFINITY, |(_, beside)| beside)
+                    } else {
+                        e.slack
+                    })
+                })
+                .fold(f64::NEG_INFINITY, f64::max);
+            if let Some(e) = &mut candidates[x].estimate {
+                e.next_slack = here.max(elsewhere);
+            }
+        }
+    }
+
+    /// Near candidate `c`'s edge, in a cluster with peers: the most requests the fleet may have
+    /// there with this one among them, claimed in Redis before the request goes
+    /// ([`crate::fleet::claim`]). Asked of the chosen candidate only: a few predictions more.
+    pub(super) fn edge_of(self, ask: &Ask<'_>, c: &Candidate<'_>, policy: Policy) -> Option<u32> {
+        let backend = c.backend;
+        if !backend.claims_slots() {
+            return None;
+        }
+        let cap = backend.config.max_concurrency;
+        if baseline::is_baseline(policy) {
+            return edge(cap, c.joining, |_| true);
+        }
+        let slo = ask.slo_at(ask.now);
+        let predictor = &c.predictor;
+        let batch = policy == Policy::Throughput || ask.slo.is_batch();
+        edge(cap, c.joining, |m| {
+            let at = f64::from(m);
+            if batch {
+                return self.leaves_room(predictor, at + 1.0);
+            }
+            match predictor.at(at) {
+                Some(p) => {
+                    (!p.beyond_evidence || backend.ramp.allows(m))
+                        && slo.slack(&p) >= 0.0
+                        && self.classes_keep_speed(backend, &p)
+                }
+                None => m == 1 || backend.ramp.allows(m),
+            }
+        })
+    }
+
+    /// The fastest prefill any backend serving the model has shown: no backend clears a queue
+    /// of prefill faster than that, one whose own curve has not told its rate yet included
+    /// (all its prompts alike so far, or a few samples).
+    fn fastest_prefill(self, ask: &Ask<'_>) -> Option<f64> {
+        self.serving(ask)
+            .filter_map(|(_, b)| b.model(ask.model)?.fit.prefill_tokens_per_s)
+            .reduce(f64::max)
+    }
+
+    /// Where `backend`'s predictions come from for `ask`, which should find `cached_tokens` of
+    /// its prompt in the backend's prefix cache: the oracle, or its curve's model (looked up
+    /// once per request, whatever the number of concurrencies asked about), pricing only the
+    /// uncached tokens as prefill.
+    fn predictor(
+        self,
+        index: usize,
+        backend: &Backend,
+        ask: &Ask<'_>,
+        policy: Policy,
+        cached_tokens: u64,
+    ) -> Predictor<'r> {
+        if policy == Policy::Oracle {
+            Predictor::Oracle(self.oracle, index)
+        } else {
+            let model = backend.model(ask.model);
+            Predictor::Curve {
+                prefill_rate: model.as_ref().and_then(|m| m.fit.prefill_tokens_per_s),
+                per_neighbour_s: model
+                    .as_ref()
+                    .map_or(0.0, |m| self.devices.per_neighbour_s(index, m, ask.model)),
+                model,
+                neighbours: self.devices.load(index),
+                prompt_tokens: ask.prompt_tokens - cached_tokens,
+                queue_s: backend.occupancy.waited(ask.now),
+                prefill_waiting: backend.prefix.as_ref().map_or(0, |i| i.prefill_waiting()),
+            }
+        }
+    }
+
+    /// Whether a latency-class request joining as the `next`-th would meet its SLO, for every
+    /// latency class the backend can serve at all (a lone request meets it).
+    fn leaves_room(self, predictor: &Predictor<'_>, next: f64) -> bool {
+        let (Some(then), Some(alone)) = (predictor.at(next), predictor.at(1.0)) else {
+            return true;
+        };
+        self.classes
+            .iter()
+            .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
+            .all(|c| c.slo.slack(&then) >= 0.0)
+    }
+
+    /// Whether every class with requests decoding on `backend` keeps its speed at `p`.
+    fn classes_keep_speed(self, backend: &Backend, p: &Prediction) -> bool {
+        self.classes
+            .iter()
+            .enumerate()
+            .all(|(i, c)| backend.class_in_flight(i) == 0 || c.slo.speed_holds(p))
+    }
+}
+
+/// The most requests the fleet may have on a backend with this one among them (`joining` in
+/// this replica's view), when fewer than [`EDGE`] fit from `joining` on: the last count that
+/// `fits` the request and the backend's `max_concurrency`. `None` far from the edge; where the request
+/// does not fit even now (best effort, exploration), only the hard limit binds it.
+fn edge(max_concurrency: Option<u32>, joining: u32, fits: impl Fn(u32) -> bool) -> Option<u32> {
+    let cap = max_concurrency.unwrap_or(u32::MAX);
+    let near = joining.saturating_add(EDGE - 1);
+    let last = (joining..=near)
+        .take_while(|&m| m <= cap && fits(m))
+        .last()
+        .unwrap_or(cap);
+    (last < near).then_some(last)
+}
+
+/// What every candidate of one request is evaluated against, drawn once per decision.
+struct Basis<'a, 'b> {
+    ask: &'a Ask<'b>,
+    policy: Policy,
+    /// The policy predicts (it is not a baseline).
+    predicts: bool,
+    /// Batch placement: the policy places throughput, or the request's class is batch.
+    batch: bool,
+    /// The SLO as it stands at the decision.
+    slo: Slo,
+    /// The prefix index's `min_match_tokens` (none: no backend holds a prefix).
+    min_match: u64,
+    /// The request's key in rendezvous orders: its hint, else the block that makes a match.
+    key: Option<u64>,
+    /// The fleet's fastest prefill, asked of the first candidate whose curve has none.
+    fastest: OnceCell<Option<f64>>,
+}
+
+impl<'a, 'b> Basis<'a, 'b> {
+    fn new(eval: Evaluator<'_>, ask: &'a Ask<'b>, policy: Policy) -> Self {
+        let min_match = eval.prefix.map_or(u64::MAX, |p| p.min_match_tokens);
+        let key = eval.prefix.zip(ask.prefix).and_then(|(routing, prefix)| {
+            let blocks = min_match.div_ceil(u64::from(routing.block_tokens.max(1)));
+            prefix.hint.or_else(|| {
+                let at = usize::try_from(blocks).ok()?.checked_sub(1)?;
+                prefix.hashes.get(at).copied()
+            })
+        });
+        Self {
+            ask,
+            policy,
+            predicts: !baseline::is_baseline(policy),
+            batch: policy == Policy::Throughput || ask.slo.is_batch(),
+            slo: ask.slo_at(ask.now),
+            min_match,
+            key,
+            fastest: OnceCell::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_is_claimed_only_when_fewer_than_three_requests_would_still_fit() {
+        let knee_at = |k: u32| move |m: u32| m <= k;
+        // Far from the knee and the limit: nothing to claim.
+        assert_eq!(edge(None, 1, knee_at(10)), None);
+        assert_eq!(edge(Some(10), 8, knee_at(100)), None);
+        // Within three of the knee: the limit is the knee.
+        assert_eq!(edge(None, 9, knee_at(10)), Some(10));
+        assert_eq!(edge(None, 1, knee_at(1)), Some(1), "a serial backend");
+        // Within three of `max_concurrency`, whichever comes first.
+        assert_eq!(edge(Some(3), 1, knee_at(100)), None, "three fit: 1, 2, 3");
+        assert_eq!(edge(Some(3), 2, knee_at(100)), Some(3));
+        assert_eq!(edge(Some(9), 8, knee_at(8)), Some(8));
+        // A request that does not fit even now (best effort) is bound by the limit alone.
+        assert_eq!(edge(Some(4), 3, knee_at(1)), Some(4));
+        assert_eq!(edge(None, 3, knee_at(1)), None);
+    }
+}
