@@ -310,7 +310,7 @@ impl Stats {
 
 /// A synthetic request: seconds after the emulator's start.
 #[derive(Debug, Clone, Copy)]
-struct Request {
+struct Synthetic {
     start: f64,
     first: f64,
     end: f64,
@@ -320,7 +320,7 @@ struct Request {
 #[derive(Debug)]
 struct BackendState {
     name: String,
-    requests: Vec<Request>,
+    requests: Vec<Synthetic>,
     area: f64,
 }
 
@@ -389,7 +389,8 @@ impl Emulated {
             let t_ms = clock.wall(now);
             let mut current = Vec::new();
             for b in &self.backends {
-                let waiting: Vec<&Request> = b.requests.iter().filter(|r| !r.first_seen).collect();
+                let waiting: Vec<&Synthetic> =
+                    b.requests.iter().filter(|r| !r.first_seen).collect();
                 let load = LocalLoad {
                     count: u32::try_from(b.requests.len()).unwrap_or(u32::MAX),
                     area: b.area,
@@ -482,7 +483,7 @@ impl Emulated {
             let start = self.next_arrival;
             let length = exponential(args.mean_s);
             let i = rand::random_range(0..self.backends.len());
-            self.backends[i].requests.push(Request {
+            self.backends[i].requests.push(Synthetic {
                 start,
                 first: start + length / 10.0,
                 end: start + length,

@@ -50,19 +50,19 @@ struct State {
     held: Held,
     calibration: Calibration,
     /// Decayed estimated cached share of routed prompts.
-    estimated: Share,
+    estimated: CachedShare,
     /// Decayed reported cached share of completed prompts.
-    reported: Share,
+    reported: CachedShare,
 }
 
 /// A decayed ratio of two token counts.
 #[derive(Debug, Clone, Copy, Default)]
-struct Share {
+struct CachedShare {
     cached: f64,
     prompt: f64,
 }
 
-impl Share {
+impl CachedShare {
     fn add(&mut self, cached: u64, prompt: u64) {
         self.cached += RATE_ALPHA * (cached as f64 - self.cached);
         self.prompt += RATE_ALPHA * (prompt as f64 - self.prompt);
@@ -98,8 +98,8 @@ impl PrefixIndex {
             state: Mutex::new(State {
                 held: Held::new(size.blocks, size.ttl),
                 calibration: Calibration::new(size.blocks),
-                estimated: Share::default(),
-                reported: Share::default(),
+                estimated: CachedShare::default(),
+                reported: CachedShare::default(),
             }),
             prefill_waiting: AtomicU64::new(0),
             reports: std::sync::atomic::AtomicBool::new(false),

@@ -28,7 +28,7 @@ pub(crate) struct RequestEnd {
     /// The request's traffic class.
     class: Option<Arc<str>>,
     /// The upstream status.
-    status: u16,
+    status: http::StatusCode,
     /// When the gateway received the request (the client's TTFT and total run from here).
     start: Instant,
     /// When it was sent to the backend that answered: the backend's own TTFT, which its curve
@@ -60,9 +60,10 @@ pub(crate) struct RequestEnd {
     charge: Option<Arc<Charge>>,
 }
 
-/// Who a request was, for its [`RequestEnd`].
+/// What a request's end needs to know of it from before its backend answered, for its
+/// [`RequestEnd`].
 #[derive(Debug)]
-pub(crate) struct Request {
+pub(crate) struct RequestFacts {
     /// The request id.
     pub id: http::HeaderValue,
     /// The model the client asked for.
@@ -82,7 +83,12 @@ pub(crate) struct Request {
 impl RequestEnd {
     /// The end of `request`, whose response head (`status`) came from `backend`, to which it
     /// was sent at `sent`.
-    pub(crate) fn new(request: Request, status: u16, sent: Instant, backend: Arc<str>) -> Self {
+    pub(crate) fn new(
+        request: RequestFacts,
+        status: http::StatusCode,
+        sent: Instant,
+        backend: Arc<str>,
+    ) -> Self {
         Self {
             id: request.id,
             model: request.model,
@@ -155,7 +161,7 @@ impl RequestEnd {
             prompt - cached_tokens.unwrap_or(expected).min(prompt) + slot.prefill_ahead();
         let backend = slot.backend();
         if let Some(model) = &self.model
-            && (200..300).contains(&self.status)
+            && self.status.is_success()
         {
             let start = FirstToken {
                 at: now,
@@ -211,7 +217,7 @@ impl RequestEnd {
                 .trial_ref()
                 .is_some_and(|t| t.early_due(timing.content_events))
             && let Some(model) = &self.model
-            && (200..300).contains(&self.status)
+            && self.status.is_success()
         {
             // Its speed so far, against the occupancy since its first token: an observation
             // of the stream as it stands, each content event taken as a token.
@@ -231,99 +237,142 @@ impl RequestEnd {
         }
     }
 
-    /// Writes the end, once: health, curve sample (from `meter`, for a stream), metrics and the
-    /// log line. Later calls do nothing.
+    /// Writes the end, once, in named steps: the probe's last word, the backend's health, what
+    /// its curve learns, the metrics, the key's charge, the span and the log line. Later calls
+    /// do nothing.
     pub(crate) fn write(&mut self, meter: Option<&StreamMeter>) {
         if std::mem::replace(&mut self.written, true) {
             return;
         }
         let now = Instant::now();
-        let success = (200..300).contains(&self.status);
+        let timing = meter.map(|m| &m.timing);
+        self.last_probe(meter, now);
+        self.note_health();
+        let timed = self.teach(meter, now);
+        self.count(timed.as_ref());
+        if let Some(charge) = self.charge.take() {
+            self.settle(&charge, timing);
+        }
+        if let Some(span) = self.span.take() {
+            self.end_span(&span, timing, now);
+        }
+        self.log_line(timing, now);
+    }
+
+    /// A probe whose speed was not judged yet is judged on the whole stream.
+    fn last_probe(&mut self, meter: Option<&StreamMeter>, now: Instant) {
         let unjudged = self
             .slot
             .as_ref()
             .and_then(InFlightGuard::trial_ref)
             .is_some_and(|t| t.probe_unjudged());
-        if let Some(meter) = meter.filter(|_| success && unjudged) {
+        if let Some(meter) = meter.filter(|_| self.status.is_success() && unjudged) {
             self.probe_speed(&meter.timing, true, now);
         }
-        let class = self.class.as_deref().unwrap_or("none");
-        if let Some(slot) = &self.slot {
-            if self.status >= 500 || self.outcome == Outcome::Failed {
-                slot.backend().note_upstream(false);
-            } else if success && self.outcome == Outcome::Completed {
-                slot.backend().note_upstream(true);
-            }
+    }
+
+    /// The backend's health hears of a server error or a failed stream, or of a success.
+    fn note_health(&self) {
+        let Some(slot) = &self.slot else {
+            return;
+        };
+        if self.failed() {
+            slot.backend().note_upstream(false);
+        } else if self.status.is_success() && self.outcome == Outcome::Completed {
+            slot.backend().note_upstream(true);
         }
+    }
+
+    /// What the backend's curve learns of a successful response: a first token held until the
+    /// stream reported its cached tokens, the stream's observation (unless it was read early),
+    /// and for a completed stream, how much of the prompt its prefix cache held. The
+    /// observation and the stream's longest gap, for the metrics.
+    fn teach(&mut self, meter: Option<&StreamMeter>, now: Instant) -> Option<(Observation, f64)> {
+        let (Some(slot), Some(model)) = (&self.slot, &self.model) else {
+            return None;
+        };
+        let backend = slot.backend();
+        if let Some(mut start) = self.deferred_start.take() {
+            let timing = meter.map(|m| &m.timing);
+            let prompt = timing
+                .and_then(|t| t.prompt_tokens)
+                .unwrap_or(self.prompt_estimate);
+            let cached = timing
+                .and_then(|t| t.cached_tokens)
+                .unwrap_or(slot.expected().cached_tokens);
+            start.prompt_tokens = Some(prompt - cached.min(prompt) + slot.prefill_ahead());
+            backend.first_token(model, &start);
+        }
+        let meter = meter.filter(|_| self.status.is_success())?;
+        let obs = Observation::of_stream(
+            &meter.timing,
+            self.outcome,
+            self.sent,
+            self.first_reading.as_ref(),
+            &slot.reading(now),
+            now,
+        );
+        if !slot.trial_ref().is_some_and(|t| t.was_read_early()) {
+            backend.record(model, &obs);
+        }
+        if self.outcome == Outcome::Completed {
+            self.calibrate_prefix(backend, slot.expected(), &meter.timing);
+        }
+        Some((obs, meter.max_gap_s))
+    }
+
+    /// The response's metrics: its backend's, with what its stream showed (`timed`), or the
+    /// gateway's where no backend's slot or model is known.
+    fn count(&self, timed: Option<&(Observation, f64)>) {
+        let class = self.class_label();
         match (&self.slot, &self.model) {
             (Some(slot), Some(model)) => {
-                let backend = slot.backend();
-                if let Some(mut start) = self.deferred_start.take() {
-                    let timing = meter.map(|m| &m.timing);
-                    let prompt = timing
-                        .and_then(|t| t.prompt_tokens)
-                        .unwrap_or(self.prompt_estimate);
-                    let cached = timing
-                        .and_then(|t| t.cached_tokens)
-                        .unwrap_or(slot.expected().cached_tokens);
-                    start.prompt_tokens = Some(prompt - cached.min(prompt) + slot.prefill_ahead());
-                    backend.first_token(model, &start);
-                }
-                let timed = match meter {
-                    Some(meter) if success => {
-                        let end = slot.reading(now);
-                        let obs = Observation::of_stream(
-                            &meter.timing,
-                            self.outcome,
-                            self.sent,
-                            self.first_reading.as_ref(),
-                            &end,
-                            now,
-                        );
-                        if !slot.trial_ref().is_some_and(|t| t.was_read_early()) {
-                            backend.record(model, &obs);
-                        }
-                        if self.outcome == Outcome::Completed {
-                            self.calibrate_prefix(backend, slot.expected(), &meter.timing);
-                        }
-                        Some((obs, meter.max_gap_s))
-                    }
-                    _ => None,
-                };
-                backend.count(model, class, self.status, self.outcome, timed.as_ref());
+                slot.backend()
+                    .count(model, class, self.status.as_u16(), self.outcome, timed);
             }
             _ => crate::telemetry::count_response(
                 &self.backend,
                 self.model.as_deref(),
                 class,
-                self.status,
+                self.status.as_u16(),
                 self.outcome,
             ),
         }
-        let outcome = match self.outcome {
-            Outcome::Completed => "ok",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Failed => "upstream_error",
-        };
-        let timing = meter.map(|m| &m.timing);
-        if let Some(charge) = self.charge.take() {
-            self.settle(&charge, timing);
-        }
-        if let Some(span) = self.span.take() {
-            self.end_span(&span, timing, outcome, now);
-        }
+    }
+
+    /// The request's log line.
+    fn log_line(&self, timing: Option<&StreamTiming>, now: Instant) {
         crate::logging::request_line(&RequestLine {
             request_id: self.id.to_str().unwrap_or("-"),
             backend: &self.backend,
             model: self.model.as_deref().unwrap_or("-"),
-            class,
-            status: self.status,
-            outcome,
+            class: self.class_label(),
+            status: self.status.as_u16(),
+            outcome: self.outcome_label(),
             ttft: timing.and_then(|t| t.first_content).map(|t| t - self.start),
             output_tokens: timing.and_then(|t| t.output_tokens),
             bytes: self.bytes,
             total: now - self.start,
         });
+    }
+
+    /// The backend failed the request: a server error, or a stream that broke.
+    fn failed(&self) -> bool {
+        self.status.is_server_error() || self.outcome == Outcome::Failed
+    }
+
+    /// The class, as metrics and logs name it.
+    fn class_label(&self) -> &str {
+        self.class.as_deref().unwrap_or("none")
+    }
+
+    /// The outcome, as logs and spans name it.
+    fn outcome_label(&self) -> &'static str {
+        match self.outcome {
+            Outcome::Completed => "ok",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Failed => "upstream_error",
+        }
     }
 }
 
@@ -371,7 +420,7 @@ impl RequestEnd {
                 cost,
                 crate::tenant::unix_now(),
             ),
-            None if (200..300).contains(&self.status) => {
+            None if self.status.is_success() => {
                 charge.settle(None, None, cost, crate::tenant::unix_now());
             }
             _ => {}
@@ -384,13 +433,12 @@ impl RequestEnd {
         &self,
         span: &crate::otel::RequestSpan,
         timing: Option<&StreamTiming>,
-        outcome: &'static str,
         now: Instant,
     ) {
         use opentelemetry::KeyValue;
         let mut attributes = vec![
-            KeyValue::new("http.response.status_code", i64::from(self.status)),
-            KeyValue::new("tpsgate.outcome", outcome),
+            KeyValue::new("http.response.status_code", i64::from(self.status.as_u16())),
+            KeyValue::new("tpsgate.outcome", self.outcome_label()),
             KeyValue::new("tpsgate.duration_s", (now - self.start).as_secs_f64()),
         ];
         if let Some(model) = &self.model {
@@ -426,11 +474,10 @@ impl RequestEnd {
                 ));
             }
         }
-        let failed = self.status >= 500 || self.outcome == Outcome::Failed;
         span.end(
             self.model.as_ref().map(|m| format!("chat {m}")),
             attributes,
-            failed.then_some("upstream_error"),
+            self.failed().then_some("upstream_error"),
         );
     }
 }

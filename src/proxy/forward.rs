@@ -58,7 +58,7 @@ impl Forward {
 #[derive(Debug)]
 struct Pending {
     backend: Arc<Backend>,
-    request: end::Request,
+    request: end::RequestFacts,
     stream: Option<(StreamDialect, bool)>,
     deadlines: Deadlines,
     prediction: Option<crate::curve::Prediction>,
@@ -202,7 +202,7 @@ impl Service<Request<UpstreamBody>> for Forward {
             head_timer: tokio::time::sleep_until(deadlines.first_token()),
             pending: Some(Pending {
                 backend: Arc::clone(&routed.backend),
-                request: end::Request {
+                request: end::RequestFacts {
                     id,
                     model,
                     class,
@@ -311,7 +311,7 @@ impl Future for ForwardFuture {
         }
         let end = RequestEnd::new(
             pending.request,
-            parts.status.as_u16(),
+            parts.status,
             pending.deadlines.sent(),
             Arc::clone(&backend),
         );

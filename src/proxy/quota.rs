@@ -23,7 +23,7 @@ use super::classify::Classified;
 use super::endpoint::Endpoint;
 use crate::config::BackendDialect;
 use crate::error::{Error, ErrorKind};
-use crate::tenant::{self, Limit, Quota, Refusal, Tenant, Window};
+use crate::tenant::{self, Allowance, Limit, Quota, Refusal, Tenant};
 
 /// Holds each API key to its limits.
 #[derive(Debug, Clone, Copy, Default)]
@@ -162,7 +162,7 @@ static NAMES: [[[HeaderName; 3]; 2]; 2] = [
 ];
 
 /// When the window is full again, as Anthropic says it: RFC 3339, UTC.
-fn reset_at(w: &Window, unix_s: i64) -> String {
+fn reset_at(w: &Allowance, unix_s: i64) -> String {
     let secs = i64::try_from(w.reset.as_secs()).unwrap_or(0);
     let at = unix_s.saturating_add(secs + i64::from(w.reset.subsec_nanos() > 0));
     format!("{}Z", crate::logging::date_time(at))
@@ -247,7 +247,7 @@ mod tests {
 
     #[test]
     fn anthropic_resets_are_rfc_3339_times_rounded_up_to_the_second() {
-        let w = Window {
+        let w = Allowance {
             limit: 10,
             remaining: 0,
             reset: Duration::from_millis(1_500),

@@ -22,7 +22,7 @@ pub(crate) struct Bucket {
 /// One limit's state for the response headers: the limit, what is left, and how long until
 /// the bucket is full again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct Window {
+pub(crate) struct Allowance {
     /// Per minute.
     pub limit: u64,
     /// What may still be used now.
@@ -111,9 +111,9 @@ impl Bucket {
     }
 
     /// The state at `now`.
-    pub(crate) fn window(&mut self, now: Instant) -> Window {
+    pub(crate) fn allowance(&mut self, now: Instant) -> Allowance {
         self.refill(now);
-        Window {
+        Allowance {
             limit: self.per_minute as u64,
             remaining: self.level.max(0.0) as u64,
             reset: Duration::from_secs_f64((self.per_minute - self.level) * 60.0 / self.per_minute),

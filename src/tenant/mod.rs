@@ -29,7 +29,7 @@ mod period;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use bucket::{Bucket, Window};
+pub(crate) use bucket::{Allowance, Bucket};
 
 /// Which limit refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,9 +68,9 @@ impl Limit {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Quota {
     /// `requests_per_minute`, if set.
-    pub requests: Option<Window>,
+    pub requests: Option<Allowance>,
     /// `tokens_per_minute`, if set.
-    pub tokens: Option<Window>,
+    pub tokens: Option<Allowance>,
 }
 
 /// A request its key's limits refused.
@@ -164,9 +164,9 @@ pub(crate) struct Usage {
     /// `max_concurrency`, if set.
     pub max_concurrency: Option<u64>,
     /// `requests_per_minute`: limit, remaining, seconds to full.
-    pub requests_per_minute: Option<Window>,
+    pub requests_per_minute: Option<Allowance>,
     /// `tokens_per_minute`: limit, remaining, seconds to full.
-    pub tokens_per_minute: Option<Window>,
+    pub tokens_per_minute: Option<Allowance>,
     /// Dollars spent this period.
     pub spent_usd: f64,
     /// `budget_usd`, if set.
@@ -466,8 +466,8 @@ impl State {
 
     fn quota(&mut self, now: Instant) -> Quota {
         Quota {
-            requests: self.requests.as_mut().map(|b| b.window(now)),
-            tokens: self.tokens.as_mut().map(|b| b.window(now)),
+            requests: self.requests.as_mut().map(|b| b.allowance(now)),
+            tokens: self.tokens.as_mut().map(|b| b.allowance(now)),
         }
     }
 }

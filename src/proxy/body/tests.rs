@@ -13,8 +13,8 @@ use crate::proxy::deadline::Deadlines;
 use crate::proxy::end;
 use crate::proxy::testing::{Fed, Feed, ROLE, USAGE, backend, content, fed};
 
-fn request() -> end::Request {
-    end::Request {
+fn request() -> end::RequestFacts {
+    end::RequestFacts {
         id: http::HeaderValue::from_static("req-1"),
         model: Some("m".to_owned()),
         class: None,
@@ -42,7 +42,7 @@ fn metered(stream: Option<bool>) -> (Feed, Metered<Fed>) {
         None,
         Arc::from("b"),
     );
-    let end = RequestEnd::new(request(), 200, sent, Arc::from("b"));
+    let end = RequestEnd::new(request(), http::StatusCode::OK, sent, Arc::from("b"));
     let stream = stream.map(|strip| (StreamDialect::OpenAi, strip));
     (feed, Metered::new(timed, end, stream, 1 << 20))
 }
