@@ -14,6 +14,8 @@ mod binary;
 mod classes;
 #[path = "gateway/cluster.rs"]
 mod cluster;
+#[path = "gateway/connections.rs"]
+mod connections;
 #[path = "gateway/credentials.rs"]
 mod credentials;
 #[path = "gateway/curves.rs"]
