@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rand::Rng;
 
-use super::Candidate;
+use super::candidates::Candidate;
 use crate::config::Policy;
 
 /// Baselines decide without curves.

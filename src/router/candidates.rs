@@ -88,9 +88,6 @@ pub(crate) struct Estimate {
     /// backends on its device, the rest as they are); infinite elsewhere, where placing a
     /// request changes no other backend ([`Candidate::room`]).
     pub next_slack: f64,
-    /// It runs, and the request would wait there behind the requests it has
-    /// ([`Predictor::queues`]): batch work is not sent to wait in a backend's queue.
-    pub queues: bool,
 }
 
 impl Candidate<'_> {
@@ -235,6 +232,14 @@ impl Candidate<'_> {
     /// the SLO and above every one that misses it.
     pub(crate) fn room(&self) -> f64 {
         self.estimate.map_or(0.0, |e| e.slack.min(e.next_slack))
+    }
+
+    /// It runs, and the request would wait there behind the requests it has
+    /// ([`Predictor::queues`]): batch work is not sent to wait in a backend's queue. Asked by
+    /// the rungs that place batch work (a second prediction, of a lone request).
+    pub(crate) fn queues(&self) -> bool {
+        self.estimate
+            .is_some_and(|e| self.predictor.queues(self.backend, &e.prediction))
     }
 
     /// Taken on its ramp's evidence alone: a probe, whose first token and speed tell the ramp.

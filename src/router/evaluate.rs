@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::ask::{ASSUMED_OUTPUT_TOKENS, Ask};
 use super::baseline;
 use super::candidates::{Candidate, Estimate};
-use super::device::Devices;
+use super::device::{Devices, NeighbourCost};
 use super::oracle::Oracle;
 use super::predictor::Predictor;
 use super::served::Served;
@@ -149,10 +149,17 @@ impl<'r> Evaluator<'r> {
     ) -> Estimate {
         let ask = basis.ask;
         let n = f64::from(backend.in_flight() + 1);
-        let queues = predictor.queues(backend, &p);
-        let neighbours = self
-            .devices
-            .cost(index, backend, queues, ask.model, self.classes);
+        // Whether it queues is asked only where the engines beside it would pay for it.
+        let neighbours = match self.devices.of(index) {
+            Some(_) => self.devices.cost(
+                index,
+                backend,
+                predictor.queues(backend, &p),
+                ask.model,
+                self.classes,
+            ),
+            None => NeighbourCost::NONE,
+        };
         // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds, so a
         // backend that queues (TTFT growing with n) adds nothing by taking more.
         let tokens = ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from);
@@ -178,7 +185,6 @@ impl<'r> Evaluator<'r> {
                 || (self.leaves_room(predictor, n + 1.0) && neighbours.leaves_room),
             marginal_tps,
             next_slack: f64::INFINITY,
-            queues,
         }
     }
 

@@ -28,8 +28,8 @@ impl Rung for Batch {
             kept_best(
                 scene.candidates,
                 |c| {
-                    c.estimate
-                        .is_some_and(|e| e.keeps_classes && e.leaves_room && !e.queues)
+                    c.estimate.is_some_and(|e| e.keeps_classes && e.leaves_room)
+                        && !c.queues()
                         && !c.starts_beside
                 },
                 Candidate::keeps_others,

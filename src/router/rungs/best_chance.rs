@@ -1,4 +1,4 @@
-//! Rung 8: with no candidate feasible at the class's percentiles, the request still goes where
+//! Rung 7: with no candidate feasible at the class's percentiles, the request still goes where
 //! it is most likely to meet its SLO, unless admitting it is predicted to cost the requests
 //! already there more good completions than it adds. A percentile is a target for choosing,
 //! not a cliff (docs/benchmarks/routing.md, "Noisy engines and marginal SLOs: no regret against the

@@ -20,7 +20,7 @@ impl Rung for Explore {
     /// where there is one, keeps this request's SLO, the speed of every class already there and
     /// (for batch work, which holds a slot for long) room for the next latency request. Least
     /// confidence first. Never one whose idle engine it would start on a device it shares
-    /// ([`Candidate::starts_shared`](crate::router::Candidate)): what its passes cost the
+    /// ([`Candidate::starts_shared`](crate::router::candidates::Candidate)): what its passes cost the
     /// device's other engines is what exploring does not know. Such an engine is tried as its
     /// slow start, or as an idle engine on thin evidence, where nothing is feasible.
     fn pick(&self, scene: &Scene<'_, '_>) -> Option<Pick> {
@@ -43,7 +43,7 @@ impl Rung for Explore {
                             (e.prediction.beyond_evidence || e.prediction.confidence < 0.5)
                                 && e.keeps_classes
                                 && e.leaves_room
-                                && if batch { !e.queues } else { e.slack >= 0.0 }
+                                && if batch { !c.queues() } else { e.slack >= 0.0 }
                         }
                     }
             },

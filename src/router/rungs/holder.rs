@@ -1,4 +1,4 @@
-//! Rung 3: the backend holding the longest prefix of the prompt, where it meets the SLO: a
+//! Rung 2: the backend holding the longest prefix of the prompt, where it meets the SLO: a
 //! prompt that leaves the backend holding its prefix pays its prefill cold elsewhere
 //! (docs/benchmarks/routing.md, "Conversations and shared prompts").
 

@@ -1,4 +1,4 @@
-//! Rung 4: a prompt worth holding that no feasible backend holds goes to the least full prefix
+//! Rung 3: a prompt worth holding that no feasible backend holds goes to the least full prefix
 //! index: a prompt is re-sent where it lands, and an engine's cache, not its compute, is what a
 //! prompt too many overflows (docs/benchmarks/routing.md, "Conversations and shared prompts").
 

@@ -1,4 +1,4 @@
-//! Rung 5: the class's policy among the backends predicted to meet its SLO: `headroom` the
+//! Rung 4: the class's policy among the backends predicted to meet its SLO: `headroom` the
 //! most room, `pack` the least slack, `cheapest` the lowest price (docs/benchmarks/routing.md, "Routing:
 //! goodput per policy on the simulated fleet").
 

@@ -1,7 +1,7 @@
-//! Rung 7: where nothing is feasible, an idle backend whose thin evidence predicts a miss is
+//! Rung 6: where nothing is feasible, an idle backend whose thin evidence predicts a miss is
 //! tried again, as a never-observed one is, outside the exploration budget and from the line
 //! too: a first answer slowed by the engine's own cold start, or a fit through two samples,
-//! must not lock a backend out while requests wait or fail elsewhere (BENCHMARKS.md,
+//! must not lock a backend out while requests wait or fail elsewhere (docs/benchmarks/real-engines.md,
 //! "Collapses on the CPU engines").
 
 use super::explore::least_confident;

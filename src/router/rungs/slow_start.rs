@@ -1,4 +1,4 @@
-//! Rung 6 (and the batch ladder's first choice): a never-observed backend takes the request on
+//! Rung 5 (and the batch ladder's first choice): a never-observed backend takes the request on
 //! its ramp, a lone request first, then one more per first token in time
 //! ([`crate::fleet::ramp`]; docs/benchmarks/routing.md, "Cold start under load: a slow start").
 

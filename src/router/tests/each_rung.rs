@@ -194,3 +194,28 @@ fn batch_work_goes_where_a_latency_request_could_still_join_after_it() {
         None
     );
 }
+
+/// The ladder a latency request climbs is the numbered list docs/ARCHITECTURE.md gives, in
+/// its order, each rung named for its file in `router/rungs/`.
+#[test]
+fn the_ladder_climbs_the_rungs_in_the_order_the_architecture_lists_them() {
+    let page = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/ARCHITECTURE.md"),
+    )
+    .unwrap();
+    let from = page.find("**The ladder**").unwrap();
+    let to = from + page[from..].find("A batch request's").unwrap();
+    let listed: Vec<&str> = page[from..to]
+        .lines()
+        .filter_map(|l| l.split_once(". `")?.1.split_once(".rs`").map(|(f, _)| f))
+        .collect();
+    let climbed: Vec<&str> = crate::router::ladder::LATENCY
+        .iter()
+        .map(|r| r.name())
+        .collect();
+    assert_eq!(climbed, listed);
+    for name in climbed {
+        let file = format!("{}/src/router/rungs/{name}.rs", env!("CARGO_MANIFEST_DIR"));
+        assert!(std::path::Path::new(&file).exists(), "{file}");
+    }
+}

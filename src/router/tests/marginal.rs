@@ -453,7 +453,7 @@ fn batch_work_waits_at_the_gateway_rather_than_in_a_busy_engines_queue() {
     let waiting = router
         .candidates(&ask(&router, 0), Policy::Headroom)
         .swap_remove(0);
-    assert!(waiting.estimate.unwrap().queues, "{waiting:?}");
+    assert!(waiting.queues(), "{waiting:?}");
     assert_eq!(chosen(&router, 0), Err(ErrorKind::NoBackendAvailable));
     drop(running);
     assert_eq!(chosen(&router, 0), Ok("serial"), "idle, it takes it");
