@@ -5,7 +5,7 @@
 # 20% batch (512 output tokens). Each policy gets a fresh simulator and gateway, a
 # warm-up so that curves exist, then the measured rates. Run k offers every policy the same
 # arrivals (bench --seed k), so that policies differ only by where they send them. Writes the
-# table into BENCHMARKS.md between the goodput markers (median over runs).
+# table into docs/benchmarks/routing.md between the goodput markers (median over runs).
 #
 # Usage: benches/goodput.sh [RUNS=3] [RATES=4,8,12] [DURATION_S=60] [ARMS...]
 # An arm is a policy, or `policy:on_miss` (`headroom:best_effort`): the interactive class's
@@ -18,7 +18,7 @@
 # the device (SHARED=0: it does not); FLEET=bend runs config/sim-fleet-bend.yaml (the same two
 # engines shaped like those on an H200: the batching one holds its speed past 8 in flight)
 # behind the same gateway. WARMUP_RATE (default 5 req/s) is the warm-up's rate. Only
-# the default fleet and SLO write BENCHMARKS.md, and not with SPLICE=0.
+# the default fleet and SLO write docs/benchmarks/routing.md, and not with SPLICE=0.
 # Needs ports 8180, 9190 and 9101-9104 (9121-9122 for FLEET=noisy, 9131-9132 for shared and bend) free. About 4 minutes per
 # policy per run (a request not done in 30 s counts as failed).
 set -euo pipefail
@@ -73,6 +73,8 @@ for run in $(seq "$runs"); do
     bench --rate "$warm_rate" --duration 20 --seed "$((1000 + run))" --json >/dev/null   # warm-up: curves form
     bench --rate "$rates" --duration "$duration" --seed "$run" --json \
       | sed "s/^/{\"policy\":\"$arm\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results.jsonl"
+    # The curves the gateway learned by the end, for the pictures (benches/pictures.py).
+    curl -sf http://127.0.0.1:9190/admin/curves >"$out/curves-$arm-$run.json" || true
     echo "run $run: $arm done" >&2
     stop
   done

@@ -1,13 +1,19 @@
-"""Replaces the text between `<!-- NAME:start -->` and `<!-- NAME:end -->` in BENCHMARKS.md with
-the contents of a file. Usage: python3 benches/splice.py NAME FILE"""
+"""Replaces the text between `<!-- NAME:start -->` and `<!-- NAME:end -->` in whichever
+benchmarks page holds them (BENCHMARKS.md or docs/benchmarks/*.md) with the contents of a file.
+Usage: python3 benches/splice.py NAME FILE"""
+import glob
 import sys
 
 name, path = sys.argv[1], sys.argv[2]
 table = open(path).read()
 start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-text = open("BENCHMARKS.md").read()
-if start in text and end in text:
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    open("BENCHMARKS.md", "w").write(head + start + "\n" + table + end + tail)
-    print("BENCHMARKS.md updated", file=sys.stderr)
+for page in ["BENCHMARKS.md", *sorted(glob.glob("docs/benchmarks/*.md"))]:
+    text = open(page).read()
+    if start in text and end in text:
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        open(page, "w").write(head + start + "\n" + table + end + tail)
+        print(f"{page} updated", file=sys.stderr)
+        break
+else:
+    print(f"no page holds the {name} markers", file=sys.stderr)

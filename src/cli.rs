@@ -77,8 +77,11 @@ pub(crate) struct ConfigArg {
 #[derive(Debug, Args)]
 pub(crate) struct CurvesArgs {
     /// The gateway's admin plane, e.g. http://127.0.0.1:9090.
-    #[arg(long)]
-    pub url: String,
+    #[arg(long, required_unless_present = "from", conflicts_with = "from")]
+    pub url: Option<String>,
+    /// A saved `/admin/curves` document to draw instead (a benchmark's, say).
+    #[arg(long, value_name = "FILE")]
+    pub from: Option<PathBuf>,
     /// Write the picture (the dashboard's charts) to this SVG file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
@@ -355,11 +358,44 @@ async fn replicas(args: crate::cluster::emulate::ReplicasArgs) -> Result<(), Str
 }
 
 async fn curves(args: CurvesArgs) -> Result<(), String> {
+    let doc = match (&args.url, &args.from) {
+        (_, Some(file)) => {
+            let text =
+                std::fs::read(file).map_err(|e| format!("--from {}: {e}", file.display()))?;
+            serde_json::from_slice(&text).map_err(|e| {
+                format!(
+                    "--from {}: not an /admin/curves document ({e})",
+                    file.display()
+                )
+            })?
+        }
+        (Some(url), None) => fetch_curves(url, &args).await?,
+        (None, None) => {
+            return Err("give --url (an admin plane) or --from (a saved document)".into());
+        }
+    };
+    let write = |file: &std::path::Path, text: String| {
+        std::fs::write(file, text).map_err(|e| format!("{}: {e}", file.display()))
+    };
+    if let Some(file) = &args.svg {
+        write(file, crate::admin::export::svg(&doc))?;
+    }
+    if let Some(file) = &args.csv {
+        write(file, crate::admin::export::csv(&doc))?;
+    }
+    if args.svg.is_none() && args.csv.is_none() {
+        say(crate::admin::export::csv(&doc).trim_end());
+    }
+    Ok(())
+}
+
+/// The `/admin/curves` document of the admin plane at `url`.
+async fn fetch_curves(url: &str, args: &CurvesArgs) -> Result<serde_json::Value, String> {
     use http_body_util::BodyExt as _;
-    let base = args.url.trim_end_matches('/');
+    let base = url.trim_end_matches('/');
     let uri: http::Uri = format!("{base}/admin/curves")
         .parse()
-        .map_err(|e| format!("--url: `{}` is not a URL: {e}", args.url))?;
+        .map_err(|e| format!("--url: `{url}` is not a URL: {e}"))?;
     let mut request = http::Request::get(uri);
     if let Some(var) = &args.token_env {
         let token = std::env::var(var)
@@ -396,19 +432,6 @@ async fn curves(args: CurvesArgs) -> Result<(), String> {
             String::from_utf8_lossy(&body).trim()
         ));
     }
-    let doc: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| format!("{base}/admin/curves is not a tpsgate admin plane ({e})"))?;
-    let write = |file: &std::path::Path, text: String| {
-        std::fs::write(file, text).map_err(|e| format!("{}: {e}", file.display()))
-    };
-    if let Some(file) = &args.svg {
-        write(file, crate::admin::export::svg(&doc))?;
-    }
-    if let Some(file) = &args.csv {
-        write(file, crate::admin::export::csv(&doc))?;
-    }
-    if args.svg.is_none() && args.csv.is_none() {
-        say(crate::admin::export::csv(&doc).trim_end());
-    }
-    Ok(())
+    serde_json::from_slice(&body)
+        .map_err(|e| format!("{base}/admin/curves is not a tpsgate admin plane ({e})"))
 }

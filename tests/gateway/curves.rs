@@ -350,6 +350,43 @@ async fn the_curves_can_be_taken_away_as_svg_and_csv() {
     )
     .unwrap();
     assert!(page.contains("id=\"save-svg\"") && page.contains("\"/admin/curves.\" + kind"));
+
+    // A document saved from the admin plane (a benchmark keeps one) draws the same way later,
+    // with no gateway running; a file that is not one is refused by name.
+    let saved = dir.path().join("curves.json");
+    let doc = support::send(
+        &tpsgate::bench::http_client(None).unwrap(),
+        gw.admin_addr(),
+        http::Method::GET,
+        "/admin/curves",
+        None,
+        &[("authorization", "Bearer key-of-ADMIN")],
+    )
+    .await
+    .body();
+    std::fs::write(&saved, doc).unwrap();
+    let later = dir.path().join("later.svg");
+    let drawn = support::tpsgate()
+        .args(["curves", "--from"])
+        .arg(&saved)
+        .arg("--svg")
+        .arg(&later)
+        .output()
+        .unwrap();
+    assert!(drawn.status.success(), "{drawn:?}");
+    let picture = std::fs::read_to_string(&later).unwrap();
+    assert!(picture.contains("sim · m") && picture.contains("<circle"));
+    let refused = support::tpsgate()
+        .args(["curves", "--from"])
+        .arg(&later)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        said.contains("later.svg") && said.contains("not an /admin/curves document"),
+        "{said}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,4 +453,48 @@ async fn backends_on_one_device_learn_what_each_others_load_costs_their_speed() 
         untold, 0.0,
         "backends that share no device learn nothing of each other"
     );
+}
+
+/// BENCHMARKS.md's pictures are what `benches/pictures.sh` draws from the benchmarks' output kept
+/// in docs/benchmarks/data/: redrawn here, each is the committed file byte for byte (a change to
+/// the data, the drawing script or the dashboard's curve picture that is not redrawn fails).
+#[test]
+fn the_benchmarks_pictures_are_drawn_from_the_kept_data() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let drawn = std::process::Command::new("python3")
+        .arg(root.join("benches/pictures.py"))
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(drawn.status.success(), "{drawn:?}");
+    let curves = support::tpsgate()
+        .args(["curves", "--from"])
+        .arg(root.join("docs/benchmarks/data/curves-default.json"))
+        .arg("--svg")
+        .arg(dir.path().join("curves-default.svg"))
+        .output()
+        .unwrap();
+    assert!(curves.status.success(), "{curves:?}");
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5, "{names:?}");
+    let page = std::fs::read_to_string(root.join("BENCHMARKS.md")).unwrap();
+    for name in &names {
+        let kept = std::fs::read_to_string(root.join("docs/benchmarks/img").join(name))
+            .unwrap_or_else(|e| panic!("docs/benchmarks/img/{name}: {e}; run benches/pictures.sh"));
+        let fresh = std::fs::read_to_string(dir.path().join(name)).unwrap();
+        assert!(
+            kept == fresh,
+            "docs/benchmarks/img/{name} is not its data's picture: run benches/pictures.sh"
+        );
+        assert!(
+            page.contains(&format!("(docs/benchmarks/img/{name})")),
+            "BENCHMARKS.md shows {name}"
+        );
+    }
 }
