@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How closely `tpsgate bench` measures what the simulator's /sim/truth says, for every backend of
-# config/sim-fleet.yaml. Prints a Markdown table (the one in BENCHMARKS.md).
+# config/sim-fleet.yaml. Prints a Markdown table (the one in docs/benchmarks/simulator.md).
 #
 # Usage: benches/bench-accuracy.sh   (needs ports 9101-9104 free)
 set -euo pipefail

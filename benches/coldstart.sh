@@ -9,7 +9,7 @@
 # requests shed (429). Arms: `before` (BASELINE=path: a build whose cold backends take one
 # request at a time until one completes) and `ramp` (this build: the slow start). Each run gives
 # every arm a fresh simulator and gateway and the same arrivals (bench --seed). Writes the table
-# into BENCHMARKS.md between the coldstart markers (median over runs).
+# into docs/benchmarks/routing.md between the coldstart markers (median over runs).
 #
 # Usage: BASELINE=path [BIN=path] benches/coldstart.sh [RUNS=3] [ARMS...]
 #   RATE=16 WINDOWS=6 WINDOW_S=5

@@ -11,7 +11,7 @@
 #   rr      round_robin (spreads every turn; close to random)
 # Workloads: `uniform` (conversations spread evenly over the 16 prompts) and `hot` (one prompt
 # carries half of them). Each arm gets a fresh simulator and gateway and a warm-up; run k
-# offers every arm the same conversations (bench --seed k). Writes the table into BENCHMARKS.md
+# offers every arm the same conversations (bench --seed k). Writes the table into its docs/benchmarks/ page
 # between the conversations markers (median over runs), unless SPLICE=0 (an A/B of one arm,
 # whose table would replace the recorded one).
 #

@@ -2,7 +2,7 @@
 //! the sample plus the model rebuild that falls due every 100 ms on a busy backend (inline, on
 //! the first token or the end that finds it due).
 //!
-//! Run: `cargo bench --bench curve`. Results are in BENCHMARKS.md.
+//! Run: `cargo bench --bench curve`. Results are in docs/benchmarks/overhead.md.
 
 use std::hint::black_box;
 use std::time::Duration;

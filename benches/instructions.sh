@@ -5,12 +5,12 @@
 # callgrind in front of a static nginx upstream; after a warm-up the counters are zeroed, wrk sends
 # small non-stream chat requests for a fixed time (4 connections), and the instructions counted are
 # divided by the requests wrk completed. User space only: system calls are the kernel's work and
-# are the same in kind for every arm. Writes the table into BENCHMARKS.md between the
+# are the same in kind for every arm. Writes the table into its docs/benchmarks/ page between the
 # instructions markers.
 #
 # Usage: benches/instructions.sh [TPSGATE_BINARY]   (ports 9221-9225 free; installs valgrind,
 # nginx-light and wrk with apt when missing; about 3 minutes). `ARMS=tpsgate benches/instructions.sh`
-# counts only the arms named and prints their lines without touching BENCHMARKS.md;
+# counts only the arms named and prints their lines without touching docs/benchmarks/;
 # `WRK_SCRIPT=file.lua` sends another request (with ARMS, for a one-off count);
 # `VG_EXTRA=--cache-sim=yes` adds callgrind's cache simulation (instruction and data cache misses).
 set -euo pipefail

@@ -4,7 +4,7 @@
 //! an OpenAI client (`translate_*`: the meter's work included, as the gateway does both); and a
 //! request's translation each way (`per_request`).
 //!
-//! Run: `cargo bench --bench meter`. Results are in BENCHMARKS.md.
+//! Run: `cargo bench --bench meter`. Results are in docs/benchmarks/overhead.md.
 
 use std::hint::black_box;
 

@@ -9,7 +9,7 @@
 # Two upstreams: `tpsgate sim` (a 2 ms decode step) for the streaming measures, and a static nginx
 # responder (an instant upstream: a canned chat completion) for the non-stream ones, driven by wrk,
 # so that the simulator's millisecond clock and the client's own cost do not hide microseconds.
-# Writes the table into BENCHMARKS.md between the overhead markers (medians over repetitions;
+# Writes the table into its docs/benchmarks/ page between the overhead markers (medians over repetitions;
 # "added" is the arm minus direct in the same repetition).
 #
 # Usage: benches/overhead.sh [REPS=3]   (ports 9201-9216, 9261-9264 and 9293-9294 free; installs

@@ -3,7 +3,7 @@
 //! `src/proxy/skim.rs`: serde_json deserializing the same fields (as borrowed raw values, for
 //! their spans) and skipping the rest.
 //!
-//! Run: `cargo bench --bench peek`. Results are in BENCHMARKS.md.
+//! Run: `cargo bench --bench peek`. Results are in docs/benchmarks/overhead.md.
 
 use std::hint::black_box;
 

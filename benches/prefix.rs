@@ -4,7 +4,7 @@
 //! decision), beside reading the same body (classify's peek, which every routed request pays)
 //! and the routing decision itself (`cargo bench --bench route`).
 //!
-//! Run: `cargo bench --bench prefix`. Results are in BENCHMARKS.md ("Prefix index").
+//! Run: `cargo bench --bench prefix`. Results are in docs/benchmarks/overhead.md ("Prefix index").
 
 #![expect(
     clippy::expect_used,

@@ -7,7 +7,7 @@
 # when its TTFT <= 1 s and its per-user TPS >= 25. Each setup gets a fresh simulator, fresh
 # gateways and a fresh key prefix, a warm-up (4 req/s for 15 s), then the same rising ladder of
 # rates, each level DURATION_S long, all replicas stepping together. Prints attainment over all
-# requests and the worst replica's per level; writes the table into BENCHMARKS.md between the
+# requests and the worst replica's per level; writes the table into docs/benchmarks/replicas.md between the
 # replicas markers (median over runs).
 #
 # A `-cold` setup (one-cold, eight-cold, eight-cold-cluster) is the same right after start: a

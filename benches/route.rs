@@ -4,7 +4,7 @@
 //! constant. Each backend has a taught curve (its own speed slope) and a few requests in flight;
 //! each iteration routes one interactive request and gives its slot back.
 //!
-//! Run: `cargo bench --bench route`. Results are in BENCHMARKS.md.
+//! Run: `cargo bench --bench route`. Results are in docs/benchmarks/overhead.md.
 
 #![expect(
     clippy::expect_used,

@@ -6,7 +6,7 @@
 # Redis's CPU (seconds a second), commands and bytes a second, bytes per replica, the rounds the
 # replicas achieved against their target (R / 50 ms), the real gateway's round-trip time, and
 # whether its fleet-wide count of every backend equals the sum of the replicas' held requests
-# within one interval once they hold still. Writes the table into BENCHMARKS.md between the
+# within one interval once they hold still. Writes the table into its docs/benchmarks/ page between the
 # scale markers (medians over runs).
 #
 # Usage: [BIN=path] benches/scale.sh [REPLICAS=10,100,500,1000] [MEASURE_S=20] [RUNS=3]

@@ -17,7 +17,7 @@
 # tenant: SLO attainment (a 429 counts as missed) and goodput; for tpm, the tokens A used
 # fleet-wide per minute (summed over the replicas' /admin/keys) from 20 s into the measured
 # window to its end, against its limit.
-# Writes the table into BENCHMARKS.md between the tenants markers (median over runs).
+# Writes the table into its docs/benchmarks/ page between the tenants markers (median over runs).
 #
 # Usage: [BASELINE=path] [BIN=path] benches/tenants.sh [RUNS=1] [DURATION_S=60] [SETUPS...]
 # Needs ports 8271-8274, 9271-9274, 9101-9104 and 6398 free; installs redis-server with apt when

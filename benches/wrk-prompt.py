@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes a wrk script (to stdout) that sends benches/wrk-chat.lua's request with a 32 KB user
 message of prose or of source code: the prompts of benches/peek.rs, for
-`WRK_SCRIPT=... benches/instructions.sh` (BENCHMARKS.md, "Request size").
+`WRK_SCRIPT=... benches/instructions.sh` (docs/benchmarks/overhead.md, "Request size").
 
 Usage: python3 benches/wrk-prompt.py prose|code > /tmp/prompt.lua
 """

@@ -3,7 +3,7 @@
 //! The JSON lines are written by a formatter of our own. Every proxied request logs one line,
 //! and tracing-subscriber's JSON formatter (serde_json behind a bytes-to-str adaptor, a calendar
 //! computation per line) was a large share of a whole proxied request's instructions
-//! (BENCHMARKS.md, "Instructions per request"); this one writes fields straight into the line
+//! (docs/benchmarks/overhead.md, "Instructions per request"); this one writes fields straight into the line
 //! buffer and formats the date once per second. The shape is the same: `timestamp` (RFC 3339, microseconds, UTC),
 //! `level`, the event's fields with `message` among them, `target`. Spans are not written: the
 //! gateway opens none.

@@ -430,7 +430,7 @@ pub(crate) fn prometheus() -> Option<&'static PrometheusHandle> {
 
 /// Metric handles of one backend × model × class: the histograms, built with it, and the
 /// response counter of each status × outcome, built the first time that one is seen (a registry
-/// lookup hashes and copies every label: BENCHMARKS.md, "Instructions per request").
+/// lookup hashes and copies every label: docs/benchmarks/overhead.md, "Instructions per request").
 #[derive(Debug)]
 pub(crate) struct ModelMetrics {
     labels: [(&'static str, String); 3],

@@ -16,7 +16,7 @@ pub(crate) const EARLY_EVENTS: u32 = 2 * PROBE_EVENTS;
 /// Whether a request's speed is taught to its curve early, from its first content events.
 /// A level past a curve's evidence is tried one request at a time, and a whole request takes
 /// seconds: read at its end, the probes climb one level per completed request
-/// (BENCHMARKS.md, "The line at its turn, and the room for the next request").
+/// (docs/benchmarks/routing.md, "The line at its turn, and the room for the next request").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum EarlyRead {
     /// At its end, as every request.

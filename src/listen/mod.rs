@@ -232,7 +232,7 @@ pin_project! {
     /// hyper-util's `GracefulShutdown` does the same, but its connection future polls the
     /// shutdown signal again every time the connection is polled (once or more per forwarded
     /// chunk); here the signal is polled only when the task polling the connection changes, and
-    /// between times asked with one atomic load (what that saved: BENCHMARKS.md, "Per-chunk
+    /// between times asked with one atomic load (what that saved: docs/benchmarks/overhead.md, "Per-chunk
     /// polling: the deadline timer and graceful shutdown").
     struct UntilStopping<C> {
         #[pin]

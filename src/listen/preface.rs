@@ -17,7 +17,7 @@ pub(super) const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 ///
 /// Why not hyper-util's auto builder, which tells them apart too: its connection future holds
 /// the HTTP/1 and the HTTP/2 state inline, so every HTTP/1 connection's task is the size of
-/// both, and an idle stream kept more resident memory (BENCHMARKS.md, "Per-request trims and
+/// both, and an idle stream kept more resident memory (docs/benchmarks/overhead.md, "Per-request trims and
 /// plain-TCP connections").
 pub(super) async fn opens_with_h2_preface(mut stream: TcpStream) -> io::Result<Prefixed> {
     use tokio::io::AsyncReadExt as _;

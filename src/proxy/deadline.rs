@@ -8,7 +8,7 @@
 //! whole never registers one. While output flows the deadline moves later with every frame; the
 //! timer is not moved with it, but armed again for the current deadline when it fires at one
 //! that has since moved on, and a pending read polled by the task that last registered the
-//! timer does not poll it again (what each saved: BENCHMARKS.md, "Per-chunk polling: the
+//! timer does not poll it again (what each saved: docs/benchmarks/overhead.md, "Per-chunk polling: the
 //! deadline timer and graceful shutdown").
 
 use std::future::Future as _;

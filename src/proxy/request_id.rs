@@ -34,7 +34,7 @@ pub(crate) struct Received {
 /// request's span (a request's trace context is part of who it is) and ends the span of an
 /// answer the gateway gave itself. A span a backend's body carries ends with the request
 /// (`end.rs`). Kept in this layer rather than one of its own: an extra layer around the whole
-/// stack cost every request hundreds of instructions even as a pass-through (BENCHMARKS.md,
+/// stack cost every request hundreds of instructions even as a pass-through (docs/benchmarks/overhead.md,
 /// "Traces and discovery off").
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RequestIdLayer {

@@ -3,7 +3,7 @@
 //! Classify needs a handful of top-level keys (`model`, `stream`, ...) and their byte spans, and
 //! nothing inside `messages`, which is nearly all of a real body. A full parser pays for every
 //! escape in the prompt, all of it on the request's way to its first token (`benches/peek.rs`;
-//! BENCHMARKS.md, "Request size"). Here a string is skipped by searching for its next
+//! docs/benchmarks/overhead.md, "Request size"). Here a string is skipped by searching for its next
 //! quote or backslash (a word at a time, then [`memchr::memchr2`]), and a nested value by
 //! counting brackets outside strings.
 //!
@@ -181,7 +181,7 @@ const NEAR: usize = 32;
 /// The first `"` or `\` at or after `at`. Escapes often come a few bytes apart (source code in a
 /// prompt: a `\n` per line, a `\"` per string), and memchr's vector search costs ~15 ns to set up
 /// whatever it finds, so the first [`NEAR`] bytes are searched here, eight at a time
-/// (BENCHMARKS.md, "Request size").
+/// (docs/benchmarks/overhead.md, "Request size").
 fn quote_or_backslash(body: &[u8], mut at: usize) -> Option<usize> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;

@@ -6,7 +6,7 @@
 //! hands requests, heads and body frames across channels to it; an open stream kept its
 //! dispatch channel, a read and a write buffer, and the boxed connection and its task: about
 //! half of what an idle stream cost in resident memory, with no setting to make any of it
-//! smaller (BENCHMARKS.md, "Memory per idle stream, by owner"). Here a connection is a socket
+//! smaller (docs/benchmarks/overhead.md, "Memory per idle stream, by owner"). Here a connection is a socket
 //! and one read buffer that starts at 1 KiB and grows only while reads fill it. The request
 //! head is written from a buffer freed once it is sent, with the body beside it (one `writev`).
 //! The parsing is httparse's, as in hyper; the framing (length, chunks, close) is ours.
@@ -126,7 +126,7 @@ impl Connection {
             // others run first, so that the backend is woken once for the batch rather than
             // once per request. Where it shares the host (a sidecar, or the benchmark), each
             // wake-up is an interrupt to its core charged to the gateway's (the wake-ups and the
-            // requests/s this bought: BENCHMARKS.md, "An HTTP/1.1 client of our own"). hyper's
+            // requests/s this bought: docs/benchmarks/overhead.md, "An HTTP/1.1 client of our own"). hyper's
             // client batched so by accident, its requests crossing to the connections' own
             // tasks.
             tokio::task::yield_now().await;

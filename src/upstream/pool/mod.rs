@@ -1,7 +1,7 @@
 //! One backend's upstream connections, kept open between requests.
 //!
 //! Not hyper-util's pooled client, whose general pool was a measurable share of a proxied
-//! request's instructions (BENCHMARKS.md, "an upstream connection pool of our own"): a pool
+//! request's instructions (docs/benchmarks/overhead.md, "an upstream connection pool of our own"): a pool
 //! keyed by scheme and authority (hashed per request), and a task spawned per HTTP/1 request
 //! only to wait until its connection may take the next one. Here the pool belongs to one backend, so there is no key.
 //! HTTP/1.1 is spoken by [`h1`] on the request's own task, and a connection comes back to the
@@ -458,7 +458,7 @@ impl Pool {
 /// Runs an HTTP/2 connection on a task of its own, the connection boxed apart from the task:
 /// Tokio allocates a task with its future inline and aligned to a cache line, which for hyper's
 /// HTTP/1 connections (when they had tasks) cost more resident memory per idle stream than a
-/// small task and a plain allocation (BENCHMARKS.md, "the memory of setting up a stream"). The connection is polled where it lies (`map`): an
+/// small task and a plain allocation (docs/benchmarks/overhead.md, "the memory of setting up a stream"). The connection is polled where it lies (`map`): an
 /// `async` block awaiting it would hold it twice, once as what it captured and once as the
 /// future it awaits.
 fn spawn_boxed(connection: PublishingLimit) {
