@@ -117,7 +117,7 @@ impl<'r> Evaluator<'r> {
         };
         let estimate = predictor
             .at(f64::from(joining))
-            .map(|p| self.estimate(basis, index, backend, &predictor, p));
+            .map(|p| self.estimate(basis, (index, backend, joining), &predictor, p));
         Candidate {
             index,
             backend,
@@ -137,18 +137,18 @@ impl<'r> Evaluator<'r> {
         }
     }
 
-    /// What prediction `p` of backend `index` says of the request there and of the others
-    /// (`next_slack` is set by [`Evaluator::look_ahead`] once every candidate is evaluated).
+    /// What prediction `p` of backend `index`, which the request would join as the `joining`-th
+    /// in flight, says of the request there and of the others (`next_slack` is set by
+    /// [`Evaluator::look_ahead`] once every candidate is evaluated).
     fn estimate(
         self,
         basis: &Basis<'_, '_>,
-        index: usize,
-        backend: &Backend,
+        (index, backend, joining): (usize, &Backend, u32),
         predictor: &Predictor<'_>,
         p: Prediction,
     ) -> Estimate {
         let ask = basis.ask;
-        let n = f64::from(backend.in_flight() + 1);
+        let n = f64::from(joining);
         // Whether it queues is asked only where the engines beside it would pay for it.
         let neighbours = match self.devices.of(index) {
             Some(_) => self.devices.cost(
