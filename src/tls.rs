@@ -4,7 +4,7 @@
 //! Client roots: the platform's, else webpki's bundle, plus a backend's own `ca_file`.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
@@ -16,28 +16,55 @@ pub fn crypto_provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// A client config trusting the platform's roots (else webpki's bundle) and, if given, the
-/// certificates in `ca_file`; errors name `what` (the config field it came from).
+/// The platform's roots (else webpki's bundle), read from disk once per process: every backend
+/// (hundreds, with DNS discovery, and again at each reload) trusts the same ones.
+fn platform_roots() -> &'static RootCertStore {
+    static ROOTS: OnceLock<RootCertStore> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let mut roots = RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        let (added, _) = roots.add_parsable_certificates(native.certs);
+        if added == 0 {
+            roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        }
+        roots
+    })
+}
+
+/// A client config trusting the platform's roots and, if given, the certificates in `ca_file`;
+/// errors name `what` (the config field it came from). Without a `ca_file` every caller gets a
+/// copy of one config, sharing its verifier and roots but with a session cache of its own (a
+/// backend resumes only its own sessions, as when each built its config).
 pub(crate) fn client_config(
     ca_file: Option<&Path>,
     what: &str,
 ) -> Result<rustls::ClientConfig, String> {
-    let mut roots = RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    let (added, _) = roots.add_parsable_certificates(native.certs);
-    if added == 0 {
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    }
-    if let Some(ca) = ca_file {
-        let certs = CertificateDer::pem_file_iter(ca)
-            .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-            .map_err(|e| format!("{what}: ca_file {}: {e}", ca.display()))?;
-        for cert in certs {
-            roots
-                .add(cert)
+    static PLATFORM: OnceLock<Result<rustls::ClientConfig, String>> = OnceLock::new();
+    match ca_file {
+        None => {
+            let mut config = PLATFORM
+                .get_or_init(|| trusting(platform_roots().clone()))
+                .clone()?;
+            config.resumption = rustls::client::Resumption::default();
+            Ok(config)
+        }
+        Some(ca) => {
+            let mut roots = platform_roots().clone();
+            let certs = CertificateDer::pem_file_iter(ca)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
                 .map_err(|e| format!("{what}: ca_file {}: {e}", ca.display()))?;
+            for cert in certs {
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{what}: ca_file {}: {e}", ca.display()))?;
+            }
+            trusting(roots)
         }
     }
+}
+
+/// A client config over ring that trusts `roots`.
+fn trusting(roots: RootCertStore) -> Result<rustls::ClientConfig, String> {
     Ok(
         rustls::ClientConfig::builder_with_provider(crypto_provider())
             .with_safe_default_protocol_versions()
