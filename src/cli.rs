@@ -362,12 +362,19 @@ async fn curves(args: CurvesArgs) -> Result<(), String> {
         (_, Some(file)) => {
             let text =
                 std::fs::read(file).map_err(|e| format!("--from {}: {e}", file.display()))?;
-            serde_json::from_slice(&text).map_err(|e| {
+            let doc: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
                 format!(
                     "--from {}: not an /admin/curves document ({e})",
                     file.display()
                 )
-            })?
+            })?;
+            if !doc["curves"].is_array() {
+                return Err(format!(
+                    "--from {}: not an /admin/curves document (no `curves` list); save one with `curl ADMIN/admin/curves`",
+                    file.display()
+                ));
+            }
+            doc
         }
         (Some(url), None) => fetch_curves(url, &args).await?,
         (None, None) => {

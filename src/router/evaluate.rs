@@ -7,7 +7,7 @@
 use std::cell::{Cell, OnceCell};
 use std::sync::Arc;
 
-use super::ask::{ASSUMED_OUTPUT_TOKENS, Ask};
+use super::ask::{ASSUMED_OUTPUT_TOKENS, Ask, Reach};
 use super::baseline;
 use super::candidates::{Candidate, Estimate};
 use super::device::{Devices, NeighbourCost};
@@ -39,18 +39,26 @@ pub(crate) struct Evaluator<'r> {
 }
 
 impl<'r> Evaluator<'r> {
-    /// Backends in the request's reach that serve the model, with their indices.
+    /// Backends in `reach` that serve `model`, with their indices.
+    pub(crate) fn reachable<'a>(
+        self,
+        model: &'a str,
+        reach: Reach,
+    ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
+        let backends = self.backends;
+        self.served
+            .of(model)
+            .filter_map(move |i| Some((i, backends.get(i)?)))
+            .filter(move |(_, b)| reach.reaches(b.config.dialect, b.config.translate))
+    }
+
+    /// Backends in the request's reach that serve the model, but those it avoids.
     pub(crate) fn serving<'a>(
         self,
         ask: &'a Ask<'_>,
     ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
-        let backends = self.backends;
-        self.served
-            .of(ask.model)
-            .filter_map(move |i| Some((i, backends.get(i)?)))
-            .filter(|(i, b)| {
-                ask.reach.reaches(b.config.dialect, b.config.translate) && !ask.avoid.contains(i)
-            })
+        self.reachable(ask.model, ask.reach)
+            .filter(|(i, _)| !ask.avoid.contains(i))
     }
 
     /// When the curves expect a slot to free, seconds from now: the shortest, over the

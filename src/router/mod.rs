@@ -574,11 +574,7 @@ impl Router {
     /// Backends in `reach` that serve `model`: with more than one, a failed attempt can be
     /// tried again elsewhere.
     pub(crate) fn serving_count(&self, model: &str, reach: Reach) -> usize {
-        self.served
-            .of(model)
-            .filter_map(|i| self.backends.get(i))
-            .filter(|b| reach.reaches(b.config.dialect, b.config.translate))
-            .count()
+        self.evaluator().reachable(model, reach).count()
     }
 
     /// Client model names served in reach, sorted.

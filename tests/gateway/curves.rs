@@ -387,6 +387,22 @@ async fn the_curves_can_be_taken_away_as_svg_and_csv() {
         said.contains("later.svg") && said.contains("not an /admin/curves document"),
         "{said}"
     );
+    // JSON, but not the document: refused too, not drawn as an empty page.
+    let other = dir.path().join("other.json");
+    std::fs::write(&other, "{\"backends\": []}").unwrap();
+    let refused = support::tpsgate()
+        .args(["curves", "--from"])
+        .arg(&other)
+        .arg("--svg")
+        .arg(dir.path().join("none.svg"))
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("no `curves` list"),
+        "{refused:?}"
+    );
+    assert!(!dir.path().join("none.svg").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
