@@ -310,9 +310,10 @@ async fn bench_sends_a_seeded_mix_of_recorded_prompts_and_drawn_output_lengths()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_loop_bench_reports_slo_attainment_and_goodput() {
-    // A 10 ms step: 100 tok/s per user whatever the load.
+    // A 10 ms step: 100 tok/s per user whatever the load. The easy SLO asks for a fifth of
+    // that, so a shared machine that stalls a chunk for tens of milliseconds still meets it.
     let (_fleet, addr) = support::start_engine("x", support::engine(10.0, 0.0, 64)).await;
-    let easy = open_loop(addr, "50").await;
+    let easy = open_loop(addr, "20").await;
     assert_eq!(easy["rate_rps"], 20.0);
     assert!(easy["slo_attainment"].as_f64().unwrap() >= 0.9, "{easy}");
     assert!(easy["goodput_rps"].as_f64().unwrap() > 5.0, "{easy}");
