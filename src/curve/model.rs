@@ -78,10 +78,14 @@ impl Prediction {
         }
     }
 
-    /// The same, with a first token no sooner than `at_least_s` (a wait seen live).
+    /// The same, with a first token no sooner than `at_least_s` (a wait seen live). A floor at
+    /// or below the median moves nothing (the spread's quantiles are not negative): asked of
+    /// every candidate, that case copies nothing.
     pub(crate) fn ttft_at_least(self, at_least_s: f64) -> Self {
-        self.with_speed(self.tps)
-            .with_ttft(self.ttft.at_least(at_least_s, at_least_s))
+        if at_least_s <= self.ttft_p50_s && self.ttft.quantile(0.0) >= 0.0 {
+            return self;
+        }
+        self.with_ttft(self.ttft.at_least(at_least_s, at_least_s))
     }
 
     /// The same, with the speed spread `tps`.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use arc_swap::ArcSwapOption;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
@@ -38,8 +39,14 @@ pub struct Backend {
     /// Its name as a header value (`x-tpsgate-backend` on every response), made once; `None`
     /// for a name a header cannot carry.
     pub name_header: Option<http::HeaderValue>,
-    /// Curves by client model name.
+    /// Curves by client model name. Changed only through this type, which publishes each
+    /// configured name's fitted model to `fitted` as it changes.
     pub curves: ByModel<Curve>,
+    /// The fitted model of each configured model name, in `config.models.aliases` order (or
+    /// the prior's, before the name is observed): what a decision reads of every candidate,
+    /// without hashing the name into the curves' map (docs/benchmarks/overhead.md, "The cost
+    /// of a decision").
+    fitted: Box<[ArcSwapOption<Model>]>,
     /// Metric handles by client model name, then by class (a handful: found by a scan, with no
     /// key to allocate per request), built once each.
     metrics: ByModel<Vec<ModelMetrics>>,
@@ -102,6 +109,12 @@ impl Backend {
                 curves.insert(Arc::from(model.as_str()), prior.clone());
             }
         }
+        let fitted = config
+            .models
+            .aliases
+            .keys()
+            .map(|_| ArcSwapOption::new(prior.as_ref().and_then(|p| p.model().cloned())))
+            .collect();
         let prefix = config.prefix_index.map(PrefixIndex::new);
         let rendezvous_seed = crate::prefix::name_seed(&config.name);
         Ok(Arc::new(Self {
@@ -110,6 +123,7 @@ impl Backend {
             pool,
             occupancy: Occupancy::new(Instant::now()),
             curves,
+            fitted,
             metrics: ByModel::default(),
             health: Health::new(now),
             half_life_s,
@@ -133,6 +147,37 @@ impl Backend {
         for entry in &old.curves {
             self.curves
                 .insert(Arc::clone(entry.key()), entry.value().clone());
+            self.publish(entry.key(), entry.value());
+        }
+    }
+
+    /// The fitted model of the `slot`-th configured model name (in `config.models.aliases`
+    /// order): [`Backend::model`] of that name, read without the curves' map.
+    pub(crate) fn fitted(&self, slot: usize) -> Option<Arc<Model>> {
+        self.fitted.get(slot)?.load_full()
+    }
+
+    /// Tells `fitted` that the curve under `key` changed, where `key` is a configured name and
+    /// its model is a new one.
+    fn publish(&self, key: &str, curve: &Curve) {
+        let Some(slot) = self
+            .config
+            .models
+            .aliases
+            .keys()
+            .position(|k| k == key)
+            .and_then(|i| self.fitted.get(i))
+        else {
+            return;
+        };
+        let model = curve.model();
+        let same = match (&*slot.load(), model) {
+            (Some(old), Some(new)) => Arc::ptr_eq(old, new),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            slot.store(model.cloned());
         }
     }
 
@@ -280,6 +325,7 @@ impl Backend {
         if self.curves.iter().any(|c| c.value().forgets_by(now)) {
             for mut curve in self.curves.iter_mut() {
                 curve.value_mut().forget_due(now);
+                self.publish(curve.key(), curve.value());
             }
         }
     }
@@ -352,6 +398,7 @@ impl Backend {
         match found {
             Some(mut curve) => {
                 f(&mut curve);
+                self.publish(curve.key(), &curve);
                 Arc::clone(curve.key())
             }
             None => {
@@ -364,6 +411,7 @@ impl Backend {
                         None => Curve::new(self.half_life_s),
                     });
                 f(&mut curve);
+                self.publish(curve.key(), &curve);
                 Arc::clone(curve.key())
             }
         }
@@ -468,5 +516,74 @@ impl Backend {
     /// Its health now, with the seconds that state has left.
     pub(crate) fn health(&self) -> (State, f64) {
         self.health.state(Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend(extra: &str) -> Arc<Backend> {
+        let text = format!(
+            "backends:\n- {{name: b, url: 'http://127.0.0.1:1', dialect: openai, models: {{a: a, b: b}}{extra}}}\n"
+        );
+        let config = crate::config::parse(&text, |_| None).unwrap();
+        let line = Arc::new(Line::new(1));
+        Backend::new(config.backends[0].clone(), 300.0, 1, line, None).unwrap()
+    }
+
+    fn completed(at: Instant) -> Observation {
+        Observation {
+            at,
+            outcome: Outcome::Completed,
+            ttft: Some(0.05),
+            tpot: Some(0.01),
+            output_tokens: 64,
+            estimated: false,
+            prompt_tokens: Some(64),
+            concurrency: Some(1.0),
+            neighbours: 0.0,
+        }
+    }
+
+    /// What a decision reads by a model's place among the backend's names.
+    fn same(a: Option<Arc<Model>>, b: Option<Arc<Model>>) -> bool {
+        match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(&a, &b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+
+    #[test]
+    fn a_decision_reads_the_fit_a_curve_last_published_under_its_name() {
+        let b = backend("");
+        assert!(
+            b.fitted(0).is_none() && b.fitted(1).is_none(),
+            "nothing seen"
+        );
+        let now = Instant::now();
+        b.record("b", &completed(now));
+        assert!(b.fitted(1).is_some());
+        assert!(same(b.fitted(1), b.model("b")));
+        assert!(b.fitted(0).is_none(), "`a` was not observed");
+        // A reload's new backend takes the curves over, and what a decision reads with them.
+        let reloaded = backend("");
+        reloaded.adopt_curves(&b);
+        assert!(same(reloaded.fitted(1), reloaded.model("b")));
+        assert!(reloaded.fitted(1).is_some());
+    }
+
+    #[test]
+    fn a_name_not_yet_observed_reads_the_prior() {
+        let b = backend(", prior: {points: [{concurrency: 1, per_user_tps: 50, ttft_ms: 100}]}");
+        assert!(b.fitted(0).is_some());
+        assert!(same(b.fitted(0), b.model("a")));
+        b.record("a", &completed(Instant::now()));
+        assert!(
+            same(b.fitted(0), b.model("a")),
+            "the curve moved on from it"
+        );
+        assert!(same(b.fitted(1), b.model("b")));
     }
 }

@@ -13,7 +13,7 @@ use super::candidates::{Candidate, Estimate};
 use super::device::{Devices, NeighbourCost};
 use super::oracle::Oracle;
 use super::predictor::Predictor;
-use super::served::Served;
+use super::served::{Served, Server};
 use crate::config::{ClassConfig, Policy, PrefixRouting, Slo};
 use crate::curve::Prediction;
 use crate::fleet::claim::EDGE;
@@ -39,26 +39,26 @@ pub(crate) struct Evaluator<'r> {
 }
 
 impl<'r> Evaluator<'r> {
-    /// Backends in `reach` that serve `model`, with their indices.
+    /// Backends in `reach` that serve `model`.
     pub(crate) fn reachable<'a>(
         self,
         model: &'a str,
         reach: Reach,
-    ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
+    ) -> impl Iterator<Item = Server<'r>> + use<'r, 'a> {
         let backends = self.backends;
         self.served
             .of(model)
-            .filter_map(move |i| Some((i, backends.get(i)?)))
-            .filter(move |(_, b)| reach.reaches(b.config.dialect, b.config.translate))
+            .filter_map(move |(i, slot)| Some(Server::new(i, backends.get(i)?, slot)))
+            .filter(move |s| reach.reaches(s.backend.config.dialect, s.backend.config.translate))
     }
 
     /// Backends in the request's reach that serve the model, but those it avoids.
     pub(crate) fn serving<'a>(
         self,
         ask: &'a Ask<'_>,
-    ) -> impl Iterator<Item = (usize, &'r Arc<Backend>)> + use<'r, 'a> {
+    ) -> impl Iterator<Item = Server<'r>> + use<'r, 'a> {
         self.reachable(ask.model, ask.reach)
-            .filter(|(i, _)| !ask.avoid.contains(i))
+            .filter(|s| !ask.avoid.contains(&s.index))
     }
 
     /// When the curves expect a slot to free, seconds from now: the shortest, over the
@@ -66,9 +66,9 @@ impl<'r> Evaluator<'r> {
     /// (infinite where no curve has a duration yet).
     pub(crate) fn soonest_slot_s(self, ask: &Ask<'_>) -> f64 {
         self.serving(ask)
-            .filter_map(|(_, b)| {
-                let model = b.model(ask.model)?;
-                Some(model.mean_duration_s / f64::from(b.in_flight().max(1)))
+            .filter_map(|s| {
+                let model = s.model(ask.model)?;
+                Some(model.mean_duration_s / f64::from(s.backend.in_flight().max(1)))
             })
             .fold(f64::INFINITY, f64::min)
     }
@@ -82,30 +82,37 @@ impl<'r> Evaluator<'r> {
                 .is_none_or(|limit| b.in_flight() < limit)
         };
         let now = ask.now;
-        let healthy_exists = self
-            .serving(ask)
-            .any(|(_, b)| under_limit(b) && b.is_healthy(now));
         let basis = Basis::new(self, ask, policy);
         // Sized once: a candidate carries two spreads, and growing the list moves them all.
         let mut candidates: Vec<Candidate<'r>> = Vec::with_capacity(self.backends.len());
+        // The healthy ones, in one pass; where none is, every one under its limit.
+        let mut unhealthy = false;
         candidates.extend(
             self.serving(ask)
-                .filter(|(_, b)| under_limit(b) && (!healthy_exists || b.is_healthy(now)))
-                .map(|(index, backend)| self.candidate(&basis, index, backend)),
+                .filter(|s| under_limit(s.backend))
+                .filter(|s| {
+                    let healthy = s.backend.is_healthy(now);
+                    unhealthy |= !healthy;
+                    healthy
+                })
+                .map(|s| self.candidate(&basis, s)),
         );
+        if candidates.is_empty() && unhealthy {
+            candidates.extend(
+                self.serving(ask)
+                    .filter(|s| under_limit(s.backend))
+                    .map(|s| self.candidate(&basis, s)),
+            );
+        }
         if basis.predicts {
             self.look_ahead(ask, &mut candidates);
         }
         candidates
     }
 
-    /// Backend `index` as a candidate for the request `basis` was drawn from.
-    fn candidate(
-        self,
-        basis: &Basis<'_, '_>,
-        index: usize,
-        backend: &'r Arc<Backend>,
-    ) -> Candidate<'r> {
+    /// `server` as a candidate for the request `basis` was drawn from.
+    fn candidate(self, basis: &Basis<'_, '_>, server: Server<'r>) -> Candidate<'r> {
+        let Server { index, backend, .. } = server;
         let ask = basis.ask;
         let joining = backend.in_flight() + 1;
         let hit = match (&backend.prefix, ask.prefix) {
@@ -118,7 +125,7 @@ impl<'r> Evaluator<'r> {
             ..hit
         };
         let predictor = if basis.predicts {
-            self.predictor(index, backend, ask, basis.policy, cached_tokens)
+            self.predictor(server, ask, basis.policy, cached_tokens)
                 .or_prefill_rate(|| *basis.fastest.get_or_init(|| self.fastest_prefill(ask)))
         } else {
             Predictor::Nothing
@@ -291,7 +298,7 @@ impl<'r> Evaluator<'r> {
     /// (all its prompts alike so far, or a few samples).
     fn fastest_prefill(self, ask: &Ask<'_>) -> Option<f64> {
         self.serving(ask)
-            .filter_map(|(_, b)| b.model(ask.model)?.fit.prefill_tokens_per_s)
+            .filter_map(|s| s.model(ask.model)?.fit.prefill_tokens_per_s)
             .reduce(f64::max)
     }
 
@@ -301,16 +308,16 @@ impl<'r> Evaluator<'r> {
     /// uncached tokens as prefill.
     fn predictor(
         self,
-        index: usize,
-        backend: &Backend,
+        server: Server<'_>,
         ask: &Ask<'_>,
         policy: Policy,
         cached_tokens: u64,
     ) -> Predictor<'r> {
+        let Server { index, backend, .. } = server;
         if policy == Policy::Oracle {
             Predictor::Oracle(self.oracle, index)
         } else {
-            let model = backend.model(ask.model);
+            let model = server.model(ask.model);
             Predictor::Curve {
                 prefill_rate: model.as_ref().and_then(|m| m.fit.prefill_tokens_per_s),
                 per_neighbour_s: model

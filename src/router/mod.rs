@@ -565,10 +565,7 @@ impl Router {
         let prefix = ask.prefix?;
         let key = prefix.hint.or_else(|| prefix.hashes.first().copied())?;
         let nth = usize::try_from(key % served.max(1) as u64).ok()?;
-        self.evaluator()
-            .serving(ask)
-            .nth(nth)
-            .map(|(index, _)| index)
+        self.evaluator().serving(ask).nth(nth).map(|s| s.index)
     }
 
     /// Backends in `reach` that serve `model`: with more than one, a failed attempt can be
