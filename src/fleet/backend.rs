@@ -45,7 +45,7 @@ pub struct Backend {
     /// The fitted model of each configured model name, in `config.models.aliases` order (or
     /// the prior's, before the name is observed): what a decision reads of every candidate,
     /// without hashing the name into the curves' map (docs/benchmarks/overhead.md, "The cost
-    /// of a decision").
+    /// of a decision: a candidate's fit read without the curves' map").
     fitted: Box<[ArcSwapOption<Model>]>,
     /// Metric handles by client model name, then by class (a handful: found by a scan, with no
     /// key to allocate per request), built once each.
