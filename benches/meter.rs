@@ -104,13 +104,15 @@ fn request(c: &mut Criterion) {
     })
     .to_string();
     // Translated here once (it is valid: the unit tests say so) to be translated back below.
-    let chat = tpsgate::translate::messages_to_chat(messages.as_bytes(), "m").unwrap_or_default();
+    let chat = tpsgate::translate::messages_to_chat(messages.as_bytes(), "m", Default::default())
+        .unwrap_or_default();
     let mut group = c.benchmark_group("per_request");
     group.bench_function("translate_messages_to_chat", |b| {
         b.iter(|| {
             black_box(tpsgate::translate::messages_to_chat(
                 black_box(messages.as_bytes()),
                 "m",
+                Default::default(),
             ))
         })
     });

@@ -3,10 +3,13 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tpsgate::translate::{chat_to_messages, messages_to_chat};
+use tpsgate::translate::{Thinking, chat_to_messages, messages_to_chat};
 
 fuzz_target!(|data: &[u8]| {
-    for translated in [messages_to_chat(data, "up"), chat_to_messages(data, "up", 16)] {
+    for translated in [
+        messages_to_chat(data, "up", Thinking::ChatTemplate),
+        chat_to_messages(data, "up", 16),
+    ] {
         match translated {
             Ok(body) => assert!(matches!(
                 serde_json::from_slice::<serde_json::Value>(&body),

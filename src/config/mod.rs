@@ -263,6 +263,8 @@ pub struct BackendConfig {
     pub translate: bool,
     /// `max_tokens` for a request translated to it that set none (Anthropic requires one).
     pub default_max_tokens: u32,
+    /// What it reads of an Anthropic client's reasoning switches (an OpenAI backend).
+    pub thinking: crate::translate::Thinking,
     /// Cold-start curve points, if configured.
     pub prior: Option<Vec<PriorPoint>>,
     /// Outlier ejection.

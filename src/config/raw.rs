@@ -381,6 +381,10 @@ pub(crate) struct RawBackend {
     /// (Anthropic requires one); default 4096.
     #[serde(default = "default_translated_max_tokens")]
     pub default_max_tokens: u32,
+    /// An OpenAI backend: what it reads of an Anthropic client's `thinking` and
+    /// `output_config.effort` (`drop`, `chat_template` or `reasoning_effort`); default `drop`.
+    #[serde(default)]
+    pub thinking: Option<crate::translate::Thinking>,
     /// What the backend is believed to do before it has been observed.
     #[serde(default)]
     pub prior: Option<RawPrior>,

@@ -100,7 +100,9 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                 Direction::ChatToMessages => {
                     translate::chat_to_messages(&body, model, backend.default_max_tokens)
                 }
-                Direction::MessagesToChat => translate::messages_to_chat(&body, model),
+                Direction::MessagesToChat => {
+                    translate::messages_to_chat(&body, model, backend.thinking)
+                }
             };
             let translated = translated.map_err(|refused| {
                 Error::new(
@@ -148,6 +150,7 @@ fn upstream_uri(backend: &BackendConfig, client: &Uri, path: Option<&str>) -> Re
             p.clone()
         }
         _ => {
+            let translated = path.is_some();
             let mut path = path.unwrap_or(client.path());
             let mut out = String::with_capacity(128);
             out.push_str(prefix);
@@ -159,7 +162,10 @@ fn upstream_uri(backend: &BackendConfig, client: &Uri, path: Option<&str>) -> Re
                 path = rest;
             }
             out.push_str(path);
-            let queries = [client.query(), backend.query.as_deref()];
+            // A translated request's query is its own dialect's (`?beta=true` on Anthropic's
+            // messages): the backend's endpoint is another API's, and is sent only its own.
+            let client_query = client.query().filter(|_| !translated);
+            let queries = [client_query, backend.query.as_deref()];
             for (i, q) in queries
                 .into_iter()
                 .flatten()

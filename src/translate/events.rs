@@ -1,7 +1,8 @@
 //! An OpenAI chat completions stream as Anthropic message events, chunk by chunk.
 //!
 //! The first chunk opens the message (`message_start`, `ping`); content opens a text block and
-//! each chunk's text is one `text_delta`; a tool call opens a `tool_use` block and its argument
+//! each chunk's text is one `text_delta`; reasoning (`reasoning_content`, or `reasoning` as
+//! newer vLLM names it) opens a thinking block, each chunk's one `thinking_delta`; a tool call opens a `tool_use` block and its argument
 //! fragments are `input_json_delta`s; the finish reason closes the open block, and the usage
 //! (the gateway asks an OpenAI backend for it) completes `message_delta`, then `message_stop`.
 //! Text and arguments are copied as the JSON strings they came as: never unescaped, never
@@ -18,6 +19,7 @@ use super::{EventTranslation, json_str, put_json_str, put_raw_str, put_u64, unqu
 enum Open {
     None,
     Text,
+    Thinking,
     /// A tool call, by its OpenAI index.
     Tool(u64),
 }
@@ -80,6 +82,10 @@ struct Choice<'a> {
 struct Delta<'a> {
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    reasoning: Option<&'a RawValue>,
     #[serde(borrow, default)]
     tool_calls: Option<Vec<ToolDelta<'a>>>,
 }
@@ -157,6 +163,18 @@ impl ToMessageEvents {
         self.put(b",\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n");
         self.next_block += 1;
         self.open = Open::Text;
+    }
+
+    /// A thinking block: its signature empty, as no Anthropic model signed it (a client sends
+    /// it back in a later turn, where it is dropped for an OpenAI engine).
+    fn open_thinking(&mut self) {
+        self.put(b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":");
+        put_u64(&mut self.out, self.next_block);
+        self.put(
+            b",\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
+        );
+        self.next_block += 1;
+        self.open = Open::Thinking;
     }
 
     fn tool_delta(&mut self, call: &ToolDelta<'_>) {
@@ -270,6 +288,17 @@ impl EventTranslation for ToMessageEvents {
         }
         if let Some(choice) = chunk.choices {
             if let Some(delta) = choice.delta {
+                if let Some(t) = text(delta.reasoning_content).or(text(delta.reasoning)) {
+                    if self.open != Open::Thinking {
+                        self.close_block();
+                        self.open_thinking();
+                    }
+                    self.put(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
+                    put_u64(&mut self.out, self.next_block - 1);
+                    self.put(b",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":");
+                    self.put(t.as_bytes());
+                    self.put(b"}}\n\n");
+                }
                 if let Some(t) = text(delta.content) {
                     if self.open != Open::Text {
                         self.close_block();

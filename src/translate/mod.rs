@@ -19,7 +19,7 @@ mod whole;
 
 pub(crate) use chunks::ToChatChunks;
 pub(crate) use events::ToMessageEvents;
-pub use request::{chat_to_messages, messages_to_chat};
+pub use request::{Thinking, chat_to_messages, messages_to_chat};
 pub(crate) use whole::{error_body, response_body};
 
 use bytes::{Bytes, BytesMut};

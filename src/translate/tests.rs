@@ -4,7 +4,12 @@ use serde_json::{Value, json};
 use super::*;
 
 fn to_chat(request: &Value) -> Value {
-    let out = messages_to_chat(request.to_string().as_bytes(), "up").unwrap();
+    to_chat_reading(request, Thinking::Drop)
+}
+
+/// `request` for a backend that reads its reasoning switches as `thinking` says.
+fn to_chat_reading(request: &Value, thinking: Thinking) -> Value {
+    let out = messages_to_chat(request.to_string().as_bytes(), "up", thinking).unwrap();
     serde_json::from_slice(&out).unwrap()
 }
 
@@ -14,9 +19,13 @@ fn to_messages(request: &Value) -> Value {
 }
 
 fn refusal_to_chat(request: &Value) -> String {
-    messages_to_chat(request.to_string().as_bytes(), "up")
-        .unwrap_err()
-        .0
+    messages_to_chat(
+        request.to_string().as_bytes(),
+        "up",
+        Thinking::ReasoningEffort,
+    )
+    .unwrap_err()
+    .0
 }
 
 fn refusal_to_messages(request: &Value) -> String {
@@ -153,7 +162,18 @@ fn a_field_the_target_cannot_express_is_refused_by_name() {
         r
     };
     assert!(
-        refusal_to_chat(&base(json!({"thinking": {"type": "enabled"}}))).contains("`thinking`")
+        refusal_to_chat(&base(json!({"thinking": {"type": "sometimes"}})))
+            .contains("`thinking.type` `sometimes`")
+    );
+    assert!(
+        refusal_to_chat(&base(
+            json!({"output_config": {"format": {"type": "json_schema"}}})
+        ))
+        .contains("`output_config.format`")
+    );
+    assert!(
+        refusal_to_chat(&base(json!({"output_config": {"effort": "extreme"}})))
+            .contains("`output_config.effort` `extreme`")
     );
     assert!(
         refusal_to_chat(&base(
@@ -181,6 +201,156 @@ fn a_field_the_target_cannot_express_is_refused_by_name() {
     to_messages(&base(
         json!({"n": 1, "logprobs": false, "store": false, "presence_penalty": 0}),
     ));
+}
+
+/// The first request of Claude Code 2.1.328 (`claude -p`), as captured in front of a server of
+/// our own, cut to one tool and the first words of each text.
+fn claude_code_request(thinking: &Value) -> Value {
+    json!({
+        "model": "qwen3-8b",
+        "max_tokens": 32000,
+        "stream": true,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328.593;"},
+            {"type": "text", "text": "You are a Claude agent", "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "You are an interactive CLI tool", "cache_control": {"type": "ephemeral"}}
+        ],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "<system-reminder>skills</system-reminder>"},
+                {"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}
+            ]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}
+        ],
+        "tools": [
+            {"name": "Bash", "description": "Run a command", "input_schema": {"type": "object"}},
+            {"name": "DeferredToolPlaceholder", "description": "", "input_schema": {"type": "object"}, "defer_loading": true}
+        ],
+        "metadata": {"user_id": "{\"device_id\":\"59\",\"session_id\":\"12\"}"},
+        "thinking": thinking,
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"}
+    })
+}
+
+#[test]
+fn what_claude_code_sends_reaches_an_openai_engine_with_its_reasoning_switch_where_it_reads_one() {
+    // Claude Code sends adaptive thinking for a model it does not know, and a budget for one
+    // it does.
+    let adaptive = json!({"type": "adaptive", "display": "omitted"});
+    let budget = json!({"type": "enabled", "budget_tokens": 31999, "display": "omitted"});
+    for thinking in [&adaptive, &budget] {
+        let plain = to_chat(&claude_code_request(thinking));
+        assert_eq!(plain["model"], "up");
+        assert_eq!(plain["max_tokens"], 32000);
+        assert_eq!(
+            plain["messages"][2],
+            json!({"role": "system", "content": [{"type": "text", "text": "# Environment"}]}),
+            "instructions within the conversation stay where they stand"
+        );
+        assert_eq!(plain["tools"].as_array().unwrap().len(), 2);
+        for dropped in [
+            "thinking",
+            "context_management",
+            "output_config",
+            "reasoning_effort",
+        ] {
+            assert!(plain.get(dropped).is_none(), "{dropped} in {plain}");
+        }
+        assert!(plain.get("chat_template_kwargs").is_none());
+        // vLLM and SGLang: the chat template's switch.
+        let vllm = to_chat_reading(
+            &claude_code_request(thinking),
+            Thinking::ChatTemplate,
+        );
+        assert_eq!(
+            vllm["chat_template_kwargs"],
+            json!({"enable_thinking": true})
+        );
+        assert!(vllm.get("reasoning_effort").is_none());
+        // OpenAI's reasoning models: the client's effort.
+        let openai = to_chat_reading(
+            &claude_code_request(thinking),
+            Thinking::ReasoningEffort,
+        );
+        assert_eq!(openai["reasoning_effort"], "high");
+        assert!(openai.get("chat_template_kwargs").is_none());
+    }
+    let off = claude_code_request(&json!({"type": "disabled"}));
+    assert_eq!(
+        to_chat_reading(&off, Thinking::ChatTemplate)["chat_template_kwargs"],
+        json!({"enable_thinking": false})
+    );
+    // Without an effort, a budget says how hard to think; `max` is OpenAI's `high`.
+    let mut budgeted = claude_code_request(&json!({"type": "enabled", "budget_tokens": 2048}));
+    budgeted.as_object_mut().unwrap().remove("output_config");
+    assert_eq!(
+        to_chat_reading(&budgeted, Thinking::ReasoningEffort)["reasoning_effort"],
+        "low"
+    );
+    let mut max = claude_code_request(&adaptive);
+    max["output_config"] = json!({"effort": "max"});
+    assert_eq!(
+        to_chat_reading(&max, Thinking::ReasoningEffort)["reasoning_effort"],
+        "high"
+    );
+}
+
+#[test]
+fn an_engine_s_reasoning_reaches_an_anthropic_client_as_a_thinking_block_before_the_answer() {
+    let chunk = |delta: &str| {
+        format!(
+            "data: {{\"id\":\"c\",\"model\":\"up\",\"choices\":[{{\"index\":0,\"delta\":{delta},\"finish_reason\":null}}]}}\n\n"
+        )
+    };
+    // vLLM names it `reasoning_content`, and from 0.10 `reasoning`.
+    for field in ["reasoning_content", "reasoning"] {
+        let stream = [
+            chunk(r#"{"role":"assistant","content":""}"#),
+            chunk(&format!(r#"{{"{field}":"Think"}}"#)),
+            chunk(&format!(r#"{{"{field}":"ing."}}"#)),
+            chunk(r#"{"content":"Hi"}"#),
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n".to_owned(),
+            "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n".to_owned(),
+        ]
+        .concat();
+        let out = run(
+            ResponseTranslator::new(Direction::MessagesToChat, true, 200, false),
+            &stream,
+            7,
+        );
+        let events = events(&out);
+        let starts: Vec<&Value> = events
+            .iter()
+            .filter(|e| e["type"] == "content_block_start")
+            .map(|e| &e["content_block"])
+            .collect();
+        assert_eq!(starts[0]["type"], "thinking", "{events:?}");
+        assert_eq!(starts[1]["type"], "text");
+        let thinking: String = events
+            .iter()
+            .filter_map(|e| e["delta"]["thinking"].as_str())
+            .collect();
+        assert_eq!(thinking, "Thinking.");
+        let stops = events
+            .iter()
+            .filter(|e| e["type"] == "content_block_stop")
+            .count();
+        assert_eq!(stops, 2, "the thinking block closes before the text opens");
+    }
+    let whole = json!({"id": "c", "object": "chat.completion", "model": "up", "choices": [{
+        "index": 0, "finish_reason": "stop",
+        "message": {"role": "assistant", "content": "Hi", "reasoning_content": "Thinking."}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 4}});
+    let message: Value = serde_json::from_slice(&whole::response_body(
+        Direction::MessagesToChat,
+        whole.to_string().as_bytes(),
+    ))
+    .unwrap();
+    assert_eq!(
+        message["content"],
+        json!([{"type": "thinking", "thinking": "Thinking.", "signature": ""}, {"type": "text", "text": "Hi"}])
+    );
 }
 
 const OPENAI_STREAM: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n\
@@ -458,7 +628,7 @@ proptest! {
         if picks.len() % 2 == 1 {
             bytes.extend_from_slice(&noise);
         }
-        for out in [messages_to_chat(&bytes, "up"), chat_to_messages(&bytes, "up", 8)].into_iter().flatten() {
+        for out in [messages_to_chat(&bytes, "up", Thinking::ChatTemplate), chat_to_messages(&bytes, "up", 8)].into_iter().flatten() {
             prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
         }
     }

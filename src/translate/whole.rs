@@ -92,6 +92,14 @@ fn completion_as_message(c: &serde_json::Map<String, Value>) -> Value {
         .unwrap_or(Value::Null);
     let message = &choice["message"];
     let mut content = Vec::new();
+    // The engine's reasoning first, as a thinking block (unsigned: no Anthropic model wrote it).
+    let reasoning = [&message["reasoning_content"], &message["reasoning"]];
+    if let Some(thinking) = reasoning
+        .into_iter()
+        .find_map(|r| r.as_str().filter(|t| !t.is_empty()))
+    {
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
+    }
     if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
         content.push(json!({"type": "text", "text": text}));
     }

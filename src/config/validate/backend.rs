@@ -115,6 +115,7 @@ pub(super) fn backend(
         anthropic_version,
         translate: b.translate,
         default_max_tokens: b.default_max_tokens,
+        thinking: b.thinking.unwrap_or_default(),
     })
 }
 
@@ -283,6 +284,12 @@ fn bounds(at: &str, b: &RawBackend) -> Result<()> {
                 format!("{ms} ms is out of range: give 1 to {MAX_TIMEOUT_MS} (a day)"),
             ));
         }
+    }
+    if b.thinking.is_some() && b.dialect == BackendDialect::Anthropic {
+        return Err(ConfigError::at(
+            format!("{at}.thinking"),
+            "applies to an OpenAI backend (what it reads of an Anthropic client's `thinking`); an Anthropic backend is sent `thinking` as the client wrote it: remove it",
+        ));
     }
     if b.default_max_tokens == 0 {
         return Err(ConfigError::at(

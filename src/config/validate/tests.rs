@@ -21,6 +21,7 @@ fn a_minimal_config_gets_documented_defaults() {
     assert_eq!(b.models.upstream("small"), Some("upstream-small"));
     assert_eq!(b.models.upstream("other"), Some("other"));
     assert_eq!(b.anthropic_version, "2023-06-01");
+    assert_eq!(b.thinking, crate::translate::Thinking::Drop);
 }
 
 #[test]
@@ -113,6 +114,15 @@ fn bad_values_name_their_field() {
         (
             format!("{BASE}limits: {{max_connections: 0}}\n"),
             "limits.max_connections",
+        ),
+        (
+            format!("{BASE}    thinking: sometimes\n"),
+            "backends[0].thinking",
+        ),
+        (
+            format!("{BASE}    thinking: chat_template\n")
+                .replace("dialect: openai", "dialect: anthropic"),
+            "backends[0].thinking",
         ),
     ];
     for (text, path) in cases {

@@ -7,14 +7,34 @@ use serde_json::value::RawValue;
 use super::{At, Json, Object, Refused, body_object, is, items, object, object_at, refuse, text};
 
 /// Anthropic fields an OpenAI backend has no place for that change no answer: dropped.
-/// (`cache_control` on a block or tool, `is_error` on a tool result and thinking blocks in the
+/// `context_management` edits Anthropic's own context (clearing old thinking and tool results);
+/// an OpenAI engine is sent the whole history the client holds. (`cache_control` on a block or
+/// tool, `defer_loading` on a tool, `is_error` on a tool result and thinking blocks in the
 /// history are dropped where they stand; see docs/gateway.md.)
-const MESSAGES_HINTS: &[&str] = &["service_tier"];
+const MESSAGES_HINTS: &[&str] = &["service_tier", "context_management", "cache_control"];
 
 const TO_OPENAI: &str = "an OpenAI";
 
-/// An Anthropic messages request as an OpenAI chat completions request for `model`.
-pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Vec<u8>, Refused> {
+/// What an OpenAI backend reads of an Anthropic client's `thinking` and `output_config.effort`
+/// (a backend's `thinking:`): a coding agent sends both on every request, and engines read
+/// reasoning switches in different places or not at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Thinking {
+    /// Nothing: whether the model reasons is its chat template's affair, and both are dropped.
+    #[default]
+    Drop,
+    /// vLLM and SGLang: `chat_template_kwargs.enable_thinking`, true for `enabled` and
+    /// `adaptive`, false for `disabled` (a reasoning model's template reads it; others ignore it).
+    ChatTemplate,
+    /// OpenAI's reasoning models (and gpt-oss on vLLM): `reasoning_effort`, the client's
+    /// `output_config.effort`, else drawn from `thinking.budget_tokens`.
+    ReasoningEffort,
+}
+
+/// An Anthropic messages request as an OpenAI chat completions request for `model`, its
+/// reasoning switches as the backend reads them (`thinking`).
+pub fn messages_to_chat(body: &[u8], model: &str, thinking: Thinking) -> Result<Vec<u8>, Refused> {
     const FIELDS: &[&str] = &[
         "model",
         "messages",
@@ -28,6 +48,8 @@ pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Vec<u8>, Refused> {
         "stream",
         "tools",
         "tool_choice",
+        "thinking",
+        "output_config",
     ];
     let req = body_object(body)?;
     req.only_where(
@@ -38,21 +60,8 @@ pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Vec<u8>, Refused> {
     let mut out = Json(Vec::with_capacity(body.len() + 128));
     out.open(b'{').key("model").str(model);
     out.key("messages").open(b'[');
-    match req.given("system") {
-        None => {}
-        Some(s) if is(s, b'"') => {
-            let system = out.item().raw(r#"{"role":"system","content":"#);
-            system.value(s).close(b'}');
-        }
-        Some(blocks) if is(blocks, b'[') => {
-            out.item().raw(r#"{"role":"system","content":["#);
-            for (i, block) in items(Some(blocks), &"system")?.into_iter().enumerate() {
-                let text = text_block(block, &At::Item(&At::Root, "system", i))?;
-                put_text_part(&mut out, text);
-            }
-            out.close(b']').close(b'}');
-        }
-        Some(_) => return refuse("`system` must be a string or an array of text blocks"),
+    if let Some(system) = req.given("system") {
+        system_message(Some(system), (&At::Root, "system"), &mut out)?;
     }
     for (i, m) in items(req.get("messages"), &"messages")?
         .into_iter()
@@ -94,8 +103,85 @@ pub fn messages_to_chat(body: &[u8], model: &str) -> Result<Vec<u8>, Refused> {
     if let Some(choice) = req.get("tool_choice") {
         anthropic_tool_choice(choice, &mut out)?;
     }
+    reasoning(&req, thinking, &mut out)?;
     out.close(b'}');
     Ok(out.0)
+}
+
+/// `thinking` and `output_config.effort`, checked whatever the backend reads of them, and
+/// written as it reads them.
+fn reasoning(req: &Object, control: Thinking, out: &mut Json) -> Result<(), Refused> {
+    // Some(budget) where thinking is on (a budget only where `enabled` gives one).
+    let on: Option<Option<u64>> = match req.given("thinking") {
+        None => None,
+        Some(t) => {
+            let at = At::Field(&At::Root, "thinking");
+            let t = object(t, || "`thinking` must be an object".into())?;
+            t.only(&["type", "budget_tokens", "display"], &at, TO_OPENAI)?;
+            match &*t.str("type", &at)? {
+                "enabled" => Some(match t.given("budget_tokens") {
+                    None => None,
+                    Some(b) => Some(b.get().parse::<u64>().or_else(|_| {
+                        refuse("`thinking.budget_tokens` must be a whole number of tokens")
+                    })?),
+                }),
+                "adaptive" => Some(None),
+                "disabled" => None,
+                other => {
+                    return refuse(format!(
+                        "`thinking.type` `{other}` is not known (enabled, adaptive and disabled are)"
+                    ));
+                }
+            }
+        }
+    };
+    let effort = match req.given("output_config") {
+        None => None,
+        Some(c) => {
+            let at = At::Field(&At::Root, "output_config");
+            let c = object(c, || "`output_config` must be an object".into())?;
+            c.only(&["effort"], &at, TO_OPENAI)?;
+            match c
+                .given("effort")
+                .map(|_| c.str("effort", &at))
+                .transpose()?
+            {
+                None => None,
+                // OpenAI's scale ends at high.
+                Some(e) => Some(match &*e {
+                    "low" => "low",
+                    "medium" => "medium",
+                    "high" | "max" => "high",
+                    other => {
+                        return refuse(format!(
+                            "`output_config.effort` `{other}` is not known (low, medium, high and max are)"
+                        ));
+                    }
+                }),
+            }
+        }
+    };
+    match control {
+        Thinking::Drop => {}
+        Thinking::ChatTemplate => {
+            if req.given("thinking").is_some() {
+                let switch = if on.is_some() { "true" } else { "false" };
+                let kwargs = out.key("chat_template_kwargs");
+                kwargs.raw(r#"{"enable_thinking":"#).raw(switch).raw("}");
+            }
+        }
+        Thinking::ReasoningEffort => {
+            let from_budget = on.flatten().map(|budget| match budget {
+                0..4096 => "low",
+                4096..16384 => "medium",
+                _ => "high",
+            });
+            if let Some(effort) = effort.or(from_budget) {
+                out.key("reasoning_effort").str(effort);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A text block's text, as it stands.
@@ -171,7 +257,14 @@ fn anthropic_message(m: &RawValue, at: &At, out: &mut Json) -> Result<(), Refuse
     let assistant = match &*role {
         "user" => false,
         "assistant" => true,
-        _ => return refuse(format!("`{at}role` must be `user` or `assistant`")),
+        // Instructions in the middle of the conversation (Claude Code's environment notes): a
+        // system message where it stands, as OpenAI chat allows.
+        "system" => return system_message(m.get("content"), (at, "content"), out),
+        _ => {
+            return refuse(format!(
+                "`{at}role` must be `user`, `assistant` or `system`"
+            ));
+        }
     };
     let content = m.get("content");
     if let Some(s) = content.filter(|c| is(c, b'"')) {
@@ -243,6 +336,36 @@ fn anthropic_message(m: &RawValue, at: &At, out: &mut Json) -> Result<(), Refuse
     Ok(())
 }
 
+/// A system message: the request's `system`, or a `system` turn's `content` (`field` of `at`),
+/// its text or its text blocks as text parts.
+fn system_message(
+    content: Option<&RawValue>,
+    (at, field): (&At, &'static str),
+    out: &mut Json,
+) -> Result<(), Refused> {
+    match content {
+        Some(s) if is(s, b'"') => {
+            out.item()
+                .raw(r#"{"role":"system","content":"#)
+                .value(s)
+                .close(b'}');
+        }
+        Some(blocks) if is(blocks, b'[') => {
+            out.item().raw(r#"{"role":"system","content":["#);
+            for (j, block) in items(Some(blocks), &"content")?.into_iter().enumerate() {
+                put_text_part(out, text_block(block, &At::Item(at, field, j))?);
+            }
+            out.close(b']').close(b'}');
+        }
+        _ => {
+            return refuse(format!(
+                "`{at}{field}` must be a string or an array of text blocks"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A `tool_result` block as a `tool` message (its `is_error` dropped: the content says what
 /// failed).
 fn tool_result(b: &Object, at: &At, out: &mut Json) -> Result<(), Refused> {
@@ -292,6 +415,7 @@ fn anthropic_tool(t: &RawValue, at: &At, out: &mut Json) -> Result<(), Refused> 
             "description",
             "input_schema",
             "cache_control",
+            "defer_loading",
         ],
         at,
         TO_OPENAI,
