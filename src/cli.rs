@@ -165,6 +165,11 @@ pub(crate) struct EngineFlags {
     /// Output length when a request names no max_tokens [default: 256].
     #[arg(long)]
     pub default_max_tokens: Option<u32>,
+    /// A natural reply's mean length: each reply ends with `stop` at a length drawn between
+    /// half and one and a half times this, where its max_tokens is longer [default: none, a
+    /// reply runs to its max_tokens].
+    #[arg(long)]
+    pub reply_tokens: Option<u32>,
     /// Tokens per SSE chunk [default: 1].
     #[arg(long)]
     pub tokens_per_chunk: Option<u32>,
@@ -303,6 +308,7 @@ impl SimArgs {
             jitter_pct: f.jitter_pct.unwrap_or(defaults.jitter_pct),
             extra_ttft_ms: f.extra_ttft_ms.unwrap_or(defaults.extra_ttft_ms),
             default_max_tokens: f.default_max_tokens.unwrap_or(defaults.default_max_tokens),
+            reply_tokens: f.reply_tokens.or(defaults.reply_tokens),
         };
         let stream = StreamRaw {
             tokens_per_chunk: f.tokens_per_chunk.unwrap_or(1),

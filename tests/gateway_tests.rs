@@ -8,6 +8,8 @@
 
 mod support;
 
+#[path = "gateway/agents.rs"]
+mod agents;
 #[path = "gateway/binary.rs"]
 mod binary;
 #[path = "gateway/classes.rs"]

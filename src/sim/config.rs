@@ -152,6 +152,11 @@ pub struct EngineRaw {
     pub extra_ttft_ms: f64,
     /// Output length when the request names no max_tokens; such requests finish with `stop`.
     pub default_max_tokens: u32,
+    /// A natural reply's length, tokens (absent: a reply runs to its limit): each request's is
+    /// drawn between half and one and a half times this (from its `x-request-id` where it has
+    /// one), and a reply shorter than its `max_tokens` ends there with `stop`, as a model's
+    /// does. A coding agent asking 32,000 tokens a turn gets its answer, not 32,000 tokens.
+    pub reply_tokens: Option<u32>,
 }
 
 impl Default for EngineRaw {
@@ -168,6 +173,7 @@ impl Default for EngineRaw {
             jitter_pct: 0.0,
             extra_ttft_ms: 0.0,
             default_max_tokens: 256,
+            reply_tokens: None,
         }
     }
 }
@@ -288,6 +294,8 @@ pub struct Timing {
     pub extra_ttft: Duration,
     /// Output length when the request names none.
     pub default_max_tokens: u32,
+    /// A natural reply's mean length (`EngineRaw::reply_tokens`).
+    pub reply_tokens: Option<u32>,
 }
 
 impl Timing {
@@ -572,6 +580,12 @@ impl EngineRaw {
                 "must be at least 1",
             ));
         }
+        if self.reply_tokens == Some(0) {
+            return Err(ConfigError::at(
+                format!("{at}.reply_tokens"),
+                "must be at least 1 (or absent: a reply runs to its max_tokens)",
+            ));
+        }
         let max_batch = match (self.mode, self.max_batch) {
             (_, Some(0)) => {
                 return Err(ConfigError::at(
@@ -601,6 +615,7 @@ impl EngineRaw {
             jitter: self.jitter_pct / 100.0,
             extra_ttft: Duration::from_secs_f64(self.extra_ttft_ms / 1e3),
             default_max_tokens: self.default_max_tokens,
+            reply_tokens: self.reply_tokens,
         })
     }
 }

@@ -540,6 +540,7 @@ mod tests {
             jitter: 0.0,
             extra_ttft: Duration::ZERO,
             default_max_tokens: 16,
+            reply_tokens: None,
         }
     }
 

@@ -13,9 +13,14 @@ use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
-use serde_json::json;
+use serde_json::{Value, json};
 
-use super::config::{BackendRaw, BackendSpec, FaultAction, Params, PrefixCacheSpec, merge_json};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use super::config::{
+    BackendRaw, BackendSpec, FaultAction, Params, PrefixCacheSpec, Timing, merge_json,
+};
 use super::engine::{Engine, Seat, StatsSnapshot, TokenRx};
 use super::faults::FaultPlan;
 use super::truth;
@@ -125,6 +130,24 @@ pub(crate) struct SeenRequest {
     pub traceparent: Option<String>,
     /// Every header name received, in order.
     pub header_names: Vec<String>,
+    /// What the body said of reasoning, where it said anything: those of its fields
+    /// `chat_template_kwargs`, `reasoning_effort`, `thinking` and `output_config` it carried.
+    pub reasoning: Option<serde_json::Map<String, Value>>,
+}
+
+/// The body's fields that switch a model's reasoning, in either dialect.
+const REASONING_FIELDS: [&str; 4] = [
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "thinking",
+    "output_config",
+];
+
+/// Those of [`REASONING_FIELDS`] `body` carries, if any.
+fn reasoning_of(body: &[u8]) -> Option<serde_json::Map<String, Value>> {
+    let mut fields: serde_json::Map<String, Value> = serde_json::from_slice(body).ok()?;
+    fields.retain(|k, _| REASONING_FIELDS.contains(&k.as_str()));
+    (!fields.is_empty()).then_some(fields)
 }
 
 impl SeenRequest {
@@ -154,18 +177,35 @@ impl SeenRequest {
                 .keys()
                 .map(|n| n.as_str().to_owned())
                 .collect(),
+            reasoning: None,
         }
     }
 }
 
-/// How many tokens `req` gets and why it ends: its `max_tokens` (`default` where it sets none),
-/// a tool call where it offers a tool, or the first of its stop sequences the text would hold
-/// (noted in the request).
-fn ending(req: &mut GenRequest, dialect: Dialect, default: u32) -> (u32, Finish) {
+/// How many tokens `req` gets and why it ends: its `max_tokens` (the engine's default where it
+/// sets none), a natural reply's length where that is shorter (drawn from `seed`), a tool call
+/// where it offers a tool, or the first of its stop sequences the text would hold (noted in the
+/// request).
+fn ending(
+    req: &mut GenRequest,
+    dialect: Dialect,
+    timing: &Timing,
+    seed: Option<u64>,
+) -> (u32, Finish) {
     let (mut target, mut finish) = match req.max_tokens {
         Some(n) => (n, Finish::Length),
-        None => (default, Finish::Stop),
+        None => (timing.default_max_tokens, Finish::Stop),
     };
+    if let Some(mean) = timing.reply_tokens {
+        let mut rng = seed.map_or_else(
+            || SmallRng::from_rng(&mut rand::rng()),
+            SmallRng::seed_from_u64,
+        );
+        let natural = rng.random_range(mean / 2..=mean + mean / 2).max(1);
+        if natural < target {
+            (target, finish) = (natural, Finish::Stop);
+        }
+    }
     if req.tool.is_some() && dialect != Dialect::Completions {
         finish = Finish::ToolUse;
     } else if let Some((tokens, sequence)) = super::wire::stop_within(&req.stop, target) {
@@ -312,6 +352,7 @@ impl SimBackend {
             r.reports_cache = true;
             seen.cached_tokens = Some(r.cached_tokens);
         }
+        seen.reasoning = reasoning_of(&body);
         if let Ok(r) = &parsed {
             seen.model = Some(r.model.clone());
             seen.prompt_tokens = Some(r.prompt_tokens);
@@ -347,13 +388,14 @@ impl SimBackend {
             _ => {}
         }
         let timing = &live.params.timing;
-        let (target, finish) = ending(&mut gen_req, dialect, timing.default_max_tokens);
-        // A request's speed is drawn from its x-request-id, where it has one: two runs that
-        // send the same requests (`tpsgate bench --seed`) then draw the same speeds, whichever
-        // engine each lands on, and two routers are compared on their choices alone.
+        // A request's speed (and natural length) is drawn from its x-request-id, where it has
+        // one: two runs that send the same requests (`tpsgate bench --seed`) then draw the same
+        // speeds, whichever engine each lands on, and two routers are compared on their choices
+        // alone.
         let seed = request_id
             .as_deref()
             .map(|id| BuildHasherDefault::<DefaultHasher>::default().hash_one(id));
+        let (target, finish) = ending(&mut gen_req, dialect, timing, seed);
         let tokens = self.engine.submit_after(
             timing.extra_ttft,
             gen_req.prompt_tokens - gen_req.cached_tokens,

@@ -140,6 +140,7 @@ mod tests {
             jitter: 0.0,
             extra_ttft: Duration::from_millis(5),
             default_max_tokens: 16,
+            reply_tokens: None,
         }
     }
 

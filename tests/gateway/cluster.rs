@@ -25,23 +25,6 @@ fn config(sim: SocketAddr, extra: &str, redis: &Redis) -> String {
     )
 }
 
-/// Waits up to `limit` for `check` to hold on `admin`'s answer at `path`; the last answer.
-async fn until(
-    admin: SocketAddr,
-    path: &str,
-    limit: Duration,
-    check: impl Fn(&Value) -> bool,
-) -> Value {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let got = support::get_json(admin, path).await;
-        if check(&got) || tokio::time::Instant::now() >= deadline {
-            return got;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn backend(all: &Value) -> &Value {
     &all["backends"][0]
 }
@@ -68,7 +51,7 @@ async fn requests_through_one_replica_count_in_the_others_view_of_the_backend() 
         support::open_stream(a.addr(), "m", 1000).await,
         support::open_stream(a.addr(), "m", 1000).await,
     ];
-    let seen = until(
+    let seen = support::until(
         b.admin_addr(),
         "/admin/backends",
         Duration::from_secs(2),
@@ -78,7 +61,7 @@ async fn requests_through_one_replica_count_in_the_others_view_of_the_backend() 
     assert_eq!(backend(&seen)["in_flight"], 3, "{seen}");
     assert_eq!(backend(&seen)["in_flight_here"], 0, "{seen}");
     drop(streams);
-    let seen = until(
+    let seen = support::until(
         b.admin_addr(),
         "/admin/backends",
         Duration::from_secs(2),
@@ -105,7 +88,7 @@ async fn max_concurrency_holds_across_replicas() {
         support::open_stream(a.addr(), "m", 1000).await,
         support::open_stream(a.addr(), "m", 1000).await,
     ];
-    until(
+    support::until(
         b.admin_addr(),
         "/admin/backends",
         Duration::from_secs(2),
@@ -132,7 +115,7 @@ async fn a_sample_learned_through_one_replica_reaches_the_others_and_a_new_repli
         short_stream(a.addr()).await;
     }
     let observed = |v: &Value| v["curves"][0]["observations"].as_u64().unwrap_or(0);
-    let curves = until(
+    let curves = support::until(
         b.admin_addr(),
         "/admin/curves",
         Duration::from_secs(2),
@@ -147,7 +130,7 @@ async fn a_sample_learned_through_one_replica_reaches_the_others_and_a_new_repli
     );
     // A replica that starts now (a rollout, a scale-up) reads the recent samples back.
     let c = support::gateway(&config(sim, "", &redis)).await;
-    let curves = until(
+    let curves = support::until(
         c.admin_addr(),
         "/admin/curves",
         Duration::from_secs(1),
@@ -198,7 +181,7 @@ async fn an_ejection_seen_by_one_replica_keeps_the_others_away() {
     for _ in 0..2 {
         support::post(a.addr(), "/v1/chat/completions", &chat).await;
     }
-    let seen = until(
+    let seen = support::until(
         b.admin_addr(),
         "/admin/backends",
         Duration::from_secs(2),
@@ -243,8 +226,8 @@ async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it
     let b = spawn().await;
     let (a_admin, b_admin) = (support::admin_of(&a), support::admin_of(&b));
     let connected = |v: &Value| v["cluster"]["connected"] == true;
-    until(a_admin, "/admin/cluster", Duration::from_secs(2), connected).await;
-    until(b_admin, "/admin/cluster", Duration::from_secs(2), connected).await;
+    support::until(a_admin, "/admin/cluster", Duration::from_secs(2), connected).await;
+    support::until(b_admin, "/admin/cluster", Duration::from_secs(2), connected).await;
     let metric = |admin: SocketAddr| async move {
         let text = support::exchange(admin, Method::GET, "/metrics", None).await;
         String::from_utf8(text.body()).unwrap()
@@ -256,7 +239,7 @@ async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it
     );
 
     redis.kill();
-    let away = until(a_admin, "/admin/cluster", Duration::from_secs(3), |v| {
+    let away = support::until(a_admin, "/admin/cluster", Duration::from_secs(3), |v| {
         v["cluster"]["connected"] == false && v["cluster"]["peers"] == json!([])
     })
     .await;
@@ -274,7 +257,7 @@ async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it
     assert!(metrics.contains("tpsgate_cluster_peers 0"), "{metrics}");
 
     let _redis = Redis::on(port).await;
-    let back = until(a_admin, "/admin/cluster", Duration::from_secs(10), |v| {
+    let back = support::until(a_admin, "/admin/cluster", Duration::from_secs(10), |v| {
         v["cluster"]["connected"] == true
             && v["cluster"]["peers"].as_array().map(Vec::len) == Some(1)
     })
@@ -287,7 +270,7 @@ async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it
     );
     // And B's view of A's streams is fleet-wide again.
     let _stream = support::open_stream(a.addr, "m", 1000).await;
-    let seen = until(b_admin, "/admin/backends", Duration::from_secs(2), |v| {
+    let seen = support::until(b_admin, "/admin/backends", Duration::from_secs(2), |v| {
         backend(v)["in_flight"] == 1
     })
     .await;
@@ -316,7 +299,7 @@ async fn a_redis_behind_tls_is_reached_with_rediss_and_the_configured_roots() {
         v["cluster"]["connected"] == true
             && v["cluster"]["peers"].as_array().map(Vec::len) == Some(1)
     };
-    let seen = until(
+    let seen = support::until(
         a.admin_addr(),
         "/admin/cluster",
         Duration::from_secs(3),
@@ -329,7 +312,7 @@ async fn a_redis_behind_tls_is_reached_with_rediss_and_the_configured_roots() {
         format!("rediss://localhost:{}/0", redis.port())
     );
     short_stream(b.addr()).await;
-    let curves = until(
+    let curves = support::until(
         a.admin_addr(),
         "/admin/curves",
         Duration::from_secs(2),
@@ -341,7 +324,7 @@ async fn a_redis_behind_tls_is_reached_with_rediss_and_the_configured_roots() {
 
 /// Waits up to `limit` for `admin`'s fleet-wide count of the backend to be `n`, and says so.
 async fn in_flight_becomes(admin: SocketAddr, n: u64, limit: Duration) {
-    let seen = until(admin, "/admin/backends", limit, |v| {
+    let seen = support::until(admin, "/admin/backends", limit, |v| {
         backend(v)["in_flight"] == n
     })
     .await;
@@ -350,7 +333,7 @@ async fn in_flight_becomes(admin: SocketAddr, n: u64, limit: Duration) {
 
 /// Waits up to `limit` for `admin` to count `n` replicas holding a lease, and says so.
 async fn replicas_become(admin: SocketAddr, n: u64, limit: Duration) {
-    let seen = until(admin, "/admin/cluster", limit, |v| {
+    let seen = support::until(admin, "/admin/cluster", limit, |v| {
         v["cluster"]["replicas"] == n
     })
     .await;
@@ -519,7 +502,7 @@ async fn a_replica_restarted_under_the_same_id_replaces_its_counts_rather_than_a
         support::open_stream(first.addr, "m", 5000).await,
         support::open_stream(first.addr, "m", 5000).await,
     ];
-    until(
+    support::until(
         b.admin_addr(),
         "/admin/backends",
         Duration::from_secs(3),

@@ -221,3 +221,83 @@ async fn the_backends_errors_and_refusals_reach_the_client_in_its_own_dialect() 
     let message = ex.json()["error"]["message"].as_str().unwrap().to_owned();
     assert!(message.contains("`n`"), "{message}");
 }
+
+/// Claude Code's first request, as 2.1.328 sends it (`claude -p`), cut to one tool.
+fn claude_code_request() -> Value {
+    json!({
+        "model": "m", "max_tokens": 6, "stream": true,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328;"},
+            {"type": "text", "text": "You are a Claude agent", "cache_control": {"type": "ephemeral"}}
+        ],
+        "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "say hi", "cache_control": {"type": "ephemeral"}}
+            ]},
+            {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}
+        ],
+        "tools": [{"name": "Bash", "description": "Run a command",
+                   "input_schema": {"type": "object"}, "defer_loading": true}],
+        "metadata": {"user_id": "{\"session_id\":\"12\"}"},
+        "thinking": {"type": "adaptive", "display": "omitted"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"}
+    })
+}
+
+#[tokio::test]
+async fn claude_code_s_requests_reach_an_openai_engine_its_reasoning_switch_set_where_configured() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    for (extra, reasoning) in [
+        ("", Value::Null),
+        (
+            "    thinking: chat_template\n",
+            json!({"chat_template_kwargs": {"enable_thinking": true}}),
+        ),
+        (
+            "    thinking: reasoning_effort\n",
+            json!({"reasoning_effort": "high"}),
+        ),
+    ] {
+        let gw = gateway(sim, "openai", extra, "").await;
+        let ex = support::send(
+            &http_client(None).unwrap(),
+            gw.addr(),
+            Method::POST,
+            "/v1/messages?beta=true",
+            Some(claude_code_request().to_string().as_bytes()),
+            &[
+                ("content-type", "application/json"),
+                ("anthropic-version", "2023-06-01"),
+                (
+                    "anthropic-beta",
+                    "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
+                ),
+            ],
+        )
+        .await;
+        let body = String::from_utf8_lossy(&ex.body()).into_owned();
+        assert_eq!(ex.status, StatusCode::OK, "{extra}: {body}");
+        assert!(body.contains("message_stop"), "{body}");
+        let seen = support::seen(sim).await;
+        let last = seen.last().unwrap();
+        assert_eq!(last["path"], "/v1/chat/completions");
+        assert_eq!(last["query"], Value::Null, "`?beta=true` is Anthropic's");
+        assert_eq!(last["reasoning"], reasoning, "{extra}");
+        let names = last["header_names"].as_array().unwrap();
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.as_str().unwrap().starts_with("anthropic-"))
+        );
+        // One engine, one curve: the translated request taught it.
+        let curves = support::until(
+            gw.admin_addr(),
+            "/admin/curves",
+            std::time::Duration::from_secs(2),
+            |v| v["curves"][0]["observations"] == 1,
+        )
+        .await;
+        assert_eq!(curves["curves"][0]["observations"], 1, "{curves}");
+    }
+}

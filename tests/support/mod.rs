@@ -274,6 +274,23 @@ pub async fn gateway(body: &str) -> tpsgate::gateway::Gateway {
 }
 
 /// The generation requests a sim backend received, oldest first.
+/// Waits up to `limit` for `check` to hold on `admin`'s answer at `path`; the last answer.
+pub async fn until(
+    admin: SocketAddr,
+    path: &str,
+    limit: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let got = get_json(admin, path).await;
+        if check(&got) || tokio::time::Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 pub async fn seen(addr: SocketAddr) -> Vec<Value> {
     get_json(addr, "/sim/requests").await["requests"]
         .as_array()
