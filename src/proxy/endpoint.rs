@@ -14,6 +14,9 @@ pub enum Endpoint {
     Responses,
     /// `POST /v1/messages` (Anthropic).
     Messages,
+    /// `POST /v1/messages/count_tokens` (Anthropic): an Anthropic backend counts, an OpenAI
+    /// engine is asked its `/tokenize`.
+    CountTokens,
     /// `GET /v1/models`: answered by the gateway.
     Models,
     /// Any other `/v1/*` path: passed through to a backend serving the body's model, or to the
@@ -32,6 +35,7 @@ impl Endpoint {
             "/v1/completions" => Self::Completions,
             "/v1/responses" => Self::Responses,
             "/v1/messages" => Self::Messages,
+            "/v1/messages/count_tokens" => Self::CountTokens,
             "/v1/models" => Self::Models,
             p if p.starts_with("/v1/messages/") => Self::Other { anthropic: true },
             p if p.starts_with("/v1/") => Self::Other { anthropic: false },
@@ -47,7 +51,9 @@ impl Endpoint {
     /// The backend dialect that can serve it.
     pub(crate) fn dialect(self) -> BackendDialect {
         match self {
-            Self::Messages | Self::Other { anthropic: true } => BackendDialect::Anthropic,
+            Self::Messages | Self::CountTokens | Self::Other { anthropic: true } => {
+                BackendDialect::Anthropic
+            }
             _ => BackendDialect::Openai,
         }
     }
@@ -63,7 +69,9 @@ impl Endpoint {
     /// How its streams are read.
     pub(crate) fn stream_dialect(self) -> StreamDialect {
         match self {
-            Self::Messages | Self::Other { anthropic: true } => StreamDialect::Anthropic,
+            Self::Messages | Self::CountTokens | Self::Other { anthropic: true } => {
+                StreamDialect::Anthropic
+            }
             Self::Responses => StreamDialect::Responses,
             _ => StreamDialect::OpenAi,
         }

@@ -167,7 +167,9 @@ impl Service<Request<UpstreamBody>> for Forward {
                     None => (c.endpoint.stream_dialect(), c.usage_injected()),
                     // Metered as the backend sends it; the translation owns the usage.
                     Some(Direction::ChatToMessages) => (StreamDialect::Anthropic, false),
-                    Some(Direction::MessagesToChat) => (StreamDialect::OpenAi, false),
+                    Some(Direction::MessagesToChat | Direction::CountToTokenize) => {
+                        (StreamDialect::OpenAi, false)
+                    }
                 });
                 translate = routed.translate.map(|d| {
                     let asked = c.stream_options.as_ref().and_then(|o| o.include_usage);

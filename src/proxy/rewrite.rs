@@ -103,6 +103,7 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                 Direction::MessagesToChat => {
                     translate::messages_to_chat(&body, model, backend.thinking)
                 }
+                Direction::CountToTokenize => translate::count_to_tokenize(&body, model),
             };
             let translated = translated.map_err(|refused| {
                 Error::new(
@@ -113,7 +114,7 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                     ),
                 )
             })?;
-            if direction == Direction::MessagesToChat {
+            if direction != Direction::ChatToMessages {
                 parts.headers.remove("anthropic-version");
                 parts.headers.remove("anthropic-beta");
             }

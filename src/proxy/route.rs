@@ -21,6 +21,7 @@ use tower::{Layer, Service};
 
 use super::body::ProxyBody;
 use super::classify::Classified;
+use super::endpoint::Endpoint;
 use super::request_id::Received;
 use crate::config::{BackendDialect, PrefixRouting};
 use crate::curve::Prediction;
@@ -47,12 +48,17 @@ pub(crate) struct Routed {
     pub translate: Option<Direction>,
 }
 
-/// Which way a request of a client speaking `client` is translated for a backend speaking
+/// Which way a request to the client's `endpoint` is translated for a backend speaking
 /// `backend`, if it is.
-pub(crate) fn translation(client: BackendDialect, backend: BackendDialect) -> Option<Direction> {
-    match (client, backend) {
-        (BackendDialect::Openai, BackendDialect::Anthropic) => Some(Direction::ChatToMessages),
-        (BackendDialect::Anthropic, BackendDialect::Openai) => Some(Direction::MessagesToChat),
+pub(crate) fn translation(endpoint: Endpoint, backend: BackendDialect) -> Option<Direction> {
+    match (endpoint, backend) {
+        (Endpoint::CountTokens, BackendDialect::Openai) => Some(Direction::CountToTokenize),
+        (e, BackendDialect::Anthropic) if e.dialect() == BackendDialect::Openai => {
+            Some(Direction::ChatToMessages)
+        }
+        (e, BackendDialect::Openai) if e.dialect() == BackendDialect::Anthropic => {
+            Some(Direction::MessagesToChat)
+        }
         _ => None,
     }
 }
@@ -186,7 +192,7 @@ where
     let translate = req
         .extensions()
         .get::<Classified>()
-        .and_then(|c| translation(c.endpoint.dialect(), decision.backend.config.dialect));
+        .and_then(|c| translation(c.endpoint, decision.backend.config.dialect));
     let upstream_model = req
         .extensions()
         .get::<Classified>()

@@ -307,9 +307,14 @@ impl SimBackend {
                 json_response(StatusCode::OK, &json!({"requests": self.seen_requests()}))
             }
             (&Method::POST, "/sim/params", _) => self.patch_params(req).await,
+            (&Method::POST, "/tokenize", _) => self.count(Dialect::Chat, req).await,
+            (&Method::POST, p, _) if p.ends_with("/messages/count_tokens") => {
+                self.count(Dialect::Messages, req).await
+            }
             (
                 _,
-                "/v1/models" | "/sim/truth" | "/sim/stats" | "/sim/params" | "/sim/requests",
+                "/v1/models" | "/sim/truth" | "/sim/stats" | "/sim/params" | "/sim/requests"
+                | "/tokenize",
                 _,
             )
             | (_, _, Some(_)) => error(
@@ -327,6 +332,42 @@ impl SimBackend {
                 "no such endpoint",
             ),
         }
+    }
+
+    /// A prompt's tokens counted as a generation request's are: vLLM's `/tokenize` for chat
+    /// messages (`{"count", "tokens"}`; the simulator has no context window to report as
+    /// `max_model_len`), Anthropic's `count_tokens` (`{"input_tokens"}`).
+    async fn count(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
+        let Ok(body) = Limited::new(req.into_body(), MAX_BODY).collect().await else {
+            return error(
+                dialect,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                "body_too_large",
+                "request body over 16 MiB or unreadable",
+            );
+        };
+        // Read as chat messages whatever the dialect: Anthropic's count needs no `max_tokens`,
+        // and both dialects' prompts are counted alike.
+        let r = match Dialect::Chat.parse_for_cache(&body.to_bytes(), None) {
+            Ok(r) if self.models.contains(&r.model) => r,
+            Ok(r) => return self.unknown_model(dialect, &r.model),
+            Err(bad) => {
+                return error(
+                    dialect,
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "invalid_request",
+                    &bad.0,
+                );
+            }
+        };
+        let n = r.prompt_tokens;
+        let answer = match dialect {
+            Dialect::Messages => json!({"input_tokens": n}),
+            _ => json!({"count": n, "tokens": (0..n).collect::<Vec<_>>()}),
+        };
+        json_response(StatusCode::OK, &answer)
     }
 
     async fn generate(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {

@@ -19,7 +19,7 @@ mod whole;
 
 pub(crate) use chunks::ToChatChunks;
 pub(crate) use events::ToMessageEvents;
-pub use request::{Thinking, chat_to_messages, messages_to_chat};
+pub use request::{Thinking, chat_to_messages, count_to_tokenize, messages_to_chat};
 pub(crate) use whole::{error_body, response_body};
 
 use bytes::{Bytes, BytesMut};
@@ -33,6 +33,9 @@ pub enum Direction {
     ChatToMessages,
     /// An Anthropic messages client, an OpenAI chat completions backend.
     MessagesToChat,
+    /// An Anthropic client counting a prompt's tokens (`/v1/messages/count_tokens`), an OpenAI
+    /// engine that counts them with its own chat template (`/tokenize`: vLLM, SGLang).
+    CountToTokenize,
 }
 
 impl Direction {
@@ -41,6 +44,7 @@ impl Direction {
         match self {
             Self::ChatToMessages => "/v1/messages",
             Self::MessagesToChat => "/v1/chat/completions",
+            Self::CountToTokenize => "/tokenize",
         }
     }
 }
@@ -135,7 +139,8 @@ impl ResponseTranslator {
                 Self::Chunks(Stream::new(ToChatChunks::new(include_usage)))
             }
             (true, Direction::MessagesToChat) => Self::Events(Stream::new(ToMessageEvents::new())),
-            (false, _) => Self::Whole {
+            // A count is never streamed.
+            (false, _) | (true, Direction::CountToTokenize) => Self::Whole {
                 direction,
                 status,
                 body: BytesMut::new(),

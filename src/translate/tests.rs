@@ -259,20 +259,14 @@ fn what_claude_code_sends_reaches_an_openai_engine_with_its_reasoning_switch_whe
         }
         assert!(plain.get("chat_template_kwargs").is_none());
         // vLLM and SGLang: the chat template's switch.
-        let vllm = to_chat_reading(
-            &claude_code_request(thinking),
-            Thinking::ChatTemplate,
-        );
+        let vllm = to_chat_reading(&claude_code_request(thinking), Thinking::ChatTemplate);
         assert_eq!(
             vllm["chat_template_kwargs"],
             json!({"enable_thinking": true})
         );
         assert!(vllm.get("reasoning_effort").is_none());
         // OpenAI's reasoning models: the client's effort.
-        let openai = to_chat_reading(
-            &claude_code_request(thinking),
-            Thinking::ReasoningEffort,
-        );
+        let openai = to_chat_reading(&claude_code_request(thinking), Thinking::ReasoningEffort);
         assert_eq!(openai["reasoning_effort"], "high");
         assert!(openai.get("chat_template_kwargs").is_none());
     }
@@ -294,6 +288,28 @@ fn what_claude_code_sends_reaches_an_openai_engine_with_its_reasoning_switch_whe
         to_chat_reading(&max, Thinking::ReasoningEffort)["reasoning_effort"],
         "high"
     );
+}
+
+#[test]
+fn a_count_asks_the_engine_to_template_the_same_messages_and_tools_a_request_would_send() {
+    let request = claude_code_request(&json!({"type": "adaptive"}));
+    let tokenize: Value =
+        serde_json::from_slice(&count_to_tokenize(request.to_string().as_bytes(), "up").unwrap())
+            .unwrap();
+    let chat = to_chat(&request);
+    assert_eq!(tokenize["model"], "up");
+    assert_eq!(tokenize["messages"], chat["messages"]);
+    assert_eq!(tokenize["tools"], chat["tools"]);
+    assert_eq!(tokenize["add_generation_prompt"], true);
+    for absent in ["max_tokens", "stream", "stream_options", "user"] {
+        assert!(tokenize.get(absent).is_none(), "{absent}: {tokenize}");
+    }
+    let counted: Value = serde_json::from_slice(&whole::response_body(
+        Direction::CountToTokenize,
+        br#"{"count": 42, "max_model_len": 32768, "tokens": []}"#,
+    ))
+    .unwrap();
+    assert_eq!(counted, json!({"input_tokens": 42}));
 }
 
 #[test]

@@ -12,6 +12,17 @@ pub(crate) fn response_body(direction: Direction, body: &[u8]) -> Vec<u8> {
     let translated = match direction {
         Direction::ChatToMessages => message_as_completion(&answer),
         Direction::MessagesToChat => completion_as_message(&answer),
+        // vLLM's and SGLang's `/tokenize`: `{"count", "max_model_len", "tokens"}`.
+        Direction::CountToTokenize => match answer.get("count").and_then(Value::as_u64) {
+            Some(count) => json!({"input_tokens": count}),
+            None => {
+                return error_body(
+                    direction,
+                    502,
+                    b"the backend's /tokenize answer has no `count`",
+                );
+            }
+        },
     };
     translated.to_string().into_bytes()
 }
@@ -158,6 +169,15 @@ pub(crate) fn error_body(direction: Direction, status: u16, body: &[u8]) -> Vec<
         let text = String::from_utf8_lossy(&body[..body.len().min(1000)]);
         json!({"message": text.trim()}).to_string()
     });
+    // An engine without `/tokenize` cannot count: never a made-up number (an agent that reads
+    // 0 stops compacting its context).
+    let error = match (direction, status) {
+        (Direction::CountToTokenize, 404 | 405 | 501) => json!({"message": format!(
+            "the backend cannot count tokens: its /tokenize answered {status} (vLLM and SGLang serve it; an Anthropic backend counts them itself)"
+        )})
+        .to_string(),
+        _ => error,
+    };
     match direction {
         Direction::ChatToMessages => {
             format!(
@@ -165,7 +185,7 @@ pub(crate) fn error_body(direction: Direction, status: u16, body: &[u8]) -> Vec<
                 openai_error_object(error.as_bytes(), status)
             )
         }
-        Direction::MessagesToChat => format!(
+        Direction::MessagesToChat | Direction::CountToTokenize => format!(
             "{{\"type\":\"error\",\"error\":{}}}",
             anthropic_error_object_with(error.as_bytes(), Some(status))
         ),

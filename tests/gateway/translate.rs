@@ -301,3 +301,50 @@ async fn claude_code_s_requests_reach_an_openai_engine_its_reasoning_switch_set_
         assert_eq!(curves["curves"][0]["observations"], 1, "{curves}");
     }
 }
+
+#[tokio::test]
+async fn count_tokens_is_the_engine_s_own_count_and_an_engine_that_cannot_count_says_so() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let prompt = json!({
+        "model": "m",
+        "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": "How many tokens is this prompt, exactly?"}],
+        "tools": [{"name": "Bash", "description": "Run", "input_schema": {"type": "object"}}],
+        "thinking": {"type": "adaptive"}
+    });
+    for dialect in ["openai", "anthropic"] {
+        let gw = gateway(sim, dialect, "", "").await;
+        let counted = post(gw.addr(), "/v1/messages/count_tokens", &prompt, None).await;
+        assert_eq!(
+            counted.status,
+            StatusCode::OK,
+            "{dialect}: {:?}",
+            counted.body()
+        );
+        let count: Value = serde_json::from_slice(&counted.body()).unwrap();
+        // The same prompt sent for an answer: the engine's own count of it.
+        let mut ask = prompt.clone();
+        ask["max_tokens"] = json!(1);
+        let answered = post(gw.addr(), "/v1/messages", &ask, None).await;
+        assert_eq!(answered.status, StatusCode::OK);
+        let seen = support::seen(sim).await;
+        let last = seen.last().unwrap();
+        assert_eq!(
+            count["input_tokens"], last["prompt_tokens"],
+            "{dialect}: {count}"
+        );
+        assert!(count["input_tokens"].as_u64().unwrap() > 0);
+    }
+    // An engine whose `/tokenize` is not there: a clear error, never a made-up number.
+    let base = format!("http://{sim}/no-tokenizer");
+    let gw = support::gateway(&format!(
+        "backends:\n  - {{name: engine, url: '{base}', dialect: openai, models: {{m: m}}}}\n"
+    ))
+    .await;
+    let refused = post(gw.addr(), "/v1/messages/count_tokens", &prompt, None).await;
+    assert_eq!(refused.status, StatusCode::NOT_FOUND);
+    let error: Value = serde_json::from_slice(&refused.body()).unwrap();
+    assert_eq!(error["type"], "error");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("cannot count tokens"), "{message}");
+}

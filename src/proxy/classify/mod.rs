@@ -528,7 +528,7 @@ where
                 "use GET for /v1/models",
             ));
         }
-        e if e.generates() && method != Method::POST => {
+        e if (e.generates() || e == Endpoint::CountTokens) && method != Method::POST => {
             return Err(Error::new(
                 ErrorKind::MethodNotAllowed,
                 format!("use POST for {path}"),
@@ -697,7 +697,10 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         prompt_tokens: body.len() as u64 / BYTES_PER_TOKEN,
         prompt_spans: [system, instructions, tools, messages, prompt, input],
         cache_key_span: cache_key_span.filter(|span| body[span.start] == b'"'),
-        translate: matches!(endpoint, Endpoint::Chat | Endpoint::Messages),
+        translate: matches!(
+            endpoint,
+            Endpoint::Chat | Endpoint::Messages | Endpoint::CountTokens
+        ),
     })
 }
 

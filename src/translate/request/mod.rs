@@ -15,7 +15,7 @@ use super::Refused;
 mod to_chat;
 mod to_messages;
 
-pub use to_chat::{Thinking, messages_to_chat};
+pub use to_chat::{Thinking, count_to_tokenize, messages_to_chat};
 pub use to_messages::chat_to_messages;
 
 fn refuse<T>(message: impl Into<String>) -> Result<T, Refused> {

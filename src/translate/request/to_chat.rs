@@ -108,6 +108,23 @@ pub fn messages_to_chat(body: &[u8], model: &str, thinking: Thinking) -> Result<
     Ok(out.0)
 }
 
+/// An Anthropic `count_tokens` request as a vLLM / SGLang `/tokenize` request for `model`: the
+/// same messages (and tools) a translated `messages` request would send, which the engine
+/// renders with the model's own chat template and counts, the generation prompt included.
+pub fn count_to_tokenize(body: &[u8], model: &str) -> Result<Vec<u8>, Refused> {
+    let chat = messages_to_chat(body, model, Thinking::Drop)?;
+    let chat: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&chat)
+        .map_err(|e| Refused(format!("the translated request is not an object ({e})")))?;
+    let mut tokenize = serde_json::Map::new();
+    for key in ["model", "messages", "tools"] {
+        if let Some(v) = chat.get(key) {
+            tokenize.insert(key.to_owned(), v.clone());
+        }
+    }
+    tokenize.insert("add_generation_prompt".to_owned(), true.into());
+    Ok(serde_json::Value::Object(tokenize).to_string().into_bytes())
+}
+
 /// `thinking` and `output_config.effort`, checked whatever the backend reads of them, and
 /// written as it reads them.
 fn reasoning(req: &Object, control: Thinking, out: &mut Json) -> Result<(), Refused> {
