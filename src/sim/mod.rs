@@ -10,6 +10,7 @@ pub mod config;
 pub(crate) mod engine;
 pub(crate) mod faults;
 pub(crate) mod fleet;
+pub(crate) mod seen;
 pub(crate) mod server;
 pub mod truth;
 pub mod wire;
