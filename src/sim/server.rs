@@ -101,6 +101,17 @@ impl PrefixCache {
     }
 }
 
+/// A 400 in `dialect`'s shape for a body the simulator cannot read.
+fn bad_request(dialect: Dialect, why: &str) -> Response<SimBody> {
+    error(
+        dialect,
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        "invalid_request",
+        why,
+    )
+}
+
 /// How many tokens `req` gets and why it ends: its `max_tokens` (the engine's default where it
 /// sets none), a natural reply's length where that is shorter (drawn from `seed`), a tool call
 /// where it offers a tool, or the first of its stop sequences the text would hold (noted in the
@@ -271,15 +282,7 @@ impl SimBackend {
         let r = match Dialect::Chat.parse_for_cache(&body.to_bytes(), None) {
             Ok(r) if self.models.contains(&r.model) => r,
             Ok(r) => return self.unknown_model(dialect, &r.model),
-            Err(bad) => {
-                return error(
-                    dialect,
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    "invalid_request",
-                    &bad.0,
-                );
-            }
+            Err(bad) => return bad_request(dialect, &bad.0),
         };
         let n = r.prompt_tokens;
         let answer = match dialect {
@@ -322,15 +325,7 @@ impl SimBackend {
         self.remember(seen);
         let mut gen_req = match parsed {
             Ok(r) => r,
-            Err(bad) => {
-                return error(
-                    dialect,
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    "invalid_request",
-                    &bad.0,
-                );
-            }
+            Err(bad) => return bad_request(dialect, &bad.0),
         };
         if !self.models.contains(&gen_req.model) {
             return self.unknown_model(dialect, &gen_req.model);

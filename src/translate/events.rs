@@ -165,6 +165,28 @@ impl ToMessageEvents {
         self.open = Open::Text;
     }
 
+    /// `t` (a raw JSON string) as the next delta of a text or thinking block, opening one
+    /// where the open block is another.
+    fn block_delta(&mut self, block: Open, t: &str) {
+        if self.open != block {
+            self.close_block();
+            if block == Open::Thinking {
+                self.open_thinking();
+            } else {
+                self.open_text();
+            }
+        }
+        self.put(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
+        put_u64(&mut self.out, self.next_block - 1);
+        self.put(if block == Open::Thinking {
+            b",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":".as_slice()
+        } else {
+            b",\"delta\":{\"type\":\"text_delta\",\"text\":".as_slice()
+        });
+        self.put(t.as_bytes());
+        self.put(b"}}\n\n");
+    }
+
     /// A thinking block: its signature empty, as no Anthropic model signed it (a client sends
     /// it back in a later turn, where it is dropped for an OpenAI engine).
     fn open_thinking(&mut self) {
@@ -289,26 +311,10 @@ impl EventTranslation for ToMessageEvents {
         if let Some(choice) = chunk.choices {
             if let Some(delta) = choice.delta {
                 if let Some(t) = text(delta.reasoning_content).or(text(delta.reasoning)) {
-                    if self.open != Open::Thinking {
-                        self.close_block();
-                        self.open_thinking();
-                    }
-                    self.put(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
-                    put_u64(&mut self.out, self.next_block - 1);
-                    self.put(b",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":");
-                    self.put(t.as_bytes());
-                    self.put(b"}}\n\n");
+                    self.block_delta(Open::Thinking, t);
                 }
                 if let Some(t) = text(delta.content) {
-                    if self.open != Open::Text {
-                        self.close_block();
-                        self.open_text();
-                    }
-                    self.put(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":");
-                    put_u64(&mut self.out, self.next_block - 1);
-                    self.put(b",\"delta\":{\"type\":\"text_delta\",\"text\":");
-                    self.put(t.as_bytes());
-                    self.put(b"}}\n\n");
+                    self.block_delta(Open::Text, t);
                 }
                 for call in delta.tool_calls.iter().flatten() {
                     self.tool_delta(call);

@@ -111,13 +111,19 @@ async fn each_official_sdk_reaches_a_backend_of_the_other_dialect_through_transl
         got["anthropic_stop_sequence"],
         json!(["stop_sequence", " fox", " the quick brown"])
     );
+    assert_eq!(
+        got["anthropic_thinking"],
+        json!(["max_tokens", " the quick"])
+    );
     assert_eq!(got["anthropic_refused"][0], 400);
     assert_eq!(got["anthropic_refused"][1], "invalid_request_error");
     assert!(
         got["anthropic_refused"][2]
             .as_str()
             .unwrap()
-            .contains("`thinking`")
+            .contains("`messages[0].content[0].type` `document`"),
+        "{}",
+        got["anthropic_refused"]
     );
 
     assert_eq!(got["openai_text"], " the quick brown fox jumps");

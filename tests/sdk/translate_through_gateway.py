@@ -94,9 +94,15 @@ stopped = an.messages.create(
 )
 out["anthropic_stop_sequence"] = [stopped.stop_reason, stopped.stop_sequence, stopped.content[0].text]
 
+# Thinking, as coding agents ask it: the engine is sent what its backend's `thinking:` says.
+thought = an.messages.create(model="llama", max_tokens=2, messages=hello,
+                             thinking={"type": "enabled", "budget_tokens": 1024})
+out["anthropic_thinking"] = [thought.stop_reason, thought.content[0].text]
+
+document = [{"role": "user", "content": [{"type": "document", "source": {
+    "type": "text", "media_type": "text/plain", "data": "a page"}}]}]
 try:
-    an.messages.create(model="llama", max_tokens=2, messages=hello,
-                       thinking={"type": "enabled", "budget_tokens": 1024})
+    an.messages.create(model="llama", max_tokens=2, messages=document)
     out["anthropic_refused"] = None
 except anthropic.BadRequestError as e:
     out["anthropic_refused"] = [e.status_code, e.body["error"]["type"], e.body["error"]["message"]]
