@@ -252,12 +252,14 @@ async fn replicas_serve_on_their_own_view_while_redis_is_away_and_resync_when_it
     // Requests still succeed, on this replica's own view.
     short_stream(a.addr).await;
     short_stream(b.addr).await;
-    // The gauges are set at the sync task's next round, a moment after the admin plane's
-    // state: scrape until they show it.
+    // The gauges are set at the end of a sync round, from the peers' lease rather than the
+    // admin plane's list (a round waits on a Redis that is away): scrape until they show it.
     let mut metrics = String::new();
-    for _ in 0..300 {
+    for _ in 0..1000 {
         metrics = metric(a_admin).await;
-        if metrics.contains("tpsgate_cluster_connected 0") {
+        if metrics.contains("tpsgate_cluster_connected 0")
+            && metrics.contains("tpsgate_cluster_peers 0")
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
