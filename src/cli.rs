@@ -170,6 +170,10 @@ pub(crate) struct EngineFlags {
     /// reply runs to its max_tokens].
     #[arg(long)]
     pub reply_tokens: Option<u32>,
+    /// Percent of the turns offering tools whose answer calls one (drawn per request) [default:
+    /// 100].
+    #[arg(long)]
+    pub tool_call_pct: Option<f64>,
     /// Tokens per SSE chunk [default: 1].
     #[arg(long)]
     pub tokens_per_chunk: Option<u32>,
@@ -309,6 +313,7 @@ impl SimArgs {
             extra_ttft_ms: f.extra_ttft_ms.unwrap_or(defaults.extra_ttft_ms),
             default_max_tokens: f.default_max_tokens.unwrap_or(defaults.default_max_tokens),
             reply_tokens: f.reply_tokens.or(defaults.reply_tokens),
+            tool_call_pct: f.tool_call_pct.unwrap_or(defaults.tool_call_pct),
         };
         let stream = StreamRaw {
             tokens_per_chunk: f.tokens_per_chunk.unwrap_or(1),

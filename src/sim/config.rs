@@ -157,6 +157,9 @@ pub struct EngineRaw {
     /// one), and a reply shorter than its `max_tokens` ends there with `stop`, as a model's
     /// does. A coding agent asking 32,000 tokens a turn gets its answer, not 32,000 tokens.
     pub reply_tokens: Option<u32>,
+    /// The share of the turns offering tools whose answer calls one, percent (0..=100; drawn
+    /// per request, from its `x-request-id` where it has one); the others answer with text.
+    pub tool_call_pct: f64,
 }
 
 impl Default for EngineRaw {
@@ -174,6 +177,7 @@ impl Default for EngineRaw {
             extra_ttft_ms: 0.0,
             default_max_tokens: 256,
             reply_tokens: None,
+            tool_call_pct: 100.0,
         }
     }
 }
@@ -296,6 +300,8 @@ pub struct Timing {
     pub default_max_tokens: u32,
     /// A natural reply's mean length (`EngineRaw::reply_tokens`).
     pub reply_tokens: Option<u32>,
+    /// The share of the turns offering tools whose answer calls one (0..=1).
+    pub tool_call_share: f64,
 }
 
 impl Timing {
@@ -580,6 +586,15 @@ impl EngineRaw {
                 "must be at least 1",
             ));
         }
+        if !(0.0..=100.0).contains(&self.tool_call_pct) {
+            return Err(ConfigError::at(
+                format!("{at}.tool_call_pct"),
+                format!(
+                    "{} is out of range: use 0 to 100 (percent of the turns offering tools)",
+                    self.tool_call_pct
+                ),
+            ));
+        }
         if self.reply_tokens == Some(0) {
             return Err(ConfigError::at(
                 format!("{at}.reply_tokens"),
@@ -616,6 +631,7 @@ impl EngineRaw {
             extra_ttft: Duration::from_secs_f64(self.extra_ttft_ms / 1e3),
             default_max_tokens: self.default_max_tokens,
             reply_tokens: self.reply_tokens,
+            tool_call_share: self.tool_call_pct / 100.0,
         })
     }
 }

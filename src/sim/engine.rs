@@ -541,6 +541,7 @@ mod tests {
             extra_ttft: Duration::ZERO,
             default_max_tokens: 16,
             reply_tokens: None,
+            tool_call_share: 1.0,
         }
     }
 

@@ -114,7 +114,7 @@ fn bad_request(dialect: Dialect, why: &str) -> Response<SimBody> {
 
 /// How many tokens `req` gets and why it ends: its `max_tokens` (the engine's default where it
 /// sets none), a natural reply's length where that is shorter (drawn from `seed`), a tool call
-/// where it offers a tool, or the first of its stop sequences the text would hold (noted in the
+/// where it offers a tool (on the engine's share of such turns, drawn alike), or the first of its stop sequences the text would hold (noted in the
 /// request).
 fn ending(
     req: &mut GenRequest,
@@ -126,15 +126,22 @@ fn ending(
         Some(n) => (n, Finish::Length),
         None => (timing.default_max_tokens, Finish::Stop),
     };
+    let mut drawn = seed.map_or_else(
+        || SmallRng::from_rng(&mut rand::rng()),
+        SmallRng::seed_from_u64,
+    );
     if let Some(mean) = timing.reply_tokens {
-        let mut rng = seed.map_or_else(
-            || SmallRng::from_rng(&mut rand::rng()),
-            SmallRng::seed_from_u64,
-        );
-        let natural = rng.random_range(mean / 2..=mean + mean / 2).max(1);
+        let natural = drawn.random_range(mean / 2..=mean + mean / 2).max(1);
         if natural < target {
             (target, finish) = (natural, Finish::Stop);
         }
+    }
+    // On a share of the turns offering tools the answer calls one; on the others it is text.
+    if req.tool.is_some()
+        && timing.tool_call_share < 1.0
+        && drawn.random::<f64>() >= timing.tool_call_share
+    {
+        req.tool = None;
     }
     if req.tool.is_some() && dialect != Dialect::Completions {
         finish = Finish::ToolUse;

@@ -141,6 +141,7 @@ mod tests {
             extra_ttft: Duration::from_millis(5),
             default_max_tokens: 16,
             reply_tokens: None,
+            tool_call_share: 1.0,
         }
     }
 

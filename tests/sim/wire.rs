@@ -218,3 +218,55 @@ async fn bad_requests_get_errors_shaped_like_each_api() {
     let ex = support::exchange(addr, http::Method::GET, "/v1/chat/completions", None).await;
     assert_eq!(ex.status, StatusCode::METHOD_NOT_ALLOWED);
 }
+
+#[tokio::test]
+async fn replies_end_at_a_natural_length_and_call_a_tool_on_the_configured_share_of_turns() {
+    let engine = EngineRaw {
+        reply_tokens: Some(8),
+        tool_call_pct: 50.0,
+        ..support::engine(0.2, 0.0, 64)
+    };
+    let (_fleet, addr) = support::start_engine("agentic", engine).await;
+    let client = tpsgate::bench::http_client(None).unwrap();
+    let body = json!({"model": "m", "max_tokens": 1000,
+                      "messages": [{"role": "user", "content": "go"}],
+                      "tools": [{"type": "function", "function": {"name": "f"}}]});
+    let answer = |id: String| {
+        let client = client.clone();
+        let body = body.to_string();
+        async move {
+            let ex = support::send(
+                &client,
+                addr,
+                http::Method::POST,
+                "/v1/chat/completions",
+                Some(body.as_bytes()),
+                &[("content-type", "application/json"), ("x-request-id", &id)],
+            )
+            .await;
+            let v: Value = ex.json();
+            let choice = &v["choices"][0];
+            (
+                choice["finish_reason"].as_str().unwrap().to_owned(),
+                v["usage"]["completion_tokens"].as_u64().unwrap(),
+            )
+        }
+    };
+    let mut calls = 0;
+    for i in 0..40 {
+        let (finish, tokens) = answer(format!("req-{i}")).await;
+        // 4 to 12 tokens, never the 1000 asked.
+        assert!((4..=12).contains(&tokens), "{tokens}");
+        match finish.as_str() {
+            "tool_calls" => calls += 1,
+            "stop" => {}
+            other => panic!("{other}"),
+        }
+        // The same request id: the same answer.
+        assert_eq!(answer(format!("req-{i}")).await, (finish, tokens));
+    }
+    assert!(
+        (8..=32).contains(&calls),
+        "{calls} of 40 turns called the tool"
+    );
+}
