@@ -92,6 +92,23 @@ impl Spread {
         KNOTS[i] + (KNOTS[i + 1] - KNOTS[i]) * (x - v0) / (v1 - v0)
     }
 
+    /// A value every `x` below which has [`Spread::share_below`] exactly 0, rounding
+    /// included: the lowest knot less what its segment's slope extends below it, and a hair.
+    pub(crate) fn surely_above(&self) -> f64 {
+        let v = &self.0;
+        let slope = (0..v.len() - 1).find_map(|i| {
+            let dv = v[i + 1] - v[i];
+            (dv > 0.0).then(|| (KNOTS[i + 1] - KNOTS[i]) / dv)
+        });
+        match slope {
+            Some(s) => {
+                let reach = KNOTS[0] / s;
+                v[0] - reach - 1e-9 * (v[0].abs() + reach)
+            }
+            None => v[0],
+        }
+    }
+
     /// The share of the distribution at or above `x`.
     pub(crate) fn share_above(&self, x: f64) -> f64 {
         1.0 - self.share_below(x)
@@ -144,6 +161,22 @@ impl Spread {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn below_its_sure_floor_a_spread_holds_nothing(
+            median in 0.01f64..1000.0,
+            ratio in 0.01f64..1.0,
+            below in 0.0f64..1.0,
+        ) {
+            let spread = Spread::log_normal(median, 0.1, ratio);
+            let floor = spread.surely_above();
+            proptest::prop_assert!(floor < spread.quantile(0.0) || ratio == 1.0);
+            proptest::prop_assert_eq!(spread.share_below(floor - below * floor.abs()), 0.0);
+            // And it is not far below: at the lowest knot the share is the lowest knot's.
+            proptest::prop_assert!(spread.share_below(spread.quantile(0.0)) > 0.0);
+        }
+    }
 
     #[test]
     fn quantiles_read_back_at_the_knots_and_between_them() {

@@ -312,9 +312,13 @@ impl Paces {
                 speed.map_or(1.0, |s| s.share_above(remaining / left))
             }
         };
+        // A stream that needs less than the slowest speed of the spread even after the stall
+        // meets its target either way, and costs nothing: skipped without reading the spread
+        // (most streams, most of the time).
+        let surely = speed.map_or(f64::INFINITY, Spread::surely_above);
         self.lock_streams()
             .iter()
-            .map(|p| {
+            .filter_map(|p| {
                 let events = p.events.load(Ordering::Relaxed);
                 let remaining = f64::from(p.tokens.saturating_sub(events.max(1)));
                 let first = p.first_us.load(Ordering::Relaxed);
@@ -324,7 +328,11 @@ impl Paces {
                     let since = now_us.saturating_sub(first) as f64 / 1e6;
                     p.allowed_s - since - ahead
                 };
-                within(remaining, left) - within(remaining, left - this)
+                let after = left - this;
+                if after >= 0.0 && (remaining <= 0.0 || remaining / after < surely) {
+                    return None;
+                }
+                Some(within(remaining, left) - within(remaining, after))
             })
             .sum()
     }
@@ -350,6 +358,66 @@ impl Paces {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stall's cost read over every stream, none skipped: what `stall_loss` must equal.
+    fn every_stream(paces: &Paces, now: Instant, speed: &Spread, this: f64, ahead: f64) -> f64 {
+        let now_us = paces.micros(now);
+        let within = |remaining: f64, left: f64| {
+            if left < 0.0 {
+                0.0
+            } else if remaining <= 0.0 {
+                1.0
+            } else {
+                speed.share_above(remaining / left)
+            }
+        };
+        paces
+            .lock_streams()
+            .iter()
+            .map(|p| {
+                let events = p.events.load(Ordering::Relaxed);
+                let remaining = f64::from(p.tokens.saturating_sub(events.max(1)));
+                let first = p.first_us.load(Ordering::Relaxed);
+                let left = if first == u64::MAX {
+                    p.allowed_s
+                } else {
+                    p.allowed_s - now_us.saturating_sub(first) as f64 / 1e6 - ahead
+                };
+                within(remaining, left) - within(remaining, left - this)
+            })
+            .sum()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn skipping_the_streams_with_spare_to_the_spread_s_floor_changes_no_loss(
+            streams in proptest::collection::vec(
+                (1u32..400, proptest::option::of(1.0f64..200.0), 0u32..400, 0u64..20_000),
+                0..24,
+            ),
+            median in 1.0f64..300.0,
+            ratio in 0.05f64..1.0,
+            prompt in 0u64..20_000,
+            ahead in 0u64..20_000,
+        ) {
+            let paces = Paces::default();
+            let start = paces.epoch;
+            let mut held = Vec::new();
+            for (tokens, min_tps, events, first_ms) in streams {
+                let pace = paces.start(tokens, min_tps);
+                if events > 0 {
+                    pace.progress(&paces, events, start + std::time::Duration::from_millis(first_ms));
+                }
+                held.push(pace);
+            }
+            let now = start + std::time::Duration::from_secs(5);
+            let speed = Spread::log_normal(median, 0.1, ratio);
+            let per_token = 1e-4;
+            let loss = paces.stall_loss(now, Some(&speed), prompt, ahead, Some(per_token));
+            let all = every_stream(&paces, now, &speed, per_token * prompt as f64, per_token * ahead as f64);
+            proptest::prop_assert_eq!(loss, all);
+        }
+    }
 
     #[test]
     fn a_prefill_costs_the_streams_it_pushes_past_their_spare_and_not_those_already_past_it() {
