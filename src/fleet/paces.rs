@@ -40,7 +40,34 @@ pub(crate) struct Pace {
     prefilled_at_first: AtomicU64,
 }
 
+/// How likely `remaining` tokens are to stream within `left` seconds at a speed drawn from
+/// `speed` (without one, in no time).
+fn within(speed: Option<&Spread>, remaining: f64, left: f64) -> f64 {
+    if left < 0.0 {
+        0.0
+    } else if remaining <= 0.0 {
+        1.0
+    } else {
+        speed.map_or(1.0, |s| s.share_above(remaining / left))
+    }
+}
+
 impl Pace {
+    /// Its tokens still to come, and the seconds they have left to meet its target at `now_us`
+    /// (the registry's clock) with `ahead` seconds of prefill due first (a stream still waiting
+    /// for its first token has its whole allowance: its own prefill runs before).
+    fn due(&self, now_us: u64, ahead: f64) -> (f64, f64) {
+        let events = self.events.load(Ordering::Relaxed);
+        let remaining = f64::from(self.tokens.saturating_sub(events.max(1)));
+        let first = self.first_us.load(Ordering::Relaxed);
+        let left = if first == u64::MAX {
+            self.allowed_s
+        } else {
+            self.allowed_s - now_us.saturating_sub(first) as f64 / 1e6 - ahead
+        };
+        (remaining, left)
+    }
+
     /// `n` content events so far, the latest at `now` (the first of them its first token).
     pub(crate) fn progress(&self, paces: &Paces, events: u32, now: Instant) {
         let us = paces.micros(now);
@@ -302,16 +329,6 @@ impl Paces {
         let this = per_token * prompt_tokens as f64;
         let ahead = per_token * ahead_tokens as f64;
         let now_us = self.micros(now);
-        // How likely `remaining` tokens are to stream within `left` seconds.
-        let within = |remaining: f64, left: f64| {
-            if left < 0.0 {
-                0.0
-            } else if remaining <= 0.0 {
-                1.0
-            } else {
-                speed.map_or(1.0, |s| s.share_above(remaining / left))
-            }
-        };
         // A stream that needs less than the slowest speed of the spread even after the stall
         // meets its target either way, and costs nothing: skipped without reading the spread
         // (most streams, most of the time).
@@ -319,20 +336,12 @@ impl Paces {
         self.lock_streams()
             .iter()
             .filter_map(|p| {
-                let events = p.events.load(Ordering::Relaxed);
-                let remaining = f64::from(p.tokens.saturating_sub(events.max(1)));
-                let first = p.first_us.load(Ordering::Relaxed);
-                let left = if first == u64::MAX {
-                    p.allowed_s
-                } else {
-                    let since = now_us.saturating_sub(first) as f64 / 1e6;
-                    p.allowed_s - since - ahead
-                };
+                let (remaining, left) = p.due(now_us, ahead);
                 let after = left - this;
                 if after >= 0.0 && (remaining <= 0.0 || remaining / after < surely) {
                     return None;
                 }
-                Some(within(remaining, left) - within(remaining, after))
+                Some(within(speed, remaining, left) - within(speed, remaining, after))
             })
             .sum()
     }
@@ -362,28 +371,12 @@ mod tests {
     /// The stall's cost read over every stream, none skipped: what `stall_loss` must equal.
     fn every_stream(paces: &Paces, now: Instant, speed: &Spread, this: f64, ahead: f64) -> f64 {
         let now_us = paces.micros(now);
-        let within = |remaining: f64, left: f64| {
-            if left < 0.0 {
-                0.0
-            } else if remaining <= 0.0 {
-                1.0
-            } else {
-                speed.share_above(remaining / left)
-            }
-        };
         paces
             .lock_streams()
             .iter()
             .map(|p| {
-                let events = p.events.load(Ordering::Relaxed);
-                let remaining = f64::from(p.tokens.saturating_sub(events.max(1)));
-                let first = p.first_us.load(Ordering::Relaxed);
-                let left = if first == u64::MAX {
-                    p.allowed_s
-                } else {
-                    p.allowed_s - now_us.saturating_sub(first) as f64 / 1e6 - ahead
-                };
-                within(remaining, left) - within(remaining, left - this)
+                let (remaining, left) = p.due(now_us, ahead);
+                within(Some(speed), remaining, left) - within(Some(speed), remaining, left - this)
             })
             .sum()
     }

@@ -101,6 +101,20 @@ impl PrefixCache {
     }
 }
 
+/// A request's body, or the 413 in `dialect`'s shape for one over [`MAX_BODY`] or unreadable.
+async fn read_body(dialect: Dialect, req: Request<Incoming>) -> Result<Bytes, Response<SimBody>> {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(_) => Err(error(
+            dialect,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            "body_too_large",
+            "request body over 16 MiB or unreadable",
+        )),
+    }
+}
+
 /// A 400 in `dialect`'s shape for a body the simulator cannot read.
 fn bad_request(dialect: Dialect, why: &str) -> Response<SimBody> {
     error(
@@ -114,8 +128,8 @@ fn bad_request(dialect: Dialect, why: &str) -> Response<SimBody> {
 
 /// How many tokens `req` gets and why it ends: its `max_tokens` (the engine's default where it
 /// sets none), a natural reply's length where that is shorter (drawn from `seed`), a tool call
-/// where it offers a tool (on the engine's share of such turns, drawn alike), or the first of its stop sequences the text would hold (noted in the
-/// request).
+/// where it offers a tool (on the engine's share of such turns, drawn alike), or the first of
+/// its stop sequences the text would hold (noted in the request).
 fn ending(
     req: &mut GenRequest,
     dialect: Dialect,
@@ -275,18 +289,13 @@ impl SimBackend {
     /// messages (`{"count", "tokens"}`; the simulator has no context window to report as
     /// `max_model_len`), Anthropic's `count_tokens` (`{"input_tokens"}`).
     async fn count(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
-        let Ok(body) = Limited::new(req.into_body(), MAX_BODY).collect().await else {
-            return error(
-                dialect,
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "invalid_request_error",
-                "body_too_large",
-                "request body over 16 MiB or unreadable",
-            );
+        let body = match read_body(dialect, req).await {
+            Ok(body) => body,
+            Err(refused) => return refused,
         };
         // Read as chat messages whatever the dialect: Anthropic's count needs no `max_tokens`,
         // and both dialects' prompts are counted alike.
-        let r = match Dialect::Chat.parse_for_cache(&body.to_bytes(), None) {
+        let r = match Dialect::Chat.parse_for_cache(&body, None) {
             Ok(r) if self.models.contains(&r.model) => r,
             Ok(r) => return self.unknown_model(dialect, &r.model),
             Err(bad) => return bad_request(dialect, &bad.0),
@@ -301,17 +310,9 @@ impl SimBackend {
 
     async fn generate(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
         let mut seen = SeenRequest::of(&req);
-        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => {
-                return error(
-                    dialect,
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "invalid_request_error",
-                    "body_too_large",
-                    "request body over 16 MiB or unreadable",
-                );
-            }
+        let body = match read_body(dialect, req).await {
+            Ok(body) => body,
+            Err(refused) => return refused,
         };
         let block_bytes = self.cache.as_ref().map(|c| c.block_tokens as usize * 4);
         let mut parsed = dialect.parse_for_cache(&body, block_bytes);
