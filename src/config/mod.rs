@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Uri};
 
-pub use raw::{BackendDialect, BudgetPeriod, OnMiss, Policy};
+pub use raw::{BackendDialect, BudgetPeriod, OnMiss, Policy, ResponsesApi};
 pub(crate) use slo::Slo;
 pub(crate) use validate::{validate, without_password};
 
@@ -265,6 +265,10 @@ pub struct BackendConfig {
     pub default_max_tokens: u32,
     /// What it reads of an Anthropic client's reasoning switches (an OpenAI backend).
     pub thinking: crate::translate::Thinking,
+    /// How it serves Responses clients (an OpenAI backend; an Anthropic one is translated to).
+    pub responses_api: ResponsesApi,
+    /// What a Responses request translated for it does with tools it cannot run.
+    pub hosted_tools: crate::translate::HostedTools,
     /// Cold-start curve points, if configured.
     pub prior: Option<Vec<PriorPoint>>,
     /// Outlier ejection.

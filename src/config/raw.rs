@@ -300,6 +300,16 @@ pub enum BackendDialect {
     Anthropic,
 }
 
+/// How an OpenAI backend serves Responses clients (`/v1/responses`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponsesApi {
+    /// It has its own Responses API: requests pass through as they came.
+    Native,
+    /// It serves chat completions only: requests are translated (`translate::responses_to_chat`).
+    Translate,
+}
+
 /// One `backends[]` entry.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -385,6 +395,15 @@ pub(crate) struct RawBackend {
     /// `output_config.effort` (`drop`, `chat_template` or `reasoning_effort`); default `drop`.
     #[serde(default)]
     pub thinking: Option<crate::translate::Thinking>,
+    /// An OpenAI backend: whether it has its own Responses API (`native`) or Responses clients
+    /// are translated to its chat completions (`translate`); default `native` for OpenAI's own
+    /// hosts and where `translate: false`, else `translate`.
+    #[serde(default)]
+    pub responses_api: Option<ResponsesApi>,
+    /// A Responses request translated for this backend: what becomes of tools only OpenAI's
+    /// servers run (`web_search`, …) and `namespace` tools (`drop` or `refuse`); default `drop`.
+    #[serde(default)]
+    pub hosted_tools: crate::translate::HostedTools,
     /// What the backend is believed to do before it has been observed.
     #[serde(default)]
     pub prior: Option<RawPrior>,

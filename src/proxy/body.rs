@@ -384,9 +384,16 @@ fn error_event(dialect: StreamDialect, message: &str, code: &str) -> Bytes {
             "\nevent: error\ndata: {}\n\n",
             serde_json::json!({"type": "error", "error": {"type": "api_error", "message": message}})
         ),
-        StreamDialect::OpenAi | StreamDialect::Responses => format!(
+        StreamDialect::OpenAi => format!(
             "\ndata: {}\n\n",
             serde_json::json!({"error": {"message": message, "type": "server_error", "code": code}})
+        ),
+        // What a Responses client (Codex) reads as the response's failure.
+        StreamDialect::Responses => format!(
+            "\nevent: response.failed\ndata: {}\n\n",
+            serde_json::json!({"type": "response.failed", "response": {
+                "object": "response", "status": "failed", "output": [],
+                "error": {"code": code, "message": message}}})
         ),
     };
     Bytes::from(text)

@@ -84,6 +84,7 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
         .get::<Routed>()
         .ok_or_else(|| Error::internal("rewrite: the request has no route"))?;
     let backend = &routed.backend.config;
+    let mut dropped = None;
 
     let body = match routed.translate {
         None => {
@@ -104,6 +105,22 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                     translate::messages_to_chat(&body, model, backend.thinking)
                 }
                 Direction::CountToTokenize => translate::count_to_tokenize(&body, model),
+                Direction::ResponsesToChat => translate::responses_to_chat(
+                    &body,
+                    model,
+                    backend.thinking,
+                    backend.hosted_tools,
+                )
+                .map(|chat| dropped_tools(&mut dropped, backend, chat)),
+                // Through chat completions: no reasoning switch of the chat kind is written.
+                Direction::ResponsesToMessages => {
+                    let thinking = translate::Thinking::Drop;
+                    translate::responses_to_chat(&body, model, thinking, backend.hosted_tools)
+                        .and_then(|chat| {
+                            let chat = dropped_tools(&mut dropped, backend, chat);
+                            translate::chat_to_messages(&chat, model, backend.default_max_tokens)
+                        })
+                }
             };
             let translated = translated.map_err(|refused| {
                 Error::new(
@@ -114,7 +131,10 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                     ),
                 )
             })?;
-            if direction != Direction::ChatToMessages {
+            if !matches!(
+                direction,
+                Direction::ChatToMessages | Direction::ResponsesToMessages
+            ) {
                 parts.headers.remove("anthropic-version");
                 parts.headers.remove("anthropic-beta");
             }
@@ -126,8 +146,35 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
     parts.uri = upstream_uri(backend, &parts.uri, path)?;
     // The version stays the client's: the pool sets its connection's own.
     rewrite_headers(&mut parts.headers, backend, body.len());
+    if let Some(dropped) = dropped {
+        parts.extensions.insert(dropped);
+    }
     Ok(Request::from_parts(parts, UpstreamBody::new(body)))
 }
+
+/// The tools a translated Responses request left out, named in the log and, through the
+/// upstream request's extensions, in the response's `x-tpsgate-dropped-tools`; the chat request.
+fn dropped_tools(
+    dropped: &mut Option<DroppedTools>,
+    backend: &BackendConfig,
+    chat: translate::ChatRequest,
+) -> Vec<u8> {
+    if !chat.dropped_tools.is_empty() {
+        let names = chat.dropped_tools.join(", ");
+        tracing::info!(
+            backend = %backend.name,
+            tools = %names,
+            "tools the backend cannot run left out of a translated Responses request (hosted_tools: drop)"
+        );
+        *dropped = http::HeaderValue::from_str(&names).ok().map(DroppedTools);
+    }
+    chat.body
+}
+
+/// The tools a translated request left out, comma-separated: the response's
+/// `x-tpsgate-dropped-tools`.
+#[derive(Debug, Clone)]
+pub(crate) struct DroppedTools(pub http::HeaderValue);
 
 /// The backend's URI for the client's `client` (its path replaced by `path` where given).
 fn upstream_uri(backend: &BackendConfig, client: &Uri, path: Option<&str>) -> Result<Uri, Error> {

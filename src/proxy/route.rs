@@ -23,7 +23,7 @@ use super::body::ProxyBody;
 use super::classify::Classified;
 use super::endpoint::Endpoint;
 use super::request_id::Received;
-use crate::config::{BackendDialect, PrefixRouting};
+use crate::config::{BackendConfig, BackendDialect, PrefixRouting, ResponsesApi};
 use crate::curve::Prediction;
 use crate::error::{Error, ErrorKind};
 use crate::fleet::{Backend, InFlightGuard, Share};
@@ -48,11 +48,16 @@ pub(crate) struct Routed {
     pub translate: Option<Direction>,
 }
 
-/// Which way a request to the client's `endpoint` is translated for a backend speaking
-/// `backend`, if it is.
-pub(crate) fn translation(endpoint: Endpoint, backend: BackendDialect) -> Option<Direction> {
-    match (endpoint, backend) {
+/// Which way a request to the client's `endpoint` is translated for `backend`, if it is: for
+/// the other dialect, and a Responses request for an OpenAI backend without its own Responses
+/// API.
+pub(crate) fn translation(endpoint: Endpoint, backend: &BackendConfig) -> Option<Direction> {
+    match (endpoint, backend.dialect) {
         (Endpoint::CountTokens, BackendDialect::Openai) => Some(Direction::CountToTokenize),
+        (Endpoint::Responses, BackendDialect::Openai) => {
+            (backend.responses_api == ResponsesApi::Translate).then_some(Direction::ResponsesToChat)
+        }
+        (Endpoint::Responses, BackendDialect::Anthropic) => Some(Direction::ResponsesToMessages),
         (e, BackendDialect::Anthropic) if e.dialect() == BackendDialect::Openai => {
             Some(Direction::ChatToMessages)
         }
@@ -192,7 +197,7 @@ where
     let translate = req
         .extensions()
         .get::<Classified>()
-        .and_then(|c| translation(c.endpoint, decision.backend.config.dialect));
+        .and_then(|c| translation(c.endpoint, &decision.backend.config));
     let upstream_model = req
         .extensions()
         .get::<Classified>()

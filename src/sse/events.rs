@@ -35,7 +35,8 @@ pub(crate) fn is_content(dialect: StreamDialect, event: &[u8], data: &[u8]) -> b
 
 /// Whether the event ends the generation: OpenAI's chunk with a `finish_reason` (or its closing
 /// `[DONE]`), Anthropic's `message_delta` with a `stop_reason` (or `message_stop`), the
-/// Responses API's `response.completed`. A stream that ended cleanly after one is complete,
+/// Responses API's `response.completed` (or `response.incomplete`, an answer cut at its
+/// limit). A stream that ended cleanly after one is complete,
 /// with or without `[DONE]` (transformers serve sends none), content or not.
 pub(crate) fn is_finish(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bool {
     let f = finders();
@@ -45,7 +46,9 @@ pub(crate) fn is_finish(dialect: StreamDialect, event: &[u8], data: &[u8]) -> bo
             event == b"message_stop"
                 || (event == b"message_delta" && non_empty_string(data, &f.stop_reason))
         }
-        StreamDialect::Responses => event == b"response.completed",
+        StreamDialect::Responses => {
+            event == b"response.completed" || event == b"response.incomplete"
+        }
     }
 }
 

@@ -9,9 +9,9 @@
 //! allocated.
 
 use bytes::BytesMut;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::chat_chunk::{Chunk, ToolDelta, text};
 use super::{EventTranslation, json_str, put_json_str, put_raw_str, put_u64, unquoted};
 
 /// The block open in the Anthropic stream.
@@ -51,83 +51,6 @@ impl Default for ToMessageEvents {
     fn default() -> Self {
         Self::new()
     }
-}
-
-#[derive(Deserialize)]
-struct Chunk<'a> {
-    #[serde(borrow, default)]
-    id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "super::chunks::first")]
-    choices: Option<Choice<'a>>,
-    #[serde(default)]
-    usage: Option<ChunkUsage>,
-    #[serde(borrow, default)]
-    error: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(borrow, default)]
-    delta: Option<Delta<'a>>,
-    #[serde(borrow, default)]
-    finish_reason: Option<&'a RawValue>,
-    /// vLLM's: the stop string that ended the generation (or a token id).
-    #[serde(borrow, default)]
-    stop_reason: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Delta<'a> {
-    #[serde(borrow, default)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    reasoning: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    tool_calls: Option<Vec<ToolDelta<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct ToolDelta<'a> {
-    #[serde(default)]
-    index: u64,
-    #[serde(borrow, default)]
-    id: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    function: Option<FunctionDelta<'a>>,
-}
-
-#[derive(Deserialize)]
-struct FunctionDelta<'a> {
-    #[serde(borrow, default)]
-    name: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    arguments: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct ChunkUsage {
-    #[serde(default)]
-    prompt_tokens: u64,
-    #[serde(default)]
-    completion_tokens: u64,
-    #[serde(default)]
-    prompt_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
-}
-
-/// A raw JSON string that is neither `null` nor empty.
-fn text(raw: Option<&RawValue>) -> Option<&str> {
-    raw.map(RawValue::get)
-        .filter(|t| t.starts_with('"') && *t != "\"\"")
 }
 
 impl ToMessageEvents {

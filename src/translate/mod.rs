@@ -12,14 +12,20 @@
 //! direction's module). A stream is translated event by event as it arrives: nothing is held
 //! back but an event whose end has not come, and a content event costs no allocation.
 
+mod chat_chunk;
 mod chunks;
 mod events;
 mod request;
+mod response_events;
 mod whole;
 
 pub(crate) use chunks::ToChatChunks;
 pub(crate) use events::ToMessageEvents;
-pub use request::{Thinking, chat_to_messages, count_to_tokenize, messages_to_chat};
+pub use request::{
+    ChatRequest, HostedTools, Thinking, chat_to_messages, count_to_tokenize, messages_to_chat,
+    responses_to_chat,
+};
+pub(crate) use response_events::ToResponseEvents;
 pub(crate) use whole::{error_body, response_body};
 
 use bytes::{Bytes, BytesMut};
@@ -36,6 +42,12 @@ pub enum Direction {
     /// An Anthropic client counting a prompt's tokens (`/v1/messages/count_tokens`), an OpenAI
     /// engine that counts them with its own chat template (`/tokenize`: vLLM, SGLang).
     CountToTokenize,
+    /// An OpenAI Responses client, an OpenAI chat completions backend (one without its own
+    /// Responses API: `backends[].responses_api: translate`).
+    ResponsesToChat,
+    /// An OpenAI Responses client, an Anthropic messages backend: through chat completions,
+    /// both ways.
+    ResponsesToMessages,
 }
 
 impl Direction {
@@ -43,8 +55,9 @@ impl Direction {
     pub(crate) const fn backend_path(self) -> &'static str {
         match self {
             Self::ChatToMessages => "/v1/messages",
-            Self::MessagesToChat => "/v1/chat/completions",
+            Self::MessagesToChat | Self::ResponsesToChat => "/v1/chat/completions",
             Self::CountToTokenize => "/tokenize",
+            Self::ResponsesToMessages => "/v1/messages",
         }
     }
 }
@@ -109,6 +122,10 @@ pub enum ResponseTranslator {
     Chunks(Stream<ToChatChunks>),
     /// OpenAI chunks in, Anthropic events out.
     Events(Stream<ToMessageEvents>),
+    /// OpenAI chunks in, Responses events out.
+    Responses(Stream<ToResponseEvents>),
+    /// Anthropic events in, Responses events out: chunks first, then events.
+    MessagesToResponses(Stream<ToChatChunks>, Stream<ToResponseEvents>),
     /// A body translated whole at its end.
     Whole {
         /// Which way.
@@ -139,6 +156,13 @@ impl ResponseTranslator {
                 Self::Chunks(Stream::new(ToChatChunks::new(include_usage)))
             }
             (true, Direction::MessagesToChat) => Self::Events(Stream::new(ToMessageEvents::new())),
+            (true, Direction::ResponsesToChat) => {
+                Self::Responses(Stream::new(ToResponseEvents::new()))
+            }
+            (true, Direction::ResponsesToMessages) => Self::MessagesToResponses(
+                Stream::new(ToChatChunks::new(true)),
+                Stream::new(ToResponseEvents::new()),
+            ),
             // A count is never streamed.
             (false, _) | (true, Direction::CountToTokenize) => Self::Whole {
                 direction,
@@ -154,6 +178,8 @@ impl ResponseTranslator {
         match self {
             Self::Chunks(t) => t.feed(data),
             Self::Events(t) => t.feed(data),
+            Self::Responses(t) => t.feed(data),
+            Self::MessagesToResponses(chunks, events) => events.feed(&chunks.feed(data)),
             Self::Whole { body, .. } => {
                 // Past the limit the body is not kept whole: it cannot be translated, and its
                 // end says so instead of sending what would be cut JSON.
@@ -173,6 +199,16 @@ impl ResponseTranslator {
         match self {
             Self::Chunks(t) => t.finish(),
             Self::Events(t) => t.finish(),
+            Self::Responses(t) => t.finish(),
+            Self::MessagesToResponses(chunks, events) => {
+                let last = events.feed(&chunks.finish());
+                let end = events.finish();
+                if last.is_empty() {
+                    end
+                } else {
+                    Bytes::from([&last[..], &end[..]].concat())
+                }
+            }
             Self::Whole {
                 direction,
                 status,
@@ -197,7 +233,7 @@ impl ResponseTranslator {
 /// 529 (overloaded) is a 503 to an OpenAI client; every other status means the same in both.
 pub(crate) const fn client_status(direction: Direction, status: u16) -> u16 {
     match (direction, status) {
-        (Direction::ChatToMessages, 529) => 503,
+        (Direction::ChatToMessages | Direction::ResponsesToMessages, 529) => 503,
         _ => status,
     }
 }

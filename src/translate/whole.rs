@@ -12,6 +12,11 @@ pub(crate) fn response_body(direction: Direction, body: &[u8]) -> Vec<u8> {
     let translated = match direction {
         Direction::ChatToMessages => message_as_completion(&answer),
         Direction::MessagesToChat => completion_as_message(&answer),
+        Direction::ResponsesToChat => completion_as_response(&answer),
+        Direction::ResponsesToMessages => match message_as_completion(&answer) {
+            Value::Object(completion) => completion_as_response(&completion),
+            _ => unreachable!("a completion is an object"),
+        },
         // vLLM's and SGLang's `/tokenize`: `{"count", "max_model_len", "tokens"}`.
         Direction::CountToTokenize => match answer.get("count").and_then(Value::as_u64) {
             Some(count) => json!({"input_tokens": count}),
@@ -90,6 +95,80 @@ fn message_as_completion(m: &serde_json::Map<String, Value>) -> Value {
             "total_tokens": prompt + output,
             "prompt_tokens_details": {"cached_tokens": cached},
         },
+    })
+}
+
+/// An OpenAI chat completion as an OpenAI Responses response: the engine's reasoning a
+/// `reasoning` item, its text a `message`, each tool call a `function_call` (ids as the stream's
+/// translation makes them).
+fn completion_as_response(c: &serde_json::Map<String, Value>) -> Value {
+    let choice = c
+        .get("choices")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .cloned()
+        .unwrap_or(Value::Null);
+    let message = &choice["message"];
+    let id = c.get("id").and_then(Value::as_str).unwrap_or("gateway");
+    let mut output = Vec::new();
+    let reasoning = [&message["reasoning_content"], &message["reasoning"]];
+    if let Some(thinking) = reasoning
+        .into_iter()
+        .find_map(|r| r.as_str().filter(|t| !t.is_empty()))
+    {
+        output.push(
+            json!({"id": format!("rs_{id}_{}", output.len()), "type": "reasoning",
+            "summary": [{"type": "summary_text", "text": thinking}]}),
+        );
+    }
+    if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
+        output.push(
+            json!({"id": format!("msg_{id}_{}", output.len()), "type": "message",
+            "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}),
+        );
+    }
+    for call in message["tool_calls"].as_array().into_iter().flatten() {
+        output.push(
+            json!({"id": format!("fc_{id}_{}", output.len()), "type": "function_call",
+            "status": "completed", "call_id": call["id"], "name": call["function"]["name"],
+            "arguments": call["function"]["arguments"].as_str().unwrap_or("{}")}),
+        );
+    }
+    let incomplete = match choice["finish_reason"].as_str() {
+        Some("length") => Some("max_output_tokens"),
+        Some("content_filter") => Some("content_filter"),
+        _ => None,
+    };
+    let usage = c.get("usage");
+    let count = |path: &[&str]| {
+        usage
+            .and_then(|u| path.iter().try_fold(u, |v, k| v.get(k)))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let (input, output_tokens) = (count(&["prompt_tokens"]), count(&["completion_tokens"]));
+    json!({
+        "id": format!("resp_{id}"),
+        "object": "response",
+        "created_at": c.get("created").cloned().unwrap_or_else(|| 0.into()),
+        "status": if incomplete.is_some() { "incomplete" } else { "completed" },
+        "error": null,
+        "incomplete_details": incomplete.map(|reason| json!({"reason": reason})),
+        "model": c.get("model").cloned().unwrap_or_else(|| "".into()),
+        "output": output,
+        "usage": {
+            "input_tokens": input,
+            "input_tokens_details": {"cached_tokens": count(&["prompt_tokens_details", "cached_tokens"])},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": count(&["completion_tokens_details", "reasoning_tokens"])},
+            "total_tokens": input + output_tokens,
+        },
+        "instructions": null, "max_output_tokens": null, "parallel_tool_calls": true,
+        "previous_response_id": null, "reasoning": {"effort": null, "summary": null},
+        "store": false, "temperature": null, "text": {"format": {"type": "text"}},
+        "tool_choice": "auto", "tools": [], "top_p": null, "truncation": "disabled",
+        "metadata": {},
     })
 }
 
@@ -179,11 +258,15 @@ pub(crate) fn error_body(direction: Direction, status: u16, body: &[u8]) -> Vec<
         _ => error,
     };
     match direction {
-        Direction::ChatToMessages => {
+        Direction::ChatToMessages | Direction::ResponsesToMessages => {
             format!(
                 "{{\"error\":{}}}",
                 openai_error_object(error.as_bytes(), status)
             )
+        }
+        // An OpenAI engine's error is already in the client's dialect: its shape made whole.
+        Direction::ResponsesToChat => {
+            format!("{{\"error\":{}}}", openai_shaped(error.as_bytes(), status))
         }
         Direction::MessagesToChat | Direction::CountToTokenize => format!(
             "{{\"type\":\"error\",\"error\":{}}}",
@@ -191,6 +274,22 @@ pub(crate) fn error_body(direction: Direction, status: u16, body: &[u8]) -> Vec<
         ),
     }
     .into_bytes()
+}
+
+/// An OpenAI error object with every member OpenAI's has (`message`, `type`, `code`), for an
+/// answer of `status`.
+fn openai_shaped(raw: &[u8], status: u16) -> String {
+    let error: Value = serde_json::from_slice(raw).unwrap_or(Value::Null);
+    let kind =
+        error
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(if (400..500).contains(&status) {
+                "invalid_request_error"
+            } else {
+                "server_error"
+            });
+    json!({"message": message_of(&error, raw), "type": kind, "code": error.get("code").cloned().unwrap_or(Value::Null)}).to_string()
 }
 
 fn message_of(error: &Value, raw: &[u8]) -> String {

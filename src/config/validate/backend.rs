@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderValue, Uri};
 use super::super::raw::{RawBackend, RawDiscovery, RawPrefixCache, RawPrior};
 use super::super::{
     BackendConfig, BackendDialect, Cost, Discovery, Ejection, ModelMap, PrefixIndexSize,
-    PriorPoint, Timeouts,
+    PriorPoint, ResponsesApi, Timeouts,
 };
 use super::{DAY_MS, DAY_S, HUGE, Result, readable, within};
 use crate::yaml::ConfigError;
@@ -45,6 +45,7 @@ pub(super) fn backend(
 ) -> Result<BackendConfig> {
     name(at, b)?;
     let url = upstream_url(&format!("{at}.url"), &b.url)?;
+    let responses_api = responses_api(at, b, &url)?;
     let api_key = api_key(at, b, env)?;
     let headers = headers(at, b)?;
     let models = models(&format!("{at}.models"), &b.models)?;
@@ -116,7 +117,36 @@ pub(super) fn backend(
         translate: b.translate,
         default_max_tokens: b.default_max_tokens,
         thinking: b.thinking.unwrap_or_default(),
+        responses_api,
+        hosted_tools: b.hosted_tools,
     })
+}
+
+/// `responses_api`: as given, else `native` where the backend is OpenAI's own (or is never
+/// rewritten), `translate` for every other engine (most serve chat completions only).
+fn responses_api(at: &str, b: &RawBackend, url: &Uri) -> Result<ResponsesApi> {
+    let field = || format!("{at}.responses_api");
+    match (b.dialect, b.responses_api, b.translate) {
+        (BackendDialect::Anthropic, Some(_), _) => Err(ConfigError::at(
+            field(),
+            "applies to an OpenAI backend; Responses clients reach an Anthropic backend translated (unless `translate: false`): remove it",
+        )),
+        (BackendDialect::Openai, Some(ResponsesApi::Translate), false) => Err(ConfigError::at(
+            field(),
+            "`translate` contradicts the backend's `translate: false` (its requests are never rewritten): give `native`, or remove `translate: false`",
+        )),
+        (_, Some(api), _) => Ok(api),
+        (_, None, false) => Ok(ResponsesApi::Native),
+        (_, None, true) => {
+            let host = url.host().unwrap_or_default();
+            let openai = host == "api.openai.com" || host.ends_with(".openai.azure.com");
+            Ok(if openai {
+                ResponsesApi::Native
+            } else {
+                ResponsesApi::Translate
+            })
+        }
+    }
 }
 
 /// `device`: a name, on a backend that is one engine (a discovered Service's pods run on

@@ -2,6 +2,7 @@
 
 use super::super::parse;
 use super::*;
+use crate::config::ResponsesApi;
 
 const BASE: &str = "backends:\n  - name: a\n    url: http://127.0.0.1:9101/\n    dialect: openai\n    models: {small: upstream-small, \"*\": \"*\"}\n";
 
@@ -22,6 +23,28 @@ fn a_minimal_config_gets_documented_defaults() {
     assert_eq!(b.models.upstream("other"), Some("other"));
     assert_eq!(b.anthropic_version, "2023-06-01");
     assert_eq!(b.thinking, crate::translate::Thinking::Drop);
+    assert_eq!(b.hosted_tools, crate::translate::HostedTools::Drop);
+}
+
+#[test]
+fn a_responses_client_is_translated_for_every_engine_but_openai_s_own_unless_told() {
+    let api = |url: &str, extra: &str| {
+        let text = format!("{BASE}{extra}").replace("http://127.0.0.1:9101/", url);
+        parse(&text, no_env).unwrap().backends[0].responses_api
+    };
+    assert_eq!(api("http://127.0.0.1:9101/", ""), ResponsesApi::Translate);
+    assert_eq!(api("https://api.openai.com/", ""), ResponsesApi::Native);
+    assert_eq!(api("https://x.openai.azure.com/", ""), ResponsesApi::Native);
+    // A backend whose requests are never rewritten gets them as they came.
+    assert_eq!(
+        api("http://127.0.0.1:9101/", "    translate: false\n"),
+        ResponsesApi::Native
+    );
+    // vLLM and SGLang have their own.
+    assert_eq!(
+        api("http://127.0.0.1:9101/", "    responses_api: native\n"),
+        ResponsesApi::Native
+    );
 }
 
 #[test]
@@ -123,6 +146,19 @@ fn bad_values_name_their_field() {
             format!("{BASE}    thinking: chat_template\n")
                 .replace("dialect: openai", "dialect: anthropic"),
             "backends[0].thinking",
+        ),
+        (
+            format!("{BASE}    responses_api: native\n")
+                .replace("dialect: openai", "dialect: anthropic"),
+            "backends[0].responses_api",
+        ),
+        (
+            format!("{BASE}    responses_api: translate\n    translate: false\n"),
+            "backends[0].responses_api",
+        ),
+        (
+            format!("{BASE}    hosted_tools: keep\n"),
+            "backends[0].hosted_tools",
         ),
     ];
     for (text, path) in cases {

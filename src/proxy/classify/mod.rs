@@ -50,8 +50,8 @@ pub struct Classified {
     pub prompt_spans: [Option<Range<usize>>; PROMPT_FIELDS],
     /// The `prompt_cache_key` string (quotes included), a hint joining requests to one prefix.
     pub cache_key_span: Option<Range<usize>>,
-    /// It may go to a backend of the other dialect, translated: a chat completion or a message
-    /// that no `routes[]` rule with `translate: false` matches.
+    /// It may go to a backend of the other dialect, translated: a chat completion, a response
+    /// or a message that no `routes[]` rule with `translate: false` matches.
     pub translate: bool,
 }
 
@@ -699,7 +699,7 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         cache_key_span: cache_key_span.filter(|span| body[span.start] == b'"'),
         translate: matches!(
             endpoint,
-            Endpoint::Chat | Endpoint::Messages | Endpoint::CountTokens
+            Endpoint::Chat | Endpoint::Messages | Endpoint::CountTokens | Endpoint::Responses
         ),
     })
 }

@@ -12,9 +12,11 @@ use serde_json::value::RawValue;
 
 use super::Refused;
 
+mod responses;
 mod to_chat;
 mod to_messages;
 
+pub use responses::{ChatRequest, HostedTools, responses_to_chat};
 pub use to_chat::{Thinking, count_to_tokenize, messages_to_chat};
 pub use to_messages::chat_to_messages;
 
@@ -225,4 +227,31 @@ fn body_object(body: &[u8]) -> Result<Object<'_>, Refused> {
         Ok(o) => Ok(o),
         _ => refuse("the body must be a JSON object to be translated"),
     }
+}
+
+fn put_text_part(out: &mut Json, text: &RawValue) {
+    out.item()
+        .raw(r#"{"type":"text","text":"#)
+        .value(text)
+        .close(b'}');
+}
+
+/// A part of an OpenAI user (or system) message.
+enum Part<'a> {
+    Text(&'a RawValue),
+    ImageUrl(Cow<'a, str>),
+}
+
+fn put_parts(out: &mut Json, parts: &[Part]) {
+    out.open(b'[');
+    for part in parts {
+        match part {
+            Part::Text(t) => put_text_part(out, t),
+            Part::ImageUrl(url) => {
+                let image = out.item().raw(r#"{"type":"image_url","image_url":{"url":"#);
+                image.str(url).raw("}}");
+            }
+        }
+    }
+    out.close(b']');
 }

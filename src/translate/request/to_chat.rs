@@ -4,7 +4,10 @@ use std::borrow::Cow;
 
 use serde_json::value::RawValue;
 
-use super::{At, Json, Object, Refused, body_object, is, items, object, object_at, refuse, text};
+use super::{
+    At, Json, Object, Part, Refused, body_object, is, items, object, object_at, put_parts,
+    put_text_part, refuse, text,
+};
 
 /// Anthropic fields an OpenAI backend has no place for that change no answer: dropped.
 /// `context_management` edits Anthropic's own context (clearing old thinking and tool results);
@@ -216,19 +219,6 @@ fn text_of<'a>(b: &Object<'a>, at: &At) -> Result<&'a RawValue, Refused> {
     b.raw_str("text", at)
 }
 
-fn put_text_part(out: &mut Json, text: &RawValue) {
-    out.item()
-        .raw(r#"{"type":"text","text":"#)
-        .value(text)
-        .close(b'}');
-}
-
-/// A part of an OpenAI user message.
-enum Part<'a> {
-    Text(&'a RawValue),
-    ImageUrl(Cow<'a, str>),
-}
-
 /// An image block as an OpenAI `image_url` part: base64 as a data URL, or the URL.
 fn image_part<'a>(b: &Object<'a>, at: &At) -> Result<Part<'a>, Refused> {
     b.only(&["type", "source", "cache_control"], at, TO_OPENAI)?;
@@ -248,20 +238,6 @@ fn image_part<'a>(b: &Object<'a>, at: &At) -> Result<Part<'a>, Refused> {
             "`{at}type` `{other}` cannot be expressed for an OpenAI backend (base64 and url can)"
         )),
     }
-}
-
-fn put_parts(out: &mut Json, parts: &[Part]) {
-    out.open(b'[');
-    for part in parts {
-        match part {
-            Part::Text(t) => put_text_part(out, t),
-            Part::ImageUrl(url) => {
-                let image = out.item().raw(r#"{"type":"image_url","image_url":{"url":"#);
-                image.str(url).raw("}}");
-            }
-        }
-    }
-    out.close(b']');
 }
 
 /// One Anthropic message as OpenAI messages: a user turn's tool results become `tool`

@@ -3,6 +3,8 @@ use serde_json::{Value, json};
 
 use super::*;
 
+mod responses;
+
 fn to_chat(request: &Value) -> Value {
     to_chat_reading(request, Thinking::Drop)
 }
@@ -35,7 +37,7 @@ fn refusal_to_messages(request: &Value) -> String {
 }
 
 /// The data of each SSE event in `bytes`, parsed; `[DONE]` as the string.
-fn events(bytes: &[u8]) -> Vec<Value> {
+pub(super) fn events(bytes: &[u8]) -> Vec<Value> {
     std::str::from_utf8(bytes)
         .unwrap()
         .split("\n\n")
@@ -45,7 +47,7 @@ fn events(bytes: &[u8]) -> Vec<Value> {
 }
 
 /// Feeds `stream` to `translator` in pieces of `step` bytes, then ends it.
-fn run(mut translator: ResponseTranslator, stream: &str, step: usize) -> Vec<u8> {
+pub(super) fn run(mut translator: ResponseTranslator, stream: &str, step: usize) -> Vec<u8> {
     let mut out = Vec::new();
     for piece in stream.as_bytes().chunks(step) {
         out.extend_from_slice(&translator.frame(piece));
@@ -369,7 +371,7 @@ fn an_engine_s_reasoning_reaches_an_anthropic_client_as_a_thinking_block_before_
     );
 }
 
-const OPENAI_STREAM: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n\
+pub(super) const OPENAI_STREAM: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n\
 data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello \\\"you\\\"\"},\"finish_reason\":null}]}\n\n\
 data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"lookup\",\"arguments\":\"\"}}]},\"finish_reason\":null}]}\n\n\
 data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"up\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"q\\\":\"}}]},\"finish_reason\":null}]}\n\n\
@@ -433,7 +435,7 @@ fn an_openai_stream_becomes_anthropic_events_however_it_is_cut() {
     );
 }
 
-const ANTHROPIC_STREAM: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"up\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":16,\"output_tokens\":1}}}\n\n\
+pub(super) const ANTHROPIC_STREAM: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"up\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":4,\"cache_read_input_tokens\":16,\"output_tokens\":1}}}\n\n\
 event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
 event: ping\ndata: {\"type\": \"ping\"}\n\n\
 event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi \\n\"}}\n\n\
@@ -609,7 +611,12 @@ proptest! {
         let mut stream: Vec<u8> = picks.iter().flat_map(|i| pieces[i.index(pieces.len())].bytes()).collect();
         let at = cut.index(stream.len() + 1);
         stream.splice(at..at, noise);
-        for direction in [Direction::ChatToMessages, Direction::MessagesToChat] {
+        for direction in [
+            Direction::ChatToMessages,
+            Direction::MessagesToChat,
+            Direction::ResponsesToChat,
+            Direction::ResponsesToMessages,
+        ] {
             for streamed in [true, false] {
                 let mut t = ResponseTranslator::new(direction, streamed, 200, true);
                 let mut out = t.frame(&stream[..at]).len();
@@ -633,6 +640,9 @@ proptest! {
             json!({"tools": [{"name": "f"}], "tool_choice": {"type": "tool"}}),
             json!({"stop": ["a"], "stop_sequences": "b", "system": [{"type": "image"}]}),
             json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:x"}}]}]}),
+            json!({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}, {"type": "function_call_output", "call_id": "c", "output": [{"type": "input_text", "text": "x"}]}]}),
+            json!({"input": "hi", "instructions": 3, "tools": [{"type": "web_search"}, {"type": "function", "name": "f"}], "tool_choice": {"type": "function"}}),
+            json!({"reasoning": {"effort": "xhigh"}, "text": {"format": {"type": "json_schema", "schema": {}}}, "store": false}),
         ];
         let mut body = serde_json::Map::new();
         for pick in &picks {
@@ -644,7 +654,9 @@ proptest! {
         if picks.len() % 2 == 1 {
             bytes.extend_from_slice(&noise);
         }
-        for out in [messages_to_chat(&bytes, "up", Thinking::ChatTemplate), chat_to_messages(&bytes, "up", 8)].into_iter().flatten() {
+        let responses = [HostedTools::Drop, HostedTools::Refuse]
+            .map(|hosted| responses_to_chat(&bytes, "up", Thinking::ReasoningEffort, hosted).map(|c| c.body));
+        for out in [messages_to_chat(&bytes, "up", Thinking::ChatTemplate), chat_to_messages(&bytes, "up", 8)].into_iter().chain(responses).flatten() {
             prop_assert!(serde_json::from_slice::<Value>(&out).is_ok());
         }
     }
