@@ -123,10 +123,15 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                 }
             };
             let translated = translated.map_err(|refused| {
+                let why = if direction == Direction::ResponsesToChat {
+                    "serves chat completions only (responses_api: translate)"
+                } else {
+                    "speaks the other dialect"
+                };
                 Error::new(
                     ErrorKind::InvalidRequest,
                     format!(
-                        "backend {} speaks the other dialect and this request cannot be translated for it: {refused}",
+                        "backend {} {why} and this request cannot be translated for it: {refused}",
                         backend.name
                     ),
                 )

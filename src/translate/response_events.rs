@@ -192,7 +192,8 @@ impl ToResponseEvents {
             Some(u) if status != "in_progress" => {
                 self.put(b"{\"input_tokens\":");
                 put_u64(&mut self.out, u.prompt);
-                self.put(b",\"input_tokens_details\":{\"cached_tokens\":");
+                // An engine reports no cache writes of the kind OpenAI bills (with retention).
+                self.put(b",\"input_tokens_details\":{\"cache_write_tokens\":0,\"cached_tokens\":");
                 put_u64(&mut self.out, u.cached);
                 self.put(b"},\"output_tokens\":");
                 put_u64(&mut self.out, u.completion);

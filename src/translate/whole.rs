@@ -159,7 +159,10 @@ fn completion_as_response(c: &serde_json::Map<String, Value>) -> Value {
         "output": output,
         "usage": {
             "input_tokens": input,
-            "input_tokens_details": {"cached_tokens": count(&["prompt_tokens_details", "cached_tokens"])},
+            "input_tokens_details": {
+                "cache_write_tokens": 0,
+                "cached_tokens": count(&["prompt_tokens_details", "cached_tokens"]),
+            },
             "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": count(&["completion_tokens_details", "reasoning_tokens"])},
             "total_tokens": input + output_tokens,

@@ -1,7 +1,8 @@
-//! Real coding agents through the gateway, against the simulator: Claude Code (`claude -p`) in
-//! front of an OpenAI-dialect engine with no configuration beyond the backend itself. `.ci/test`
-//! installs the agents (pinned, from npm) under `target/agents`; without them the test fails and
-//! says so.
+//! Real coding agents through the gateway, against the simulator, with no configuration beyond
+//! the backends themselves: Claude Code (`claude -p`) in front of an OpenAI-dialect engine, and
+//! Codex (`codex exec`, which speaks only the Responses API) in front of a chat completions
+//! engine and an Anthropic one. `.ci/test` installs the agents (pinned, from npm) under
+//! `target/agents`; without them the tests fail and say so.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -83,4 +84,117 @@ async fn claude_code_answers_from_an_openai_engine_and_runs_the_tool_it_was_aske
         curves["curves"][0]["observations"].as_u64() >= Some(2),
         "{curves}"
     );
+}
+
+/// `codex exec PROMPT` with the gateway at `url` as its model provider (the Responses API, the
+/// key from `TPSGATE_KEY`), in `home`, nothing else reached: no update check, no analytics.
+fn codex(url: &str, model: &str, prompt: &str, home: &std::path::Path) -> std::process::Output {
+    let provider = format!(
+        r#"model_providers.tpsgate={{name="tpsgate",base_url="{}/v1",wire_api="responses",env_key="TPSGATE_KEY"}}"#,
+        url.trim_end_matches('/')
+    );
+    Command::new(agent("codex"))
+        .args(["exec", "--skip-git-repo-check", "-m", model])
+        .args(["-c", "model_provider=tpsgate", "-c", &provider])
+        .args(["-c", "check_for_update_on_startup=false"])
+        .args(["-c", "analytics.enabled=false"])
+        .arg(prompt)
+        .current_dir(home)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("CODEX_HOME", home)
+        .env("TPSGATE_KEY", "sk-test")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_answers_from_a_chat_engine_and_an_anthropic_engine_and_runs_the_tool_it_was_asked_to_call()
+ {
+    // One engine that answers with text, one that calls the first tool it is offered (and
+    // answers its result with text); each behind both dialects.
+    let engine = |tool_call_pct| EngineRaw {
+        reply_tokens: Some(12),
+        tool_call_pct,
+        ..support::engine(1.0, 0.0, 8)
+    };
+    let (_plain_fleet, plain) = support::start_engine("plain", engine(0.0)).await;
+    let (_tools_fleet, tools) = support::start_engine("tools", engine(100.0)).await;
+    let backends = [
+        support::backend_yaml("chat", plain, "openai", "    models: {chat-plain: m}\n"),
+        support::backend_yaml(
+            "claude",
+            plain,
+            "anthropic",
+            "    models: {claude-plain: m}\n",
+        ),
+        support::backend_yaml(
+            "chat-tools",
+            tools,
+            "openai",
+            "    models: {chat-tools: m}\n",
+        ),
+        support::backend_yaml(
+            "claude-tools",
+            tools,
+            "anthropic",
+            "    models: {claude-tools: m}\n",
+        ),
+    ];
+    let gw = support::gateway(&format!("backends:\n{}", backends.concat())).await;
+    let url = gw.url();
+    let runs = [
+        ("chat-plain", "say hi", "/v1/chat/completions", 1),
+        ("claude-plain", "say hi", "/v1/messages", 1),
+        ("chat-tools", "list the files", "/v1/chat/completions", 2),
+        ("claude-tools", "list the files", "/v1/messages", 2),
+    ];
+    let mut seen_before = [0, 0];
+    for (model, prompt, path, requests) in runs {
+        let home = tempfile::tempdir().unwrap();
+        let (url, home_dir) = (url.clone(), home.path().to_owned());
+        let out = tokio::task::spawn_blocking(move || codex(&url, model, prompt, &home_dir))
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "codex exec ({model}) exited {:?}\nstdout: {stdout}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The simulator's text: for the tool engine, the answer to the tool's result (the
+        // agent ran the call it was sent and sent back what came of it).
+        assert!(stdout.contains("the quick brown fox"), "{model}: {stdout}");
+        let sim = if model.ends_with("plain") { 0 } else { 1 };
+        let seen = support::seen([plain, tools][sim]).await;
+        let new = &seen[seen_before[sim]..];
+        seen_before[sim] = seen.len();
+        assert_eq!(new.len(), requests, "{model}: {new:?}");
+        assert!(new.iter().all(|r| r["path"] == path), "{model}: {new:?}");
+    }
+    // One engine, one curve per backend: every request the agent made taught it, whichever
+    // dialect it was translated to.
+    let curves = support::until(
+        gw.admin_addr(),
+        "/admin/curves",
+        Duration::from_secs(2),
+        |v| v["curves"].as_array().is_some_and(|c| c.len() == 4),
+    )
+    .await;
+    for (backend, requests) in [
+        ("chat", 1),
+        ("claude", 1),
+        ("chat-tools", 2),
+        ("claude-tools", 2),
+    ] {
+        let curve = curves["curves"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["backend"] == backend)
+            .unwrap_or_else(|| panic!("no curve for {backend}: {curves}"));
+        assert_eq!(curve["observations"], requests, "{backend}: {curve}");
+    }
 }

@@ -153,3 +153,55 @@ async fn each_official_sdk_reaches_a_backend_of_the_other_dialect_through_transl
             .all(|s| s["path"] == "/v1/messages")
     );
 }
+
+/// The OpenAI SDK's `client.responses.create` and `responses.stream` reach engines without a
+/// Responses API, a chat completions one and an Anthropic one: text, streams, a tool across two
+/// turns, and a clear refusal of what the gateway does not keep (`previous_response_id`), every
+/// event and object validated against the SDK's own types
+/// (`tests/sdk/responses_through_gateway.py`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_s_responses_api_reaches_engines_that_have_none() {
+    let (got, openai_sim, anthropic_sim, _fleets) = sdk_script(
+        "responses_through_gateway.py",
+        "    models: {llama: m}\n",
+        "    models: {claude: m}\n",
+    )
+    .await;
+    for model in ["llama", "claude"] {
+        let got = &got[model];
+        assert_eq!(got["text"], " the quick brown fox jumps", "{model}");
+        assert_eq!(
+            got["status"], "incomplete",
+            "{model}: cut at max_output_tokens"
+        );
+        assert_eq!(got["usage"][1], 5, "{model}");
+        assert_eq!(got["streamed_text"], " the quick brown fox", "{model}");
+        assert_eq!(got["final_text"], got["streamed_text"], "{model}");
+        let types = got["event_types"].as_array().unwrap();
+        assert_eq!(types[0], "response.created", "{model}");
+        assert_eq!(types.last().unwrap(), "response.incomplete", "{model}");
+        assert_eq!(
+            got["tool"],
+            json!({"name": "lookup", "arguments": {"text": " the quick brown"}}),
+            "{model}"
+        );
+        assert_eq!(
+            got["after_tool"],
+            json!(["incomplete", " the quick"]),
+            "{model}"
+        );
+        assert_eq!(got["refused"][0], 400, "{model}");
+        assert_eq!(got["refused"][1], "invalid_request_error", "{model}");
+        let why = got["refused"][2].as_str().unwrap();
+        assert!(why.contains("`previous_response_id`"), "{model}: {why}");
+    }
+    // Each engine heard only its own dialect, and never the hosted tool.
+    for (sim, path) in [
+        (openai_sim, "/v1/chat/completions"),
+        (anthropic_sim, "/v1/messages"),
+    ] {
+        let seen = support::seen(sim).await;
+        assert!(!seen.is_empty());
+        assert!(seen.iter().all(|s| s["path"] == path), "{seen:?}");
+    }
+}

@@ -348,3 +348,83 @@ async fn count_tokens_is_the_engine_s_own_count_and_an_engine_that_cannot_count_
     let message = error["error"]["message"].as_str().unwrap();
     assert!(message.contains("cannot count tokens"), "{message}");
 }
+
+/// A Responses request as Codex sends one: a developer message, the question, a function tool
+/// and the hosted web search.
+fn responses_request(stream: bool) -> Value {
+    json!({"model": "m", "stream": stream, "store": false, "max_output_tokens": 3,
+           "input": [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be brief."}]},
+                     {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}],
+           "tools": [{"type": "web_search"}]})
+}
+
+#[tokio::test]
+async fn a_responses_client_is_translated_for_a_chat_engine_and_passed_through_to_a_native_one() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let translated = gateway(sim, "openai", "", "").await;
+    let ex = post(
+        translated.addr(),
+        "/v1/responses",
+        &responses_request(false),
+        None,
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::OK);
+    assert_eq!(ex.headers["x-tpsgate-dropped-tools"], "web_search");
+    let response = ex.json();
+    assert_eq!(response["object"], "response");
+    assert_eq!(
+        response["output"][0]["content"][0]["text"],
+        " the quick brown"
+    );
+    let seen = support::seen(sim).await;
+    assert_eq!(seen.last().unwrap()["path"], "/v1/chat/completions");
+
+    // `responses_api: native`: the engine's own Responses API gets the request as it came (the
+    // simulator has none, and its 404 comes back untouched).
+    let native = gateway(sim, "openai", "    responses_api: native\n", "").await;
+    let ex = post(
+        native.addr(),
+        "/v1/responses",
+        &responses_request(false),
+        None,
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::NOT_FOUND);
+    assert_eq!(ex.json()["error"]["message"], "no such endpoint");
+    assert!(ex.headers.get("x-tpsgate-dropped-tools").is_none());
+
+    // `hosted_tools: refuse`: a 400 naming the tool.
+    let strict = gateway(sim, "openai", "    hosted_tools: refuse\n", "").await;
+    let ex = post(
+        strict.addr(),
+        "/v1/responses",
+        &responses_request(true),
+        None,
+    )
+    .await;
+    assert_eq!(ex.status, StatusCode::BAD_REQUEST);
+    let message = ex.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("`web_search`"), "{message}");
+}
+
+#[tokio::test]
+async fn a_translated_responses_stream_cut_by_the_backend_ends_with_response_failed() {
+    let stalls = support::spec(
+        "sim",
+        support::engine(1.0, 0.0, 8),
+        StreamRaw::default(),
+        vec![fault(FaultKindRaw::Reset)],
+    );
+    let (_fleet, sim) = support::start(stalls).await;
+    let gw = gateway(sim, "anthropic", "", "").await;
+    let ex = post(gw.addr(), "/v1/responses", &responses_request(true), None).await;
+    assert_eq!(ex.status, StatusCode::OK);
+    let body = String::from_utf8_lossy(&ex.body()).into_owned();
+    let last = body.trim_end().rsplit("\n\n").next().unwrap();
+    assert!(last.starts_with("event: response.failed\n"), "{body}");
+    let data: Value =
+        serde_json::from_str(last.lines().nth(1).unwrap().strip_prefix("data: ").unwrap()).unwrap();
+    assert_eq!(data["response"]["status"], "failed");
+    assert!(data["response"]["error"]["message"].is_string(), "{data}");
+}

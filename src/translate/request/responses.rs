@@ -238,6 +238,8 @@ fn input_items(list: Vec<&RawValue>, out: &mut Json) -> Result<(), Refused> {
                         "arguments",
                         "status",
                         "namespace",
+                        // The OpenAI SDK's parse of `arguments`, sent back with the item.
+                        "parsed_arguments",
                     ],
                     &at,
                     TO_CHAT,

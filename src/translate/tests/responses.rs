@@ -337,7 +337,7 @@ fn a_chat_stream_becomes_responses_events_however_it_is_cut() {
     assert_eq!(completed["store"], false);
     assert_eq!(
         completed["usage"],
-        json!({"input_tokens": 20, "input_tokens_details": {"cached_tokens": 16}, "output_tokens": 9,
+        json!({"input_tokens": 20, "input_tokens_details": {"cache_write_tokens": 0, "cached_tokens": 16}, "output_tokens": 9,
                "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": 29})
     );
     assert_eq!(
