@@ -1,8 +1,9 @@
 //! Cost of the timed body per forwarded chunk: the stream meter on a vLLM-shaped content chunk,
 //! with and without usage stripping armed, and the SSE parser alone; and the same chunk metered
 //! and translated for an Anthropic client, beside an Anthropic chunk metered and translated for
-//! an OpenAI client (`translate_*`: the meter's work included, as the gateway does both); and a
-//! request's translation each way (`per_request`).
+//! an OpenAI client, and for a Responses client (`translate_*`: the meter's work included, as the
+//! gateway does both; a Responses stream's first events apart); and a request's translation each
+//! way and from the Responses API (`per_request`).
 //!
 //! Run: `cargo bench --bench meter`. Results are in docs/benchmarks/overhead.md.
 
@@ -61,6 +62,13 @@ fn meter(c: &mut Criterion) {
             ANTHROPIC,
         ),
         (
+            "translate_openai_to_responses",
+            Direction::ResponsesToChat,
+            StreamDialect::OpenAi,
+            CHUNK,
+            CHUNK,
+        ),
+        (
             "meter_anthropic",
             Direction::ChatToMessages,
             StreamDialect::Anthropic,
@@ -85,6 +93,14 @@ fn meter(c: &mut Criterion) {
             })
         });
     }
+    // A Responses stream's first content: the response opened, its message item and part, the
+    // first delta (what the first token waits for, once).
+    group.bench_function("translate_first_chunk_to_responses", |b| {
+        b.iter(|| {
+            let mut t = ResponseTranslator::new(Direction::ResponsesToChat, true, 200, false);
+            black_box(t.frame(black_box(CHUNK.as_bytes())))
+        })
+    });
     group.finish();
 }
 
@@ -112,6 +128,32 @@ fn request(c: &mut Criterion) {
             black_box(tpsgate::translate::messages_to_chat(
                 black_box(messages.as_bytes()),
                 "m",
+                Default::default(),
+            ))
+        })
+    });
+    // The same conversation as a Responses client sends it, with Codex's hints and a hosted tool.
+    let responses = serde_json::json!({
+        "model": "codex", "stream": true, "store": false, "max_output_tokens": 256,
+        "instructions": "You are a careful assistant. Answer briefly and cite the tool's output.",
+        "tools": [{"type": "function", "name": "lookup", "description": "Looks a term up", "strict": false,
+                   "parameters": {"type": "object", "properties": {"term": {"type": "string"}}}},
+                  {"type": "web_search"}],
+        "tool_choice": "auto", "parallel_tool_calls": true, "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0192",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "What does the gateway do with a request it cannot translate?"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": "{\"term\":\"translation\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "A field the target cannot express is refused with a 400 naming it."},
+        ],
+    })
+    .to_string();
+    group.bench_function("translate_responses_to_chat", |b| {
+        b.iter(|| {
+            black_box(tpsgate::translate::responses_to_chat(
+                black_box(responses.as_bytes()),
+                "m",
+                Default::default(),
                 Default::default(),
             ))
         })

@@ -1,5 +1,5 @@
 //! Any bytes, split anywhere, as a backend's answer translated for a client of the other
-//! dialect, streamed and whole, both ways: no panic, and what comes out grows at most linearly
+//! dialect, streamed and whole, both ways, and for a Responses client from either: no panic, and what comes out grows at most linearly
 //! with what came in (a tiny event never becomes a huge one).
 #![no_main]
 
@@ -11,7 +11,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let cut = usize::from(cut) % (rest.len() + 1);
-    for direction in [Direction::ChatToMessages, Direction::MessagesToChat] {
+    for direction in [
+        Direction::ChatToMessages,
+        Direction::MessagesToChat,
+        Direction::ResponsesToChat,
+        Direction::ResponsesToMessages,
+    ] {
         for (streamed, status) in [(true, 200), (false, 200), (false, 529)] {
             let mut t = ResponseTranslator::new(direction, streamed, status, true);
             let mut out = t.frame(&rest[..cut]).len();

@@ -98,24 +98,32 @@ fn message_as_completion(m: &serde_json::Map<String, Value>) -> Value {
     })
 }
 
+/// A chat completion's first choice (a translated request asks for one), `null` where it has
+/// none.
+fn first_choice(c: &serde_json::Map<String, Value>) -> Value {
+    c.get("choices")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// A chat message's reasoning (`reasoning_content`, or `reasoning` as newer vLLM names it).
+fn reasoning_of(message: &Value) -> Option<&str> {
+    [&message["reasoning_content"], &message["reasoning"]]
+        .into_iter()
+        .find_map(|r| r.as_str().filter(|t| !t.is_empty()))
+}
+
 /// An OpenAI chat completion as an OpenAI Responses response: the engine's reasoning a
 /// `reasoning` item, its text a `message`, each tool call a `function_call` (ids as the stream's
 /// translation makes them).
 fn completion_as_response(c: &serde_json::Map<String, Value>) -> Value {
-    let choice = c
-        .get("choices")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .cloned()
-        .unwrap_or(Value::Null);
+    let choice = first_choice(c);
     let message = &choice["message"];
     let id = c.get("id").and_then(Value::as_str).unwrap_or("gateway");
     let mut output = Vec::new();
-    let reasoning = [&message["reasoning_content"], &message["reasoning"]];
-    if let Some(thinking) = reasoning
-        .into_iter()
-        .find_map(|r| r.as_str().filter(|t| !t.is_empty()))
-    {
+    if let Some(thinking) = reasoning_of(message) {
         output.push(
             json!({"id": format!("rs_{id}_{}", output.len()), "type": "reasoning",
             "summary": [{"type": "summary_text", "text": thinking}]}),
@@ -177,20 +185,11 @@ fn completion_as_response(c: &serde_json::Map<String, Value>) -> Value {
 
 /// An OpenAI chat completion as an Anthropic message.
 fn completion_as_message(c: &serde_json::Map<String, Value>) -> Value {
-    let choice = c
-        .get("choices")
-        .and_then(Value::as_array)
-        .and_then(|a| a.first())
-        .cloned()
-        .unwrap_or(Value::Null);
+    let choice = first_choice(c);
     let message = &choice["message"];
     let mut content = Vec::new();
     // The engine's reasoning first, as a thinking block (unsigned: no Anthropic model wrote it).
-    let reasoning = [&message["reasoning_content"], &message["reasoning"]];
-    if let Some(thinking) = reasoning
-        .into_iter()
-        .find_map(|r| r.as_str().filter(|t| !t.is_empty()))
-    {
+    if let Some(thinking) = reasoning_of(message) {
         content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
     }
     if let Some(text) = message["content"].as_str().filter(|t| !t.is_empty()) {
