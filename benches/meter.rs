@@ -158,6 +158,19 @@ fn request(c: &mut Criterion) {
             ))
         })
     });
+    // Codex 0.169's first request in shape and size (39 KB: instructions as a 17.7 KB developer
+    // message, 7 function tools, a 10 KB namespace of agent tools, web search), made up here.
+    let codex = codex_shaped_request();
+    group.bench_function("translate_codex_sized_responses_to_chat", |b| {
+        b.iter(|| {
+            black_box(tpsgate::translate::responses_to_chat(
+                black_box(codex.as_bytes()),
+                "m",
+                Default::default(),
+                Default::default(),
+            ))
+        })
+    });
     group.bench_function("translate_chat_to_messages", |b| {
         b.iter(|| {
             black_box(tpsgate::translate::chat_to_messages(
@@ -168,6 +181,51 @@ fn request(c: &mut Criterion) {
         })
     });
     group.finish();
+}
+
+/// A request of the shape and size Codex 0.169 sends first (`codex exec`): prose with line breaks
+/// and quotes, JSON schemas, and the hints it sends.
+fn codex_shaped_request() -> String {
+    let prose = |bytes: usize| {
+        "Run \"cargo test\" before you answer.\nKeep changes small; say why in a line. "
+            .repeat(bytes / 80)
+    };
+    let text = |role: &str, bytes: usize| {
+        serde_json::json!({"type": "message", "id": "msg_0192", "role": role,
+                           "content": [{"type": "input_text", "text": prose(bytes)}]})
+    };
+    let function = |name: String, bytes: usize| {
+        let properties: serde_json::Map<String, serde_json::Value> = (0..bytes / 160)
+            .map(|i| {
+                (
+                    format!("field_{i}"),
+                    serde_json::json!({"type": "string", "description": prose(120)}),
+                )
+            })
+            .collect();
+        serde_json::json!({"type": "function", "name": name, "description": prose(200), "strict": false,
+                           "parameters": {"type": "object", "properties": properties,
+                                          "required": ["field_0"], "additionalProperties": false}})
+    };
+    let mut tools: Vec<serde_json::Value> = [1635, 819, 1425, 391, 297, 785, 2196]
+        .iter()
+        .enumerate()
+        .map(|(i, &bytes)| function(format!("tool_{i}"), bytes))
+        .collect();
+    let agents: Vec<serde_json::Value> = (0..6)
+        .map(|i| function(format!("agent_{i}"), 1600))
+        .collect();
+    tools.push(serde_json::json!({"type": "namespace", "name": "multi_agent_v1", "description": prose(300), "tools": agents}));
+    tools.push(serde_json::json!({"type": "web_search", "external_web_access": false}));
+    serde_json::json!({
+        "model": "codex", "stream": true, "store": false, "tool_choice": "auto",
+        "parallel_tool_calls": true, "reasoning": {"summary": "auto"},
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "019ae3c1-5b2e",
+        "client_metadata": {"session": prose(1100)},
+        "input": [text("developer", 17690), text("developer", 2645), text("user", 545), text("user", 140)],
+        "tools": tools,
+    })
+    .to_string()
 }
 
 criterion_group!(benches, meter, request);
