@@ -29,7 +29,7 @@ fn agent(name: &str) -> PathBuf {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_answers_from_an_openai_engine_and_runs_the_tool_it_was_asked_to_call() {
+async fn claude_code_answers_from_an_openai_engine_and_answers_the_tool_call_it_was_sent() {
     // Replies of 6 to 18 tokens, as a model ends them: an agent asking 32,000 tokens a turn
     // gets an answer, not 32,000 tokens.
     let engine = EngineRaw {
@@ -45,6 +45,11 @@ async fn claude_code_answers_from_an_openai_engine_and_runs_the_tool_it_was_aske
     let out = tokio::task::spawn_blocking(move || {
         Command::new(claude)
             .args(["-p", "say hi", "--model", "qwen-coder"])
+            // The simulator calls the first tool offered, with arguments its schema allows.
+            // Claude Code's first is `Agent`, whose subagent is offered `Agent` again: an
+            // engine that always calls a tool would recurse without end. Without it the first
+            // is `Bash`, which `-p` mode denies without running, and the agent answers.
+            .args(["--disallowedTools", "Agent"])
             .current_dir(&home_dir)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -67,7 +72,7 @@ async fn claude_code_answers_from_an_openai_engine_and_runs_the_tool_it_was_aske
         String::from_utf8_lossy(&out.stderr)
     );
     // The simulator's text, after the tool round trip: it called the first tool offered, the
-    // agent ran it and sent its result, and the answer to that is text.
+    // agent answered the call and sent its result, and the answer to that is text.
     assert!(stdout.contains("the quick brown fox"), "{stdout}");
     let seen = support::seen(sim).await;
     assert!(seen.len() >= 2, "a call and its answer: {seen:?}");
@@ -167,6 +172,15 @@ async fn codex_answers_from_a_chat_engine_and_an_anthropic_engine_and_runs_the_t
         // The simulator's text: for the tool engine, the answer to the tool's result (the
         // agent ran the call it was sent and sent back what came of it).
         assert!(stdout.contains("the quick brown fox"), "{model}: {stdout}");
+        if requests == 2 {
+            // The call's arguments were valid for `exec_command`'s schema: Codex ran its
+            // `cmd`, the simulator's words, as a shell command.
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains("exec\n/bin/bash -lc ' the quick brown"),
+                "{model}: {stderr}"
+            );
+        }
         let sim = if model.ends_with("plain") { 0 } else { 1 };
         let seen = support::seen([plain, tools][sim]).await;
         let new = &seen[seen_before[sim]..];

@@ -42,10 +42,10 @@ pub(crate) struct GenRequest {
     /// The chained hashes of the prompt text's whole blocks ([`crate::prefix::Chain`]), when
     /// parsed for a prefix cache.
     pub prefix: Vec<u64>,
-    /// The tool the answer calls: the one `tool_choice` names, else the first of `tools`,
-    /// unless the conversation's last turn is a tool's result (then the answer is text) or
-    /// `tool_choice` is `none`.
-    pub tool: Option<String>,
+    /// The tool the answer calls (its name, and its arguments as its schema allows): the one
+    /// `tool_choice` names, else the first of `tools`, unless the conversation's last turn is a
+    /// tool's result (then the answer is text) or `tool_choice` is `none`.
+    pub tool: Option<(String, ToolArguments)>,
     /// `stop` (OpenAI) or `stop_sequences` (Anthropic).
     pub stop: Vec<String>,
     /// The stop sequence that ended the answer, once the server has found it in the text.
@@ -188,8 +188,9 @@ fn tool_to_call(
     tools: Option<&Value>,
     choice: Option<&Value>,
     messages: Option<&Value>,
-) -> Option<String> {
-    let first = tools?.as_array()?.first()?;
+) -> Option<(String, ToolArguments)> {
+    let tools = tools?.as_array()?;
+    let first = tools.first()?;
     let answered = messages
         .and_then(Value::as_array)
         .and_then(|m| m.last())
@@ -203,11 +204,112 @@ fn tool_to_call(
     if answered || none {
         return None;
     }
+    let name_of = |t: &Value| {
+        t["function"]["name"]
+            .as_str()
+            .or(t["name"].as_str())
+            .map(str::to_owned)
+    };
     let named = choice.and_then(|c| c["function"]["name"].as_str().or(c["name"].as_str()));
-    let name = named
-        .or(first["function"]["name"].as_str())
-        .or(first["name"].as_str())?;
-    Some(name.to_owned())
+    let name = named.map(str::to_owned).or_else(|| name_of(first))?;
+    let schema = tools
+        .iter()
+        .find(|t| name_of(t).as_deref() == Some(name.as_str()))
+        .and_then(|t| t["function"].get("parameters").or(t.get("input_schema")));
+    Some((name, ToolArguments::for_schema(schema)))
+}
+
+/// A tool call's arguments, valid for the tool's parameter schema: each required property
+/// with the least value of its type (an enum's first value), and the generated tokens as the
+/// text of one string property (the first required one, else the first, else `text`). As the
+/// JSON text before and after the tokens, escaped as a JSON string's content (how they stream
+/// in `arguments` and `partial_json`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolArguments {
+    /// Before the tokens, escaped (`{\"cmd\":\"`).
+    pub open: String,
+    /// After them, escaped (`\"}`).
+    pub close: String,
+}
+
+impl ToolArguments {
+    /// The arguments for a tool whose parameters are `schema` (JSON Schema; absent: any).
+    pub(crate) fn for_schema(schema: Option<&Value>) -> Self {
+        const TOKENS: &str = "\u{1}";
+        let properties = schema
+            .and_then(|s| s["properties"].as_object())
+            .filter(|p| !p.is_empty());
+        let required: Vec<&str> = schema
+            .and_then(|s| s["required"].as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let is_string = |name: &str| {
+            properties
+                .and_then(|p| p.get(name))
+                .is_some_and(|p| p["type"] == "string" && p.get("enum").is_none())
+        };
+        let text_field = required
+            .iter()
+            .copied()
+            .find(|n| is_string(n))
+            .or_else(|| {
+                properties.and_then(|p| p.keys().map(String::as_str).find(|n| is_string(n)))
+            })
+            .unwrap_or("text");
+        let mut arguments = serde_json::Map::new();
+        for name in required.iter().copied().chain([text_field]) {
+            let value = if name == text_field {
+                Value::from(TOKENS)
+            } else {
+                least_value(properties.and_then(|p| p.get(name)))
+            };
+            arguments.insert(name.to_owned(), value);
+        }
+        let text = Value::Object(arguments).to_string();
+        let at = text.find("\\u0001").unwrap_or(text.len());
+        let escaped = |s: &str| {
+            let quoted = Value::from(s).to_string();
+            quoted[1..quoted.len() - 1].to_owned()
+        };
+        Self {
+            open: escaped(&text[..at]),
+            close: escaped(text.get(at + "\\u0001".len()..).unwrap_or("")),
+        }
+    }
+
+    /// The arguments whole, with `tokens` as the text.
+    pub(crate) fn with(&self, tokens: &str) -> Value {
+        let unescaped =
+            |s: &str| serde_json::from_str::<String>(&format!("\"{s}\"")).unwrap_or_default();
+        let tokens = Value::from(tokens).to_string();
+        let text = format!(
+            "{}{}{}",
+            unescaped(&self.open),
+            &tokens[1..tokens.len() - 1],
+            unescaped(&self.close)
+        );
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+}
+
+/// The least value a property's schema allows: its enum's first, else by its type.
+fn least_value(schema: Option<&Value>) -> Value {
+    let Some(schema) = schema else {
+        return Value::Null;
+    };
+    if let Some(first) = schema["enum"].as_array().and_then(|e| e.first()) {
+        return first.clone();
+    }
+    match schema["type"].as_str() {
+        Some("string") => Value::from("x"),
+        Some("integer" | "number") => Value::from(1),
+        Some("boolean") => Value::Bool(false),
+        Some("array") => Value::Array(Vec::new()),
+        Some("object") => Value::Object(serde_json::Map::new()),
+        _ => Value::Null,
+    }
 }
 
 /// Where the first of `stop` appears in the answer's text of `target` tokens, after its first
@@ -320,17 +422,12 @@ pub(crate) struct Framer {
     prompt_tokens: u32,
     cached_tokens: u32,
     reports_cache: bool,
-    /// The tool the answer calls, and the call's id: its tokens are the call's arguments,
-    /// `{"text":"…"}`.
-    tool: Option<(String, String)>,
+    /// The tool the answer calls: the call's id, its name (JSON), and its arguments around the
+    /// tokens.
+    tool: Option<(String, String, ToolArguments)>,
     /// The stop sequence that ended the answer, as a JSON string.
     stopped_by: Option<String>,
 }
-
-/// The opening and closing of a tool call's arguments, escaped as a JSON string's content: the
-/// tokens stand between them.
-const ARGUMENTS_OPEN: &str = r#"{\"text\":\""#;
-const ARGUMENTS_CLOSE: &str = r#"\"}"#;
 
 impl Framer {
     /// A framer for one response; `id` and `created` (unix seconds) identify it.
@@ -374,12 +471,12 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             prompt_tokens: req.prompt_tokens,
             cached_tokens: req.cached_tokens,
             reports_cache: req.reports_cache,
-            tool: req.tool.clone().map(|name| {
+            tool: req.tool.clone().map(|(name, arguments)| {
                 let call = match dialect {
                     Dialect::Messages => format!("toolu_{id}"),
                     _ => format!("call_{id}"),
                 };
-                (call, Value::String(name).to_string())
+                (call, Value::String(name).to_string(), arguments)
             }),
             stopped_by: req.stopped_by.clone().map(|s| Value::String(s).to_string()),
         }
@@ -417,7 +514,7 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
                 self.envelope,
                 anthropic_input(self.prompt_tokens, self.cached_tokens, self.reports_cache),
                 match &self.tool {
-                    Some((id, name)) => format!(
+                    Some((id, name, _)) => format!(
                         "{{\"type\":\"tool_use\",\"id\":\"{id}\",\"name\":{name},\"input\":{{}}}}"
                     ),
                     None => "{\"type\":\"text\",\"text\":\"\"}".to_owned(),
@@ -429,8 +526,8 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
     /// One content event carrying tokens `first .. first + count`. `finish` marks the last one
     /// (OpenAI puts finish_reason, and usage when asked to, on it).
     pub(crate) fn content(&self, first: u32, count: u32, finish: Option<Finish>) -> Bytes {
-        if let Some((id, name)) = &self.tool {
-            return self.tool_content(id, name, first, count, finish);
+        if let Some((id, name, arguments)) = &self.tool {
+            return self.tool_content((id, name, arguments), first, count, finish);
         }
         let mut buf = BytesMut::with_capacity(self.prefix.len() + 128 + 8 * count as usize);
         buf.put_slice(self.prefix.as_bytes());
@@ -473,8 +570,7 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
     /// the call's id and name, the last closes them).
     fn tool_content(
         &self,
-        id: &str,
-        name: &str,
+        (id, name, arguments): (&str, &str, &ToolArguments),
         first: u32,
         count: u32,
         finish: Option<Finish>,
@@ -497,11 +593,11 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
             }
         }
         if first == 0 {
-            buf.put_slice(ARGUMENTS_OPEN.as_bytes());
+            buf.put_slice(arguments.open.as_bytes());
         }
         push_tokens(&mut buf, first, count);
         if finish.is_some() {
-            buf.put_slice(ARGUMENTS_CLOSE.as_bytes());
+            buf.put_slice(arguments.close.as_bytes());
         }
         match self.dialect {
             Dialect::Messages => buf.put_slice(b"\"}}\n\n"),
@@ -616,8 +712,8 @@ pub(crate) fn complete_body(
             "usage": anthropic_usage_value(req, output_tokens),
         }),
     };
-    if let Some(name) = &req.tool {
-        let arguments = json!({"text": token_text(0, output_tokens)});
+    if let Some((name, arguments)) = &req.tool {
+        let arguments = arguments.with(&token_text(0, output_tokens));
         match dialect {
             Dialect::Chat => {
                 body["choices"][0]["message"] = json!({"role": "assistant", "content": null,

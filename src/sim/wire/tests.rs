@@ -183,7 +183,7 @@ fn with_tools_the_answer_calls_one_until_a_tool_has_answered() {
         &json!({"model": "m", "stream": true, "tools": tools,
                 "messages": [{"role": "user", "content": "hi"}]}),
     );
-    assert_eq!(r.tool.as_deref(), Some("lookup"));
+    assert_eq!(r.tool.as_ref().map(|t| t.0.as_str()), Some("lookup"));
     let evs = events(&stream(Dialect::Chat, &r, 3, Finish::ToolUse));
     let calls: Vec<&Value> = evs
         .iter()
@@ -227,6 +227,66 @@ fn with_tools_the_answer_calls_one_until_a_tool_has_answered() {
         &json!({"model": "m", "tools": tools, "tool_choice": "none", "messages": []}),
     );
     assert_eq!(declined.tool, None);
+}
+
+#[test]
+fn a_tool_call_s_arguments_are_valid_for_the_tool_s_schema() {
+    // Codex's `exec_command`: its one required string gets the answer's tokens.
+    let exec = json!({"type": "object", "required": ["cmd"], "additionalProperties": false,
+        "properties": {"cmd": {"type": "string"}, "workdir": {"type": "string"}, "yield_time_ms": {"type": "number"}}});
+    // Every required property is there, each with the least value its type or enum allows.
+    let mixed = json!({"type": "object", "required": ["mode", "count", "flag", "tags", "opts", "name"],
+        "properties": {"mode": {"type": "string", "enum": ["fast", "slow"]}, "count": {"type": "integer"},
+                       "flag": {"type": "boolean"}, "tags": {"type": "array"}, "opts": {"type": "object"},
+                       "name": {"type": "string"}}});
+    let cases = [
+        (exec, json!({"cmd": " the quick brown"})),
+        (
+            mixed,
+            json!({"mode": "fast", "count": 1, "flag": false, "tags": [], "opts": {}, "name": " the quick brown"}),
+        ),
+        // No string required: the first string property, else `text`.
+        (
+            json!({"properties": {"n": {"type": "integer"}, "q": {"type": "string"}}}),
+            json!({"q": " the quick brown"}),
+        ),
+        (json!({}), json!({"text": " the quick brown"})),
+    ];
+    for (schema, expected) in cases {
+        let tools = json!([{"type": "function", "function": {"name": "f", "parameters": schema}}]);
+        let body = json!({"model": "m", "stream": true, "tools": tools, "messages": [{"role": "user", "content": "hi"}]});
+        let r = req(Dialect::Chat, &body);
+        let streamed: String = events(&stream(Dialect::Chat, &r, 3, Finish::ToolUse))
+            .iter()
+            .filter_map(|e| {
+                e["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].as_str()
+            })
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&streamed).unwrap(),
+            expected,
+            "{schema}"
+        );
+        let (_, arguments) = r.tool.as_ref().unwrap();
+        assert_eq!(arguments.with(" the quick brown"), expected, "{schema}");
+        // An Anthropic tool's `input_schema` is read the same way.
+        let tools = json!([{"name": "f", "input_schema": schema}]);
+        let body = json!({"model": "m", "max_tokens": 3, "tools": tools, "messages": [{"role": "user", "content": "hi"}]});
+        let partial: String = events(&stream(
+            Dialect::Messages,
+            &req(Dialect::Messages, &body),
+            3,
+            Finish::ToolUse,
+        ))
+        .iter()
+        .filter_map(|e| e["delta"]["partial_json"].as_str())
+        .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&partial).unwrap(),
+            expected,
+            "{schema}"
+        );
+    }
 }
 
 #[test]
