@@ -10,6 +10,7 @@ pub mod config;
 pub(crate) mod engine;
 pub(crate) mod faults;
 pub(crate) mod fleet;
+mod responses;
 pub(crate) mod seen;
 pub(crate) mod server;
 pub mod truth;

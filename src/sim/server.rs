@@ -102,7 +102,10 @@ impl PrefixCache {
 }
 
 /// A request's body, or the 413 in `dialect`'s shape for one over [`MAX_BODY`] or unreadable.
-async fn read_body(dialect: Dialect, req: Request<Incoming>) -> Result<Bytes, Response<SimBody>> {
+pub(super) async fn read_body(
+    dialect: Dialect,
+    req: Request<Incoming>,
+) -> Result<Bytes, Response<SimBody>> {
     match Limited::new(req.into_body(), MAX_BODY).collect().await {
         Ok(body) => Ok(body.to_bytes()),
         Err(_) => Err(error(
@@ -116,7 +119,7 @@ async fn read_body(dialect: Dialect, req: Request<Incoming>) -> Result<Bytes, Re
 }
 
 /// A 400 in `dialect`'s shape for a body the simulator cannot read.
-fn bad_request(dialect: Dialect, why: &str) -> Response<SimBody> {
+pub(super) fn bad_request(dialect: Dialect, why: &str) -> Response<SimBody> {
     error(
         dialect,
         StatusCode::BAD_REQUEST,
@@ -259,6 +262,7 @@ impl SimBackend {
             }
             (&Method::POST, "/sim/params", _) => self.patch_params(req).await,
             (&Method::POST, "/tokenize", _) => self.count(Dialect::Chat, req).await,
+            (&Method::POST, p, _) if p.ends_with("/v1/responses") => self.responses(req).await,
             (&Method::POST, p, _) if p.ends_with("/messages/count_tokens") => {
                 self.count(Dialect::Messages, req).await
             }
@@ -309,13 +313,22 @@ impl SimBackend {
     }
 
     async fn generate(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
-        let mut seen = SeenRequest::of(&req);
-        let body = match read_body(dialect, req).await {
-            Ok(body) => body,
-            Err(refused) => return refused,
-        };
+        let seen = SeenRequest::of(&req);
+        match read_body(dialect, req).await {
+            Ok(body) => self.generate_from(dialect, seen, &body).await,
+            Err(refused) => refused,
+        }
+    }
+
+    /// A generation request's answer, its body read (`seen` what is recorded of it).
+    pub(super) async fn generate_from(
+        &self,
+        dialect: Dialect,
+        mut seen: SeenRequest,
+        body: &[u8],
+    ) -> Response<SimBody> {
         let block_bytes = self.cache.as_ref().map(|c| c.block_tokens as usize * 4);
-        let mut parsed = dialect.parse_for_cache(&body, block_bytes);
+        let mut parsed = dialect.parse_for_cache(body, block_bytes);
         if let (Ok(r), Some(cache)) = (&mut parsed, &self.cache)
             && self.models.contains(&r.model)
         {
@@ -323,7 +336,7 @@ impl SimBackend {
             r.reports_cache = true;
             seen.cached_tokens = Some(r.cached_tokens);
         }
-        seen.reasoning = reasoning_of(&body);
+        seen.reasoning = reasoning_of(body);
         if let Ok(r) = &parsed {
             seen.model = Some(r.model.clone());
             seen.prompt_tokens = Some(r.prompt_tokens);

@@ -1,7 +1,7 @@
 //! Real coding agents through the gateway, against the simulator, with no configuration beyond
 //! the backends themselves: Claude Code (`claude -p`) in front of an OpenAI-dialect engine, and
 //! Codex (`codex exec`, which speaks only the Responses API) in front of a chat completions
-//! engine and an Anthropic one. `.ci/test` installs the agents (pinned, from npm) under
+//! engine, an Anthropic one, and one with its own Responses API. `.ci/test` installs the agents (pinned, from npm) under
 //! `target/agents`; without them the tests fail and say so.
 
 use std::path::PathBuf;
@@ -128,6 +128,13 @@ async fn codex_answers_from_a_chat_engine_and_an_anthropic_engine_and_runs_the_t
     let (_tools_fleet, tools) = support::start_engine("tools", engine(100.0)).await;
     let backends = [
         support::backend_yaml("chat", plain, "openai", "    models: {chat-plain: m}\n"),
+        // The simulator's own Responses API, as vLLM has one: passed through untranslated.
+        support::backend_yaml(
+            "native",
+            plain,
+            "openai",
+            "    models: {native-plain: m}\n    responses_api: native\n",
+        ),
         support::backend_yaml(
             "claude",
             plain,
@@ -152,6 +159,7 @@ async fn codex_answers_from_a_chat_engine_and_an_anthropic_engine_and_runs_the_t
     let runs = [
         ("chat-plain", "say hi", "/v1/chat/completions", 1),
         ("claude-plain", "say hi", "/v1/messages", 1),
+        ("native-plain", "say hi", "/v1/responses", 1),
         ("chat-tools", "list the files", "/v1/chat/completions", 2),
         ("claude-tools", "list the files", "/v1/messages", 2),
     ];
@@ -194,12 +202,13 @@ async fn codex_answers_from_a_chat_engine_and_an_anthropic_engine_and_runs_the_t
         gw.admin_addr(),
         "/admin/curves",
         Duration::from_secs(2),
-        |v| v["curves"].as_array().is_some_and(|c| c.len() == 4),
+        |v| v["curves"].as_array().is_some_and(|c| c.len() == 5),
     )
     .await;
     for (backend, requests) in [
         ("chat", 1),
         ("claude", 1),
+        ("native", 1),
         ("chat-tools", 2),
         ("claude-tools", 2),
     ] {

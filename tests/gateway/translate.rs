@@ -3,6 +3,7 @@
 //! The official SDKs' own flows are in `sdk.rs`; the mappings field by field in the unit tests.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -380,19 +381,36 @@ async fn a_responses_client_is_translated_for_a_chat_engine_and_passed_through_t
     let seen = support::seen(sim).await;
     assert_eq!(seen.last().unwrap()["path"], "/v1/chat/completions");
 
-    // `responses_api: native`: the engine's own Responses API gets the request as it came (the
-    // simulator has none, and its 404 comes back untouched).
+    // `responses_api: native`: the engine's own Responses API (the simulator serves one, as
+    // vLLM does) gets the request as it came, hosted tools and all, and its stream is timed as
+    // a Responses stream: the backend's curve learns from it, its usage read.
     let native = gateway(sim, "openai", "    responses_api: native\n", "").await;
     let ex = post(
         native.addr(),
         "/v1/responses",
-        &responses_request(false),
+        &responses_request(true),
         None,
     )
     .await;
-    assert_eq!(ex.status, StatusCode::NOT_FOUND);
-    assert_eq!(ex.json()["error"]["message"], "no such endpoint");
+    assert_eq!(ex.status, StatusCode::OK);
     assert!(ex.headers.get("x-tpsgate-dropped-tools").is_none());
+    let body = String::from_utf8_lossy(&ex.body()).into_owned();
+    // Cut at its `max_output_tokens`, a finish all the same.
+    assert!(body.contains("event: response.incomplete\n"), "{body}");
+    assert_eq!(
+        support::seen(sim).await.last().unwrap()["path"],
+        "/v1/responses"
+    );
+    let learned = |v: &Value| v["curves"][0]["observations"] == 1;
+    let curves = support::until(
+        native.admin_addr(),
+        "/admin/curves",
+        Duration::from_secs(2),
+        learned,
+    )
+    .await;
+    assert!(learned(&curves), "{curves}");
+    assert_eq!(curves["curves"][0]["estimated_share"], 0.0, "{curves}");
 
     // `hosted_tools: refuse`: a 400 naming the tool.
     let strict = gateway(sim, "openai", "    hosted_tools: refuse\n", "").await;
