@@ -28,67 +28,83 @@ fn agent(name: &str) -> PathBuf {
     program
 }
 
+/// `claude -p PROMPT` with the gateway at `url` as its Anthropic API, in `home`, nothing else
+/// reached: no telemetry, no update checks, no error reports.
+fn claude(url: &str, model: &str, prompt: &str, home: &std::path::Path) -> std::process::Output {
+    Command::new(agent("claude"))
+        .args(["-p", prompt, "--model", model])
+        // The simulator calls the first tool offered, with arguments its schema allows.
+        // Claude Code's first is `Agent`, whose subagent is offered `Agent` again: an engine
+        // that always calls a tool would recurse without end. Without it the first is `Bash`,
+        // which `-p` mode denies without running, and the agent answers.
+        .args(["--disallowedTools", "Agent"])
+        .current_dir(home)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("ANTHROPIC_BASE_URL", url.trim_end_matches('/'))
+        .env("ANTHROPIC_API_KEY", "sk-test")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .output()
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_answers_from_an_openai_engine_and_answers_the_tool_call_it_was_sent() {
     // Replies of 6 to 18 tokens, as a model ends them: an agent asking 32,000 tokens a turn
-    // gets an answer, not 32,000 tokens.
-    let engine = EngineRaw {
+    // gets an answer, not 32,000 tokens. One engine answers with text, one calls the first
+    // tool it is offered (and answers its result with text).
+    let engine = |tool_call_pct| EngineRaw {
         reply_tokens: Some(12),
+        tool_call_pct,
         ..support::engine(1.0, 0.0, 8)
     };
-    let (_fleet, sim) = support::start_engine("vllm", engine).await;
-    let gw = support::gateway_for(sim, "openai", "    models: {qwen-coder: m}\n").await;
-    let home = tempfile::tempdir().unwrap();
-    let claude = agent("claude");
-    let url = gw.url();
-    let home_dir = home.path().to_owned();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(claude)
-            .args(["-p", "say hi", "--model", "qwen-coder"])
-            // The simulator calls the first tool offered, with arguments its schema allows.
-            // Claude Code's first is `Agent`, whose subagent is offered `Agent` again: an
-            // engine that always calls a tool would recurse without end. Without it the first
-            // is `Bash`, which `-p` mode denies without running, and the agent answers.
-            .args(["--disallowedTools", "Agent"])
-            .current_dir(&home_dir)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", &home_dir)
-            .env("ANTHROPIC_BASE_URL", url.trim_end_matches('/'))
-            .env("ANTHROPIC_API_KEY", "sk-test")
-            // No calls but the model's: no telemetry, no update checks, no error reports.
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "claude -p exited {:?}\nstdout: {stdout}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The simulator's text, after the tool round trip: it called the first tool offered, the
-    // agent answered the call and sent its result, and the answer to that is text.
-    assert!(stdout.contains("the quick brown fox"), "{stdout}");
-    let seen = support::seen(sim).await;
-    assert!(seen.len() >= 2, "a call and its answer: {seen:?}");
-    assert!(seen.iter().all(|r| r["path"] == "/v1/chat/completions"));
+    let (_plain_fleet, plain) = support::start_engine("plain", engine(0.0)).await;
+    let (_tools_fleet, tools) = support::start_engine("tools", engine(100.0)).await;
+    let backends = [
+        support::backend_yaml("plain", plain, "openai", "    models: {qwen-plain: m}\n"),
+        support::backend_yaml("tools", tools, "openai", "    models: {qwen-tools: m}\n"),
+    ];
+    let gw = support::gateway(&format!("backends:\n{}", backends.concat())).await;
+    for (model, sim, requests) in [("qwen-plain", plain, 1), ("qwen-tools", tools, 2)] {
+        let home = tempfile::tempdir().unwrap();
+        let (url, home_dir) = (gw.url(), home.path().to_owned());
+        let out = tokio::task::spawn_blocking(move || claude(&url, model, "say hi", &home_dir))
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "claude -p ({model}) exited {:?}\nstdout: {stdout}\nstderr: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The simulator's text; for the tool engine after the round trip: it called the first
+        // tool offered, the agent answered the call and sent its result, and the answer to
+        // that is text.
+        assert!(stdout.contains("the quick brown fox"), "{model}: {stdout}");
+        let seen = support::seen(sim).await;
+        assert!(seen.len() >= requests, "{model}: {seen:?}");
+        assert!(seen.iter().all(|r| r["path"] == "/v1/chat/completions"));
+    }
     // One engine, one curve: every request the agent made taught it.
+    let learned = |v: &serde_json::Value| {
+        ["plain", "tools"].iter().zip([1, 2]).all(|(backend, n)| {
+            v["curves"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["backend"] == *backend && c["observations"].as_u64() >= Some(n))
+            })
+        })
+    };
     let curves = support::until(
         gw.admin_addr(),
         "/admin/curves",
         Duration::from_secs(2),
-        |v| v["curves"][0]["observations"].as_u64() >= Some(2),
+        learned,
     )
     .await;
-    assert!(
-        curves["curves"][0]["observations"].as_u64() >= Some(2),
-        "{curves}"
-    );
+    assert!(learned(&curves), "{curves}");
 }
 
 /// `codex exec PROMPT` with the gateway at `url` as its model provider (the Responses API, the
