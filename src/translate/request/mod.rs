@@ -170,6 +170,14 @@ fn items<'a>(
     }
 }
 
+/// The objects of the array `raw`, each read as its members in the same pass (an item's text
+/// is not scanned again to read the item), or a refusal saying that `name` must be an array of
+/// objects.
+fn objects<'a>(raw: &'a RawValue, name: &dyn fmt::Display) -> Result<Vec<Object<'a>>, Refused> {
+    serde_json::from_str(raw.get())
+        .or_else(|_| refuse(format!("`{name}` must be an array of objects")))
+}
+
 /// JSON written as the translation goes: a comma before every member and item but the first.
 struct Json(Vec<u8>);
 

@@ -14,8 +14,8 @@ use std::borrow::Cow;
 use serde_json::value::RawValue;
 
 use super::{
-    At, Json, Object, Part, Refused, Thinking, body_object, is, items, object, object_at,
-    put_parts, refuse, text,
+    At, Json, Object, Part, Refused, Thinking, body_object, is, object_at, objects, put_parts,
+    refuse, text,
 };
 
 /// Responses fields a chat completions backend has no place for that change no answer:
@@ -111,7 +111,7 @@ pub fn responses_to_chat(
             out.item().raw(r#"{"role":"user","content":"#);
             out.value(s).close(b'}');
         }
-        Some(list) if is(list, b'[') => input_items(items(Some(list), &"input")?, &mut out)?,
+        Some(list) if is(list, b'[') => input_items(objects(list, &"input")?, &mut out)?,
         _ => return refuse("`input` must be a string or an array of items"),
     }
     out.close(b']');
@@ -198,11 +198,10 @@ impl Assistant<'_> {
     }
 }
 
-fn input_items(list: Vec<&RawValue>, out: &mut Json) -> Result<(), Refused> {
+fn input_items(list: Vec<Object<'_>>, out: &mut Json) -> Result<(), Refused> {
     let mut assistant = Assistant::default();
     for (i, item) in list.into_iter().enumerate() {
         let at = At::Item(&At::Root, "input", i);
-        let item = object_at(item, &at)?;
         let kind = item
             .given("type")
             .map(|_| item.str("type", &at))
@@ -309,12 +308,11 @@ fn content_parts<'a>(
     images: bool,
 ) -> Result<Vec<Part<'a>>, Refused> {
     let mut out = Vec::new();
-    for (j, part) in items(Some(parts), &format_args!("{at}{field}"))?
+    for (j, p) in objects(parts, &format_args!("{at}{field}"))?
         .into_iter()
         .enumerate()
     {
         let at = At::Item(at, field, j);
-        let p = object(part, || format!("`{at}` must be an object"))?;
         match &*p.str("type", &at)? {
             "input_text" | "output_text" | "text" => {
                 p.only(&["type", "text", "annotations", "logprobs"], &at, TO_CHAT)?;
@@ -368,12 +366,11 @@ fn tools(req: &Object, hosted: HostedTools, out: &mut Json) -> Result<Vec<String
     let mut dropped = Vec::new();
     let mut kept = 0;
     let list = match req.given("tools") {
-        Some(list) => items(Some(list), &"tools")?,
+        Some(list) => objects(list, &"tools")?,
         None => Vec::new(),
     };
-    for (i, tool) in list.into_iter().enumerate() {
+    for (i, t) in list.into_iter().enumerate() {
         let at = At::Item(&At::Root, "tools", i);
-        let t = object_at(tool, &at)?;
         let kind = t.str("type", &at)?;
         if kind != "function" {
             let name = t.given("name").and_then(text).unwrap_or(kind);
