@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde_json::value::RawValue;
 
 use super::{
-    At, Json, Object, Part, Refused, body_object, is, items, object, object_at, put_parts,
+    At, Json, Object, Part, Refused, body_object, is, items, object, objects, put_parts,
     put_text_part, refuse, text,
 };
 
@@ -66,11 +66,11 @@ pub fn messages_to_chat(body: &[u8], model: &str, thinking: Thinking) -> Result<
     if let Some(system) = req.given("system") {
         system_message(Some(system), (&At::Root, "system"), &mut out)?;
     }
-    for (i, m) in items(req.get("messages"), &"messages")?
-        .into_iter()
-        .enumerate()
-    {
-        anthropic_message(m, &At::Item(&At::Root, "messages", i), &mut out)?;
+    let Some(messages) = req.get("messages") else {
+        return refuse("`messages` must be an array");
+    };
+    for (i, m) in objects(messages, &"messages")?.into_iter().enumerate() {
+        anthropic_message(&m, &At::Item(&At::Root, "messages", i), &mut out)?;
     }
     out.close(b']');
     for key in ["max_tokens", "temperature", "top_p", "top_k"] {
@@ -98,8 +98,8 @@ pub fn messages_to_chat(body: &[u8], model: &str, thinking: Thinking) -> Result<
     }
     if let Some(tools) = req.given("tools") {
         out.key("tools").open(b'[');
-        for (i, tool) in items(Some(tools), &"tools")?.into_iter().enumerate() {
-            anthropic_tool(tool, &At::Item(&At::Root, "tools", i), &mut out)?;
+        for (i, tool) in objects(tools, &"tools")?.into_iter().enumerate() {
+            anthropic_tool(&tool, &At::Item(&At::Root, "tools", i), &mut out)?;
         }
         out.close(b']');
     }
@@ -243,8 +243,7 @@ fn image_part<'a>(b: &Object<'a>, at: &At) -> Result<Part<'a>, Refused> {
 /// One Anthropic message as OpenAI messages: a user turn's tool results become `tool`
 /// messages (first, as they answer the turn before), an assistant's `tool_use` its
 /// `tool_calls`.
-fn anthropic_message(m: &RawValue, at: &At, out: &mut Json) -> Result<(), Refused> {
-    let m = object_at(m, at)?;
+fn anthropic_message(m: &Object, at: &At, out: &mut Json) -> Result<(), Refused> {
     m.only(&["role", "content"], at, TO_OPENAI)?;
     let role = m.str("role", at)?;
     let assistant = match &*role {
@@ -270,9 +269,11 @@ fn anthropic_message(m: &RawValue, at: &At, out: &mut Json) -> Result<(), Refuse
     };
     let mut parts = Vec::new();
     let mut calls = Vec::new();
-    for (j, block) in items(Some(blocks), &"content")?.into_iter().enumerate() {
+    for (j, b) in objects(blocks, &format_args!("{at}content"))?
+        .into_iter()
+        .enumerate()
+    {
         let at = At::Item(at, "content", j);
-        let b = object(block, || format!("`{at}` must be a block object"))?;
         match (assistant, b.get("type").and_then(text).as_deref()) {
             (_, Some("text")) => parts.push(Part::Text(text_of(&b, &at)?)),
             (false, Some("image")) => parts.push(image_part(&b, &at)?),
@@ -394,8 +395,7 @@ fn tool_result(b: &Object, at: &At, out: &mut Json) -> Result<(), Refused> {
     Ok(())
 }
 
-fn anthropic_tool(t: &RawValue, at: &At, out: &mut Json) -> Result<(), Refused> {
-    let t = object_at(t, at)?;
+fn anthropic_tool(t: &Object, at: &At, out: &mut Json) -> Result<(), Refused> {
     if let Some(kind) = t.get("type").and_then(text).filter(|k| k != "custom") {
         return refuse(format!(
             "`{at}type` `{kind}` is a server tool of Anthropic's: an OpenAI backend has none"
