@@ -4,8 +4,10 @@
 //! engine, an Anthropic one, and one with its own Responses API. `.ci/test` installs the agents (pinned, from npm) under
 //! `target/agents`; without them the tests fail and say so.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
 use std::time::Duration;
 
 use tpsgate::sim::config::EngineRaw;
@@ -30,7 +32,7 @@ fn agent(name: &str) -> PathBuf {
 
 /// `claude -p PROMPT` with the gateway at `url` as its Anthropic API, in `home`, nothing else
 /// reached: no telemetry, no update checks, no error reports.
-fn claude(url: &str, model: &str, prompt: &str, home: &std::path::Path) -> std::process::Output {
+fn claude(url: &str, model: &str, prompt: &str, home: &Path) -> Output {
     Command::new(agent("claude"))
         .args(["-p", prompt, "--model", model])
         // The simulator calls the first tool offered, with arguments its schema allows.
@@ -50,40 +52,61 @@ fn claude(url: &str, model: &str, prompt: &str, home: &std::path::Path) -> std::
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claude_code_answers_from_an_openai_engine_and_answers_the_tool_call_it_was_sent() {
-    // Replies of 6 to 18 tokens, as a model ends them: an agent asking 32,000 tokens a turn
-    // gets an answer, not 32,000 tokens. One engine answers with text, one calls the first
-    // tool it is offered (and answers its result with text).
+/// Two simulated engines replying 6 to 18 tokens, as a model ends them (an agent asking 32,000
+/// tokens a turn gets an answer, not 32,000 tokens): the first answers with text, the second
+/// calls the first tool it is offered (and answers its result with text). The fleets, and the
+/// two addresses.
+async fn plain_and_tool_engines() -> (support::FleetGuard, SocketAddr, SocketAddr) {
     let engine = |tool_call_pct| EngineRaw {
         reply_tokens: Some(12),
         tool_call_pct,
         ..support::engine(1.0, 0.0, 8)
     };
-    let (_plain_fleet, plain) = support::start_engine("plain", engine(0.0)).await;
-    let (_tools_fleet, tools) = support::start_engine("tools", engine(100.0)).await;
+    let (plain_fleet, plain) = support::start_engine("plain", engine(0.0)).await;
+    let (tools_fleet, tools) = support::start_engine("tools", engine(100.0)).await;
+    (
+        support::FleetGuard(vec![plain_fleet, tools_fleet]),
+        plain,
+        tools,
+    )
+}
+
+/// Runs `agent` (`claude` or `codex` below) for `model` in a fresh home, and checks that it
+/// exited 0 with the simulator's text; its stderr.
+async fn answered(
+    agent: fn(&str, &str, &str, &Path) -> Output,
+    url: &str,
+    model: &'static str,
+    prompt: &'static str,
+) -> String {
+    let home = tempfile::tempdir().unwrap();
+    let (url, home_dir) = (url.to_owned(), home.path().to_owned());
+    let out = tokio::task::spawn_blocking(move || agent(&url, model, prompt, &home_dir))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "{model}: exited {:?}\nstdout: {stdout}\nstderr: {stderr}",
+        out.status
+    );
+    // The simulator's text; for the tool engine after the round trip: it called the first tool
+    // offered, the agent answered the call and sent its result, and the answer to that is text.
+    assert!(stdout.contains("the quick brown fox"), "{model}: {stdout}");
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_answers_from_an_openai_engine_and_answers_the_tool_call_it_was_sent() {
+    let (_fleets, plain, tools) = plain_and_tool_engines().await;
     let backends = [
         support::backend_yaml("plain", plain, "openai", "    models: {qwen-plain: m}\n"),
         support::backend_yaml("tools", tools, "openai", "    models: {qwen-tools: m}\n"),
     ];
     let gw = support::gateway(&format!("backends:\n{}", backends.concat())).await;
     for (model, sim, requests) in [("qwen-plain", plain, 1), ("qwen-tools", tools, 2)] {
-        let home = tempfile::tempdir().unwrap();
-        let (url, home_dir) = (gw.url(), home.path().to_owned());
-        let out = tokio::task::spawn_blocking(move || claude(&url, model, "say hi", &home_dir))
-            .await
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "claude -p ({model}) exited {:?}\nstdout: {stdout}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The simulator's text; for the tool engine after the round trip: it called the first
-        // tool offered, the agent answered the call and sent its result, and the answer to
-        // that is text.
-        assert!(stdout.contains("the quick brown fox"), "{model}: {stdout}");
+        answered(claude, &gw.url(), model, "say hi").await;
         let seen = support::seen(sim).await;
         assert!(seen.len() >= requests, "{model}: {seen:?}");
         assert!(seen.iter().all(|r| r["path"] == "/v1/chat/completions"));
@@ -109,7 +132,7 @@ async fn claude_code_answers_from_an_openai_engine_and_answers_the_tool_call_it_
 
 /// `codex exec PROMPT` with the gateway at `url` as its model provider (the Responses API, the
 /// key from `TPSGATE_KEY`), in `home`, nothing else reached: no update check, no analytics.
-fn codex(url: &str, model: &str, prompt: &str, home: &std::path::Path) -> std::process::Output {
+fn codex(url: &str, model: &str, prompt: &str, home: &Path) -> Output {
     let provider = format!(
         r#"model_providers.tpsgate={{name="tpsgate",base_url="{}/v1",wire_api="responses",env_key="TPSGATE_KEY"}}"#,
         url.trim_end_matches('/')
@@ -133,15 +156,8 @@ fn codex(url: &str, model: &str, prompt: &str, home: &std::path::Path) -> std::p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_answers_from_a_chat_engine_and_an_anthropic_engine_and_runs_the_tool_it_was_asked_to_call()
  {
-    // One engine that answers with text, one that calls the first tool it is offered (and
-    // answers its result with text); each behind both dialects.
-    let engine = |tool_call_pct| EngineRaw {
-        reply_tokens: Some(12),
-        tool_call_pct,
-        ..support::engine(1.0, 0.0, 8)
-    };
-    let (_plain_fleet, plain) = support::start_engine("plain", engine(0.0)).await;
-    let (_tools_fleet, tools) = support::start_engine("tools", engine(100.0)).await;
+    // Each engine behind both dialects, and the text one behind its own Responses API too.
+    let (_fleets, plain, tools) = plain_and_tool_engines().await;
     let backends = [
         support::backend_yaml("chat", plain, "openai", "    models: {chat-plain: m}\n"),
         // The simulator's own Responses API, as vLLM has one: passed through untranslated.
@@ -181,25 +197,10 @@ async fn codex_answers_from_a_chat_engine_and_an_anthropic_engine_and_runs_the_t
     ];
     let mut seen_before = [0, 0];
     for (model, prompt, path, requests) in runs {
-        let home = tempfile::tempdir().unwrap();
-        let (url, home_dir) = (url.clone(), home.path().to_owned());
-        let out = tokio::task::spawn_blocking(move || codex(&url, model, prompt, &home_dir))
-            .await
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "codex exec ({model}) exited {:?}\nstdout: {stdout}\nstderr: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // The simulator's text: for the tool engine, the answer to the tool's result (the
-        // agent ran the call it was sent and sent back what came of it).
-        assert!(stdout.contains("the quick brown fox"), "{model}: {stdout}");
+        let stderr = answered(codex, &url, model, prompt).await;
         if requests == 2 {
             // The call's arguments were valid for `exec_command`'s schema: Codex ran its
             // `cmd`, the simulator's words, as a shell command.
-            let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
                 stderr.contains("exec\n/bin/bash -lc ' the quick brown"),
                 "{model}: {stderr}"
