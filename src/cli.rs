@@ -194,6 +194,10 @@ pub(crate) struct EngineFlags {
     /// Tokens per prefix-cache block.
     #[arg(long, default_value_t = 16, requires = "prefix_cache_tokens")]
     pub prefix_block_tokens: u32,
+    /// A context window of this many tokens, prompt and output together (vLLM's
+    /// `--max-model-len`): reported by `/v1/models`, refused past it [default: none].
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
 }
 
 pub(crate) fn run(cli: Cli) -> ExitCode {
@@ -335,6 +339,7 @@ impl SimArgs {
                     tokens,
                     block_tokens: f.prefix_block_tokens,
                 }),
+                max_model_len: f.max_model_len,
             }],
         })
     }

@@ -12,6 +12,8 @@ use http::StatusCode;
 pub(crate) enum ErrorKind {
     /// 400: the body is not JSON, or a required field is missing or of the wrong type.
     InvalidRequest,
+    /// 400: the prompt is longer than the context window of every backend serving its model.
+    ContextLengthExceeded,
     /// 404: no such endpoint.
     NotFound,
     /// 404: no backend serves the requested model.
@@ -69,7 +71,7 @@ impl ErrorKind {
     /// The HTTP status.
     pub(crate) fn status(self) -> StatusCode {
         match self {
-            Self::InvalidRequest => StatusCode::BAD_REQUEST,
+            Self::InvalidRequest | Self::ContextLengthExceeded => StatusCode::BAD_REQUEST,
             Self::NotFound | Self::ModelNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -102,8 +104,9 @@ impl ErrorKind {
     }
 
     /// Every kind, so that each error counter exists (at zero) before its first error.
-    pub(crate) const ALL: [Self; 18] = [
+    pub(crate) const ALL: [Self; 19] = [
         Self::InvalidRequest,
+        Self::ContextLengthExceeded,
         Self::NotFound,
         Self::ModelNotFound,
         Self::MethodNotAllowed,
@@ -127,6 +130,8 @@ impl ErrorKind {
     pub(crate) fn code(self) -> &'static str {
         match self {
             Self::InvalidRequest => "invalid_request",
+            // OpenAI's own code for it, which agents read to compact their context.
+            Self::ContextLengthExceeded => "context_length_exceeded",
             Self::NotFound => "not_found",
             Self::ModelNotFound => "model_not_found",
             Self::MethodNotAllowed => "method_not_allowed",
@@ -150,6 +155,7 @@ impl ErrorKind {
     pub(crate) fn fault(self) -> Fault {
         match self {
             Self::InvalidRequest
+            | Self::ContextLengthExceeded
             | Self::NotFound
             | Self::ModelNotFound
             | Self::MethodNotAllowed

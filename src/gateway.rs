@@ -140,7 +140,7 @@ impl Gateway {
             admin_service,
             stopped(&stop),
         ));
-        let [upkeep, forget, oracle] = upkeep_tasks(&live, &stop);
+        let [upkeep, forget, oracle, windows] = upkeep_tasks(&live, &stop);
         let reloader = Reloader::new(live, reload_status, drained.clone(), resolver);
         let discovery = tokio::spawn(reloader.clone().keep_discovering(stop.subscribe()));
         Ok(Self {
@@ -151,7 +151,9 @@ impl Gateway {
             reloader,
             drained,
             stop,
-            tasks: vec![proxy, admin_task, upkeep, forget, oracle, discovery],
+            tasks: vec![
+                proxy, admin_task, upkeep, forget, oracle, windows, discovery,
+            ],
             cluster: cluster.map(|c| c.task),
             cluster_stop,
         })
@@ -249,8 +251,9 @@ async fn build_live(
 }
 
 /// The gateway's periodic upkeep, until `stop` says so: the metrics' histograms drained, the
-/// curves' stale first tokens forgotten, and the oracle policy's truth refreshed.
-fn upkeep_tasks(live: &Arc<ArcSwap<Live>>, stop: &watch::Sender<bool>) -> [JoinHandle<()>; 3] {
+/// curves' stale first tokens forgotten, the oracle policy's truth refreshed, and the context
+/// windows the backends report asked again.
+fn upkeep_tasks(live: &Arc<ArcSwap<Live>>, stop: &watch::Sender<bool>) -> [JoinHandle<()>; 4] {
     // Histograms buffer samples until upkeep drains them: without a scraper they would grow.
     let upkeep = every(UPKEEP_EVERY, stop.subscribe(), |_| async {
         if let Some(handle) = crate::telemetry::prometheus() {
@@ -283,7 +286,24 @@ fn upkeep_tasks(live: &Arc<ArcSwap<Live>>, stop: &watch::Sender<bool>) -> [JoinH
             }
         },
     );
-    [upkeep, forget, oracle]
+    // All backends at once: one that does not answer holds up no other.
+    let windows_live = Arc::clone(live);
+    let windows = every(
+        crate::fleet::window::ASK_EVERY,
+        stop.subscribe(),
+        move |_| {
+            let router = Arc::clone(&windows_live.load().router);
+            async move {
+                let asks = router
+                    .backends()
+                    .iter()
+                    .filter(|b| b.windows.asks(&b.config));
+                futures_util::future::join_all(asks.map(|b| crate::fleet::window::ask_models(b)))
+                    .await;
+            }
+        },
+    );
+    [upkeep, forget, oracle, windows]
 }
 
 /// Runs `work` every `period` (its first time at once) until `stop` says so; a run under way

@@ -70,7 +70,11 @@ pub mod yaml;
 // The request path's pieces that benches and fuzz targets run alone: the body's JSON peek,
 // endpoints, the stream meter, the body rewrite, a prompt's prefix.
 pub use proxy::{
-    classify::peek, endpoint::Endpoint, meter::StreamMeter, rewrite::rewrite_body, route::prefix_of,
+    classify::peek,
+    endpoint::Endpoint,
+    meter::StreamMeter,
+    rewrite::{Edits, rewrite_body},
+    route::prefix_of,
 };
 
 // The router and the backends' runtime state it decides over (`benches/route.rs`,

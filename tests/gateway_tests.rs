@@ -50,3 +50,5 @@ mod traces;
 mod translate;
 #[path = "gateway/transport.rs"]
 mod transport;
+#[path = "gateway/windows.rs"]
+mod windows;

@@ -1,12 +1,12 @@
 //! Any request body through the JSON peek and the byte-level rewrite: no panic; of a body that is
 //! valid JSON the peek reads the model a parser reads, and the rewrite keeps it valid JSON with
-//! the new model and include_usage in it.
+//! the new model, include_usage and a cut output budget in it.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use tpsgate::peek;
 use tpsgate::Endpoint;
-use tpsgate::rewrite_body;
+use tpsgate::{Edits, rewrite_body};
 
 fuzz_target!(|data: &[u8]| {
     for endpoint in [
@@ -18,7 +18,12 @@ fuzz_target!(|data: &[u8]| {
             continue;
         };
         let body = bytes::Bytes::copy_from_slice(data);
-        let out = rewrite_body(&body, &classified, Some("upstream/\"model\""), true);
+        let edits = Edits {
+            upstream_model: Some("upstream/\"model\""),
+            inject_usage: true,
+            max_tokens: Some(7),
+        };
+        let out = rewrite_body(&body, &classified, edits);
         if let Ok(serde_json::Value::Object(parsed)) =
             serde_json::from_slice::<serde_json::Value>(data)
         {
@@ -30,6 +35,10 @@ fuzz_target!(|data: &[u8]| {
                 serde_json::from_slice(&out).expect("the rewrite keeps JSON valid");
             if classified.model.is_some() {
                 assert_eq!(value["model"], "upstream/\"model\"");
+            }
+            if classified.max_tokens.is_some() {
+                let limits = ["max_tokens", "max_completion_tokens", "max_output_tokens"];
+                assert!(limits.iter().any(|k| value[k] == 7));
             }
         }
     }

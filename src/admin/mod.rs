@@ -222,6 +222,7 @@ fn backends(router: &Router) -> serde_json::Value {
                 "max_concurrency": c.max_concurrency,
                 "ramp_allowance": b.ramp.allowance(),
                 "prefix_index": b.prefix.as_ref().map(|i| i.view()),
+                "context_windows": b.windows.view(),
             })
         })
         .collect();

@@ -9,6 +9,7 @@ mod validate;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,6 +206,28 @@ impl ModelMap {
     }
 }
 
+/// A backend's context window, prompt and output tokens together, by client model name, as
+/// its config gives it (`max_context_tokens`); its `/v1/models` may tell the others at runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContextWindows {
+    /// By client model name.
+    pub by_model: BTreeMap<String, NonZeroU32>,
+    /// Every model not named (one number, or `"*"`).
+    pub others: Option<NonZeroU32>,
+}
+
+impl ContextWindows {
+    /// The configured window for the client's `model`, if there is one.
+    pub(crate) fn of(&self, model: &str) -> Option<NonZeroU32> {
+        self.by_model.get(model).copied().or(self.others)
+    }
+
+    /// Whether every model's window is configured (nothing to learn from the backend).
+    pub(crate) fn covers_all(&self) -> bool {
+        self.others.is_some()
+    }
+}
+
 /// Price per million tokens, USD.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Cost {
@@ -269,6 +292,8 @@ pub struct BackendConfig {
     pub responses_api: ResponsesApi,
     /// What a Responses request translated for it does with tools it cannot run.
     pub hosted_tools: crate::translate::HostedTools,
+    /// Its context window by model, where configured.
+    pub max_context_tokens: ContextWindows,
     /// Cold-start curve points, if configured.
     pub prior: Option<Vec<PriorPoint>>,
     /// Outlier ejection.

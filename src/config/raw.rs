@@ -400,6 +400,11 @@ pub(crate) struct RawBackend {
     /// hosts and where `translate: false`, else `translate`.
     #[serde(default)]
     pub responses_api: Option<ResponsesApi>,
+    /// Its context window, prompt and output tokens together (vLLM's `--max-model-len`): one
+    /// number for every model it serves, or a number per client model name (`"*"`: the
+    /// others); default: what its `/v1/models` reports as `max_model_len`, else none known.
+    #[serde(default)]
+    pub max_context_tokens: Option<RawContextWindow>,
     /// A Responses request translated for this backend: what becomes of tools only OpenAI's
     /// servers run (`web_search`, …) and `namespace` tools (`drop` or `refuse`); default `drop`.
     #[serde(default)]
@@ -753,5 +758,43 @@ impl Default for RawOracle {
             prompt_tokens: 64,
             output_tokens: 128,
         }
+    }
+}
+
+/// `backends[].max_context_tokens`: a token count, or token counts by client model name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RawContextWindow {
+    /// Every model the backend serves.
+    All(u64),
+    /// By client model name, `"*"` for the others.
+    ByModel(BTreeMap<String, u64>),
+}
+
+impl<'de> Deserialize<'de> for RawContextWindow {
+    // By hand: an untagged enum's error would say only "did not match any variant".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = RawContextWindow;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a token count (e.g. 32768), or token counts by model name")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(RawContextWindow::All(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                u64::try_from(v)
+                    .map(RawContextWindow::All)
+                    .map_err(|_| E::custom("a token count cannot be negative"))
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                map: M,
+            ) -> Result<Self::Value, M::Error> {
+                BTreeMap::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(RawContextWindow::ByModel)
+            }
+        }
+        d.deserialize_any(Either)
     }
 }

@@ -16,6 +16,7 @@ use super::paces::Paces;
 use super::prefix::PrefixIndex;
 use super::ramp::{LevelProbe, Ramp};
 use super::waiters::Line;
+use super::window::Windows;
 use crate::config::BackendConfig;
 use crate::curve::{Admitted, Curve, FirstToken, Model, Observation, Occupancy, Outcome};
 use crate::prefix::RequestPrefix;
@@ -78,6 +79,8 @@ pub struct Backend {
     /// Its streams' spare time against their speed targets, and the stall a prefill costs
     /// them.
     pub paces: Paces,
+    /// Its context windows by model: configured, and reported by its `/v1/models`.
+    pub windows: Windows,
 }
 
 /// The name models beyond a backend's `max_models` are tracked under.
@@ -117,6 +120,7 @@ impl Backend {
             .collect();
         let prefix = config.prefix_index.map(PrefixIndex::new);
         let rendezvous_seed = crate::prefix::name_seed(&config.name);
+        let windows = Windows::new(config.max_context_tokens.clone());
         Ok(Arc::new(Self {
             name_header: http::HeaderValue::from_str(&config.name).ok(),
             config,
@@ -139,11 +143,14 @@ impl Backend {
             ramp: Ramp::default(),
             level_probe: LevelProbe::default(),
             paces: Paces::default(),
+            windows,
         }))
     }
 
-    /// Takes over the curves of `old` (a reload changed this backend's config, not what it is).
-    pub(crate) fn adopt_curves(&self, old: &Self) {
+    /// Takes over what was learned of `old`, its curves and the context windows it reported (a
+    /// reload changed this backend's config, not what it is).
+    pub(crate) fn adopt(&self, old: &Self) {
+        self.windows.adopt(&old.windows);
         for entry in &old.curves {
             self.curves
                 .insert(Arc::clone(entry.key()), entry.value().clone());
@@ -569,7 +576,7 @@ mod tests {
         assert!(b.fitted(0).is_none(), "`a` was not observed");
         // A reload's new backend takes the curves over, and what a decision reads with them.
         let reloaded = backend("");
-        reloaded.adopt_curves(&b);
+        reloaded.adopt(&b);
         assert!(same(reloaded.fitted(1), reloaded.model("b")));
         assert!(reloaded.fitted(1).is_some());
     }

@@ -19,6 +19,7 @@ pub(crate) mod prefix;
 pub(crate) mod ramp;
 pub(crate) mod trial;
 pub(crate) mod waiters;
+pub(crate) mod window;
 
 pub use backend::Backend;
 pub(crate) use claim::Claimed;

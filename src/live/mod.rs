@@ -112,7 +112,7 @@ impl Live {
                         outbox.clone(),
                     )?;
                     if let Some(p) = previous {
-                        fresh.adopt_curves(p);
+                        fresh.adopt(p);
                     }
                     backends.push(fresh);
                 }

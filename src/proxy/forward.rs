@@ -38,10 +38,6 @@ pub(crate) const X_TPSGATE_PREDICTED_TTFT_MS: HeaderName =
 /// `x-tpsgate-route-reason`: why the router chose it (the `reason` of the decision counter).
 pub(crate) const X_TPSGATE_ROUTE_REASON: HeaderName =
     HeaderName::from_static("x-tpsgate-route-reason");
-/// `x-tpsgate-dropped-tools`: the tools a translated Responses request left out because the
-/// backend cannot run them (`hosted_tools: drop`), comma-separated.
-pub(crate) const X_TPSGATE_DROPPED_TOOLS: HeaderName =
-    HeaderName::from_static("x-tpsgate-dropped-tools");
 
 /// Sends requests upstream.
 #[derive(Debug, Clone, Default)]
@@ -71,8 +67,8 @@ struct Pending {
     /// The response's translation: which way, the client's stream dialect, and whether an
     /// OpenAI client asked for the usage chunk.
     translate: Option<(Direction, StreamDialect, bool)>,
-    /// The tools the translated request left out, for the response to name.
-    dropped_tools: Option<super::rewrite::DroppedTools>,
+    /// What the rewrite changed that the response tells the client.
+    told: Option<super::rewrite::Told>,
 }
 
 impl Pending {
@@ -133,10 +129,8 @@ impl Pending {
             X_TPSGATE_ROUTE_REASON,
             HeaderValue::from_static(self.reason.label()),
         );
-        if let Some(dropped) = &self.dropped_tools {
-            parts
-                .headers
-                .insert(X_TPSGATE_DROPPED_TOOLS, dropped.0.clone());
+        if let Some(told) = &self.told {
+            told.tell(&mut parts.headers);
         }
         if let Some(p) = self.prediction {
             let mut text = [0u8; 24];
@@ -171,9 +165,7 @@ impl Service<Request<UpstreamBody>> for Forward {
         };
         let classified = req.extensions_mut().remove::<Classified>();
         let charge = req.extensions_mut().remove::<Arc<Charge>>();
-        let dropped_tools = req
-            .extensions_mut()
-            .remove::<super::rewrite::DroppedTools>();
+        let told = req.extensions_mut().remove::<super::rewrite::Told>();
         let mut translate = None;
         let (model, stream, class, prompt_tokens) = match classified {
             Some(c) => {
@@ -237,7 +229,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                 reason: routed.reason,
                 drained: self.drained.clone(),
                 translate,
-                dropped_tools,
+                told,
             }),
             failed: None,
         }

@@ -134,6 +134,7 @@ pub(crate) fn error_response(err: &Error, anthropic: bool) -> Response<ProxyBody
 fn anthropic_type(kind: ErrorKind) -> &'static str {
     match kind {
         ErrorKind::InvalidRequest
+        | ErrorKind::ContextLengthExceeded
         | ErrorKind::MethodNotAllowed
         | ErrorKind::UnsupportedMediaType
         | ErrorKind::HeadersTooLarge

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http::header::{self, HeaderName};
-use http::{HeaderMap, Request, Uri};
+use http::{HeaderMap, HeaderValue, Request, Uri};
 use tower::{Layer, Service};
 
 use super::classify::Classified;
@@ -84,12 +84,32 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
         .get::<Routed>()
         .ok_or_else(|| Error::internal("rewrite: the request has no route"))?;
     let backend = &routed.backend.config;
-    let mut dropped = None;
+    let mut told = Told::default();
+    let room = classified.model.as_deref().and_then(|model| {
+        let window = routed.backend.windows.of(backend, model)?;
+        Some(crate::fleet::window::room(window, classified.prompt_tokens))
+    });
+    // The output budget cut to what the backend's context window leaves beside the prompt.
+    let clamped = room.filter(|room| classified.max_tokens.is_some_and(|n| n > *room));
+    if let Some(room) = clamped {
+        tracing::debug!(
+            backend = %backend.name,
+            asked = classified.max_tokens,
+            room,
+            "max_tokens cut to fit the backend's context window"
+        );
+        told.clamped_max_tokens = Some(HeaderValue::from(room));
+    }
 
     let body = match routed.translate {
         None => {
             let inject = classified.usage_injected();
-            rewrite_body(&body, classified, routed.upstream_model.as_deref(), inject)
+            let edits = Edits {
+                upstream_model: routed.upstream_model.as_deref(),
+                inject_usage: inject,
+                max_tokens: clamped,
+            };
+            rewrite_body(&body, classified, edits)
         }
         Some(direction) => {
             let model = routed
@@ -97,9 +117,20 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                 .as_deref()
                 .or(classified.model.as_deref())
                 .unwrap_or_default();
+            // The cut budget goes into the client's body, which the translation then reads; a
+            // request that set none gets the backend's default, within the room.
+            let body = match (clamped, &classified.max_tokens_span) {
+                (Some(room), Some(span)) => {
+                    splice(&body, &[(span.clone(), room.to_string().into_bytes())])
+                }
+                _ => body,
+            };
+            let default_max_tokens = room.map_or(backend.default_max_tokens, |room| {
+                backend.default_max_tokens.min(room)
+            });
             let translated = match direction {
                 Direction::ChatToMessages => {
-                    translate::chat_to_messages(&body, model, backend.default_max_tokens)
+                    translate::chat_to_messages(&body, model, default_max_tokens)
                 }
                 Direction::MessagesToChat => {
                     translate::messages_to_chat(&body, model, backend.thinking)
@@ -111,14 +142,14 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
                     backend.thinking,
                     backend.hosted_tools,
                 )
-                .map(|chat| dropped_tools(&mut dropped, backend, chat)),
+                .map(|chat| dropped_tools(&mut told, backend, chat)),
                 // Through chat completions: no reasoning switch of the chat kind is written.
                 Direction::ResponsesToMessages => {
                     let thinking = translate::Thinking::Drop;
                     translate::responses_to_chat(&body, model, thinking, backend.hosted_tools)
                         .and_then(|chat| {
-                            let chat = dropped_tools(&mut dropped, backend, chat);
-                            translate::chat_to_messages(&chat, model, backend.default_max_tokens)
+                            let chat = dropped_tools(&mut told, backend, chat);
+                            translate::chat_to_messages(&chat, model, default_max_tokens)
                         })
                 }
             };
@@ -151,8 +182,8 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
     parts.uri = upstream_uri(backend, &parts.uri, path)?;
     // The version stays the client's: the pool sets its connection's own.
     rewrite_headers(&mut parts.headers, backend, body.len());
-    if let Some(dropped) = dropped {
-        parts.extensions.insert(dropped);
+    if told.any() {
+        parts.extensions.insert(told);
     }
     Ok(Request::from_parts(parts, UpstreamBody::new(body)))
 }
@@ -160,7 +191,7 @@ pub(crate) fn rewrite(req: Request<Bytes>) -> Result<Request<UpstreamBody>, Erro
 /// The tools a translated Responses request left out, named in the log and, through the
 /// upstream request's extensions, in the response's `x-tpsgate-dropped-tools`; the chat request.
 fn dropped_tools(
-    dropped: &mut Option<DroppedTools>,
+    told: &mut Told,
     backend: &BackendConfig,
     chat: translate::ChatRequest,
 ) -> Vec<u8> {
@@ -171,15 +202,50 @@ fn dropped_tools(
             tools = %names,
             "tools the backend cannot run left out of a translated Responses request (hosted_tools: drop)"
         );
-        *dropped = http::HeaderValue::from_str(&names).ok().map(DroppedTools);
+        told.dropped_tools = HeaderValue::from_str(&names).ok();
     }
     chat.body
 }
 
-/// The tools a translated request left out, comma-separated: the response's
-/// `x-tpsgate-dropped-tools`.
-#[derive(Debug, Clone)]
-pub(crate) struct DroppedTools(pub http::HeaderValue);
+/// `x-tpsgate-dropped-tools`: the tools a translated Responses request left out because the
+/// backend cannot run them (`hosted_tools: drop`), comma-separated.
+pub(crate) const X_TPSGATE_DROPPED_TOOLS: HeaderName =
+    HeaderName::from_static("x-tpsgate-dropped-tools");
+
+/// `x-tpsgate-clamped-max-tokens`: the output budget the request was sent with, where its own
+/// (`max_tokens`, `max_completion_tokens`, `max_output_tokens`) did not fit in the backend's
+/// context window beside its prompt.
+pub(crate) const X_TPSGATE_CLAMPED_MAX_TOKENS: HeaderName =
+    HeaderName::from_static("x-tpsgate-clamped-max-tokens");
+
+/// What the rewrite changed that the response tells the client, as headers; in the upstream
+/// request's extensions for `forward.rs`, where something was.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Told {
+    /// `x-tpsgate-dropped-tools`.
+    dropped_tools: Option<HeaderValue>,
+    /// `x-tpsgate-clamped-max-tokens`.
+    clamped_max_tokens: Option<HeaderValue>,
+}
+
+impl Told {
+    fn any(&self) -> bool {
+        self.dropped_tools.is_some() || self.clamped_max_tokens.is_some()
+    }
+
+    /// Puts them into the response's `headers`.
+    pub(crate) fn tell(&self, headers: &mut HeaderMap) {
+        let told = [
+            (X_TPSGATE_DROPPED_TOOLS, &self.dropped_tools),
+            (X_TPSGATE_CLAMPED_MAX_TOKENS, &self.clamped_max_tokens),
+        ];
+        for (name, value) in told {
+            if let Some(value) = value {
+                headers.insert(name, value.clone());
+            }
+        }
+    }
+}
 
 /// The backend's URI for the client's `client` (its path replaced by `path` where given).
 fn upstream_uri(backend: &BackendConfig, client: &Uri, path: Option<&str>) -> Result<Uri, Error> {
@@ -238,33 +304,43 @@ fn upstream_uri(backend: &BackendConfig, client: &Uri, path: Option<&str>) -> Re
     Uri::from_parts(parts).map_err(|_| unforwardable())
 }
 
-/// Splices the upstream model name and `include_usage` into the client's bytes; everything else
-/// stays as the client wrote it.
-pub fn rewrite_body(
-    body: &Bytes,
-    c: &Classified,
-    upstream_model: Option<&str>,
-    inject: bool,
-) -> Bytes {
-    let rename = match (&c.model_span, upstream_model, c.model.as_deref()) {
+/// What [`rewrite_body`] changes in a request's bytes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Edits<'a> {
+    /// The model name the backend knows, where it differs from the client's.
+    pub upstream_model: Option<&'a str>,
+    /// `stream_options.include_usage: true` goes in.
+    pub inject_usage: bool,
+    /// The output budget that replaces the client's, cut to a context window.
+    pub max_tokens: Option<u32>,
+}
+
+/// Splices the upstream model name, `include_usage` and a cut output budget into the client's
+/// bytes; everything else stays as the client wrote it.
+pub fn rewrite_body(body: &Bytes, c: &Classified, edits: Edits<'_>) -> Bytes {
+    let rename = match (&c.model_span, edits.upstream_model, c.model.as_deref()) {
         (Some(span), Some(to), Some(from)) if to != from => Some((span.clone(), to)),
         _ => None,
     };
-    if rename.is_none() && !inject {
+    let max_tokens = edits.max_tokens.zip(c.max_tokens_span.clone());
+    if rename.is_none() && !edits.inject_usage && max_tokens.is_none() {
         return body.clone();
     }
     // Edits as (range replaced, new bytes), applied in order of position.
-    let mut edits: Vec<(std::ops::Range<usize>, Vec<u8>)> = Vec::with_capacity(2);
+    let mut spliced: Vec<(std::ops::Range<usize>, Vec<u8>)> = Vec::with_capacity(3);
     if let Some((span, to)) = rename {
-        edits.push((span, serde_json::Value::from(to).to_string().into_bytes()));
+        spliced.push((span, serde_json::Value::from(to).to_string().into_bytes()));
     }
-    if inject {
+    if let Some((n, span)) = max_tokens {
+        spliced.push((span, n.to_string().into_bytes()));
+    }
+    if edits.inject_usage {
         match &c.stream_options {
             Some(options) => {
                 let mut object: serde_json::Map<String, serde_json::Value> =
                     serde_json::from_slice(&body[options.span.clone()]).unwrap_or_default();
                 object.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
-                edits.push((
+                spliced.push((
                     options.span.clone(),
                     serde_json::Value::Object(object).to_string().into_bytes(),
                 ));
@@ -283,17 +359,22 @@ pub fn rewrite_body(
                     } else {
                         br#""stream_options":{"include_usage":true},"#
                     };
-                    edits.push((open + 1..open + 1, member.to_vec()));
+                    spliced.push((open + 1..open + 1, member.to_vec()));
                 }
             }
         }
     }
-    edits.sort_by_key(|(range, _)| range.start);
+    spliced.sort_by_key(|(range, _)| range.start);
+    splice(body, &spliced)
+}
+
+/// `body` with each range replaced by its bytes (the ranges in order, not overlapping).
+fn splice(body: &[u8], edits: &[(std::ops::Range<usize>, Vec<u8>)]) -> Bytes {
     let mut out = BytesMut::with_capacity(body.len() + 64);
     let mut at = 0;
     for (range, bytes) in edits {
         out.put_slice(&body[at..range.start]);
-        out.put_slice(&bytes);
+        out.put_slice(bytes);
         at = range.end;
     }
     out.put_slice(&body[at..]);
@@ -376,7 +457,12 @@ mod tests {
     fn apply(body: &str, to: Option<&str>, inject: bool) -> String {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
         let c = peek(Endpoint::Chat, &bytes).unwrap();
-        String::from_utf8(rewrite_body(&bytes, &c, to, inject).to_vec()).unwrap()
+        let edits = Edits {
+            upstream_model: to,
+            inject_usage: inject,
+            max_tokens: None,
+        };
+        String::from_utf8(rewrite_body(&bytes, &c, edits).to_vec()).unwrap()
     }
 
     #[test]
@@ -387,6 +473,22 @@ mod tests {
             r#"{ "model": "org/Big-Model", "messages": [ {"role":"user","content":"keep  spacing 1.0e3"} ] }"#
         );
         assert_eq!(apply(body, Some("small"), false), body);
+    }
+
+    #[test]
+    fn a_cut_output_budget_replaces_only_the_bytes_of_the_client_s() {
+        let body = r#"{"max_completion_tokens" : 32000, "model": "small", "messages": []}"#;
+        let bytes = Bytes::copy_from_slice(body.as_bytes());
+        let c = peek(Endpoint::Chat, &bytes).unwrap();
+        let edits = Edits {
+            upstream_model: Some("big"),
+            inject_usage: false,
+            max_tokens: Some(1234),
+        };
+        assert_eq!(
+            rewrite_body(&bytes, &c, edits),
+            r#"{"max_completion_tokens" : 1234, "model": "big", "messages": []}"#
+        );
     }
 
     /// Found by the request_rewrite fuzz target: an empty body (a pass-through request without
@@ -403,16 +505,18 @@ mod tests {
             slo: crate::config::Slo::default(),
             stream_options: None,
             max_tokens: None,
+            max_tokens_span: None,
             prompt_tokens: 0,
             prompt_spans: Default::default(),
             cache_key_span: None,
             translate: false,
         };
-        assert_eq!(
-            rewrite_body(&Bytes::new(), &empty, None, true),
-            Bytes::new()
-        );
-        let out = rewrite_body(&Bytes::from_static(b" { } "), &empty, None, true);
+        let inject = Edits {
+            inject_usage: true,
+            ..Edits::default()
+        };
+        assert_eq!(rewrite_body(&Bytes::new(), &empty, inject), Bytes::new());
+        let out = rewrite_body(&Bytes::from_static(b" { } "), &empty, inject);
         let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             v,

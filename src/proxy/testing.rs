@@ -104,6 +104,7 @@ pub(crate) fn chat(router: &crate::router::Router, class: Option<usize>) -> http
         slo: class.map(|c| router.classes()[c].slo).unwrap_or_default(),
         stream_options: None,
         max_tokens: None,
+        max_tokens_span: None,
         prompt_tokens: 3,
         prompt_spans: Default::default(),
         cache_key_span: None,

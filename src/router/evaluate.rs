@@ -52,13 +52,18 @@ impl<'r> Evaluator<'r> {
             .filter(move |s| reach.reaches(s.backend.config.dialect, s.backend.config.translate))
     }
 
-    /// Backends in the request's reach that serve the model, but those it avoids.
+    /// Backends in the request's reach that serve the model and whose context window holds
+    /// its prompt, but those it avoids.
     pub(crate) fn serving<'a>(
         self,
         ask: &'a Ask<'_>,
     ) -> impl Iterator<Item = Server<'r>> + use<'r, 'a> {
         self.reachable(ask.model, ask.reach)
             .filter(|s| !ask.avoid.contains(&s.index))
+            .filter(|s| {
+                let b = s.backend;
+                b.windows.holds(&b.config, ask.model, ask.prompt_tokens)
+            })
     }
 
     /// When the curves expect a slot to free, seconds from now: the shortest, over the

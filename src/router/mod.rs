@@ -306,6 +306,24 @@ impl Router {
         }
     }
 
+    /// The 400 for a prompt that no backend serving its model can hold: every one of them
+    /// (but those a retry avoids) has a context window, and the prompt fills the largest.
+    fn too_long(&self, ask: &Ask<'_>) -> Option<Error> {
+        let windows = self
+            .evaluator()
+            .reachable(ask.model, ask.reach)
+            .filter(|s| !ask.avoid.contains(&s.index))
+            .map(|s| s.backend.windows.of(&s.backend.config, ask.model));
+        let largest = windows.max()??;
+        Some(Error::new(
+            ErrorKind::ContextLengthExceeded,
+            format!(
+                "prompt is too long: {} tokens > {largest} maximum (the tokens estimated from the request's size; {largest} is the largest context window among the backends serving `{}`): shorten the conversation",
+                ask.prompt_tokens, ask.model
+            ),
+        ))
+    }
+
     /// No slot is expected to free before the request's first-token target, or its class's
     /// queue wait, runs out: waiting longer would only end in a 429.
     fn no_slot_in_time(&self, ask: &Ask<'_>) -> bool {
@@ -324,6 +342,9 @@ impl Router {
     pub fn route(&self, ask: &Ask<'_>) -> Result<Option<Decision>, Error> {
         let served = self.evaluator().serving(ask).count();
         if served == 0 {
+            if let Some(too_long) = self.too_long(ask) {
+                return Err(too_long);
+            }
             if let Some(Vacant { name: entry, .. }) = self.entries.vacant.iter().find(|v| {
                 ask.reach.reaches(v.dialect, v.translate) && v.models.upstream(ask.model).is_some()
             }) {

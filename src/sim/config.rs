@@ -46,6 +46,11 @@ pub struct BackendRaw {
     /// prefill only the rest. Absent: every prompt prefills whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<PrefixCacheRaw>,
+    /// Its context window, prompt and output tokens together (vLLM's `--max-model-len`):
+    /// reported by `/v1/models` and `/tokenize`, and a request past it gets vLLM's 400.
+    /// Absent: no window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u32>,
 }
 
 /// `backends[].prefix_cache` of a fleet file.
@@ -391,6 +396,8 @@ pub struct BackendSpec {
     pub params: Params,
     /// Its prefix cache, if it has one.
     pub prefix_cache: Option<PrefixCacheSpec>,
+    /// Its context window, if it has one.
+    pub max_model_len: Option<u32>,
     /// The raw form, kept so that runtime patches merge into what was configured.
     pub raw: BackendRaw,
 }
@@ -478,6 +485,15 @@ impl BackendRaw {
                 .prefix_cache
                 .map(|c| c.validate(&format!("{at}.prefix_cache")))
                 .transpose()?,
+            max_model_len: match self.max_model_len {
+                Some(0) => {
+                    return Err(ConfigError::at(
+                        format!("{at}.max_model_len"),
+                        "give the context window in tokens, above 0, or remove the field",
+                    ));
+                }
+                n => n,
+            },
             raw: self.clone(),
         })
     }

@@ -14,6 +14,7 @@ mod responses;
 pub(crate) mod seen;
 pub(crate) mod server;
 pub mod truth;
+mod window;
 pub mod wire;
 
 pub use config::{BackendSpec, FleetRaw};

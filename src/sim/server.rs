@@ -44,6 +44,7 @@ pub struct SimBackend {
     ids: AtomicU64,
     seen: std::sync::Mutex<std::collections::VecDeque<SeenRequest>>,
     cache: Option<PrefixCache>,
+    max_model_len: Option<u32>,
 }
 
 /// The engine's prefix cache: which prompt blocks it holds, and what it has served from them.
@@ -202,6 +203,7 @@ impl SimBackend {
             ids: AtomicU64::new(0),
             seen: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(SEEN_KEPT)),
             cache: spec.prefix_cache.map(PrefixCache::new),
+            max_model_len: spec.max_model_len,
         })
     }
 
@@ -290,8 +292,8 @@ impl SimBackend {
     }
 
     /// A prompt's tokens counted as a generation request's are: vLLM's `/tokenize` for chat
-    /// messages (`{"count", "tokens"}`; the simulator has no context window to report as
-    /// `max_model_len`), Anthropic's `count_tokens` (`{"input_tokens"}`).
+    /// messages (`{"count", "tokens"}`, and `max_model_len` where it has a window), Anthropic's
+    /// `count_tokens` (`{"input_tokens"}`).
     async fn count(&self, dialect: Dialect, req: Request<Incoming>) -> Response<SimBody> {
         let body = match read_body(dialect, req).await {
             Ok(body) => body,
@@ -305,10 +307,12 @@ impl SimBackend {
             Err(bad) => return bad_request(dialect, &bad.0),
         };
         let n = r.prompt_tokens;
-        let answer = match dialect {
+        let mut answer = match dialect {
             Dialect::Messages => json!({"input_tokens": n}),
             _ => json!({"count": n, "tokens": (0..n).collect::<Vec<_>>()}),
         };
+        let window = self.max_model_len.filter(|_| dialect != Dialect::Messages);
+        super::window::report(&mut answer, window);
         json_response(StatusCode::OK, &answer)
     }
 
@@ -350,6 +354,12 @@ impl SimBackend {
         };
         if !self.models.contains(&gen_req.model) {
             return self.unknown_model(dialect, &gen_req.model);
+        }
+        if let Some(refused) = self
+            .max_model_len
+            .and_then(|window| super::window::past_window(dialect, window, &gen_req))
+        {
+            return refused;
         }
         let live = self.live.load_full();
         let fault = live.faults.pick();
@@ -476,7 +486,12 @@ impl SimBackend {
         let data: Vec<_> = self
             .models
             .iter()
-            .map(|m| json!({"id": m, "object": "model", "created": 0, "owned_by": "tpsgate-sim"}))
+            .map(|m| {
+                let mut entry =
+                    json!({"id": m, "object": "model", "created": 0, "owned_by": "tpsgate-sim"});
+                super::window::report(&mut entry, self.max_model_len);
+                entry
+            })
             .collect();
         json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
     }

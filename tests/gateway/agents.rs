@@ -54,22 +54,27 @@ fn claude(url: &str, model: &str, prompt: &str, home: &Path) -> Output {
 
 /// Two simulated engines replying 6 to 18 tokens, as a model ends them (an agent asking 32,000
 /// tokens a turn gets an answer, not 32,000 tokens): the first answers with text, the second
-/// calls the first tool it is offered (and answers its result with text). The fleets, and the
-/// two addresses.
+/// calls the first tool it is offered (and answers its result with text). Each has a context
+/// window of [`WINDOW`] tokens, as a vLLM serving a 32k model, which refuses a prompt beside
+/// Claude Code's 32,000 output tokens unless the gateway cuts them. The fleets, and the two
+/// addresses.
 async fn plain_and_tool_engines() -> (support::FleetGuard, SocketAddr, SocketAddr) {
     let engine = |tool_call_pct| EngineRaw {
         reply_tokens: Some(12),
         tool_call_pct,
         ..support::engine(1.0, 0.0, 8)
     };
-    let (plain_fleet, plain) = support::start_engine("plain", engine(0.0)).await;
-    let (tools_fleet, tools) = support::start_engine("tools", engine(100.0)).await;
+    let (plain_fleet, plain) = support::start_windowed("plain", engine(0.0), WINDOW).await;
+    let (tools_fleet, tools) = support::start_windowed("tools", engine(100.0), WINDOW).await;
     (
         support::FleetGuard(vec![plain_fleet, tools_fleet]),
         plain,
         tools,
     )
 }
+
+/// The engines' context window, tokens.
+const WINDOW: u32 = 32_768;
 
 /// Runs `agent` (`claude` or `codex` below) for `model` in a fresh home, and checks that it
 /// exited 0 with the simulator's text; its stderr.
@@ -105,11 +110,34 @@ async fn claude_code_answers_from_an_openai_engine_and_answers_the_tool_call_it_
         support::backend_yaml("tools", tools, "openai", "    models: {qwen-tools: m}\n"),
     ];
     let gw = support::gateway(&format!("backends:\n{}", backends.concat())).await;
+    let windows = support::until(
+        gw.admin_addr(),
+        "/admin/backends",
+        Duration::from_secs(10),
+        |v| {
+            v["backends"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|b| b["context_windows"]["m"]["tokens"] == WINDOW)
+        },
+    )
+    .await;
+    assert!(windows.to_string().contains("/v1/models"), "{windows}");
     for (model, sim, requests) in [("qwen-plain", plain, 1), ("qwen-tools", tools, 2)] {
         answered(claude, &gw.url(), model, "say hi").await;
         let seen = support::seen(sim).await;
         assert!(seen.len() >= requests, "{model}: {seen:?}");
         assert!(seen.iter().all(|r| r["path"] == "/v1/chat/completions"));
+        // Its 32,000 output tokens did not fit beside its prompt: each went cut to fit.
+        let window = u64::from(WINDOW);
+        assert!(
+            seen.iter()
+                .all(|r| r["max_tokens"].as_u64().is_some_and(|n| n < 32_000)
+                    && r["prompt_tokens"].as_u64().unwrap() + r["max_tokens"].as_u64().unwrap()
+                        <= window),
+            "{model}: {seen:?}"
+        );
     }
     // One engine, one curve: every request the agent made taught it.
     let learned = |v: &serde_json::Value| {

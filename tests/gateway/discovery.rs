@@ -91,6 +91,7 @@ async fn sim_at(name: &str, ip: Ipv4Addr, port: u16) -> (Fleet, u16) {
         stream: StreamRaw::default(),
         faults: vec![],
         prefix_cache: None,
+        max_model_len: None,
     }
     .validate("test")
     .unwrap();

@@ -36,6 +36,7 @@ pub fn spec(
         stream,
         faults,
         prefix_cache: None,
+        max_model_len: None,
     }
     .validate("test")
     .expect("test backend is valid")
@@ -57,6 +58,18 @@ pub async fn start(spec: BackendSpec) -> (Fleet, SocketAddr) {
     let fleet = Fleet::start(&[spec]).await.expect("bind on port 0");
     let addr = fleet.addr(&name).expect("started");
     (fleet, addr)
+}
+
+/// Starts one backend with a context window of `max_model_len` tokens (reported by its
+/// `/v1/models`, refused past it as vLLM does).
+pub async fn start_windowed(
+    name: &str,
+    engine: EngineRaw,
+    max_model_len: u32,
+) -> (Fleet, SocketAddr) {
+    let mut raw = spec(name, engine, StreamRaw::default(), Vec::new()).raw;
+    raw.max_model_len = Some(max_model_len);
+    start(raw.validate("test").expect("test backend is valid")).await
 }
 
 /// Keeps simulated fleets running until dropped.
@@ -737,6 +750,7 @@ pub async fn tls_sim(
         stream: StreamRaw::default(),
         faults: vec![],
         prefix_cache: None,
+        max_model_len: None,
     }
     .validate("test")
     .unwrap();

@@ -2,6 +2,7 @@
 //! prior curve.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +10,10 @@ use std::time::Duration;
 use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue, Uri};
 
-use super::super::raw::{RawBackend, RawDiscovery, RawPrefixCache, RawPrior};
+use super::super::raw::{RawBackend, RawContextWindow, RawDiscovery, RawPrefixCache, RawPrior};
 use super::super::{
-    BackendConfig, BackendDialect, Cost, Discovery, Ejection, ModelMap, PrefixIndexSize,
-    PriorPoint, ResponsesApi, Timeouts,
+    BackendConfig, BackendDialect, ContextWindows, Cost, Discovery, Ejection, ModelMap,
+    PrefixIndexSize, PriorPoint, ResponsesApi, Timeouts,
 };
 use super::{DAY_MS, DAY_S, HUGE, Result, readable, within};
 use crate::yaml::ConfigError;
@@ -49,6 +50,7 @@ pub(super) fn backend(
     let api_key = api_key(at, b, env)?;
     let headers = headers(at, b)?;
     let models = models(&format!("{at}.models"), &b.models)?;
+    let max_context_tokens = context_windows(at, b, &models)?;
     bounds(at, b)?;
     let cost = cost(at, b)?;
     if let Some(ca) = &b.ca_file {
@@ -119,6 +121,7 @@ pub(super) fn backend(
         thinking: b.thinking.unwrap_or_default(),
         responses_api,
         hosted_tools: b.hosted_tools,
+        max_context_tokens,
     })
 }
 
@@ -148,6 +151,49 @@ fn responses_api(at: &str, b: &RawBackend, url: &Uri) -> Result<ResponsesApi> {
         }
     }
 }
+
+/// `max_context_tokens`: one window for every model, or windows by client model name, each
+/// naming a model the backend serves (`"*"` for the others).
+fn context_windows(at: &str, b: &RawBackend, models: &ModelMap) -> Result<ContextWindows> {
+    let field = format!("{at}.max_context_tokens");
+    let tokens = |at: &str, n: u64| {
+        u32::try_from(n)
+            .ok()
+            .and_then(NonZeroU32::new)
+            .filter(|n| n.get() <= MAX_CONTEXT_TOKENS)
+            .ok_or_else(|| {
+                ConfigError::at(
+                    at,
+                    format!("{n} is out of range: give the engine's context window in tokens, above 0 and at most {MAX_CONTEXT_TOKENS}"),
+                )
+            })
+    };
+    let mut windows = ContextWindows::default();
+    match &b.max_context_tokens {
+        None => {}
+        Some(RawContextWindow::All(n)) => windows.others = Some(tokens(&field, *n)?),
+        Some(RawContextWindow::ByModel(by_model)) => {
+            for (model, n) in by_model {
+                let at = format!("{field}.{model}");
+                let n = tokens(&at, *n)?;
+                if model == "*" {
+                    windows.others = Some(n);
+                } else if models.aliases.contains_key(model) || models.passthrough {
+                    windows.by_model.insert(model.clone(), n);
+                } else {
+                    return Err(ConfigError::at(
+                        at,
+                        "is not among this backend's `models`: name one of them (its client name), or \"*\" for all the others",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(windows)
+}
+
+/// The largest context window a backend may be given: 2^30 tokens, past every engine's.
+const MAX_CONTEXT_TOKENS: u32 = 1 << 30;
 
 /// `device`: a name, on a backend that is one engine (a discovered Service's pods run on
 /// devices of their own).

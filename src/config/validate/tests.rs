@@ -48,6 +48,68 @@ fn a_responses_client_is_translated_for_every_engine_but_openai_s_own_unless_tol
 }
 
 #[test]
+fn a_context_window_is_one_number_or_one_per_model_and_a_mistake_names_its_field() {
+    let window = |n: u32| std::num::NonZeroU32::new(n);
+    let backend = |extra: &str| {
+        parse(&format!("{BASE}{extra}"), no_env).map(|c| c.backends[0].max_context_tokens.clone())
+    };
+    let none = backend("").unwrap();
+    assert_eq!((none.of("small"), none.covers_all()), (None, false));
+    let all = backend("    max_context_tokens: 32768\n").unwrap();
+    assert_eq!(
+        (all.of("small"), all.of("other"), all.covers_all()),
+        (window(32768), window(32768), true)
+    );
+    let by_model = backend("    max_context_tokens: {small: 8192, big: 131072}\n").unwrap();
+    assert_eq!(
+        (
+            by_model.of("small"),
+            by_model.of("big"),
+            by_model.of("other")
+        ),
+        (window(8192), window(131072), None)
+    );
+    let starred = backend("    max_context_tokens: {small: 8192, \"*\": 4096}\n").unwrap();
+    assert_eq!(
+        (
+            starred.of("small"),
+            starred.of("other"),
+            starred.covers_all()
+        ),
+        (window(8192), window(4096), true)
+    );
+
+    let named_only = BASE.replace(", \"*\": \"*\"", "");
+    let cases = [
+        (
+            format!("{BASE}    max_context_tokens: 0\n"),
+            "backends[0].max_context_tokens",
+            "above 0",
+        ),
+        (
+            format!("{BASE}    max_context_tokens: {{small: 99999999999}}\n"),
+            "backends[0].max_context_tokens.small",
+            "at most",
+        ),
+        (
+            format!("{named_only}    max_context_tokens: {{big: 8192}}\n"),
+            "backends[0].max_context_tokens.big",
+            "not among this backend's `models`",
+        ),
+        (
+            format!("{BASE}    max_context_tokens: lots\n"),
+            "backends[0].max_context_tokens",
+            "a token count",
+        ),
+    ];
+    for (text, path, why) in cases {
+        let err = parse(&text, no_env).unwrap_err();
+        assert_eq!(err.path, path, "{text}\n{err}");
+        assert!(err.to_string().contains(why), "{err}");
+    }
+}
+
+#[test]
 fn a_class_without_an_slo_waits_for_room_unless_told_otherwise() {
     let text = format!(
         "{BASE}classes:\n  - {{name: chat, min_tps: 20}}\n  - {{name: batch}}\n  - {{name: bulk, on_miss: shed}}\n"

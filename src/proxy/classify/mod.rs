@@ -43,6 +43,8 @@ pub struct Classified {
     pub stream_options: Option<StreamOptions>,
     /// `max_tokens` (or `max_completion_tokens`, `max_output_tokens`), if set.
     pub max_tokens: Option<u32>,
+    /// The bytes of that value, where it is cut to fit a context window.
+    pub max_tokens_span: Option<Range<usize>>,
     /// Prompt size estimated from the body: a token per [`BYTES_PER_TOKEN`] bytes.
     pub prompt_tokens: u64,
     /// The bytes of the prompt's parts, in a fixed order whatever the body's (`system`,
@@ -594,6 +596,7 @@ impl Classified {
             slo: Slo::default(),
             stream_options: None,
             max_tokens: None,
+            max_tokens_span: None,
             prompt_tokens: 0,
             prompt_spans: Default::default(),
             cache_key_span: None,
@@ -681,6 +684,18 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         }
         None => None,
     };
+    let limit = [max_tokens, max_completion_tokens, max_output_tokens]
+        .into_iter()
+        .flatten()
+        .find_map(|span| {
+            Some((
+                std::str::from_utf8(&body[span.clone()])
+                    .ok()?
+                    .parse::<u32>()
+                    .ok()?,
+                span,
+            ))
+        });
     Ok(Classified {
         endpoint,
         model,
@@ -690,10 +705,8 @@ pub fn peek(endpoint: Endpoint, body: &[u8]) -> Result<Classified, Error> {
         class_index: None,
         slo: Slo::default(),
         stream_options,
-        max_tokens: [max_tokens, max_completion_tokens, max_output_tokens]
-            .into_iter()
-            .flatten()
-            .find_map(|span| std::str::from_utf8(&body[span]).ok()?.parse::<u32>().ok()),
+        max_tokens: limit.as_ref().map(|(n, _)| *n),
+        max_tokens_span: limit.map(|(_, span)| span),
         prompt_tokens: body.len() as u64 / BYTES_PER_TOKEN,
         prompt_spans: [system, instructions, tools, messages, prompt, input],
         cache_key_span: cache_key_span.filter(|span| body[span.start] == b'"'),
