@@ -357,9 +357,9 @@ impl SimBackend {
         }
         if let Some(refused) = self
             .max_model_len
-            .and_then(|window| super::window::past_window(dialect, window, &gen_req))
+            .and_then(|window| super::window::past_window(window, &gen_req))
         {
-            return refused;
+            return bad_request(dialect, &refused);
         }
         let live = self.live.load_full();
         let fault = live.faults.pick();

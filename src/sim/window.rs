@@ -2,27 +2,17 @@
 //! refuses a request past it, so that the gateway's windows are tested against an engine that
 //! enforces one.
 
-use http::Response;
+use super::wire::GenRequest;
 
-use super::server::{SimBody, bad_request};
-use super::wire::{Dialect, GenRequest};
-
-/// vLLM's 400 for `req` past `window`: its prompt and the output it may ask for together
-/// (none asked: the prompt must leave one token).
-pub(super) fn past_window(
-    dialect: Dialect,
-    window: u32,
-    req: &GenRequest,
-) -> Option<Response<SimBody>> {
+/// The message of vLLM's 400 for `req` past `window`: its prompt and the output it may ask
+/// for together (none asked: the prompt must leave one token).
+pub(super) fn past_window(window: u32, req: &GenRequest) -> Option<String> {
     let asked = req.max_tokens.unwrap_or(1);
     let total = u64::from(req.prompt_tokens) + u64::from(asked);
     (total > u64::from(window)).then(|| {
-        bad_request(
-            dialect,
-            &format!(
-                "This model's maximum context length is {window} tokens. However, you requested {total} tokens ({} in the messages, {asked} in the completion). Please reduce the length of the messages or completion.",
-                req.prompt_tokens
-            ),
+        format!(
+            "This model's maximum context length is {window} tokens. However, you requested {total} tokens ({} in the messages, {asked} in the completion). Please reduce the length of the messages or completion.",
+            req.prompt_tokens
         )
     })
 }

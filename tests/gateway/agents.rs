@@ -64,8 +64,8 @@ async fn plain_and_tool_engines() -> (support::FleetGuard, SocketAddr, SocketAdd
         tool_call_pct,
         ..support::engine(1.0, 0.0, 8)
     };
-    let (plain_fleet, plain) = support::start_windowed("plain", engine(0.0), WINDOW).await;
-    let (tools_fleet, tools) = support::start_windowed("tools", engine(100.0), WINDOW).await;
+    let (plain_fleet, plain) = crate::windows::start_windowed("plain", engine(0.0), WINDOW).await;
+    let (tools_fleet, tools) = crate::windows::start_windowed("tools", engine(100.0), WINDOW).await;
     (
         support::FleetGuard(vec![plain_fleet, tools_fleet]),
         plain,

@@ -7,8 +7,22 @@ use std::time::Duration;
 
 use http::StatusCode;
 use serde_json::{Value, json};
+use tpsgate::sim::Fleet;
+use tpsgate::sim::config::{EngineRaw, StreamRaw};
 
 use crate::support;
+
+/// Starts one simulated backend with a context window of `max_model_len` tokens (reported by
+/// its `/v1/models`, refused past it as vLLM does).
+pub(crate) async fn start_windowed(
+    name: &str,
+    engine: EngineRaw,
+    max_model_len: u32,
+) -> (Fleet, SocketAddr) {
+    let mut raw = support::spec(name, engine, StreamRaw::default(), Vec::new()).raw;
+    raw.max_model_len = Some(max_model_len);
+    support::start(raw.validate("test").expect("test backend is valid")).await
+}
 
 /// A user message of `tokens` tokens as the simulator counts them (four bytes each).
 fn prompt(tokens: usize) -> String {
@@ -47,7 +61,7 @@ fn header<'a>(ex: &'a support::Exchange, name: &str) -> Option<&'a str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_budget_past_the_engine_s_window_is_cut_to_fit_in_every_client_dialect() {
-    let (_fleet, sim) = support::start_windowed("vllm", support::engine(1.0, 0.0, 8), 4096).await;
+    let (_fleet, sim) = start_windowed("vllm", support::engine(1.0, 0.0, 8), 4096).await;
     let gw = support::gateway(&format!(
         "backends:\n{}",
         support::backend_yaml("vllm", sim, "openai", "    models: {m: m}\n")
@@ -108,8 +122,8 @@ async fn an_output_budget_past_the_engine_s_window_is_cut_to_fit_in_every_client
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prompt_goes_only_to_a_backend_whose_window_holds_it_and_gets_a_400_where_none_does() {
     let engine = support::engine(1.0, 0.0, 8);
-    let (_small_fleet, small) = support::start_windowed("small", engine.clone(), 1024).await;
-    let (_large_fleet, large) = support::start_windowed("large", engine, 8192).await;
+    let (_small_fleet, small) = start_windowed("small", engine.clone(), 1024).await;
+    let (_large_fleet, large) = start_windowed("large", engine, 8192).await;
     // The small engine's window given in config, by model; the large one's learned.
     let gw = support::gateway(&format!(
         "backends:\n{}{}",

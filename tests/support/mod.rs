@@ -60,18 +60,6 @@ pub async fn start(spec: BackendSpec) -> (Fleet, SocketAddr) {
     (fleet, addr)
 }
 
-/// Starts one backend with a context window of `max_model_len` tokens (reported by its
-/// `/v1/models`, refused past it as vLLM does).
-pub async fn start_windowed(
-    name: &str,
-    engine: EngineRaw,
-    max_model_len: u32,
-) -> (Fleet, SocketAddr) {
-    let mut raw = spec(name, engine, StreamRaw::default(), Vec::new()).raw;
-    raw.max_model_len = Some(max_model_len);
-    start(raw.validate("test").expect("test backend is valid")).await
-}
-
 /// Keeps simulated fleets running until dropped.
 pub struct FleetGuard(pub Vec<Fleet>);
 
