@@ -3,6 +3,7 @@
 
 #![allow(
     dead_code,
+    unused_imports,
     unreachable_pub,
     reason = "each test binary uses a different subset"
 )]
@@ -18,6 +19,9 @@ use tokio::time::Instant;
 use tpsgate::bench::{BenchDialect, HttpClient, RequestSpec, http_client};
 use tpsgate::sim::config::{BackendRaw, EngineRaw, FaultRaw, StreamRaw};
 use tpsgate::sim::{BackendSpec, Fleet};
+
+mod raw;
+pub use raw::{raw_backend, raw_exchange};
 
 /// A backend spec on 127.0.0.1:0 serving model `m`.
 pub fn spec(
@@ -575,74 +579,6 @@ impl Drop for Redis {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A backend that answers each request (read whole: head, and a body of its Content-Length)
-/// with the bytes `answer` gives for it (the request's index on its connection, from 0, and the
-/// request's bytes), written in one go; closes the connection after an answer when `close`
-/// says so. For responses no real server would send.
-pub async fn raw_backend(
-    answer: impl Fn(usize, &[u8]) -> Vec<u8> + Send + Sync + 'static,
-    close: bool,
-) -> SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let answer = std::sync::Arc::new(answer);
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let answer = std::sync::Arc::clone(&answer);
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                for i in 0.. {
-                    // One request: its head, then its body.
-                    let head_end = loop {
-                        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break at + 4;
-                        }
-                        let mut chunk = [0u8; 4096];
-                        match conn.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < head_end + length {
-                        let mut chunk = [0u8; 4096];
-                        match conn.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    let request: Vec<u8> = buf.drain(..head_end + length).collect();
-                    if conn.write_all(&answer(i, &request)).await.is_err() {
-                        return;
-                    }
-                    if close {
-                        let _ = conn.shutdown().await;
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
-
-/// Sends `request` (raw bytes) to `addr` and reads until the server closes or `limit` passes;
-/// what came back.
-pub async fn raw_exchange(addr: SocketAddr, request: &[u8], limit: Duration) -> Vec<u8> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
-    conn.write_all(request).await.unwrap();
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(limit, conn.read_to_end(&mut out)).await;
-    out
 }
 
 /// CPU seconds (user and system) the process `pid` has used so far, from `/proc/PID/stat`.
