@@ -38,6 +38,9 @@ pub const CURVE_TTFT: &str = "tpsgate_curve_ttft_seconds";
 /// Routing decisions by class, policy and reason (`feasible`, `cold_start`, `explore`,
 /// `best_chance`, `best_effort`, `queued`, `shed`, `baseline`).
 pub const ROUTE_DECISIONS: &str = "tpsgate_route_decisions_total";
+/// Requests refused with 429 `slo_unmet`, by class and cause (`ttft`, `speed`,
+/// `ttft_and_speed`, `others`, `unproven`, `no_room`, `no_prediction`, `room_taken`).
+pub const REFUSALS: &str = "tpsgate_refusals_total";
 /// The derived concurrency cap per backend, model and class.
 pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
 /// Per latency class: 1 while some backend's curve meets its SLO with one request alone, 0
@@ -200,6 +203,12 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
             C,
             N,
             "Routing decisions by class, policy and reason",
+        ),
+        (
+            REFUSALS,
+            C,
+            N,
+            "Requests refused with 429 slo_unmet, by class and the cause the best candidate gave",
         ),
         (
             CONCURRENCY_CAP,

@@ -272,10 +272,17 @@ fn curves(router: &Router) -> serde_json::Value {
     let standings = router.standings();
     let classes: Vec<_> = classes
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             let standing = standings.iter().find(|s| s.class == c.name);
+            let refusals: serde_json::Map<String, serde_json::Value> = router
+                .refusals(i)
+                .into_iter()
+                .map(|(cause, n)| (cause.to_owned(), json!(n)))
+                .collect();
             json!({"name": &*c.name, "min_tps": c.slo.min_tps, "max_ttft_s": c.slo.max_ttft_s, "tps_percentile": c.slo.tps_percentile, "ttft_percentile": c.slo.ttft_percentile, "policy": c.policy, "on_miss": c.on_miss,
-                "feasible": standing.and_then(|s| s.feasible), "best_backend": standing.and_then(|s| s.best.as_ref()).map(best_json)})
+                "feasible": standing.and_then(|s| s.feasible), "best_backend": standing.and_then(|s| s.best.as_ref()).map(best_json),
+                "refusals": refusals})
         })
         .collect();
     json!({"curves": list, "classes": classes})

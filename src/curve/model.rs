@@ -88,6 +88,13 @@ impl Prediction {
         self.with_ttft(self.ttft.at_least(at_least_s, at_least_s))
     }
 
+    /// The decayed count of samples behind it at its concurrency (the fewer of speed's and
+    /// TTFT's): what [`Prediction::confidence`] was made of, `w / (w + MIN_BUCKET_WEIGHT)`.
+    pub(crate) fn evidence(&self) -> f64 {
+        let c = self.confidence.clamp(0.0, 0.999_999);
+        MIN_BUCKET_WEIGHT * c / (1.0 - c)
+    }
+
     /// The same, with the speed spread `tps`.
     pub(crate) fn with_speed(self, tps: Spread) -> Self {
         Self {

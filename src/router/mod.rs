@@ -33,6 +33,7 @@ pub(crate) mod evaluate;
 pub(crate) mod ladder;
 pub(crate) mod oracle;
 pub(crate) mod predictor;
+pub(crate) mod refusal;
 pub(crate) mod rungs;
 pub(crate) mod scene;
 pub(crate) mod served;
@@ -78,6 +79,8 @@ pub struct Router {
     explored: AtomicU64,
     /// Decision counters by class (the last row: requests without a class) and [`Reason`].
     counters: Vec<[Counter; Reason::ALL.len()]>,
+    /// Refusals by class and cause, for `/admin/curves`.
+    refusals: refusal::Refusals,
     /// Per class: the warning that no backend meets its SLO has been logged.
     unmet_warned: Vec<AtomicBool>,
 }
@@ -111,6 +114,7 @@ impl Router {
             labels,
         ));
         let unmet_warned = classes.iter().map(|_| AtomicBool::new(false)).collect();
+        let refusals = refusal::Refusals::new(classes.iter().map(|c| &*c.name));
         Self {
             devices: device::Devices::new(&backends),
             served: served::Served::new(&backends),
@@ -124,6 +128,7 @@ impl Router {
             decided: AtomicU64::new(0),
             explored: AtomicU64::new(0),
             counters,
+            refusals,
             unmet_warned,
         }
     }
@@ -557,10 +562,28 @@ impl Router {
         )
     }
 
+    /// The refusals of class `class` (its index in [`Router::classes`]) by cause, since this
+    /// router was built.
+    pub(crate) fn refusals(&self, class: usize) -> Vec<(&'static str, u64)> {
+        self.refusals.of(class)
+    }
+
     /// A 429 whose Retry-After is when the curves expect a slot to free
-    /// ([`Router::soonest_slot_s`]).
+    /// ([`Router::soonest_slot_s`]), explained in [`refusal::HEADER`] by the candidates as
+    /// they stand now.
     fn shed(&self, ask: &Ask<'_>, why: &str) -> Error {
         self.count(ask, Reason::Shed);
+        let candidates = self.evaluator().candidates(ask, self.policy(ask));
+        let waited_s = ask
+            .now
+            .saturating_duration_since(ask.received)
+            .as_secs_f64();
+        let refusal = refusal::Refusal::explain(&candidates, ask.slo_at(ask.now), waited_s);
+        self.refusals.count(ask.class, refusal.cause);
+        let mut headers = http::HeaderMap::new();
+        if let Ok(value) = http::HeaderValue::from_str(&refusal.to_string()) {
+            headers.insert(refusal::HEADER, value);
+        }
         let soonest = self.evaluator().soonest_slot_s(ask);
         let retry_after = if soonest.is_finite() {
             soonest.ceil().clamp(1.0, 60.0) as u32
@@ -574,9 +597,13 @@ impl Router {
         };
         Error::new(
             ErrorKind::SloUnmet,
-            format!("{why}; retry after {retry_after} s{or_batch}"),
+            format!(
+                "{why} ({}); retry after {retry_after} s{or_batch}",
+                refusal.cause.label()
+            ),
         )
         .retry_after(retry_after)
+        .with_headers(headers)
     }
 
     /// `prefix_hash`'s backend for `ask`: its key (the hint, else the prompt's first block)

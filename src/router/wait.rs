@@ -65,7 +65,7 @@ pub(crate) async fn in_line(
             } else {
                 "no backend could meet the SLO within the class's queue wait"
             };
-            return Err(router.shed(ask, why));
+            return Err(router.shed(&ask.at(Instant::now()), why));
         }
     }
 }

@@ -217,6 +217,70 @@ async fn a_queued_request_is_shed_with_retry_after_when_its_wait_runs_out() {
     assert!(ex.headers.contains_key("retry-after"));
 }
 
+/// The `key=value` pairs of an `x-tpsgate-refusal` header, quotes taken off.
+fn refusal(headers: &HeaderMap) -> std::collections::HashMap<String, String> {
+    header(headers, "x-tpsgate-refusal")
+        .split("; ")
+        .filter_map(|pair| pair.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.trim_matches('"').to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_refusal_explains_itself_with_the_best_backend_its_prediction_and_the_evidence() {
+    // The one backend streams 10 tok/s; both classes want 25.
+    let (_fleet, gw) = slow_only().await;
+    let client = http_client(None).unwrap();
+    let ex = chat(&client, gw.addr(), &[("x-tpsgate-class", "strict")]).await;
+    assert_eq!(ex.status, StatusCode::TOO_MANY_REQUESTS);
+    let why = refusal(&ex.headers);
+    assert_eq!(why["cause"], "speed", "{why:?}");
+    assert_eq!(why["backend"], "slow");
+    assert_eq!(why["in_flight"], "1", "a lone request there");
+    assert_eq!(why["min_tps"], "25");
+    let tps: f64 = why["tps_p10"].parse().unwrap();
+    assert!((5.0..20.0).contains(&tps), "the curve's 10 tok/s: {tps}");
+    let evidence: f64 = why["evidence"].parse().unwrap();
+    assert!(evidence >= 3.0, "six requests taught it: {evidence}");
+    assert_eq!(why["beyond_evidence"], "false");
+    assert_eq!(why["waited_ms"], "0");
+    assert!(
+        ex.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("(speed)"),
+        "the message names the cause too"
+    );
+
+    // Shed after the queue wait: the same cause, and how long it waited.
+    let ex = chat(&client, gw.addr(), &[("x-tpsgate-class", "waits")]).await;
+    assert_eq!(ex.status, StatusCode::TOO_MANY_REQUESTS);
+    let why = refusal(&ex.headers);
+    assert_eq!(why["cause"], "speed", "{why:?}");
+    let waited: f64 = why["waited_ms"].parse().unwrap();
+    assert!(waited >= 300.0, "{waited}");
+
+    // The operator's count, per class and cause.
+    let curves = support::get_json(gw.admin_addr(), "/admin/curves").await;
+    let refusals = |class: &str| {
+        curves["classes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == class)
+            .unwrap()["refusals"]
+            .clone()
+    };
+    assert_eq!(refusals("strict"), json!({"speed": 1}));
+    assert_eq!(refusals("waits"), json!({"speed": 1}));
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    let text = String::from_utf8(metrics.body()).unwrap();
+    assert!(
+        text.contains(r#"tpsgate_refusals_total{class="strict",cause="speed"}"#),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn time_waiting_in_line_counts_against_the_client_not_the_backends_curve() {
     // The second request waits in line for the first.

@@ -150,6 +150,14 @@ fn occupy(router: &Router, i: usize, class: usize, n: usize) -> Vec<InFlightGuar
         .collect()
 }
 
+/// The `x-tpsgate-refusal` header a refusal carries.
+fn refusal(err: &crate::error::Error) -> &str {
+    err.headers()
+        .and_then(|h| h.get(super::refusal::HEADER))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
 fn chosen(router: &Router, class: usize) -> Result<&str, ErrorKind> {
     match router.route(&ask(router, class)) {
         Ok(Some(d)) => Ok(router
@@ -276,6 +284,11 @@ fn a_request_is_refused_where_it_would_slow_others_below_their_slo() {
     // A loose request would get 40 tok/s at 15 (enough for it), but the 14 interactive
     // requests there would drop below 41.
     assert_eq!(chosen(&router, 1), Err(ErrorKind::SloUnmet));
+    let refused = router.route(&ask(&router, 1)).unwrap_err();
+    assert!(
+        refusal(&refused).starts_with("cause=others; backend=\"a\"; in_flight=15"),
+        "{refused:?}"
+    );
     let only_loose = router_over(&["a"]);
     teach(&only_loose, 0, 1.0);
     let _held = occupy(&only_loose, 0, 1, 14);
@@ -334,6 +347,9 @@ async fn batch_that_never_finds_room_is_shed_after_its_wait_with_a_retry_time() 
     assert!(err.retry_after_s().is_some_and(|s| s >= 1));
     let message = err.to_string();
     assert!(message.contains("room for batch work"), "{message}");
+    assert!(refusal(&err).starts_with("cause=no_room;"), "{err:?}");
+    assert!(refusal(&err).ends_with("; waited_ms=60000"), "{err:?}");
+    assert_eq!(router.refusals(2), [("no_room", 1)]);
     assert!(!message.contains("send it as a batch class"), "{message}");
 }
 
