@@ -11,6 +11,7 @@ use tpsgate::{Edits, rewrite_body};
 fuzz_target!(|data: &[u8]| {
     for endpoint in [
         Endpoint::Chat,
+        Endpoint::Responses,
         Endpoint::Messages,
         Endpoint::Other { anthropic: false },
     ] {
