@@ -5,6 +5,9 @@
 //! arrives and when its stream ends; the difference over the elapsed time is the mean number of
 //! requests that shared the backend with it while it decoded. Only those two reads and the
 //! admit/release take the (uncontended, never held across an await) lock — nothing per chunk.
+//! What a routing decision reads of every candidate (the count, whether it decodes, whether any
+//! request waits) is published in one atomic word as the lock is let go, so a decision over
+//! hundreds of backends takes none of their locks for it.
 //!
 //! With several gateway replicas in front of the same backends, the backend's load is the
 //! fleet's: the peers' latest counts ([`PeerLoad`], set by the cluster's sync) are added to this
@@ -14,6 +17,7 @@
 //! [`Occupancy::local`] is what this replica publishes.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
@@ -21,6 +25,9 @@ use tokio::time::Instant;
 #[derive(Debug)]
 pub struct Occupancy {
     state: Mutex<State>,
+    /// The fleet-wide count (high half) and requests waiting for a first token (low half), as
+    /// the last update left them ([`State::counts`]).
+    counts: AtomicU64,
     /// Origin of the admission times summed in [`State::waiting_since`].
     epoch: Instant,
 }
@@ -198,10 +205,35 @@ impl State {
         }
     }
 
+    /// Waiting for their first token, fleet-wide.
+    fn fleet_waiting(&self) -> u32 {
+        self.waiting.saturating_add(self.peers.waiting)
+    }
+
+    /// The fleet-wide count and waiting requests, in one word ([`Counts`]).
+    fn counts(&self) -> u64 {
+        u64::from(self.fleet_count()) << 32 | u64::from(self.fleet_waiting())
+    }
+
     /// Past their first token, fleet-wide.
     fn fleet_decoding(&self) -> u32 {
-        self.fleet_count()
-            .saturating_sub(self.waiting.saturating_add(self.peers.waiting))
+        self.fleet_count().saturating_sub(self.fleet_waiting())
+    }
+}
+
+/// A [`State::counts`] word read back.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    in_flight: u32,
+    waiting: u32,
+}
+
+impl From<u64> for Counts {
+    fn from(word: u64) -> Self {
+        Self {
+            in_flight: (word >> 32) as u32,
+            waiting: word as u32,
+        }
     }
 }
 
@@ -221,6 +253,7 @@ impl Occupancy {
                 readings: 0,
                 recent: [(0, 0); RECENT],
             }),
+            counts: AtomicU64::new(0),
             epoch: now,
         }
     }
@@ -242,7 +275,13 @@ impl Occupancy {
             }
             state.last = now;
         }
-        f(&mut state)
+        let out = f(&mut state);
+        self.counts.store(state.counts(), Ordering::Release);
+        out
+    }
+
+    fn counts(&self) -> Counts {
+        Counts::from(self.counts.load(Ordering::Acquire))
     }
 
     /// One more in flight (and waiting for its first token) if fewer than `limit` are,
@@ -251,7 +290,7 @@ impl Occupancy {
         let at = self.since_epoch(now);
         self.update(now, |s| {
             (s.fleet_count() < limit).then(|| {
-                let queued_behind = s.waiting.saturating_add(s.peers.waiting);
+                let queued_behind = s.fleet_waiting();
                 s.count += 1;
                 s.waiting += 1;
                 s.waiting_since += at;
@@ -300,7 +339,7 @@ impl Occupancy {
             };
             (
                 s.reading(now, at),
-                s.waiting.saturating_add(s.peers.waiting),
+                s.fleet_waiting(),
                 unseen,
             )
         })
@@ -322,6 +361,9 @@ impl Occupancy {
     /// waits about as long as they have, so this is a floor under its predicted TTFT that needs
     /// no first token to have come back yet. The peers' waiting requests count too.
     pub(crate) fn waited(&self, now: Instant) -> f64 {
+        if self.counts().waiting == 0 {
+            return 0.0;
+        }
         let at = self.since_epoch(now);
         self.update(now, |s| {
             let waiting = s.waiting + s.peers.waiting;
@@ -342,20 +384,14 @@ impl Occupancy {
 
     /// In flight now, fleet-wide. (Reading the count leaves the integral alone: no clock read.)
     pub(crate) fn count(&self) -> u32 {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .fleet_count()
+        self.counts().in_flight
     }
 
     /// Whether a request is past its first token (decoding) now, fleet-wide: whether its
     /// engine runs on a device it shares.
     pub(crate) fn busy(&self) -> bool {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .fleet_decoding()
-            > 0
+        let Counts { in_flight, waiting } = self.counts();
+        in_flight > waiting
     }
 
     /// In flight through this replica alone.
