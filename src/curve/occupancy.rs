@@ -337,11 +337,7 @@ impl Occupancy {
                 // No reading since its admission, or one too old to be kept.
                 _ => 0,
             };
-            (
-                s.reading(now, at),
-                s.fleet_waiting(),
-                unseen,
-            )
+            (s.reading(now, at), s.fleet_waiting(), unseen)
         })
     }
 

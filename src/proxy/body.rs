@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use super::deadline::{Cut, Timed};
 use super::end::RequestEnd;
 use super::meter::StreamMeter;
+use super::whole::WholeUsage;
 use crate::curve::Outcome;
 use crate::fleet::InFlightGuard;
 use crate::sse::events::StreamDialect;
@@ -130,6 +131,8 @@ pin_project! {
         dialect: Option<StreamDialect>,
         // The response's translation for a client of the other dialect, if it is one.
         translate: Option<Box<ResponseTranslator>>,
+        // A whole answer's frames, for its usage (successful generations only).
+        whole: Option<WholeUsage>,
         // Set once the stream was cut and ended with an error event (or error).
         cut: bool,
         // Frames read ahead while the response waited for its first content; sent first.
@@ -143,6 +146,9 @@ pin_project! {
     impl<B> PinnedDrop for Metered<B> {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
+            if let Some(whole) = this.whole.take() {
+                this.end.reported(whole.usage());
+            }
             this.end.write(this.meter.as_ref());
         }
     }
@@ -165,6 +171,7 @@ impl<B> Metered<B> {
                 .map(|(dialect, strip)| StreamMeter::new(dialect, strip).with_max_event(max_event)),
             dialect: stream.map(|(d, _)| d),
             translate: None,
+            whole: None,
             cut: false,
             read: VecDeque::new(),
             reading_ahead: false,
@@ -184,6 +191,13 @@ impl<B> Metered<B> {
             self.dialect = Some(client);
         }
         self.translate = Some(Box::new(translator));
+        self
+    }
+
+    /// Reads a whole answer's usage at its end with `whole`.
+    #[must_use]
+    pub(crate) fn reading_usage(mut self, whole: WholeUsage) -> Self {
+        self.whole = Some(whole);
         self
     }
 
@@ -302,6 +316,9 @@ impl<B: Body<Data = Bytes, Error = BodyError>> Body for Metered<B> {
             };
             this.end.forwarded(data.len());
             let Some(meter) = this.meter.as_mut() else {
+                if let Some(whole) = this.whole.as_mut() {
+                    whole.frame(&data);
+                }
                 if let Some(t) = this.translate.as_mut() {
                     // Kept whole until its end, translated there (the end comes as `None`).
                     let out = t.frame(&data);

@@ -16,6 +16,7 @@ use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::fleet::{Backend, Hit, InFlightGuard};
 use crate::logging::RequestLine;
 use crate::sse::StreamTiming;
+use crate::sse::events::Usage;
 use crate::tenant::Charge;
 
 /// One request's response on its way out: what its end will say and teach.
@@ -58,6 +59,8 @@ pub(crate) struct RequestEnd {
     span: Option<crate::otel::RequestSpan>,
     /// Its API key's charge: settled at the end with the tokens used.
     charge: Option<Arc<Charge>>,
+    /// A whole answer's usage, as its body reported it.
+    whole_usage: Option<Usage>,
 }
 
 /// What a request's end needs to know of it from before its backend answered, for its
@@ -106,6 +109,7 @@ impl RequestEnd {
             written: false,
             span: request.span,
             charge: request.charge,
+            whole_usage: None,
         }
     }
 
@@ -121,6 +125,11 @@ impl RequestEnd {
     /// `n` more bytes went to the client.
     pub(crate) fn forwarded(&mut self, n: usize) {
         self.bytes += n as u64;
+    }
+
+    /// A whole answer's body reported `usage` (or none).
+    pub(crate) fn reported(&mut self, usage: Option<Usage>) {
+        self.whole_usage = usage;
     }
 
     /// The response ended this way (the last word counts).
@@ -404,9 +413,9 @@ impl RequestEnd {
 
 impl RequestEnd {
     /// Settles the API key's charge: a stream by the usage it reported (its content events
-    /// where it reported none), a whole response at its estimate (its body's usage is not
-    /// read), priced by the backend's `cost`. A stream that sent nothing used nothing: the
-    /// charge, dropped unsettled, gives its estimate back.
+    /// where it reported none), a whole response by its body's usage (its estimate where it
+    /// reported none), priced by the backend's `cost`. A stream that sent nothing used nothing:
+    /// the charge, dropped unsettled, gives its estimate back.
     fn settle(&self, charge: &Charge, timing: Option<&StreamTiming>) {
         let cost = self
             .slot
@@ -421,7 +430,13 @@ impl RequestEnd {
                 crate::tenant::unix_now(),
             ),
             None if self.status.is_success() => {
-                charge.settle(None, None, cost, crate::tenant::unix_now());
+                let usage = self.whole_usage.unwrap_or_default();
+                charge.settle(
+                    usage.prompt_tokens,
+                    usage.output_tokens,
+                    cost,
+                    crate::tenant::unix_now(),
+                );
             }
             _ => {}
         }

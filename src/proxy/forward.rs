@@ -19,6 +19,7 @@ use super::end::{self, RequestEnd};
 use super::request_id::Received;
 use super::rewrite::is_hop_by_hop;
 use super::route::Routed;
+use super::whole::WholeUsage;
 use crate::error::{Error, ErrorKind};
 use crate::fleet::Backend;
 use crate::signal::Signal;
@@ -60,6 +61,8 @@ struct Pending {
     backend: Arc<Backend>,
     request: end::RequestFacts,
     stream: Option<(StreamDialect, bool)>,
+    /// Not a stream, from a generation endpoint: the dialect its body's usage is read in.
+    whole: Option<StreamDialect>,
     deadlines: Deadlines,
     prediction: Option<crate::curve::Prediction>,
     reason: crate::router::Reason,
@@ -167,11 +170,12 @@ impl Service<Request<UpstreamBody>> for Forward {
         let charge = req.extensions_mut().remove::<Arc<Charge>>();
         let told = req.extensions_mut().remove::<super::rewrite::Told>();
         let mut translate = None;
+        let mut whole = None;
         let (model, stream, class, prompt_tokens) = match classified {
             Some(c) => {
-                let stream = c.stream.then(|| match routed.translate {
+                // Read as the backend sends it; a translation owns the usage it sends on.
+                let (answer, strip) = match routed.translate {
                     None => (c.endpoint.stream_dialect(), c.usage_injected()),
-                    // Metered as the backend sends it; the translation owns the usage.
                     Some(Direction::ChatToMessages | Direction::ResponsesToMessages) => {
                         (StreamDialect::Anthropic, false)
                     }
@@ -180,7 +184,9 @@ impl Service<Request<UpstreamBody>> for Forward {
                         | Direction::CountToTokenize
                         | Direction::ResponsesToChat,
                     ) => (StreamDialect::OpenAi, false),
-                });
+                };
+                let stream = c.stream.then_some((answer, strip));
+                whole = (!c.stream && c.endpoint.generates()).then_some(answer);
                 translate = routed.translate.map(|d| {
                     let asked = c.stream_options.as_ref().and_then(|o| o.include_usage);
                     (d, c.endpoint.stream_dialect(), asked == Some(true))
@@ -224,6 +230,7 @@ impl Service<Request<UpstreamBody>> for Forward {
                     charge,
                 },
                 stream,
+                whole,
                 deadlines,
                 prediction: routed.prediction,
                 reason: routed.reason,
@@ -331,7 +338,14 @@ impl Future for ForwardFuture {
         // Only a stream is cut at the drain deadline (with an error event).
         let drained = stream.is_some().then_some(pending.drained);
         let timed = Timed::new(body, pending.deadlines, drained, backend);
-        let mut metered = Metered::new(timed, end, stream, pending.backend.config.max_event_bytes);
+        let max_event = pending.backend.config.max_event_bytes;
+        let mut metered = Metered::new(timed, end, stream, max_event);
+        if let Some(dialect) = pending
+            .whole
+            .filter(|_| parts.status.is_success() && !is_sse)
+        {
+            metered = metered.reading_usage(WholeUsage::new(dialect, max_event));
+        }
         if let Some((direction, client, include_usage)) = pending.translate {
             let status = parts.status.as_u16();
             let translator =

@@ -22,3 +22,4 @@ pub(crate) mod route;
 pub(crate) mod skim;
 #[cfg(test)]
 mod testing;
+pub(crate) mod whole;

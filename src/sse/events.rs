@@ -209,15 +209,34 @@ pub(crate) fn usage(dialect: StreamDialect, event: &[u8], data: &[u8]) -> Option
         }
         StreamDialect::Responses => {
             let ev: ResponsesEvent = serde_json::from_slice(data).ok()?;
-            let u = ev.response?.usage?;
             Some(UsageEvent {
-                usage: Usage {
-                    prompt_tokens: u.input_tokens,
-                    output_tokens: Some(u.output_tokens?),
-                    cached_tokens: u.input_tokens_details.and_then(|d| d.cached_tokens),
-                },
+                usage: ev.response?.usage?.counts()?,
                 usage_only: false,
             })
+        }
+    }
+}
+
+impl ResponsesUsage {
+    fn counts(self) -> Option<Usage> {
+        Some(Usage {
+            prompt_tokens: self.input_tokens,
+            output_tokens: Some(self.output_tokens?),
+            cached_tokens: self.input_tokens_details.and_then(|d| d.cached_tokens),
+        })
+    }
+}
+
+/// The usage of a whole (not streamed) answer of `dialect`: its top-level `usage`, which
+/// carries both counts in every dialect (Anthropic's is read as its last stream event's).
+pub(crate) fn whole_usage(dialect: StreamDialect, body: &[u8]) -> Option<Usage> {
+    match dialect {
+        StreamDialect::OpenAi => usage(dialect, b"", body).map(|e| e.usage),
+        StreamDialect::Anthropic => usage(dialect, b"message_delta", body).map(|e| e.usage),
+        StreamDialect::Responses => {
+            finders().usage.find(body)?;
+            let whole: ResponsesBody = serde_json::from_slice(body).ok()?;
+            whole.usage?.counts()
         }
     }
 }

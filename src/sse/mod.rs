@@ -9,4 +9,4 @@ mod parser;
 mod timing;
 
 pub use parser::{SseEvent, SseParser};
-pub(crate) use timing::{StreamTiming, read_event};
+pub(crate) use timing::{MAX_PLAUSIBLE_TOKENS, StreamTiming, read_event};

@@ -150,6 +150,7 @@ struct Totals {
     input_tokens: AtomicU64,
     output_tokens: AtomicU64,
     limited: AtomicU64,
+    estimated: AtomicU64,
 }
 
 /// What a key has used and may still use, for `/admin/keys`.
@@ -183,6 +184,9 @@ pub(crate) struct Usage {
     pub output_tokens_total: u64,
     /// Requests refused by a limit since start.
     pub limited_total: u64,
+    /// Of the requests settled since start, those whose backend reported no output count:
+    /// their tokens and spend are the admission's estimate.
+    pub estimated_total: u64,
 }
 
 impl Tenant {
@@ -454,6 +458,7 @@ impl Tenant {
             input_tokens_total: self.totals.input_tokens.load(Ordering::Relaxed),
             output_tokens_total: self.totals.output_tokens.load(Ordering::Relaxed),
             limited_total: self.totals.limited.load(Ordering::Relaxed),
+            estimated_total: self.totals.estimated.load(Ordering::Relaxed),
         }
     }
 }
@@ -521,6 +526,9 @@ impl Charge {
     ) {
         if self.settled.swap(true, Ordering::Relaxed) {
             return;
+        }
+        if output.is_none() {
+            self.tenant.totals.estimated.fetch_add(1, Ordering::Relaxed);
         }
         let input = input.unwrap_or(self.prompt);
         let output = output.unwrap_or(self.output);
