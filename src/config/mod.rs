@@ -228,13 +228,39 @@ impl ContextWindows {
     }
 }
 
-/// Price per million tokens, USD.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cost {
+/// Prices of one model's tokens, USD per million.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Price {
     /// Per million input tokens.
     pub input_per_1m: f64,
     /// Per million output tokens.
     pub output_per_1m: f64,
+}
+
+impl Price {
+    /// What `input` and `output` tokens cost, USD.
+    pub(crate) fn usd(&self, input: u64, output: u64) -> f64 {
+        (input as f64 * self.input_per_1m + output as f64 * self.output_per_1m) / 1e6
+    }
+}
+
+/// What a backend's requests cost: its tokens, by model, and its engine's time.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Cost {
+    /// The tokens of every model not in `models`.
+    pub tokens: Price,
+    /// By client model name.
+    pub models: BTreeMap<String, Price>,
+    /// USD per hour of a self-hosted engine: each second of it is shared among the requests in
+    /// flight on it then (fleet-wide), so an idle engine charges no one.
+    pub gpu_hour_usd: Option<f64>,
+}
+
+impl Cost {
+    /// The prices of `model`'s tokens (the client's name).
+    pub(crate) fn price(&self, model: &str) -> Price {
+        self.models.get(model).copied().unwrap_or(self.tokens)
+    }
 }
 
 /// A validated backend. Two are equal when every field is: a reload carries a backend over

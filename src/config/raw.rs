@@ -526,13 +526,33 @@ fn default_connect_timeout_ms() -> u64 {
     5000
 }
 
-/// `backends[].cost`.
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// `backends[].cost`: token prices (0 where a price is not given), per model where a model's
+/// differ, and a self-hosted engine's price per hour.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawCost {
     /// USD per million input tokens.
+    #[serde(default)]
     pub input_per_1m: f64,
     /// USD per million output tokens.
+    #[serde(default)]
+    pub output_per_1m: f64,
+    /// Prices by client model name, where a model's are not the backend's.
+    #[serde(default)]
+    pub models: BTreeMap<String, RawPrice>,
+    /// USD per hour of the engine (its GPU), shared among the requests it serves.
+    pub gpu_hour_usd: Option<f64>,
+}
+
+/// `backends[].cost.models.<model>`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPrice {
+    /// USD per million input tokens.
+    #[serde(default)]
+    pub input_per_1m: f64,
+    /// USD per million output tokens.
+    #[serde(default)]
     pub output_per_1m: f64,
 }
 

@@ -44,6 +44,11 @@ struct State {
     /// at a time, so what an engine costs its neighbours is whether it runs, not how many
     /// requests its pass carries; a request waiting in its queue costs nothing.
     busy_area: f64,
+    /// The backend's time each request in flight has been owed, seconds, up to `last`: every
+    /// second divided among the requests in flight then, fleet-wide. A request's share of the
+    /// engine is its growth from admission to release; the shares add up to the time the
+    /// engine held any request.
+    share: f64,
     last: Instant,
     /// Admitted requests whose first token has not come yet.
     waiting: u32,
@@ -103,6 +108,8 @@ pub(crate) struct Admitted {
     /// The number of that reading of their load: the next one shows what they had admitted
     /// and not yet stated.
     pub reading: u64,
+    /// [`State::share`] at its admission.
+    pub share: f64,
 }
 
 /// A reading of the integral.
@@ -245,6 +252,7 @@ impl Occupancy {
                 count: 0,
                 area: 0.0,
                 busy_area: 0.0,
+                share: 0.0,
                 last: now,
                 waiting: 0,
                 waiting_since: 0.0,
@@ -273,6 +281,9 @@ impl Occupancy {
             if state.fleet_decoding() > 0 {
                 state.busy_area += secs;
             }
+            if state.count > 0 {
+                state.share += secs / f64::from(state.fleet_count());
+            }
             state.last = now;
         }
         let out = f(&mut state);
@@ -299,6 +310,7 @@ impl Occupancy {
                     queued_behind,
                     peers: s.peers.count,
                     reading: s.readings,
+                    share: s.share,
                 }
             })
         })
@@ -370,6 +382,12 @@ impl Occupancy {
             let peers = s.peers.waiting_age_s + f64::from(s.peers.waiting) * (at - s.peers_at);
             ((local + peers) / f64::from(waiting)).max(0.0)
         })
+    }
+
+    /// The backend's time owed to each request in flight, up to `now` ([`State::share`]): a
+    /// request's share of the engine is this less its [`Admitted::share`].
+    pub(crate) fn share(&self, now: Instant) -> f64 {
+        self.update(now, |s| s.share)
     }
 
     /// The integral up to `now`.
@@ -445,6 +463,24 @@ mod tests {
         // 100 ms x 1 + 100 ms x 2 + 100 ms x 3 + 100 ms x 2 = 0.8 request-seconds over 0.4 s.
         assert!((start.mean_until(&end).unwrap() - 2.0).abs() < 1e-9);
         assert_eq!(end.count, 2);
+    }
+
+    #[test]
+    fn each_moment_of_the_engine_is_shared_among_the_requests_in_flight_then() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let occ = Occupancy::new(t0);
+        let first = occ.try_admit(at(0), u32::MAX).unwrap(); // alone for 100 ms
+        let second = occ.try_admit(at(100), u32::MAX).unwrap(); // shared for 200 ms
+        occ.release(at(300), None);
+        let first_s = occ.share(at(300)) - first.share;
+        // Alone 300 ms more, then idle: idle time is nobody's.
+        occ.release(at(600), None);
+        let second_s = occ.share(at(900)) - second.share;
+        assert!((first_s - 0.2).abs() < 1e-9, "{first_s}");
+        assert!((second_s - 0.4).abs() < 1e-9, "{second_s}");
+        // The shares add up to the 600 ms the engine held a request.
+        assert!((first_s + second_s - 0.6).abs() < 1e-9);
     }
 
     #[test]

@@ -89,6 +89,12 @@ impl InFlightGuard {
         self.neighbours = neighbours.cloned();
     }
 
+    /// Its share of its backend's time from admission to `now`, seconds: each moment divided
+    /// among the requests in flight then, fleet-wide (what a price per engine-hour charges).
+    pub(crate) fn engine_seconds(&self, now: Instant) -> f64 {
+        (self.backend.occupancy.share(now) - self.admitted_with.share).max(0.0)
+    }
+
     /// The occupancy integral of its backend as of `now`, with its neighbours'.
     pub(crate) fn reading(&self, now: Instant) -> Reading {
         self.with_neighbours(self.backend.occupancy.read(now))

@@ -17,7 +17,7 @@ use crate::fleet::{Backend, Hit, InFlightGuard};
 use crate::logging::RequestLine;
 use crate::sse::StreamTiming;
 use crate::sse::events::Usage;
-use crate::tenant::Charge;
+use crate::tenant::{Bill, Charge};
 
 /// One request's response on its way out: what its end will say and teach.
 #[derive(Debug)]
@@ -414,31 +414,41 @@ impl RequestEnd {
 impl RequestEnd {
     /// Settles the API key's charge: a stream by the usage it reported (its content events
     /// where it reported none), a whole response by its body's usage (its estimate where it
-    /// reported none), priced by the backend's `cost`. A stream that sent nothing used nothing:
-    /// the charge, dropped unsettled, gives its estimate back.
+    /// reported none), priced by the backend's `cost` for the model, with its share of the
+    /// engine's time where the engine is priced by the hour. A stream that sent nothing used
+    /// nothing: the charge, dropped unsettled, gives its estimate back.
     fn settle(&self, charge: &Charge, timing: Option<&StreamTiming>) {
-        let cost = self
-            .slot
-            .as_ref()
-            .and_then(|s| s.backend().config.cost)
-            .map(|c| (c.input_per_1m, c.output_per_1m));
+        let bill = self.bill();
+        let unix_s = crate::tenant::unix_now();
         match timing {
             Some(t) if t.content_events > 0 || t.output_tokens.is_some() => charge.settle(
                 Some(t.prompt_tokens.unwrap_or(self.prompt_estimate)),
                 Some(t.output_tokens.unwrap_or(u64::from(t.content_events))),
-                cost,
-                crate::tenant::unix_now(),
+                bill,
+                unix_s,
             ),
             None if self.status.is_success() => {
                 let usage = self.whole_usage.unwrap_or_default();
-                charge.settle(
-                    usage.prompt_tokens,
-                    usage.output_tokens,
-                    cost,
-                    crate::tenant::unix_now(),
-                );
+                charge.settle(usage.prompt_tokens, usage.output_tokens, bill, unix_s);
             }
             _ => {}
+        }
+    }
+
+    /// What the backend charges for this request's tokens, and for its time on the engine.
+    fn bill(&self) -> Bill {
+        let Some((slot, cost)) = self
+            .slot
+            .as_ref()
+            .and_then(|s| Some((s, s.backend().config.cost.as_ref()?)))
+        else {
+            return Bill::default();
+        };
+        Bill {
+            tokens: cost.price(self.model.as_deref().unwrap_or_default()),
+            engine_usd: cost.gpu_hour_usd.map_or(0.0, |usd| {
+                usd / 3600.0 * slot.engine_seconds(Instant::now())
+            }),
         }
     }
 

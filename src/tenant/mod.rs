@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::config::{ApiKey, BudgetPeriod, KeyLimits};
+use crate::config::{ApiKey, BudgetPeriod, KeyLimits, Price};
 use crate::telemetry::KeyMetrics;
 
 mod bucket;
@@ -502,6 +502,16 @@ pub(crate) struct Charge {
     settled: AtomicBool,
 }
 
+/// What a backend charges for one request: its tokens' prices (0 where unpriced), and its
+/// share of an engine priced by the hour.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Bill {
+    /// The model's token prices.
+    pub tokens: Price,
+    /// Its share of the engine's time, USD.
+    pub engine_usd: f64,
+}
+
 impl Charge {
     /// The key.
     pub(crate) fn tenant(&self) -> &Arc<Tenant> {
@@ -514,16 +524,9 @@ impl Charge {
     }
 
     /// The request ended having used `input` and `output` tokens (`None`: unknown, the
-    /// estimate stands), priced at `per_1m` (input, output dollars per million tokens), at
-    /// `unix_s` (its cost counts in the budget period of that second, as [`Tenant::admit`]'s
-    /// clock). Only the first call counts.
-    pub(crate) fn settle(
-        &self,
-        input: Option<u64>,
-        output: Option<u64>,
-        per_1m: Option<(f64, f64)>,
-        unix_s: i64,
-    ) {
+    /// estimate stands), charged by `bill`, at `unix_s` (its cost counts in the budget period
+    /// of that second, as [`Tenant::admit`]'s clock). Only the first call counts.
+    pub(crate) fn settle(&self, input: Option<u64>, output: Option<u64>, bill: Bill, unix_s: i64) {
         if self.settled.swap(true, Ordering::Relaxed) {
             return;
         }
@@ -532,7 +535,7 @@ impl Charge {
         }
         let input = input.unwrap_or(self.prompt);
         let output = output.unwrap_or(self.output);
-        let cost = per_1m.map_or(0.0, |(i, o)| (input as f64 * i + output as f64 * o) / 1e6);
+        let cost = bill.tokens.usd(input, output) + bill.engine_usd;
         self.tenant
             .settle(self.prompt + self.output, input, output, cost, unix_s);
     }

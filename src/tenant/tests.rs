@@ -68,7 +68,7 @@ fn tokens_per_minute_draws_the_estimate_and_the_end_settles_what_was_used() {
         Limit::Tokens
     );
     // The stream used 100 + 50: the unused 450 come back.
-    charge.settle(Some(100), Some(50), None, NOON);
+    charge.settle(Some(100), Some(50), Bill::default(), NOON);
     let usage = tenant.usage(now, NOON);
     assert_eq!(usage.tokens_per_minute.unwrap().remaining, 850);
     assert_eq!(
@@ -85,7 +85,7 @@ fn a_request_that_used_more_than_its_estimate_leaves_a_debt_refilled_before_the_
         ..limits()
     });
     let (charge, _) = tenant.admit(100, 100, now, NOON).unwrap();
-    charge.settle(Some(100), Some(800), None, NOON);
+    charge.settle(Some(100), Some(800), Bill::default(), NOON);
     // 900 used of 600: 300 in debt, and the next 60-token request waits for 360 to refill.
     let refusal = tenant.admit(30, 30, now, NOON).unwrap_err();
     assert_eq!(refusal.limit, Limit::Tokens);
@@ -131,7 +131,14 @@ fn a_budget_refuses_once_spent_until_its_period_renews() {
     });
     let (charge, _) = tenant.admit(1_000, 1_000, now, NOON).unwrap();
     // A million input tokens at $1 per million: the whole budget.
-    charge.settle(Some(1_000_000), Some(0), Some((1.0, 2.0)), NOON);
+    let bill = Bill {
+        tokens: Price {
+            input_per_1m: 1.0,
+            output_per_1m: 2.0,
+        },
+        engine_usd: 0.0,
+    };
+    charge.settle(Some(1_000_000), Some(0), bill, NOON);
     let refusal = tenant.admit(1, 1, now, NOON).unwrap_err();
     assert_eq!(refusal.limit, Limit::Budget);
     assert_eq!(refusal.retry_after, Duration::from_secs(12 * 3_600));

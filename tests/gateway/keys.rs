@@ -534,3 +534,120 @@ async fn with_redis_away_a_keys_limits_count_per_replica_and_nothing_blocks() {
     let window = &usage(&a, "a").await["requests_per_minute"];
     assert!(window["remaining"].as_u64().unwrap() > 250, "{window}");
 }
+
+/// A whole (non-stream) request with `key` for `model` on `path` in its dialect's shape
+/// (`/v1/chat/completions` or `/v1/messages`), of `max_tokens`.
+async fn whole(gw: SocketAddr, path: &str, key: &str, model: &str, max_tokens: u32) -> Value {
+    let body = json!({"model": model, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "a prompt of a few words, counted by the engine"}]});
+    let auth = format!("Bearer {key}");
+    let ex = support::send(
+        &http_client(None).unwrap(),
+        gw,
+        Method::POST,
+        path,
+        Some(body.to_string().as_bytes()),
+        &[
+            ("content-type", "application/json"),
+            ("authorization", &auth),
+        ],
+    )
+    .await;
+    assert_eq!(ex.status, 200);
+    ex.json()
+}
+
+#[tokio::test]
+async fn a_whole_answer_is_charged_the_usage_its_body_reported_at_its_models_price() {
+    for (dialect, path, input, output) in [
+        (
+            "openai",
+            "/v1/chat/completions",
+            "prompt_tokens",
+            "completion_tokens",
+        ),
+        ("anthropic", "/v1/messages", "input_tokens", "output_tokens"),
+    ] {
+        // `big` is the same engine's model priced ten times `m`.
+        let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+        let backend = support::backend_yaml(
+            "sim",
+            sim,
+            dialect,
+            "    models: {m: m, big: m}\n    cost: {input_per_1m: 1, output_per_1m: 2, models: {big: {input_per_1m: 10, output_per_1m: 20}}}\n",
+        );
+        let gw = support::gateway(&format!(
+            "backends:\n{backend}api_keys:\n  - {{key_env: A, name: a}}\n"
+        ))
+        .await;
+        let mut expected = 0.0;
+        let (mut inputs, mut outputs) = (0, 0);
+        for (model, per_1m) in [("m", (1.0, 2.0)), ("big", (10.0, 20.0))] {
+            let answer = whole(gw.addr(), path, "key-of-A", model, 7).await;
+            let (i, o) = (
+                answer["usage"][input].as_u64().unwrap(),
+                answer["usage"][output].as_u64().unwrap(),
+            );
+            inputs += i;
+            outputs += o;
+            expected += (i as f64 * per_1m.0 + o as f64 * per_1m.1) / 1e6;
+        }
+        until(|| async { usage(&gw, "a").await["output_tokens_total"] == outputs }).await;
+        let a = usage(&gw, "a").await;
+        assert_eq!(a["input_tokens_total"], inputs, "{dialect}: {a}");
+        assert_eq!(a["output_tokens_total"], outputs, "{dialect}: {a}");
+        assert_eq!(
+            a["estimated_total"], 0,
+            "{dialect}: nothing settled at the estimate"
+        );
+        let spent = a["spent_usd"].as_f64().unwrap();
+        assert!(
+            (spent - expected).abs() < 1e-12,
+            "{dialect}: {spent} against {expected}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_engine_priced_by_the_hour_charges_each_request_its_share_of_the_engines_time() {
+    // $3600 an hour: a dollar for each second of the engine, 20 ms a token, 10 tokens.
+    let (_fleet, gw) = gateway(
+        "openai",
+        "    cost: {gpu_hour_usd: 3600}\n",
+        "  - {key_env: A, name: alone}\n  - {key_env: B, name: b}\n  - {key_env: C, name: c}\n",
+    )
+    .await;
+    let spent = |name: &'static str| {
+        let gw = &gw;
+        async move { usage(gw, name).await["spent_usd"].as_f64().unwrap() }
+    };
+    let addr = gw.addr();
+    let timed = |key: &'static str| async move {
+        let start = tokio::time::Instant::now();
+        assert_eq!(chat(addr, key, 10).await.status, 200);
+        start.elapsed().as_secs_f64()
+    };
+    let wall = timed("key-of-A").await;
+    until(|| async { spent("alone").await > 0.0 }).await;
+    let alone = spent("alone").await;
+    assert!(
+        (0.9 * 0.2..=wall).contains(&alone),
+        "alone, it pays the engine's time it held: {alone} of {wall} s"
+    );
+    // Two at once share each second.
+    let (wall_b, wall_c) = tokio::join!(timed("key-of-B"), timed("key-of-C"));
+    until(|| async { spent("b").await > 0.0 && spent("c").await > 0.0 }).await;
+    let (b, c) = (spent("b").await, spent("c").await);
+    assert!(
+        b + c <= wall_b.max(wall_c),
+        "the shares add up to the time the engine was held: {b} + {c} against {wall_b} and {wall_c} s"
+    );
+    assert!(
+        b <= 0.75 * wall_b && c <= 0.75 * wall_c,
+        "each paid about half its time: {b} of {wall_b} s, {c} of {wall_c} s"
+    );
+    assert!(
+        b >= 0.09 && c >= 0.09,
+        "and at least half of its own: {b}, {c}"
+    );
+}

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, Uri};
 use super::super::raw::{RawBackend, RawContextWindow, RawDiscovery, RawPrefixCache, RawPrior};
 use super::super::{
     BackendConfig, BackendDialect, ContextWindows, Cost, Discovery, Ejection, ModelMap,
-    PrefixIndexSize, PriorPoint, ResponsesApi, Timeouts,
+    PrefixIndexSize, Price, PriorPoint, ResponsesApi, Timeouts,
 };
 use super::{DAY_MS, DAY_S, HUGE, Result, readable, within};
 use crate::yaml::ConfigError;
@@ -52,7 +52,7 @@ pub(super) fn backend(
     let models = models(&format!("{at}.models"), &b.models)?;
     let max_context_tokens = context_windows(at, b, &models)?;
     bounds(at, b)?;
-    let cost = cost(at, b)?;
+    let cost = cost(at, b, &models)?;
     if let Some(ca) = &b.ca_file {
         readable(&format!("{at}.ca_file"), ca)?;
         if url.scheme_str() != Some("https") {
@@ -384,28 +384,54 @@ fn bounds(at: &str, b: &RawBackend) -> Result<()> {
     Ok(())
 }
 
-/// `cost`: prices within range.
-fn cost(at: &str, b: &RawBackend) -> Result<Option<Cost>> {
-    Ok(match b.cost {
-        None => None,
-        Some(c) => {
-            for (field, v) in [
-                ("input_per_1m", c.input_per_1m),
-                ("output_per_1m", c.output_per_1m),
-            ] {
-                if !(0.0..=HUGE).contains(&v) {
-                    return Err(ConfigError::at(
-                        format!("{at}.cost.{field}"),
-                        format!("{v} is out of range: give 0 to {HUGE} (USD per million tokens)"),
-                    ));
-                }
+/// `cost`: prices within range, per model only for models the backend serves.
+fn cost(at: &str, b: &RawBackend, models: &ModelMap) -> Result<Option<Cost>> {
+    let Some(c) = &b.cost else {
+        return Ok(None);
+    };
+    let at = format!("{at}.cost");
+    let price = |at: &str, input_per_1m: f64, output_per_1m: f64| {
+        for (field, v) in [
+            ("input_per_1m", input_per_1m),
+            ("output_per_1m", output_per_1m),
+        ] {
+            if !(0.0..=HUGE).contains(&v) {
+                return Err(ConfigError::at(
+                    format!("{at}.{field}"),
+                    format!("{v} is out of range: give 0 to {HUGE} (USD per million tokens)"),
+                ));
             }
-            Some(Cost {
-                input_per_1m: c.input_per_1m,
-                output_per_1m: c.output_per_1m,
-            })
         }
-    })
+        Ok(Price {
+            input_per_1m,
+            output_per_1m,
+        })
+    };
+    let mut cost = Cost {
+        tokens: price(&at, c.input_per_1m, c.output_per_1m)?,
+        ..Cost::default()
+    };
+    for (model, p) in &c.models {
+        let at = format!("{at}.models.{model}");
+        if models.upstream(model).is_none() {
+            return Err(ConfigError::at(
+                at,
+                "is not among this backend's `models`: price one of them (its client name)",
+            ));
+        }
+        cost.models
+            .insert(model.clone(), price(&at, p.input_per_1m, p.output_per_1m)?);
+    }
+    if let Some(usd) = c.gpu_hour_usd {
+        if !(0.0..=HUGE).contains(&usd) {
+            return Err(ConfigError::at(
+                format!("{at}.gpu_hour_usd"),
+                format!("{usd} is out of range: give 0 to {HUGE} (USD per hour of the engine)"),
+            ));
+        }
+        cost.gpu_hour_usd = Some(usd);
+    }
+    Ok(Some(cost))
 }
 
 /// The backend's prefix index from `prefix_cache:` and its own `prefix_cache_tokens`: at

@@ -110,6 +110,55 @@ fn a_context_window_is_one_number_or_one_per_model_and_a_mistake_names_its_field
 }
 
 #[test]
+fn a_backend_prices_its_tokens_per_model_and_its_engine_by_the_hour() {
+    let cost =
+        |extra: &str| parse(&format!("{BASE}{extra}"), no_env).map(|c| c.backends[0].cost.clone());
+    assert_eq!(cost("").unwrap(), None);
+    let priced = cost(
+        "    cost: {input_per_1m: 1, output_per_1m: 2, models: {small: {input_per_1m: 10, output_per_1m: 20}}}\n",
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(priced.price("small").usd(1_000_000, 1_000_000), 30.0);
+    assert_eq!(priced.price("other").usd(1_000_000, 1_000_000), 3.0);
+    assert_eq!(priced.gpu_hour_usd, None);
+    let hourly = cost("    cost: {gpu_hour_usd: 2.5}\n").unwrap().unwrap();
+    assert_eq!(
+        (hourly.gpu_hour_usd, hourly.price("small").usd(9, 9)),
+        (Some(2.5), 0.0)
+    );
+
+    let named_only = BASE.replace(", \"*\": \"*\"", "");
+    let cases = [
+        (
+            format!("{BASE}    cost: {{input_per_1m: -1}}\n"),
+            "backends[0].cost.input_per_1m",
+            "USD per million tokens",
+        ),
+        (
+            format!("{named_only}    cost: {{models: {{big: {{output_per_1m: 1}}}}}}\n"),
+            "backends[0].cost.models.big",
+            "not among this backend's `models`",
+        ),
+        (
+            format!("{BASE}    cost: {{models: {{small: {{output_per_1m: -2}}}}}}\n"),
+            "backends[0].cost.models.small.output_per_1m",
+            "out of range",
+        ),
+        (
+            format!("{BASE}    cost: {{gpu_hour_usd: -3}}\n"),
+            "backends[0].cost.gpu_hour_usd",
+            "USD per hour",
+        ),
+    ];
+    for (text, path, why) in cases {
+        let err = parse(&text, no_env).unwrap_err();
+        assert_eq!(err.path, path, "{text}\n{err}");
+        assert!(err.to_string().contains(why), "{err}");
+    }
+}
+
+#[test]
 fn a_class_without_an_slo_waits_for_room_unless_told_otherwise() {
     let text = format!(
         "{BASE}classes:\n  - {{name: chat, min_tps: 20}}\n  - {{name: batch}}\n  - {{name: bulk, on_miss: shed}}\n"

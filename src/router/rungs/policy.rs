@@ -63,9 +63,10 @@ pub(super) fn order(
 /// Price of the request on a candidate, USD per million tokens times tokens; unpriced backends
 /// (self-hosted) cost 0.
 fn price(c: &Candidate<'_>, ask: &Ask<'_>) -> f64 {
-    c.backend.config.cost.map_or(0.0, |cost| {
-        cost.input_per_1m * ask.prompt_tokens as f64
-            + cost.output_per_1m * ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from)
+    c.backend.config.cost.as_ref().map_or(0.0, |cost| {
+        let price = cost.price(ask.model);
+        price.input_per_1m * ask.prompt_tokens as f64
+            + price.output_per_1m * ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from)
     })
 }
 
