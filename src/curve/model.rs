@@ -78,14 +78,16 @@ impl Prediction {
         }
     }
 
-    /// The same, with a first token no sooner than `at_least_s` (a wait seen live). A floor at
-    /// or below the median moves nothing (the spread's quantiles are not negative): asked of
-    /// every candidate, that case copies nothing.
-    pub(crate) fn ttft_at_least(self, at_least_s: f64) -> Self {
+    /// Its first token no sooner than `at_least_s` (a wait seen live). A floor at or below the
+    /// median moves nothing (the spread's quantiles are not negative). In place: asked of
+    /// every candidate, it copies nothing.
+    pub(crate) fn raise_ttft(&mut self, at_least_s: f64) {
         if at_least_s <= self.ttft_p50_s && self.ttft.quantile(0.0) >= 0.0 {
-            return self;
+            return;
         }
-        self.with_ttft(self.ttft.at_least(at_least_s, at_least_s))
+        self.ttft = self.ttft.at_least(at_least_s, at_least_s);
+        self.ttft_p50_s = self.ttft.median();
+        self.ttft_p90_s = self.ttft.quantile(0.9);
     }
 
     /// The decayed count of samples behind it at its concurrency (the fewer of speed's and
@@ -100,14 +102,6 @@ impl Prediction {
         Self {
             unproven: self.unproven,
             ..Self::new(tps, self.ttft, self.confidence, self.beyond_evidence)
-        }
-    }
-
-    /// The same, with the first-token spread `ttft`.
-    fn with_ttft(self, ttft: Spread) -> Self {
-        Self {
-            unproven: self.unproven,
-            ..Self::new(self.tps, ttft, self.confidence, self.beyond_evidence)
         }
     }
 

@@ -65,7 +65,8 @@ impl Health {
 
     fn until(&self, slot: &AtomicU64, now: Instant) -> Option<Instant> {
         let until = slot.load(Ordering::Relaxed);
-        (until > self.ms(now)).then(|| self.born + Duration::from_millis(until))
+        // 0: never set, or cleared (most backends, every decision): no clock arithmetic.
+        (until != 0 && until > self.ms(now)).then(|| self.born + Duration::from_millis(until))
     }
 
     /// Until when the backend is ejected, if it is at `now`.

@@ -127,10 +127,10 @@ impl Predictor<'_> {
                 let mut p =
                     model.predict_beside(concurrency, *neighbours, *per_neighbour_s, prefill);
                 if concurrency > 1.0 {
-                    p = p.ttft_at_least(*queue_s);
+                    p.raise_ttft(*queue_s);
                 }
                 if let Some(rate) = prefill_rate {
-                    p = p.ttft_at_least(prefill as f64 / rate);
+                    p.raise_ttft(prefill as f64 / rate);
                 }
                 Some(p)
             }
