@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::ask::Ask;
 use super::predictor::Predictor;
-use crate::config::ClassConfig;
+use crate::config::{ClassConfig, Slo};
 use crate::curve::Prediction;
 use crate::fleet::{Backend, Hit};
 
@@ -64,10 +64,9 @@ pub(crate) struct Estimate {
     pub prediction: Prediction,
     /// The request's own slack there ([`Slo::slack`](crate::config::Slo::slack)).
     pub slack: f64,
-    /// How likely the request is to meet both its targets there
-    /// ([`Prediction::chance`](crate::curve::Prediction::chance), with the TTFT budget it has
-    /// left).
-    pub chance: f64,
+    /// The request's targets as they stand at the decision (its TTFT budget what it has left):
+    /// what [`Estimate::chance`] is read against, only where a rung asks.
+    pub slo: Slo,
     /// Every class already decoding there, and on the backends sharing its device, keeps its
     /// speed target (the prefill's stall aside: [`Candidate::keeps_others`]).
     pub keeps_classes: bool,
@@ -88,6 +87,15 @@ pub(crate) struct Estimate {
     /// backends on its device, the rest as they are); infinite elsewhere, where placing a
     /// request changes no other backend ([`Candidate::room`]).
     pub next_slack: f64,
+}
+
+impl Estimate {
+    /// How likely the request is to meet both its targets there
+    /// ([`Prediction::chance`](crate::curve::Prediction::chance)).
+    pub(crate) fn chance(&self) -> f64 {
+        self.prediction
+            .chance(self.slo.min_tps, self.slo.max_ttft_s)
+    }
 }
 
 impl Candidate<'_> {
@@ -215,7 +223,7 @@ impl Candidate<'_> {
                 .sum(),
             _ => 0.0,
         };
-        let gain = e.chance - loss.max(self.stall_loss()) - e.neighbour_loss;
+        let gain = e.chance() - loss.max(self.stall_loss()) - e.neighbour_loss;
         (!full || waits.is_some_and(|least| gain >= least)).then_some(gain)
     }
 

@@ -198,7 +198,7 @@ impl<'r> Evaluator<'r> {
         Estimate {
             prediction: p,
             slack: basis.slo.slack(&p),
-            chance: p.chance(basis.slo.min_tps, basis.slo.max_ttft_s),
+            slo: basis.slo,
             keeps_classes: self.classes_keep_speed(backend, &p) && neighbours.keeps,
             neighbour_loss: neighbours.loss,
             leaves_room: !basis.batch

@@ -692,7 +692,7 @@ fn trace_candidate(c: &Candidate<'_>) {
         beyond_evidence = p.map(|p| p.beyond_evidence),
         slack = e.map(|e| e.slack),
         next_slack = e.map(|e| e.next_slack),
-        chance = e.map(|e| e.chance),
+        chance = e.map(|e| e.chance()),
         keeps_others = c.keeps_others(),
         stall_loss = c.stall_loss(),
         stall_s_per_token = c.backend.paces.stall_s_per_token(),

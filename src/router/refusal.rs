@@ -111,8 +111,8 @@ impl<'a> Refusal<'a> {
             .iter()
             .filter_map(|c| c.estimate.map(|e| (c, e)))
             .max_by(|(_, a), (_, b)| {
-                a.chance
-                    .total_cmp(&b.chance)
+                a.chance()
+                    .total_cmp(&b.chance())
                     .then(a.slack.total_cmp(&b.slack))
             });
         let Some((c, e)) = best else {

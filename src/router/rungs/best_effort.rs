@@ -39,7 +39,7 @@ pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usi
 /// the one with fewer in flight.
 fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
     // A backend never observed counts as no chance and no slack: below any that has some.
-    let gain = |c: &Candidate<'_>| c.estimate.map_or(0.0, |e| e.chance) - c.stall_loss();
+    let gain = |c: &Candidate<'_>| c.estimate.map_or(0.0, |e| e.chance()) - c.stall_loss();
     let slack = |c: &Candidate<'_>| c.estimate.map_or(0.0, |e| e.slack);
     gain(a)
         .total_cmp(&gain(b))

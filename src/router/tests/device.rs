@@ -398,9 +398,9 @@ fn requests_on_an_engine_short_of_the_target_even_alone_are_charged_a_neighbours
         .candidates(&ask(&router, 0), Policy::Headroom)
         .swap_remove(1);
     assert!(
-        serial.estimate.unwrap().chance > 0.9,
+        serial.estimate.unwrap().chance() > 0.9,
         "{}",
-        serial.estimate.unwrap().chance
+        serial.estimate.unwrap().chance()
     );
     assert!(
         serial.estimate.unwrap().neighbour_loss < 0.5,

@@ -86,9 +86,9 @@ fn a_backend_whose_p10_sits_just_below_the_target_still_serves() {
     let candidates = router.candidates(&ask, Policy::Headroom);
     assert!(!candidates[0].feasible(), "its p10 misses the target");
     assert!(
-        candidates[0].estimate.unwrap().chance > 0.7,
+        candidates[0].estimate.unwrap().chance() > 0.7,
         "{}",
-        candidates[0].estimate.unwrap().chance
+        candidates[0].estimate.unwrap().chance()
     );
     let _held = occupy(&router, 0, 0, 3);
     assert_eq!(reason_of(&router, &ask), Ok(Reason::BestChance));
