@@ -14,7 +14,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::PrefixIndexSize;
-use crate::prefix::{Calibration, Held, Report, RequestPrefix};
+use crate::prefix::{Calibration, Held, Presence, Report, RequestPrefix};
 
 /// Weight of one request in the hit-rate averages.
 const RATE_ALPHA: f64 = 0.02;
@@ -34,11 +34,16 @@ pub struct Hit {
     pub depth: Option<u32>,
 }
 
-/// One backend's index. Every method takes its lock once, briefly; none awaits.
+/// One backend's index. Every method takes its lock once, briefly; none awaits. Asked about a
+/// prefix none of which it holds (most candidates of most requests), it takes none.
 #[derive(Debug)]
 pub struct PrefixIndex {
     size: PrefixIndexSize,
     state: Mutex<State>,
+    /// Which blocks it may hold, without the lock.
+    presence: Presence,
+    /// [`Hit::fill_per_mille`] as the last change left it.
+    fill_per_mille: std::sync::atomic::AtomicU32,
     /// Uncached prompt tokens of requests sent here that have no first token yet.
     prefill_waiting: AtomicU64,
     /// The backend has reported cached tokens in a usage.
@@ -93,10 +98,13 @@ pub(crate) struct IndexView {
 impl PrefixIndex {
     /// An empty index of `size`.
     pub fn new(size: PrefixIndexSize) -> Self {
+        let held = Held::new(size.blocks, size.ttl);
         Self {
             size,
+            presence: held.presence(),
+            fill_per_mille: std::sync::atomic::AtomicU32::new(0),
             state: Mutex::new(State {
-                held: Held::new(size.blocks, size.ttl),
+                held,
                 calibration: Calibration::new(size.blocks),
                 estimated: CachedShare::default(),
                 reported: CachedShare::default(),
@@ -116,18 +124,28 @@ impl PrefixIndex {
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut state)
+        let out = f(&mut state);
+        let fill = u32::try_from(state.held.len() * 1000 / state.held.capacity().max(1))
+            .unwrap_or(u32::MAX);
+        self.fill_per_mille.store(fill, Ordering::Relaxed);
+        out
     }
 
     /// What this backend is expected to hold of `prefix` at `now` (nothing is touched).
     pub fn expected(&self, prefix: &RequestPrefix, now: Instant) -> Hit {
+        let fill_per_mille = self.fill_per_mille.load(Ordering::Relaxed);
+        if !Held::may_hold_any(&self.presence, &prefix.hashes, prefix.hint) {
+            return Hit {
+                fill_per_mille,
+                ..Hit::default()
+            };
+        }
         self.with(|s| {
             let blocks = s.held.longest(&prefix.hashes, now);
             Hit {
                 cached_tokens: blocks as u64 * u64::from(self.size.block_tokens),
                 hint: prefix.hint.is_some_and(|h| s.held.longest(&[h], now) == 1),
-                fill_per_mille: u32::try_from(s.held.len() * 1000 / s.held.capacity().max(1))
-                    .unwrap_or(u32::MAX),
+                fill_per_mille,
                 depth: blocks
                     .checked_sub(1)
                     .and_then(|last| s.held.depth(prefix.hashes[last])),

@@ -28,9 +28,11 @@ use tokio::time::Instant;
 #[cfg(test)]
 pub(crate) use calibration::{CALIBRATION_WINDOW, MIN_CALIBRATED_BLOCKS};
 pub(crate) use calibration::{Calibration, Report};
+pub(crate) use presence::Presence;
 use recency::Recency;
 
 mod calibration;
+mod presence;
 mod recency;
 
 /// The hashes of the whole blocks of one prompt, in order; `hashes[k]` stands for the prefix
@@ -111,6 +113,8 @@ pub(crate) fn coarse(hashes: &[u64]) -> impl DoubleEndedIterator<Item = u64> + '
 #[derive(Debug)]
 pub(crate) struct Held {
     blocks: LruCache<u64, Touch>,
+    /// Which hashes may be held, for readers without the lock ([`Held::presence`]).
+    counts: presence::Counts,
     recency: Recency,
     ttl: Duration,
     evicted: u64,
@@ -129,10 +133,30 @@ impl Held {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         Self {
             blocks: LruCache::new(capacity),
+            counts: presence::Counts::new(capacity.get()),
             recency: Recency::new(capacity.get()),
             ttl,
             evicted: 0,
         }
+    }
+
+    /// Which hashes it may hold, asked without its lock: "no" is certain.
+    pub(crate) fn presence(&self) -> Presence {
+        self.counts.presence()
+    }
+
+    /// Whether [`Held::longest`] may find any of `hashes`, or `extra` be held: where not, that
+    /// is 0 and nothing needs looking up. Three blocks tell: whatever is held of a prompt
+    /// starts at its first block (routed here) or at its first coarse one (learned from a
+    /// peer; a peer's coarse blocks are prefix-closed among themselves, as every insert touches
+    /// a prefix last to first), and `longest` finds nothing past a first block not held but
+    /// the whole prompt (its last block held).
+    pub(crate) fn may_hold_any(presence: &Presence, hashes: &[u64], extra: Option<u64>) -> bool {
+        let at = |i: usize| hashes.get(i).is_some_and(|&h| presence.may_hold(h));
+        extra.is_some_and(|h| presence.may_hold(h))
+            || at(0)
+            || at(SHARE_STEP.min(hashes.len()).saturating_sub(1))
+            || hashes.len().checked_sub(1).is_some_and(at)
     }
 
     /// Blocks held now (expired ones included until they are evicted or looked at).
@@ -154,7 +178,11 @@ impl Held {
     /// Changes the most blocks held, evicting the least recent beyond it.
     pub(crate) fn resize(&mut self, capacity: usize) {
         let cap = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
-        while self.blocks.len() > cap.get() && self.blocks.pop_lru().is_some() {
+        while self.blocks.len() > cap.get() {
+            let Some((hash, _)) = self.blocks.pop_lru() else {
+                break;
+            };
+            self.counts.remove(hash);
             self.evicted += 1;
         }
         self.blocks.resize(cap);
@@ -223,11 +251,16 @@ impl Held {
                     self.recency.touch().unwrap_or_default()
                 }
             };
-            if let Some((old, touch)) = self.blocks.push(hash, Touch { at: now, number }) {
-                self.recency.forget(touch.number);
-                if old != hash {
-                    self.evicted += 1;
+            match self.blocks.push(hash, Touch { at: now, number }) {
+                Some((old, touch)) => {
+                    self.recency.forget(touch.number);
+                    if old != hash {
+                        self.evicted += 1;
+                        self.counts.remove(old);
+                        self.counts.add(hash);
+                    }
                 }
+                None => self.counts.add(hash),
             }
         }
     }

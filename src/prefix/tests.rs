@@ -94,6 +94,47 @@ proptest! {
             prop_assert_eq!(held.depth(h), want, "block {}", h);
         }
     }
+
+    #[test]
+    fn a_prefix_the_presence_bits_rule_out_is_one_the_set_does_not_hold(
+        capacity in 1usize..60,
+        // (which of three prompts, how many blocks of it, learned from a peer)
+        inserts in prop::collection::vec((0usize..3, 1usize..14, proptest::bool::ANY), 0..40),
+        shrink_to in 1usize..60,
+        asked in (0usize..3, 1usize..14, 0usize..14),
+        hint in prop::option::of(0u64..4)) {
+        let now = Instant::now();
+        let prompts: Vec<Vec<u64>> = (0..3u8)
+            .map(|k| chain(&[[k; 8], [9; 8]].concat().repeat(7), 8))
+            .collect();
+        let mut held = Held::new(capacity, HOUR);
+        let presence = held.presence();
+        for (k, &(p, len, peer)) in inserts.iter().enumerate() {
+            let blocks = &prompts[p][..len];
+            if peer {
+                held.insert(coarse(blocks), now);
+            } else {
+                held.insert(blocks.iter().copied(), now);
+            }
+            if k == inserts.len() / 2 {
+                held.resize(shrink_to);
+            }
+        }
+        let (p, len, differ_at) = asked;
+        let mut asked = prompts[p][..len].to_vec();
+        for h in asked.iter_mut().skip(differ_at) {
+            *h ^= 1;
+        }
+        if !Held::may_hold_any(&presence, &asked, hint) {
+            prop_assert_eq!(held.longest(&asked, now), 0);
+            prop_assert!(hint.is_none_or(|h| held.longest(&[h], now) == 0));
+        }
+        for h in prompts.iter().flatten() {
+            if held.longest(&[*h], now) == 1 {
+                prop_assert!(presence.may_hold(*h), "every block held is maybe held");
+            }
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
