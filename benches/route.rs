@@ -116,24 +116,44 @@ fn route(c: &mut Criterion) {
     // on its backend, so later decisions find holders, as a conversation's turns do. Both with a
     // few requests in flight on each backend (`i % 5`, so that occupancies differ); `busy`: the
     // default path with 32 streams in flight on every backend, where a decision that scanned
-    // each candidate's streams would cost the most.
+    // each candidate's streams would cost the most. `fresh`: `busy`, but each decision's prompt
+    // is one no backend holds (a new conversation's), so every candidate has its whole prefill
+    // to charge to the streams there.
     let prompt = tpsgate::RequestPrefix {
         hashes: (1..=31).collect(),
         hint: None,
     };
     let few: fn(usize) -> usize = |i| i % 5;
     let busy: fn(usize) -> usize = |_| 32;
-    for (name, prefix, prompt_tokens, streams) in [
-        ("route_decision/no_prefix", None, 64, few),
-        ("route_decision/prefix", Some(&prompt), 2000, few),
-        ("route_decision/busy", Some(&prompt), 2000, busy),
+    for (name, prefix, prompt_tokens, streams, fresh) in [
+        ("route_decision/no_prefix", None, 64, few, false),
+        ("route_decision/prefix", Some(&prompt), 2000, few, false),
+        ("route_decision/busy", Some(&prompt), 2000, busy, false),
+        ("route_decision/fresh", Some(&prompt), 2000, busy, true),
     ] {
         let mut group = c.benchmark_group(name);
         for n in [4usize, 8, 64, 256] {
             let (router, _held) = router(n, streams);
             let slo = router.classes()[0].slo;
+            let mut conversation = 0_u64;
             group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
                 b.iter(|| {
+                    let new_prompt;
+                    let prefix = match prefix {
+                        Some(_) if fresh => {
+                            conversation += 1;
+                            new_prompt = tpsgate::RequestPrefix {
+                                hashes: (0..31)
+                                    .map(|k| {
+                                        (conversation << 8 | k).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                                    })
+                                    .collect(),
+                                hint: None,
+                            };
+                            Some(&new_prompt)
+                        }
+                        other => other,
+                    };
                     let ask = Ask {
                         model: "m",
                         reach: tpsgate::Reach::own(BackendDialect::Openai),
