@@ -43,6 +43,15 @@ pub const ROUTE_DECISIONS: &str = "tpsgate_route_decisions_total";
 pub const REFUSALS: &str = "tpsgate_refusals_total";
 /// The derived concurrency cap per backend, model and class.
 pub const CONCURRENCY_CAP: &str = "tpsgate_concurrency_cap";
+/// Per model and latency class, over the healthy backends serving the model, by `kind`:
+/// `within_slo` (their caps summed: the requests they hold within the SLO) and `in_flight`
+/// (their requests in flight, fleet-wide). Their ratio is what an autoscaler scales an engine
+/// on (deploy/k8s/autoscale).
+pub const CAPACITY_REQUESTS: &str = "tpsgate_capacity_requests";
+/// Per model and latency class: the requests per second the healthy backends serving the model
+/// could take on within the SLO (each one's free slots under its cap over the time a request
+/// holds one).
+pub const CAPACITY_SPARE_RPS: &str = "tpsgate_capacity_spare_requests_per_second";
 /// Per latency class: 1 while some backend's curve meets its SLO with one request alone, 0
 /// while none does (unset before any curve has evidence).
 pub(crate) const SLO_FEASIBLE: &str = "tpsgate_slo_feasible";

@@ -88,6 +88,12 @@ fn the_gateway_configs_the_manifests_carry_are_valid() {
 
 /// `kubectl kustomize` of one overlay: its manifests.
 fn rendered(overlay: &str) -> (String, Vec<serde_yaml::Value>) {
+    rendered_at(&deploy().join("k8s/overlays").join(overlay))
+}
+
+/// `kubectl kustomize` of the directory `dir`: the text and its documents.
+fn rendered_at(dir: &Path) -> (String, Vec<serde_yaml::Value>) {
+    let overlay = dir.display();
     support::tool("kubectl", "kubernetes-client");
     // Components and `labels:` need kustomize 4 (kubectl 1.21 and later); Debian bookworm's
     // kubernetes-client is 1.20.
@@ -106,7 +112,7 @@ fn rendered(overlay: &str) -> (String, Vec<serde_yaml::Value>) {
     );
     let out = Command::new("kubectl")
         .arg("kustomize")
-        .arg(deploy().join("k8s/overlays").join(overlay))
+        .arg(dir)
         .output()
         .unwrap();
     assert!(
@@ -201,6 +207,65 @@ fn each_kustomize_overlay_renders_manifests_kubernetes_and_pod_security_accept()
             "with the Redis component"
         );
     }
+}
+
+/// The autoscaling example renders and passes the Kubernetes schemas, and its chain holds: the
+/// HPA's external metric is the one the adapter rule serves, from the series Prometheus records,
+/// from gauges the gateway exports.
+#[test]
+fn the_autoscaler_scales_an_engine_on_the_capacity_the_gateway_exports() {
+    let validate = support::venv_program("kubernetes-validate");
+    let (text, docs) = rendered_at(&deploy().join("k8s/autoscale"));
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("autoscale.yaml");
+    std::fs::write(&file, &text).unwrap();
+    let out = Command::new(&validate)
+        .args(["--strict", "--quiet", "-k", "1.30.0"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && !said.contains("ERROR"), "{said}");
+
+    let hpa = docs
+        .iter()
+        .find(|d| d["kind"] == "HorizontalPodAutoscaler")
+        .unwrap();
+    let metric = &hpa["spec"]["metrics"][0]["external"]["metric"];
+    let rules = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .and_then(|d| d["data"]["config.yaml"].as_str())
+        .unwrap();
+    let rules: serde_yaml::Value = serde_yaml::from_str(rules).unwrap();
+    let rule = &rules["externalRules"][0];
+    assert_eq!(rule["name"]["as"], metric["name"]);
+    let recorded = rule["seriesQuery"].as_str().unwrap().trim_matches('\'');
+    assert!(rule["metricsQuery"].as_str().unwrap().contains(recorded));
+    for label in ["model", "class"] {
+        assert!(
+            metric["selector"]["matchLabels"][label].is_string(),
+            "the HPA picks one {label}"
+        );
+    }
+
+    let alerts = documents(&deploy().join("prometheus/alerts.yml"));
+    let record = alerts[0]["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap())
+        .find(|r| r["record"] == recorded)
+        .unwrap_or_else(|| panic!("Prometheus records {recorded}"));
+    let expr = record["expr"].as_str().unwrap();
+    assert!(
+        expr.contains(tpsgate::telemetry::CAPACITY_REQUESTS),
+        "{expr}"
+    );
 }
 
 /// The sidecar starts before the app and stops after it: a native sidecar (an init container

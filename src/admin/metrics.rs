@@ -5,8 +5,9 @@ use metrics::gauge;
 
 use crate::router::Router;
 use crate::telemetry::{
-    BACKEND_HEALTHY, CONCURRENCY_CAP, CURVE_TPS, CURVE_TTFT, IN_FLIGHT, PREFIX_HIT_RATIO,
-    PREFIX_INDEX_BLOCKS, QUEUE_WAITING, SLO_ATTAINMENT, SLO_FEASIBLE, prometheus,
+    BACKEND_HEALTHY, CAPACITY_REQUESTS, CAPACITY_SPARE_RPS, CONCURRENCY_CAP, CURVE_TPS, CURVE_TTFT,
+    IN_FLIGHT, PREFIX_HIT_RATIO, PREFIX_INDEX_BLOCKS, QUEUE_WAITING, SLO_ATTAINMENT, SLO_FEASIBLE,
+    prometheus,
 };
 
 /// Renders `/metrics`: refreshes the in-flight, curve, process and standing gauges (with the
@@ -75,8 +76,17 @@ pub(crate) fn render(router: &Router, last_reload: Option<(u64, bool)>) -> Strin
                 .set(f64::from(u8::from(feasible)));
         }
     }
-    for cap in router.caps() {
+    let caps = router.caps();
+    for cap in &caps {
         gauge!(CONCURRENCY_CAP, "backend" => cap.backend.to_string(), "model" => cap.model.to_string(), "class" => cap.class.to_string()).set(f64::from(cap.cap));
+    }
+    for c in crate::router::capacity(&caps) {
+        let (model, class) = (c.model.to_string(), c.class.to_string());
+        for (kind, n) in [("within_slo", c.within_slo), ("in_flight", c.in_flight)] {
+            gauge!(CAPACITY_REQUESTS, "model" => model.clone(), "class" => class.clone(), "kind" => kind)
+                .set(f64::from(n));
+        }
+        gauge!(CAPACITY_SPARE_RPS, "model" => model, "class" => class).set(c.spare_rps);
     }
     gauge!(QUEUE_WAITING).set(router.waiting() as f64);
     crate::telemetry::collect_process();

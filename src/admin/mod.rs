@@ -285,7 +285,14 @@ fn curves(router: &Router) -> serde_json::Value {
                 "refusals": refusals})
         })
         .collect();
-    json!({"curves": list, "classes": classes})
+    let capacity: Vec<_> = crate::router::capacity(&caps)
+        .into_iter()
+        .map(|c| {
+            json!({"model": &*c.model, "class": &*c.class, "within_slo": c.within_slo,
+                "in_flight": c.in_flight, "spare_requests_per_second": c.spare_rps})
+        })
+        .collect();
+    json!({"curves": list, "classes": classes, "capacity": capacity})
 }
 
 /// The backend likeliest to meet a class's SLO alone, as `/admin/curves` shows it.

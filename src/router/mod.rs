@@ -54,7 +54,7 @@ pub(crate) use ask::ASSUMED_OUTPUT_TOKENS;
 use ask::LINE_RESERVE;
 pub use ask::{Ask, Reach};
 pub(crate) use candidates::Candidate;
-pub(crate) use caps::{Best, Cap, SloStanding};
+pub(crate) use caps::{Best, Cap, SloStanding, capacity};
 pub(crate) use decision::{Decision, Reason};
 use evaluate::Evaluator;
 use oracle::Oracle;

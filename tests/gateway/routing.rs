@@ -151,6 +151,30 @@ async fn once_observed_latency_requests_go_only_where_the_slo_holds_and_say_why(
     assert!(
         text.contains(r#"tpsgate_concurrency_cap{backend="fast",model="m",class="interactive"}"#)
     );
+
+    // For an autoscaler: what the fleet holds within the SLO, what is in flight, what it could
+    // still take on per second.
+    let capacity = curves["capacity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["model"] == "m" && c["class"] == "interactive")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        capacity["within_slo"],
+        cap("fast"),
+        "slow adds nothing: {capacity}"
+    );
+    assert_eq!(capacity["in_flight"], 0);
+    assert!(capacity["spare_requests_per_second"].as_f64().unwrap() > 0.0);
+    for series in [
+        r#"tpsgate_capacity_requests{model="m",class="interactive",kind="within_slo"}"#,
+        r#"tpsgate_capacity_requests{model="m",class="interactive",kind="in_flight"}"#,
+        r#"tpsgate_capacity_spare_requests_per_second{model="m",class="interactive"}"#,
+    ] {
+        assert!(text.contains(series), "{series}");
+    }
 }
 
 /// One slow backend (10 tok/s) behind classes that queue briefly or shed at once.
