@@ -108,6 +108,10 @@ pub(crate) const KEY_SPEND: &str = "tpsgate_key_spend_usd";
 pub(crate) const KEY_LIMITED: &str = "tpsgate_key_limited_total";
 /// Requests in flight per API key.
 pub(crate) const KEY_IN_FLIGHT: &str = "tpsgate_key_in_flight";
+/// Requests per API key and class by what became of them against the class's SLO: `verdict`
+/// `met`, `late_first_token`, `too_slow`, `shed`, `queued_too_long`, `upstream_error`,
+/// `cancelled` (`crate::tenant::attainment`).
+pub(crate) const KEY_SLO_REQUESTS: &str = "tpsgate_key_slo_requests_total";
 
 /// What a metric is, for its `# TYPE`.
 #[derive(Clone, Copy)]
@@ -184,6 +188,12 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
         ),
         (KEY_IN_FLIGHT, G, N, "Requests in flight per API key"),
         (
+            KEY_SLO_REQUESTS,
+            C,
+            N,
+            "Requests per API key and class by verdict against the class's SLO (met, late_first_token, too_slow, shed, queued_too_long, upstream_error, cancelled)",
+        ),
+        (
             GATEWAY_ERRORS,
             C,
             N,
@@ -224,6 +234,18 @@ const HELP: &[(&str, Kind, metrics::Unit, &str)] = {
             G,
             N,
             "The derived concurrency cap per backend, model and class",
+        ),
+        (
+            CAPACITY_REQUESTS,
+            G,
+            N,
+            "Per model and class, over the healthy backends serving it: the requests they hold within the SLO (kind within_slo) and those in flight (kind in_flight)",
+        ),
+        (
+            CAPACITY_SPARE_RPS,
+            G,
+            N,
+            "Per model and class: the requests per second the healthy backends serving it could take on within the SLO",
         ),
         (
             SLO_FEASIBLE,

@@ -17,7 +17,7 @@ use crate::fleet::{Backend, Hit, InFlightGuard};
 use crate::logging::RequestLine;
 use crate::sse::StreamTiming;
 use crate::sse::events::Usage;
-use crate::tenant::{Bill, Charge};
+use crate::tenant::{Bill, Charge, Verdict};
 
 /// One request's response on its way out: what its end will say and teach.
 #[derive(Debug)]
@@ -260,6 +260,7 @@ impl RequestEnd {
         let timed = self.teach(meter, now);
         self.count(timed.as_ref());
         if let Some(charge) = self.charge.take() {
+            self.judge(&charge, timing, timed.as_ref());
             self.settle(&charge, timing);
         }
         if let Some(span) = self.span.take() {
@@ -412,6 +413,35 @@ impl RequestEnd {
 }
 
 impl RequestEnd {
+    /// What became of the request against its class's SLO, for its key: its first token (from
+    /// the client's side, time in a line included) and its stream's speed against the targets;
+    /// a failure the backend's, a client gone first neither met nor missed.
+    fn judge(
+        &self,
+        charge: &Charge,
+        timing: Option<&StreamTiming>,
+        timed: Option<&(Observation, f64)>,
+    ) {
+        let Some(slo) = charge.slo() else {
+            return;
+        };
+        let verdict = if self.failed() || !self.status.is_success() {
+            Verdict::UpstreamError
+        } else if self.outcome == Outcome::Cancelled {
+            Verdict::Cancelled
+        } else {
+            let ttft = timing
+                .and_then(|t| t.first_content)
+                .map(|at| at.saturating_duration_since(self.start).as_secs_f64());
+            let tps = timed
+                .and_then(|(obs, _)| obs.tpot)
+                .filter(|tpot| *tpot > 0.0)
+                .map(|tpot| 1.0 / tpot);
+            Verdict::of_completed(&slo, ttft, tps)
+        };
+        charge.judged(verdict);
+    }
+
     /// Settles the API key's charge: a stream by the usage it reported (its content events
     /// where it reported none), a whole response by its body's usage (its estimate where it
     /// reported none), priced by the backend's `cost` for the model, with its share of the

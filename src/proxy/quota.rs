@@ -23,7 +23,7 @@ use super::classify::Classified;
 use super::endpoint::Endpoint;
 use crate::config::BackendDialect;
 use crate::error::{Error, ErrorKind};
-use crate::tenant::{self, Allowance, Limit, Quota, Refusal, Tenant};
+use crate::tenant::{self, Allowance, Charge, Limit, Quota, Refusal, Tenant, Verdict};
 
 /// Holds each API key to its limits.
 #[derive(Debug, Clone, Copy, Default)]
@@ -59,7 +59,8 @@ where
         let Some(tenant) = req.extensions().get::<Arc<Tenant>>().cloned() else {
             return QuotaFuture::pass(self.inner.call(req));
         };
-        let (prompt, output, anthropic) = match req.extensions().get::<Classified>() {
+        let classified = req.extensions().get::<Classified>();
+        let (prompt, output, anthropic) = match classified {
             Some(c) => (
                 c.prompt_tokens,
                 c.output_estimate(),
@@ -67,20 +68,31 @@ where
             ),
             None => (0, 0, Endpoint::is_anthropic(req.uri().path())),
         };
+        let class = classified
+            .filter(|c| c.model.is_some() && c.endpoint.generates())
+            .map(|c| (c.class.clone(), c.slo));
         let unix_s = tenant::unix_now();
         match tenant.admit(prompt, output, tokio::time::Instant::now(), unix_s) {
             Ok((charge, quota)) => {
+                // Generation is judged against its class's SLO; the rest (model lists,
+                // token counts, uploads) only counted.
+                let judged = class.map(|(class, slo)| {
+                    charge.of_class(class, slo);
+                    Arc::clone(&charge)
+                });
                 req.extensions_mut().insert(charge);
                 QuotaFuture {
                     inner: Some(self.inner.call(req)),
                     headers: headers(&quota, anthropic, unix_s),
                     refused: None,
+                    charge: judged,
                 }
             }
             Err(refusal) => QuotaFuture {
                 inner: None,
                 headers: None,
                 refused: Some(refused(&tenant, &refusal, anthropic, unix_s)),
+                charge: None,
             },
         }
     }
@@ -192,6 +204,8 @@ pin_project! {
         inner: Option<F>,
         headers: Option<HeaderMap>,
         refused: Option<Error>,
+        // The request's charge, to judge it by the error it ends in, if it does.
+        charge: Option<Arc<Charge>>,
     }
 }
 
@@ -201,6 +215,7 @@ impl<F> QuotaFuture<F> {
             inner: Some(inner),
             headers: None,
             refused: None,
+            charge: None,
         }
     }
 }
@@ -220,6 +235,11 @@ where
                 .unwrap_or_else(|| Error::internal("quota polled after its answer"))));
         };
         let result = ready!(inner.poll(cx));
+        if let (Some(charge), Err(e)) = (this.charge.take(), &result)
+            && let Some(verdict) = verdict_of(e)
+        {
+            charge.judged(verdict);
+        }
         let Some(headers) = this.headers.take() else {
             return Poll::Ready(result);
         };
@@ -230,6 +250,18 @@ where
             }
             Err(e) => Err(e.with_headers(headers)),
         })
+    }
+}
+
+/// What a request that ended in `e` became against its SLO; `None` for an error that says
+/// nothing of the fleet (a bad request, an unknown model).
+fn verdict_of(e: &Error) -> Option<Verdict> {
+    match e.kind() {
+        ErrorKind::SloUnmet | ErrorKind::NoBackendAvailable => Some(Verdict::Shed),
+        ErrorKind::UpstreamUnreachable
+        | ErrorKind::UpstreamTimeout
+        | ErrorKind::UpstreamResponseTimeout => Some(Verdict::UpstreamError),
+        _ => None,
     }
 }
 

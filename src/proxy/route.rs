@@ -294,6 +294,12 @@ where
                         tokens: c.tokens(),
                     },
                 );
+                // A request that went into its class's line and was refused there waited
+                // for its whole wait.
+                let queued = pending
+                    .is_none()
+                    .then(|| req.extensions().get::<Arc<Charge>>().cloned())
+                    .flatten();
                 Either::Right(Box::pin(async move {
                     let decision = {
                         let c = req.extensions().get::<Classified>();
@@ -307,7 +313,17 @@ where
                             }
                             None => {
                                 let ask = ask(c, model, received, &[], prefix.as_ref());
-                                wait::in_line(&router, &ask, share).await?
+                                match wait::in_line(&router, &ask, share).await {
+                                    Ok(decision) => decision,
+                                    Err(e) => {
+                                        if let Some(charge) =
+                                            queued.filter(|_| e.kind() == ErrorKind::SloUnmet)
+                                        {
+                                            charge.judged(crate::tenant::Verdict::QueuedTooLong);
+                                        }
+                                        return Err(e);
+                                    }
+                                }
                             }
                         }
                     };

@@ -21,14 +21,16 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::config::{ApiKey, BudgetPeriod, KeyLimits, Price};
+use crate::config::{ApiKey, BudgetPeriod, KeyLimits, Price, Slo};
 use crate::telemetry::KeyMetrics;
 
+mod attainment;
 mod bucket;
 mod period;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use attainment::{ClassAttainment, Verdict};
 pub(crate) use bucket::{Allowance, Bucket};
 
 /// Which limit refused a request.
@@ -96,6 +98,8 @@ pub(crate) struct Tenant {
     in_flight: AtomicU64,
     totals: Totals,
     metrics: KeyMetrics,
+    /// Its requests' verdicts against their classes' SLOs.
+    attainment: attainment::Attainment,
 }
 
 #[derive(Debug)]
@@ -187,12 +191,15 @@ pub(crate) struct Usage {
     /// Of the requests settled since start, those whose backend reported no output count:
     /// their tokens and spend are the admission's estimate.
     pub estimated_total: u64,
+    /// Per class, how its requests fared against the class's SLO.
+    pub slo: Vec<ClassAttainment>,
 }
 
 impl Tenant {
     /// A key named `name` with `limits`, nothing used yet, of weight 1.
     pub(crate) fn new(name: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
         static IDS: AtomicU64 = AtomicU64::new(1);
+        let attainment = attainment::Attainment::new(Arc::clone(&name));
         Arc::new(Self {
             metrics: KeyMetrics::new(&name, Limit::ALL.map(Limit::label)),
             name,
@@ -208,6 +215,7 @@ impl Tenant {
             }),
             in_flight: AtomicU64::new(0),
             totals: Totals::default(),
+            attainment,
         })
     }
 
@@ -291,6 +299,8 @@ impl Tenant {
             prompt,
             output,
             settled: AtomicBool::new(false),
+            class: std::sync::OnceLock::new(),
+            verdict: std::sync::atomic::AtomicU8::new(0),
         };
         Ok((Arc::new(charge), quota))
     }
@@ -459,6 +469,7 @@ impl Tenant {
             output_tokens_total: self.totals.output_tokens.load(Ordering::Relaxed),
             limited_total: self.totals.limited.load(Ordering::Relaxed),
             estimated_total: self.totals.estimated.load(Ordering::Relaxed),
+            slo: self.attainment.classes(),
         }
     }
 }
@@ -500,6 +511,10 @@ pub(crate) struct Charge {
     prompt: u64,
     output: u64,
     settled: AtomicBool,
+    /// The request's class and its SLO (overrides applied), once classified.
+    class: std::sync::OnceLock<(Option<Arc<str>>, Slo)>,
+    /// Its [`Verdict::code`], once judged (0: not yet); tallied when the charge goes.
+    verdict: std::sync::atomic::AtomicU8,
 }
 
 /// What a backend charges for one request: its tokens' prices (0 where unpriced), and its
@@ -513,6 +528,24 @@ pub(crate) struct Bill {
 }
 
 impl Charge {
+    /// The request is of `class` (`None`: none), held to `slo`.
+    pub(crate) fn of_class(&self, class: Option<Arc<str>>, slo: Slo) {
+        let _ = self.class.set((class, slo));
+    }
+
+    /// The SLO its request is judged by, where it has a class.
+    pub(crate) fn slo(&self) -> Option<Slo> {
+        self.class.get().map(|(_, slo)| *slo)
+    }
+
+    /// What became of the request; the first verdict stands (a refusal, a failure, or the
+    /// response's end, whichever came first).
+    pub(crate) fn judged(&self, verdict: Verdict) {
+        let _ =
+            self.verdict
+                .compare_exchange(0, verdict.code(), Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     /// The key.
     pub(crate) fn tenant(&self) -> &Arc<Tenant> {
         &self.tenant
@@ -543,6 +576,10 @@ impl Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
+        if let Some(verdict) = Verdict::of_code(self.verdict.load(Ordering::Relaxed)) {
+            let class = self.class.get().and_then(|(c, _)| c.as_ref());
+            self.tenant.attainment.tally(class, verdict);
+        }
         if !self.settled.swap(true, Ordering::Relaxed) {
             self.tenant.refund(self.prompt + self.output);
         }

@@ -651,3 +651,81 @@ async fn an_engine_priced_by_the_hour_charges_each_request_its_share_of_the_engi
         "and at least half of its own: {b}, {c}"
     );
 }
+
+/// Each key's verdicts of class `class` on `/admin/keys`: (requests, attainment, by verdict).
+async fn slo_of(gw: &tpsgate::gateway::Gateway, key: &str, class: &str) -> Option<Value> {
+    usage(gw, key).await["slo"]
+        .as_array()?
+        .iter()
+        .find(|c| c["class"] == class)
+        .cloned()
+}
+
+#[tokio::test]
+async fn each_key_sees_the_share_of_its_requests_that_met_their_classs_slo_and_why_the_rest_did_not()
+ {
+    // 50 tok/s: `chat` (10 tok/s) is met, `greedy` and `strict` (1,000 tok/s) are not: greedy's
+    // requests are sent anyway, strict's refused once the curve says so.
+    let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 8)).await;
+    let backend = support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n");
+    let gw = support::gateway(&format!(
+        "backends:\n{backend}classes:\n  - {{name: chat, min_tps: 10, max_ttft_ms: 5000}}\n  - {{name: greedy, min_tps: 1000, on_miss: best_effort}}\n  - {{name: strict, min_tps: 1000, on_miss: shed}}\n  - {{name: waits, min_tps: 1000, on_miss: queue, queue_max_wait_ms: 200}}\napi_keys:\n  - {{key_env: A, name: a, class: chat}}\n  - {{key_env: B, name: b, class: greedy}}\n  - {{key_env: C, name: c, class: strict}}\n  - {{key_env: D, name: d, class: waits}}\n"
+    ))
+    .await;
+    for _ in 0..2 {
+        assert_eq!(chat(gw.addr(), "key-of-A", 8).await.status, 200);
+    }
+    assert_eq!(chat(gw.addr(), "key-of-B", 8).await.status, 200);
+    let (mut served, mut refused) = (0, 0);
+    while refused == 0 && served < 10 {
+        match chat(gw.addr(), "key-of-C", 8).await.status.as_u16() {
+            200 => served += 1,
+            429 => refused += 1,
+            other => panic!("strict got {other}"),
+        }
+    }
+    assert_eq!(
+        refused, 1,
+        "once the curve shows 50 tok/s, strict's requests are refused"
+    );
+    // And waits' wait in line for their whole wait first.
+    assert_eq!(chat(gw.addr(), "key-of-D", 8).await.status, 429);
+    until(|| async {
+        slo_of(&gw, "a", "chat")
+            .await
+            .is_some_and(|c| c["requests"] == 2)
+            && slo_of(&gw, "b", "greedy").await.is_some()
+            && slo_of(&gw, "c", "strict")
+                .await
+                .is_some_and(|c| c["requests"] == served + refused)
+    })
+    .await;
+    let a = slo_of(&gw, "a", "chat").await.unwrap();
+    assert_eq!(a["attainment"], 1.0, "{a}");
+    assert_eq!(a["by_verdict"], json!({"met": 2}));
+    let b = slo_of(&gw, "b", "greedy").await.unwrap();
+    assert_eq!(b["attainment"], 0.0, "{b}");
+    assert_eq!(b["by_verdict"], json!({"too_slow": 1}));
+    let c = slo_of(&gw, "c", "strict").await.unwrap();
+    assert_eq!(c["by_verdict"]["shed"], 1, "{c}");
+    assert_eq!(
+        c["by_verdict"]["too_slow"].as_u64().unwrap_or(0),
+        served,
+        "{c}"
+    );
+    until(|| async { slo_of(&gw, "d", "waits").await.is_some() }).await;
+    let d = slo_of(&gw, "d", "waits").await.unwrap();
+    assert_eq!(d["by_verdict"], json!({"queued_too_long": 1}), "{d}");
+
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    let text = String::from_utf8(metrics.body()).unwrap();
+    assert!(
+        text.contains(r#"tpsgate_key_slo_requests_total{key="a",class="chat",verdict="met"} 2"#),
+        "{text}"
+    );
+    let dom = support::dashboard_dom(gw.admin_addr()).await;
+    assert!(
+        dom.contains("<td>b</td><td>greedy</td><td>1</td><td>0.0%</td><td>too slow 1</td>"),
+        "the dashboard's table"
+    );
+}

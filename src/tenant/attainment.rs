@@ -1,0 +1,227 @@
+//! How well a key's requests met their class's SLO: each request's [`Verdict`], tallied per
+//! key and class. Every gateway counts a key's tokens and dollars; an operator of shared engines
+//! is first asked whether each team got the speed it was promised, and why not where it did not.
+//!
+//! A request is judged on its own times, from the client's side: its first token within the
+//! class's TTFT target (time in a line counts, as the client waited it) and its per-user speed
+//! at least the class's target. A class's SLO asks that of a share of its requests (its
+//! percentiles); the share that met it is what this reports. A request with no target to miss
+//! (a batch class, or a whole answer, which streams no speed and no first token) is met when it
+//! completes.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use metrics::Counter;
+use serde::Serialize;
+
+use crate::config::Slo;
+
+/// What became of one request, against its class's SLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Verdict {
+    /// Completed within both targets.
+    Met,
+    /// Its first token came later than the TTFT target.
+    LateFirstToken,
+    /// It streamed slower than the speed target.
+    TooSlow,
+    /// Refused at once (429 `slo_unmet`, or every backend at its limit).
+    Shed,
+    /// Refused after waiting in its class's line for its whole wait.
+    QueuedTooLong,
+    /// The backend failed it (an error status, a broken stream, no answer).
+    UpstreamError,
+    /// The client went away first: neither met nor missed.
+    Cancelled,
+}
+
+impl Verdict {
+    /// Every verdict, in the order of [`Verdict::label`]'s counters.
+    pub(crate) const ALL: [Self; 7] = [
+        Self::Met,
+        Self::LateFirstToken,
+        Self::TooSlow,
+        Self::Shed,
+        Self::QueuedTooLong,
+        Self::UpstreamError,
+        Self::Cancelled,
+    ];
+
+    /// As metrics and `/admin/keys` name it.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::Met => "met",
+            Self::LateFirstToken => "late_first_token",
+            Self::TooSlow => "too_slow",
+            Self::Shed => "shed",
+            Self::QueuedTooLong => "queued_too_long",
+            Self::UpstreamError => "upstream_error",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// A completed request whose first token came `ttft_s` after the gateway received it and
+    /// which streamed at `tps` per user (either unknown where nothing streamed), against `slo`.
+    pub(crate) fn of_completed(slo: &Slo, ttft_s: Option<f64>, tps: Option<f64>) -> Self {
+        if let (Some(max), Some(ttft)) = (slo.max_ttft_s, ttft_s)
+            && ttft > max
+        {
+            return Self::LateFirstToken;
+        }
+        if let (Some(min), Some(tps)) = (slo.min_tps, tps)
+            && tps < min
+        {
+            return Self::TooSlow;
+        }
+        Self::Met
+    }
+
+    /// The code stored in an atomic: 0 is "not judged".
+    pub(crate) fn code(self) -> u8 {
+        self as u8 + 1
+    }
+
+    /// The verdict of [`Verdict::code`].
+    pub(crate) fn of_code(code: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(code.checked_sub(1)?)).copied()
+    }
+}
+
+/// One key's verdicts per class, in the order the classes were first seen.
+#[derive(Debug)]
+pub(crate) struct Attainment {
+    key: Arc<str>,
+    classes: Mutex<Vec<Tally>>,
+}
+
+#[derive(Debug)]
+struct Tally {
+    class: Arc<str>,
+    counts: [u64; Verdict::ALL.len()],
+    counters: [Counter; Verdict::ALL.len()],
+}
+
+/// One key's requests of one class, as `/admin/keys` shows them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub(crate) struct ClassAttainment {
+    /// The class (`none` for requests without one).
+    pub class: String,
+    /// Requests judged.
+    pub requests: u64,
+    /// Of those not cancelled, the share that met the SLO (`None` before any).
+    pub attainment: Option<f64>,
+    /// Requests by verdict (`met`, `late_first_token`, `too_slow`, `shed`, `queued_too_long`,
+    /// `upstream_error`, `cancelled`), those counted at least once.
+    pub by_verdict: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl Attainment {
+    /// Nothing judged yet for the key named `key`.
+    pub(crate) fn new(key: Arc<str>) -> Self {
+        Self {
+            key,
+            classes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// One request of `class` (`None`: without one) ended so.
+    pub(crate) fn tally(&self, class: Option<&Arc<str>>, verdict: Verdict) {
+        let class = class.map_or("none", |c| c);
+        let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+        let i = match classes.iter().position(|t| &*t.class == class) {
+            Some(i) => i,
+            None => {
+                let name: Arc<str> = class.into();
+                let counters = Verdict::ALL.map(|v| {
+                    metrics::counter!(crate::telemetry::KEY_SLO_REQUESTS, "key" => self.key.to_string(), "class" => name.to_string(), "verdict" => v.label())
+                });
+                classes.push(Tally {
+                    class: name,
+                    counts: [0; Verdict::ALL.len()],
+                    counters,
+                });
+                classes.len() - 1
+            }
+        };
+        let tally = &mut classes[i];
+        tally.counts[verdict as usize] += 1;
+        tally.counters[verdict as usize].increment(1);
+    }
+
+    /// Per class, what was judged so far.
+    pub(crate) fn classes(&self) -> Vec<ClassAttainment> {
+        let classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+        classes
+            .iter()
+            .map(|t| {
+                let requests = t.counts.iter().sum();
+                let met = t.counts[Verdict::Met as usize];
+                let judged = requests - t.counts[Verdict::Cancelled as usize];
+                ClassAttainment {
+                    class: t.class.to_string(),
+                    requests,
+                    attainment: (judged > 0).then(|| met as f64 / judged as f64),
+                    by_verdict: Verdict::ALL
+                        .iter()
+                        .zip(t.counts)
+                        .filter(|(_, n)| *n > 0)
+                        .map(|(v, n)| (v.label(), n))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLO: Slo = Slo {
+        min_tps: Some(25.0),
+        tps_percentile: 90,
+        max_ttft_s: Some(1.0),
+        ttft_percentile: 90,
+    };
+
+    #[test]
+    fn a_request_misses_on_its_first_token_first_then_on_its_speed() {
+        let judge = |ttft, tps| Verdict::of_completed(&SLO, ttft, tps);
+        assert_eq!(judge(Some(0.5), Some(30.0)), Verdict::Met);
+        assert_eq!(judge(Some(1.5), Some(10.0)), Verdict::LateFirstToken);
+        assert_eq!(judge(Some(0.5), Some(10.0)), Verdict::TooSlow);
+        assert_eq!(
+            judge(None, None),
+            Verdict::Met,
+            "a whole answer that completed"
+        );
+        for v in Verdict::ALL {
+            assert_eq!(Verdict::of_code(v.code()), Some(v));
+        }
+        assert_eq!(Verdict::of_code(0), None);
+    }
+
+    #[test]
+    fn the_share_met_leaves_out_requests_the_client_gave_up() {
+        let a = Attainment::new("team-a".into());
+        let chat: Arc<str> = "chat".into();
+        for v in [
+            Verdict::Met,
+            Verdict::Met,
+            Verdict::Met,
+            Verdict::Shed,
+            Verdict::Cancelled,
+        ] {
+            a.tally(Some(&chat), v);
+        }
+        a.tally(None, Verdict::UpstreamError);
+        let classes = a.classes();
+        assert_eq!(classes[0].class, "chat");
+        assert_eq!(classes[0].requests, 5);
+        assert_eq!(classes[0].attainment, Some(0.75));
+        assert_eq!(classes[0].by_verdict["shed"], 1);
+        assert_eq!(classes[1].class, "none");
+        assert_eq!(classes[1].attainment, Some(0.0));
+    }
+}
