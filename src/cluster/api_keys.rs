@@ -24,7 +24,7 @@ use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::config::BudgetPeriod;
-use crate::tenant::{Delta, FleetView, Tenant, Tenants};
+use crate::tenant::{Delta, FleetView, Tenant, Tenants, Verdict, VerdictCounts};
 
 /// A key's fleet-wide token bucket: refilled to `now` on Redis's clock, what a replica used
 /// (ARGV[2], negative where settling gave back) taken out, the level returned.
@@ -156,4 +156,76 @@ fn period_name(period: BudgetPeriod) -> &'static str {
         BudgetPeriod::Day => "day",
         BudgetPeriod::Month => "month",
     }
+}
+
+/// Each key's verdicts against its classes' SLOs across the fleet: every round, what this
+/// replica judged since the last goes into the key's hash in Redis (a field per class and
+/// verdict, `CLASS/VERDICT`), and the fleet's counts come back, one `HGETALL` per key. On an
+/// error, what was not told is kept for the next round.
+pub(super) async fn sync_attainment(
+    conn: &mut ConnectionManager,
+    prefix: &str,
+    tenants: &Tenants,
+) -> redis::RedisResult<()> {
+    let mut pipe = redis::pipe();
+    let mut taken = Vec::new();
+    for tenant in tenants.iter() {
+        let key = format!("{{{prefix}}}:key:{}:slo", tenant.name());
+        let unsent = tenant.attainment().take_unsent();
+        for (class, counts) in &unsent {
+            for (verdict, n) in Verdict::ALL.iter().zip(counts) {
+                if *n > 0 {
+                    pipe.cmd("HINCRBY")
+                        .arg(&key)
+                        .arg(format!("{class}/{}", verdict.label()))
+                        .arg(*n)
+                        .ignore();
+                }
+            }
+        }
+        if !unsent.is_empty() {
+            pipe.cmd("EXPIRE").arg(&key).arg(32 * 86_400).ignore();
+        }
+        pipe.cmd("HGETALL").arg(&key);
+        taken.push((tenant, unsent));
+    }
+    if taken.is_empty() {
+        return Ok(());
+    }
+    let replies: Vec<std::collections::HashMap<String, u64>> = match pipe.query_async(conn).await {
+        Ok(replies) => replies,
+        Err(e) => {
+            for (tenant, unsent) in taken {
+                tenant.attainment().untake(unsent);
+            }
+            return Err(e);
+        }
+    };
+    for ((tenant, _), fields) in taken.into_iter().zip(replies) {
+        tenant.attainment().set_fleet(fleet_counts(&fields));
+    }
+    Ok(())
+}
+
+/// A key's hash read back: counts per class, by verdict (fields this build does not know are
+/// skipped).
+fn fleet_counts(fields: &std::collections::HashMap<String, u64>) -> Vec<(String, VerdictCounts)> {
+    let mut out: Vec<(String, VerdictCounts)> = Vec::new();
+    for (field, n) in fields {
+        let Some((class, label)) = field.rsplit_once('/') else {
+            continue;
+        };
+        let Some(v) = Verdict::ALL.iter().position(|v| v.label() == label) else {
+            continue;
+        };
+        let i = match out.iter().position(|(c, _)| c == class) {
+            Some(i) => i,
+            None => {
+                out.push((class.to_owned(), VerdictCounts::default()));
+                out.len() - 1
+            }
+        };
+        out[i].1[v] = *n;
+    }
+    out
 }

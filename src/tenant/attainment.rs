@@ -95,11 +95,31 @@ pub(crate) struct Attainment {
     classes: Mutex<Vec<Tally>>,
 }
 
+/// Counts by verdict, in [`Verdict::ALL`]'s order.
+pub(crate) type Counts = [u64; Verdict::ALL.len()];
+
 #[derive(Debug)]
 struct Tally {
     class: Arc<str>,
-    counts: [u64; Verdict::ALL.len()],
+    /// Judged through this replica.
+    counts: Counts,
+    /// Of those, not yet told to the fleet.
+    unsent: Counts,
+    /// The fleet's counts as of the last round (with `cluster:`), this replica's sent ones
+    /// among them.
+    fleet: Option<Counts>,
     counters: [Counter; Verdict::ALL.len()],
+}
+
+impl Tally {
+    /// What `/admin/keys` shows: the fleet's as of the last round and what this replica judged
+    /// since, or this replica's alone.
+    fn shown(&self) -> Counts {
+        match self.fleet {
+            Some(fleet) => std::array::from_fn(|i| fleet[i] + self.unsent[i]),
+            None => self.counts,
+        }
+    }
 }
 
 /// One key's requests of one class, as `/admin/keys` shows them.
@@ -127,8 +147,19 @@ impl Attainment {
 
     /// One request of `class` (`None`: without one) ended so.
     pub(crate) fn tally(&self, class: Option<&Arc<str>>, verdict: Verdict) {
-        let class = class.map_or("none", |c| c);
-        let mut classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut classes = self.lock();
+        let tally = self.of(&mut classes, class.map_or("none", |c| c));
+        tally.counts[verdict as usize] += 1;
+        tally.unsent[verdict as usize] += 1;
+        tally.counters[verdict as usize].increment(1);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Tally>> {
+        self.classes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The tally of `class`, begun if new.
+    fn of<'a>(&self, classes: &'a mut Vec<Tally>, class: &str) -> &'a mut Tally {
         let i = match classes.iter().position(|t| &*t.class == class) {
             Some(i) => i,
             None => {
@@ -139,32 +170,61 @@ impl Attainment {
                 classes.push(Tally {
                     class: name,
                     counts: [0; Verdict::ALL.len()],
+                    unsent: [0; Verdict::ALL.len()],
+                    fleet: None,
                     counters,
                 });
                 classes.len() - 1
             }
         };
-        let tally = &mut classes[i];
-        tally.counts[verdict as usize] += 1;
-        tally.counters[verdict as usize].increment(1);
+        &mut classes[i]
+    }
+
+    /// What this replica judged since it last told the fleet, by class (taken: see
+    /// [`Attainment::untake`] where telling failed).
+    pub(crate) fn take_unsent(&self) -> Vec<(Arc<str>, Counts)> {
+        self.lock()
+            .iter_mut()
+            .filter(|t| t.unsent.iter().any(|n| *n > 0))
+            .map(|t| (Arc::clone(&t.class), std::mem::take(&mut t.unsent)))
+            .collect()
+    }
+
+    /// What [`Attainment::take_unsent`] took, not told after all.
+    pub(crate) fn untake(&self, unsent: Vec<(Arc<str>, Counts)>) {
+        let mut classes = self.lock();
+        for (class, counts) in unsent {
+            let tally = self.of(&mut classes, &class);
+            for (mine, n) in tally.unsent.iter_mut().zip(counts) {
+                *mine += n;
+            }
+        }
+    }
+
+    /// The fleet's counts per class after a round.
+    pub(crate) fn set_fleet(&self, fleet: Vec<(String, Counts)>) {
+        let mut classes = self.lock();
+        for (class, counts) in fleet {
+            self.of(&mut classes, &class).fleet = Some(counts);
+        }
     }
 
     /// Per class, what was judged so far.
     pub(crate) fn classes(&self) -> Vec<ClassAttainment> {
-        let classes = self.classes.lock().unwrap_or_else(PoisonError::into_inner);
-        classes
+        self.lock()
             .iter()
             .map(|t| {
-                let requests = t.counts.iter().sum();
-                let met = t.counts[Verdict::Met as usize];
-                let judged = requests - t.counts[Verdict::Cancelled as usize];
+                let counts = t.shown();
+                let requests = counts.iter().sum();
+                let met = counts[Verdict::Met as usize];
+                let judged = requests - counts[Verdict::Cancelled as usize];
                 ClassAttainment {
                     class: t.class.to_string(),
                     requests,
                     attainment: (judged > 0).then(|| met as f64 / judged as f64),
                     by_verdict: Verdict::ALL
                         .iter()
-                        .zip(t.counts)
+                        .zip(counts)
                         .filter(|(_, n)| *n > 0)
                         .map(|(v, n)| (v.label(), n))
                         .collect(),

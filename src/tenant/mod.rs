@@ -30,7 +30,7 @@ mod period;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use attainment::{ClassAttainment, Verdict};
+pub(crate) use attainment::{Attainment, ClassAttainment, Counts as VerdictCounts, Verdict};
 pub(crate) use bucket::{Allowance, Bucket};
 
 /// Which limit refused a request.
@@ -217,6 +217,11 @@ impl Tenant {
             totals: Totals::default(),
             attainment,
         })
+    }
+
+    /// Its requests' verdicts against their classes' SLOs.
+    pub(crate) fn attainment(&self) -> &Attainment {
+        &self.attainment
     }
 
     /// The key's name.

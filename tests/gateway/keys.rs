@@ -729,3 +729,22 @@ async fn each_key_sees_the_share_of_its_requests_that_met_their_classs_slo_and_w
         "the dashboard's table"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_cluster_each_replica_shows_the_fleets_verdicts_for_a_key() {
+    let redis = support::Redis::start().await;
+    let (_fleet, a, b) = replicas(&redis, "  - {key_env: A, name: a}\n").await;
+    for gw in [&a, &a, &b] {
+        assert_eq!(chat(gw.addr(), "key-of-A", 1).await.status, 200);
+    }
+    for gw in [&a, &b] {
+        until(|| async {
+            slo_of(gw, "a", "none")
+                .await
+                .is_some_and(|c| c["requests"] == 3)
+        })
+        .await;
+        let fleet = slo_of(gw, "a", "none").await.unwrap();
+        assert_eq!(fleet["by_verdict"], json!({"met": 3}), "{fleet}");
+    }
+}

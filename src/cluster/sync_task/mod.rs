@@ -214,6 +214,16 @@ impl SyncTask {
             Ok(Err(e)) => self.failed(&e.to_string()),
             Err(_) => self.failed("no answer within the round trip's time limit"),
         }
+        let attainment = tokio::time::timeout(
+            self.round_timeout(),
+            api_keys::sync_attainment(conn, &self.keys.prefix, &live.tenants),
+        )
+        .await;
+        match attainment {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => self.failed(&e.to_string()),
+            Err(_) => self.failed("no answer within the round trip's time limit"),
+        }
     }
 
     /// How long a round trip may take before Redis counts as away: a few intervals, and at
