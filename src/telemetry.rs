@@ -653,7 +653,12 @@ impl KeyMetrics {
             requests: counter!(KEY_REQUESTS, "key" => key.to_owned()),
             input_tokens: counter!(KEY_TOKENS, "key" => key.to_owned(), "token_type" => "input"),
             output_tokens: counter!(KEY_TOKENS, "key" => key.to_owned(), "token_type" => "output"),
-            spend: metrics::gauge!(KEY_SPEND, "key" => key.to_owned()),
+            // Keys sharing `key="other"` (past `admin.max_key_series`) have no one spend to show.
+            spend: if key == crate::tenant::OTHER_KEYS {
+                metrics::Gauge::noop()
+            } else {
+                metrics::gauge!(KEY_SPEND, "key" => key.to_owned())
+            },
             in_flight: metrics::gauge!(KEY_IN_FLIGHT, "key" => key.to_owned()),
             limited,
         }

@@ -37,6 +37,9 @@ pub struct Config {
     /// Host names the admin data endpoints answer to without a token, beside IP addresses and
     /// `localhost` (lowercase).
     pub admin_hosts: Vec<String>,
+    /// The most API keys whose metrics carry their own `key` label (`admin.max_key_series`);
+    /// the rest share `key="other"`, so that a fleet of many keys keeps its series bounded.
+    pub max_key_series: usize,
     /// Request limits and drain.
     pub limits: Limits,
     /// Upstream providers, in config order.

@@ -231,6 +231,10 @@ pub(crate) struct RawAdmin {
     /// answer without a token (what a scraper calls the gateway by, e.g. a compose service).
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
+    /// The most API keys (in `api_keys` order) whose metrics carry their own `key` label; the
+    /// rest share `key="other"`. Default 1000.
+    #[serde(default = "default_max_key_series")]
+    pub max_key_series: usize,
 }
 
 impl Default for RawAdmin {
@@ -239,8 +243,13 @@ impl Default for RawAdmin {
             listen: default_admin(),
             token_env: None,
             allowed_hosts: Vec::new(),
+            max_key_series: default_max_key_series(),
         }
     }
+}
+
+fn default_max_key_series() -> usize {
+    1000
 }
 
 fn default_admin() -> String {

@@ -126,7 +126,12 @@ impl Live {
             line,
         ));
         // Last, once nothing can fail: a kept key takes its new limits here.
-        let tenants = Tenants::build(&config.api_keys, old.map(|o| &o.tenants), Instant::now());
+        let tenants = Tenants::build(
+            &config.api_keys,
+            old.map(|o| &o.tenants),
+            Instant::now(),
+            config.max_key_series,
+        );
         let stack = stack::build(
             config,
             Arc::clone(&router),

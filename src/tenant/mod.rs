@@ -197,11 +197,18 @@ pub(crate) struct Usage {
 
 impl Tenant {
     /// A key named `name` with `limits`, nothing used yet, of weight 1.
+    #[cfg(test)]
     pub(crate) fn new(name: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
+        Self::labelled(Arc::clone(&name), name, limits, now)
+    }
+
+    /// [`Tenant::new`], its metrics labelled `label` (its name, or [`OTHER_KEYS`] past
+    /// `admin.max_key_series`).
+    fn labelled(name: Arc<str>, label: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
         static IDS: AtomicU64 = AtomicU64::new(1);
-        let attainment = attainment::Attainment::new(Arc::clone(&name));
+        let attainment = attainment::Attainment::new(Arc::clone(&label));
         Arc::new(Self {
-            metrics: KeyMetrics::new(&name, Limit::ALL.map(Limit::label)),
+            metrics: KeyMetrics::new(&label, Limit::ALL.map(Limit::label)),
             name,
             id: IDS.fetch_add(1, Ordering::Relaxed),
             weight: AtomicU64::new(1f64.to_bits()),
@@ -600,6 +607,9 @@ pub(crate) fn unix_now() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
+/// The `key` label of the metrics of keys past `admin.max_key_series`.
+pub(crate) const OTHER_KEYS: &str = "other";
+
 /// Every configured key's tenant, in `api_keys` order.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Tenants {
@@ -608,18 +618,32 @@ pub(crate) struct Tenants {
 
 impl Tenants {
     /// The tenants of `keys`; a key of the same name in `old` keeps its usage (its limits
-    /// changed to the new ones), a key gone from `keys` is gone.
-    pub(crate) fn build(keys: &[ApiKey], old: Option<&Self>, now: Instant) -> Self {
+    /// changed to the new ones, its metrics' label as it was), a key gone from `keys` is gone.
+    /// The first `max_series` keys' metrics carry their names, the rest's [`OTHER_KEYS`].
+    pub(crate) fn build(
+        keys: &[ApiKey],
+        old: Option<&Self>,
+        now: Instant,
+        max_series: usize,
+    ) -> Self {
         let keys = keys
             .iter()
-            .map(|key| {
+            .enumerate()
+            .map(|(i, key)| {
                 let kept = old.and_then(|o| o.keys.iter().find(|t| t.name == key.name));
                 let tenant = match kept {
                     Some(t) => {
                         t.set_limits(key.limits, now);
                         Arc::clone(t)
                     }
-                    None => Tenant::new(Arc::clone(&key.name), key.limits, now),
+                    None => {
+                        let label = if i < max_series {
+                            Arc::clone(&key.name)
+                        } else {
+                            OTHER_KEYS.into()
+                        };
+                        Tenant::labelled(Arc::clone(&key.name), label, key.limits, now)
+                    }
                 };
                 tenant.set_weight(key.weight);
                 tenant

@@ -167,11 +167,16 @@ fn a_reload_keeps_each_keys_usage_by_name_and_applies_its_new_limits() {
         requests_per_minute: Some(n),
         ..limits()
     };
-    let before = Tenants::build(&[key("a", rpm(10)), key("b", rpm(10))], None, now);
+    let before = Tenants::build(&[key("a", rpm(10)), key("b", rpm(10))], None, now, 1000);
     for _ in 0..4 {
         drop(before.get(0).unwrap().admit(1, 1, now, NOON).unwrap());
     }
-    let after = Tenants::build(&[key("c", rpm(10)), key("a", rpm(5))], Some(&before), now);
+    let after = Tenants::build(
+        &[key("c", rpm(10)), key("a", rpm(5))],
+        Some(&before),
+        now,
+        1000,
+    );
     let a = after.get(1).unwrap();
     assert!(Arc::ptr_eq(a, before.get(0).unwrap()));
     // 4 used of a limit now 5: 1 left.

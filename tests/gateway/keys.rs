@@ -748,3 +748,32 @@ async fn with_a_cluster_each_replica_shows_the_fleets_verdicts_for_a_key() {
         assert_eq!(fleet["by_verdict"], json!({"met": 3}), "{fleet}");
     }
 }
+
+#[tokio::test]
+async fn keys_past_the_series_cap_share_one_metrics_label_and_keep_their_own_usage() {
+    let (_fleet, sim) = support::start_engine("sim", support::engine(1.0, 0.0, 8)).await;
+    let backend = support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n");
+    let gw = support::gateway(&format!(
+        "admin: {{listen: 127.0.0.1:0, max_key_series: 1}}\nbackends:\n{backend}api_keys:\n  - {{key_env: A, name: capped-a}}\n  - {{key_env: B, name: capped-b}}\n  - {{key_env: C, name: capped-c}}\n"
+    ))
+    .await;
+    for key in ["key-of-A", "key-of-B", "key-of-C"] {
+        assert_eq!(chat(gw.addr(), key, 2).await.status, 200);
+    }
+    let metrics = support::exchange(gw.admin_addr(), Method::GET, "/metrics", None).await;
+    let text = String::from_utf8(metrics.body()).unwrap();
+    assert!(
+        text.contains(r#"tpsgate_key_requests_total{key="capped-a"} 1"#),
+        "{text}"
+    );
+    assert!(
+        !text.contains("capped-b") && !text.contains("capped-c"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tpsgate_key_requests_total{key="other"}"#),
+        "{text}"
+    );
+    // /admin/keys still tells them apart.
+    assert_eq!(usage(&gw, "capped-c").await["requests_total"], 1);
+}

@@ -174,6 +174,7 @@ pub(crate) fn validate(
         cors,
         resolver,
         admin_hosts,
+        max_key_series: raw.admin.max_key_series,
         curve_half_life_s: raw.curves.half_life_s,
         listen,
         tls,
