@@ -206,9 +206,10 @@ impl Tenant {
     /// `admin.max_key_series`).
     fn labelled(name: Arc<str>, label: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
         static IDS: AtomicU64 = AtomicU64::new(1);
-        let attainment = attainment::Attainment::new(Arc::clone(&label));
+        let metrics = KeyMetrics::new(&label, Limit::ALL.map(Limit::label));
+        let attainment = attainment::Attainment::new(label);
         Arc::new(Self {
-            metrics: KeyMetrics::new(&label, Limit::ALL.map(Limit::label)),
+            metrics,
             name,
             id: IDS.fetch_add(1, Ordering::Relaxed),
             weight: AtomicU64::new(1f64.to_bits()),
