@@ -158,6 +158,9 @@ fn period_name(period: BudgetPeriod) -> &'static str {
     }
 }
 
+/// The fields of a key's hash beside its verdicts: tokens used, and millionths of a dollar spent.
+const USED: [&str; 2] = ["tokens", "micro_usd"];
+
 /// Each key's verdicts against its classes' SLOs across the fleet: every round, what this
 /// replica judged since the last goes into the key's hash in Redis (a field per class and
 /// verdict, `CLASS/VERDICT`), and the fleet's counts come back, one `HGETALL` per key. On an
@@ -173,14 +176,18 @@ pub(super) async fn sync_attainment(
         let key = format!("{{{prefix}}}:key:{}:slo", tenant.name());
         let unsent = tenant.attainment().take_unsent();
         for (class, counts) in &unsent {
-            for (verdict, n) in Verdict::ALL.iter().zip(counts) {
-                if *n > 0 {
-                    pipe.cmd("HINCRBY")
-                        .arg(&key)
-                        .arg(format!("{class}/{}", verdict.label()))
-                        .arg(*n)
-                        .ignore();
-                }
+            let labels = Verdict::ALL.iter().map(|v| v.label()).chain(USED);
+            let values = counts
+                .verdicts
+                .iter()
+                .copied()
+                .chain([counts.tokens, counts.micro_usd]);
+            for (label, n) in labels.zip(values).filter(|(_, n)| *n > 0) {
+                pipe.cmd("HINCRBY")
+                    .arg(&key)
+                    .arg(format!("{class}/{label}"))
+                    .arg(n)
+                    .ignore();
             }
         }
         if !unsent.is_empty() {
@@ -215,9 +222,6 @@ fn fleet_counts(fields: &std::collections::HashMap<String, u64>) -> Vec<(String,
         let Some((class, label)) = field.rsplit_once('/') else {
             continue;
         };
-        let Some(v) = Verdict::ALL.iter().position(|v| v.label() == label) else {
-            continue;
-        };
         let i = match out.iter().position(|(c, _)| c == class) {
             Some(i) => i,
             None => {
@@ -225,7 +229,13 @@ fn fleet_counts(fields: &std::collections::HashMap<String, u64>) -> Vec<(String,
                 out.len() - 1
             }
         };
-        out[i].1[v] = *n;
+        let counts = &mut out[i].1;
+        match (Verdict::ALL.iter().position(|v| v.label() == label), label) {
+            (Some(v), _) => counts.verdicts[v] = *n,
+            (None, "tokens") => counts.tokens = *n,
+            (None, "micro_usd") => counts.micro_usd = *n,
+            _ => {}
+        }
     }
     out
 }

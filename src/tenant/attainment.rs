@@ -95,8 +95,31 @@ pub(crate) struct Attainment {
     classes: Mutex<Vec<Tally>>,
 }
 
-/// Counts by verdict, in [`Verdict::ALL`]'s order.
-pub(crate) type Counts = [u64; Verdict::ALL.len()];
+/// One key's requests of one class: counted by verdict, in [`Verdict::ALL`]'s order, and what
+/// they used.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    /// Requests by verdict.
+    pub verdicts: [u64; Verdict::ALL.len()],
+    /// Tokens used, prompt and output.
+    pub tokens: u64,
+    /// Spent, millionths of a dollar (whole numbers add up exactly across replicas).
+    pub micro_usd: u64,
+}
+
+impl Counts {
+    fn add(&mut self, other: &Self) {
+        for (mine, n) in self.verdicts.iter_mut().zip(other.verdicts) {
+            *mine += n;
+        }
+        self.tokens += other.tokens;
+        self.micro_usd += other.micro_usd;
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
 
 #[derive(Debug)]
 struct Tally {
@@ -116,7 +139,10 @@ impl Tally {
     /// since, or this replica's alone.
     fn shown(&self) -> Counts {
         match self.fleet {
-            Some(fleet) => std::array::from_fn(|i| fleet[i] + self.unsent[i]),
+            Some(mut fleet) => {
+                fleet.add(&self.unsent);
+                fleet
+            }
             None => self.counts,
         }
     }
@@ -129,6 +155,10 @@ pub(crate) struct ClassAttainment {
     pub class: String,
     /// Requests judged.
     pub requests: u64,
+    /// Tokens they used, prompt and output.
+    pub tokens: u64,
+    /// What they cost, USD.
+    pub spent_usd: f64,
     /// Of those not cancelled, the share that met the SLO (`None` before any).
     pub attainment: Option<f64>,
     /// Requests by verdict (`met`, `late_first_token`, `too_slow`, `shed`, `queued_too_long`,
@@ -149,9 +179,22 @@ impl Attainment {
     pub(crate) fn tally(&self, class: Option<&Arc<str>>, verdict: Verdict) {
         let mut classes = self.lock();
         let tally = self.of(&mut classes, class.map_or("none", |c| c));
-        tally.counts[verdict as usize] += 1;
-        tally.unsent[verdict as usize] += 1;
+        tally.counts.verdicts[verdict as usize] += 1;
+        tally.unsent.verdicts[verdict as usize] += 1;
         tally.counters[verdict as usize].increment(1);
+    }
+
+    /// One request of `class` used `tokens`, costing `usd`.
+    pub(crate) fn used(&self, class: Option<&Arc<str>>, tokens: u64, usd: f64) {
+        let mut classes = self.lock();
+        let tally = self.of(&mut classes, class.map_or("none", |c| c));
+        let used = Counts {
+            tokens,
+            micro_usd: (usd * 1e6).round() as u64,
+            ..Counts::default()
+        };
+        tally.counts.add(&used);
+        tally.unsent.add(&used);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Tally>> {
@@ -169,8 +212,8 @@ impl Attainment {
                 });
                 classes.push(Tally {
                     class: name,
-                    counts: [0; Verdict::ALL.len()],
-                    unsent: [0; Verdict::ALL.len()],
+                    counts: Counts::default(),
+                    unsent: Counts::default(),
                     fleet: None,
                     counters,
                 });
@@ -185,7 +228,7 @@ impl Attainment {
     pub(crate) fn take_unsent(&self) -> Vec<(Arc<str>, Counts)> {
         self.lock()
             .iter_mut()
-            .filter(|t| t.unsent.iter().any(|n| *n > 0))
+            .filter(|t| !t.unsent.is_empty())
             .map(|t| (Arc::clone(&t.class), std::mem::take(&mut t.unsent)))
             .collect()
     }
@@ -194,10 +237,7 @@ impl Attainment {
     pub(crate) fn untake(&self, unsent: Vec<(Arc<str>, Counts)>) {
         let mut classes = self.lock();
         for (class, counts) in unsent {
-            let tally = self.of(&mut classes, &class);
-            for (mine, n) in tally.unsent.iter_mut().zip(counts) {
-                *mine += n;
-            }
+            self.of(&mut classes, &class).unsent.add(&counts);
         }
     }
 
@@ -215,16 +255,18 @@ impl Attainment {
             .iter()
             .map(|t| {
                 let counts = t.shown();
-                let requests = counts.iter().sum();
-                let met = counts[Verdict::Met as usize];
-                let judged = requests - counts[Verdict::Cancelled as usize];
+                let requests = counts.verdicts.iter().sum();
+                let met = counts.verdicts[Verdict::Met as usize];
+                let judged = requests - counts.verdicts[Verdict::Cancelled as usize];
                 ClassAttainment {
                     class: t.class.to_string(),
                     requests,
+                    tokens: counts.tokens,
+                    spent_usd: counts.micro_usd as f64 / 1e6,
                     attainment: (judged > 0).then(|| met as f64 / judged as f64),
                     by_verdict: Verdict::ALL
                         .iter()
-                        .zip(counts)
+                        .zip(counts.verdicts)
                         .filter(|(_, n)| *n > 0)
                         .map(|(v, n)| (v.label(), n))
                         .collect(),

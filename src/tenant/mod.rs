@@ -582,6 +582,11 @@ impl Charge {
         let input = input.unwrap_or(self.prompt);
         let output = output.unwrap_or(self.output);
         let cost = bill.tokens.usd(input, output) + bill.engine_usd;
+        if let Some((class, _)) = self.class.get() {
+            self.tenant
+                .attainment
+                .used(class.as_ref(), input + output, cost);
+        }
         self.tenant
             .settle(self.prompt + self.output, input, output, cost, unix_s);
     }

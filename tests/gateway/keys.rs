@@ -605,6 +605,14 @@ async fn a_whole_answer_is_charged_the_usage_its_body_reported_at_its_models_pri
             (spent - expected).abs() < 1e-12,
             "{dialect}: {spent} against {expected}"
         );
+        // The same, per class (here none), to the millionth of a dollar.
+        let class = slo_of(&gw, "a", "none").await.unwrap();
+        assert_eq!(class["tokens"], inputs + outputs, "{dialect}: {class}");
+        let by_class = class["spent_usd"].as_f64().unwrap();
+        assert!(
+            (by_class - expected).abs() <= 1e-6,
+            "{dialect}: {by_class} against {expected}"
+        );
     }
 }
 
