@@ -108,6 +108,8 @@ pub(crate) const KEY_SPEND: &str = "tpsgate_key_spend_usd";
 pub(crate) const KEY_LIMITED: &str = "tpsgate_key_limited_total";
 /// Requests in flight per API key.
 pub(crate) const KEY_IN_FLIGHT: &str = "tpsgate_key_in_flight";
+/// The `key` label of the keys past `admin.max_key_series`: their series are shared.
+pub(crate) const OTHER_KEYS: &str = "other";
 /// Requests per API key and class by what became of them against the class's SLO: `verdict`
 /// `met`, `late_first_token`, `too_slow`, `shed`, `queued_too_long`, `upstream_error`,
 /// `cancelled` (`crate::tenant::attainment`).
@@ -654,7 +656,7 @@ impl KeyMetrics {
             input_tokens: counter!(KEY_TOKENS, "key" => key.to_owned(), "token_type" => "input"),
             output_tokens: counter!(KEY_TOKENS, "key" => key.to_owned(), "token_type" => "output"),
             // Keys sharing `key="other"` (past `admin.max_key_series`) have no one spend to show.
-            spend: if key == crate::tenant::OTHER_KEYS {
+            spend: if key == OTHER_KEYS {
                 metrics::Gauge::noop()
             } else {
                 metrics::gauge!(KEY_SPEND, "key" => key.to_owned())

@@ -76,7 +76,7 @@ pub(crate) fn render(router: &Router, last_reload: Option<(u64, bool)>) -> Strin
                 .set(f64::from(u8::from(feasible)));
         }
     }
-    let caps = router.caps();
+    let caps = router.caps(now);
     for cap in &caps {
         gauge!(CONCURRENCY_CAP, "backend" => cap.backend.to_string(), "model" => cap.model.to_string(), "class" => cap.class.to_string()).set(f64::from(cap.cap));
     }

@@ -234,7 +234,7 @@ fn backends(router: &Router) -> serde_json::Value {
 fn curves(router: &Router) -> serde_json::Value {
     let now = tokio::time::Instant::now();
     let classes = router.classes();
-    let caps = router.caps();
+    let caps = router.caps(now);
     let mut list = Vec::new();
     for b in router.backends() {
         for entry in &b.curves {

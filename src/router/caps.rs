@@ -32,9 +32,13 @@ pub(crate) struct Cap {
 /// meets the SLO (for `/admin/curves` and the `tpsgate_concurrency_cap` gauge). Admission
 /// tests the same predictions at in-flight + 1, which for a curve that only falls with load
 /// is the test `in_flight + 1 <= cap`.
-pub(crate) fn caps(backends: &[Arc<Backend>], classes: &[ClassConfig]) -> Vec<Cap> {
+/// Health is read as of `now`.
+pub(crate) fn caps(
+    backends: &[Arc<Backend>],
+    classes: &[ClassConfig],
+    now: tokio::time::Instant,
+) -> Vec<Cap> {
     let mut caps = Vec::new();
-    let now = tokio::time::Instant::now();
     for b in backends {
         let (in_flight, healthy) = (b.in_flight(), b.is_healthy(now));
         let limit = b.config.max_concurrency.unwrap_or(4096).min(4096);

@@ -268,8 +268,8 @@ impl Router {
     }
 
     /// The derived concurrency caps ([`caps::caps`]).
-    pub(crate) fn caps(&self) -> Vec<Cap> {
-        caps::caps(&self.backends, &self.classes)
+    pub(crate) fn caps(&self, now: tokio::time::Instant) -> Vec<Cap> {
+        caps::caps(&self.backends, &self.classes, now)
     }
 
     /// Per latency class, whether any backend meets its SLO ([`caps::standings`]).

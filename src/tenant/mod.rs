@@ -22,7 +22,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::config::{ApiKey, BudgetPeriod, KeyLimits, Price, Slo};
-use crate::telemetry::KeyMetrics;
+use crate::telemetry::{KeyMetrics, OTHER_KEYS};
 
 mod attainment;
 mod bucket;
@@ -612,9 +612,6 @@ pub(crate) fn unix_now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
-
-/// The `key` label of the metrics of keys past `admin.max_key_series`.
-pub(crate) const OTHER_KEYS: &str = "other";
 
 /// Every configured key's tenant, in `api_keys` order.
 #[derive(Debug, Clone, Default)]

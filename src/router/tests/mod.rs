@@ -371,7 +371,7 @@ fn exploring_never_takes_the_room_a_latency_request_needs() {
 fn derived_caps_follow_the_curve_and_the_class() {
     let router = router();
     teach(&router, 0, 1.0);
-    let caps = router.caps();
+    let caps = router.caps(Instant::now());
     let cap = |class: &str| caps.iter().find(|c| &*c.class == class).unwrap().cap;
     assert_eq!(cap("interactive"), 14);
     // 21 tok/s: 1 / (10 + 37.6) ms; beyond the learned 32 the fit extrapolates.
