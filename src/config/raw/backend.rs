@@ -219,7 +219,6 @@ fn default_max_event_bytes() -> u64 {
     1 << 20
 }
 
-
 const fn default_translated_max_tokens() -> u32 {
     4096
 }

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 mod backend;
-pub use backend::{BackendDialect, ResponsesApi};
 pub(crate) use backend::*;
+pub use backend::{BackendDialect, ResponsesApi};
 
 /// The whole file.
 #[derive(Debug, Clone, Deserialize)]
