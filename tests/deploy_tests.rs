@@ -127,32 +127,38 @@ fn rendered_at(dir: &Path) -> (String, Vec<serde_yaml::Value>) {
     (text, docs)
 }
 
+/// The manifests `text` (named `what`) pass the Kubernetes 1.30 schemas, strictly: no field the
+/// API does not know.
+fn kubernetes_accepts(what: &str, text: &str) {
+    let validate = support::venv_program("kubernetes-validate");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(format!("{what}.yaml"));
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new(&validate)
+        .args(["--strict", "--quiet", "-k", "1.30.0"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !said.contains("ERROR"),
+        "{what}:\n{said}"
+    );
+}
+
 /// Each overlay renders, and what it renders passes the Kubernetes schemas (strict: no field
 /// the API does not know), Pod Security's "restricted" rules, and carries a config the gateway
 /// accepts with its admin plane behind a token, a PodDisruptionBudget and a PodMonitor that
 /// sends the token.
 #[test]
 fn each_kustomize_overlay_renders_manifests_kubernetes_and_pod_security_accept() {
-    let validate = support::venv_program("kubernetes-validate");
     for overlay in ["shared-gateway", "sidecar"] {
         let (text, docs) = rendered(overlay);
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join(format!("{overlay}.yaml"));
-        std::fs::write(&file, &text).unwrap();
-        let out = Command::new(&validate)
-            .args(["--strict", "--quiet", "-k", "1.30.0"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let said = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success() && !said.contains("ERROR"),
-            "{overlay}:\n{said}"
-        );
+        kubernetes_accepts(overlay, &text);
 
         let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
         for kind in [
@@ -214,22 +220,8 @@ fn each_kustomize_overlay_renders_manifests_kubernetes_and_pod_security_accept()
 /// from gauges the gateway exports.
 #[test]
 fn the_autoscaler_scales_an_engine_on_the_capacity_the_gateway_exports() {
-    let validate = support::venv_program("kubernetes-validate");
     let (text, docs) = rendered_at(&deploy().join("k8s/autoscale"));
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("autoscale.yaml");
-    std::fs::write(&file, &text).unwrap();
-    let out = Command::new(&validate)
-        .args(["--strict", "--quiet", "-k", "1.30.0"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success() && !said.contains("ERROR"), "{said}");
+    kubernetes_accepts("autoscale", &text);
 
     let hpa = docs
         .iter()
