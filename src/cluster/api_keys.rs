@@ -164,14 +164,15 @@ const USED: [&str; 2] = ["tokens", "micro_usd"];
 /// Each key's verdicts against its classes' SLOs across the fleet: every round, what this
 /// replica judged since the last goes into the key's hash in Redis (a field per class and
 /// verdict, `CLASS/VERDICT`), and the fleet's counts come back, one `HGETALL` per key. On an
-/// error, what was not told is kept for the next round.
+/// error, or a round given up unanswered, what was taken is kept for the next round (sent
+/// twice where Redis had applied it, as the limits' usage is).
 pub(super) async fn sync_attainment(
     conn: &mut ConnectionManager,
     prefix: &str,
     tenants: &Tenants,
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
-    let mut taken = Vec::new();
+    let mut taken: Vec<Taken<'_>> = Vec::new();
     for tenant in tenants.iter() {
         let key = format!("{{{prefix}}}:key:{}:slo", tenant.name());
         let unsent = tenant.attainment().take_unsent();
@@ -194,24 +195,35 @@ pub(super) async fn sync_attainment(
             pipe.cmd("EXPIRE").arg(&key).arg(32 * 86_400).ignore();
         }
         pipe.cmd("HGETALL").arg(&key);
-        taken.push((tenant, unsent));
+        taken.push(Taken {
+            tenant,
+            unsent: Some(unsent),
+        });
     }
     if taken.is_empty() {
         return Ok(());
     }
-    let replies: Vec<std::collections::HashMap<String, u64>> = match pipe.query_async(conn).await {
-        Ok(replies) => replies,
-        Err(e) => {
-            for (tenant, unsent) in taken {
-                tenant.attainment().untake(unsent);
-            }
-            return Err(e);
-        }
-    };
-    for ((tenant, _), fields) in taken.into_iter().zip(replies) {
-        tenant.attainment().set_fleet(fleet_counts(&fields));
+    let replies: Vec<std::collections::HashMap<String, u64>> = pipe.query_async(conn).await?;
+    for (mut t, fields) in taken.into_iter().zip(replies) {
+        t.unsent = None;
+        t.tenant.attainment().set_fleet(fleet_counts(&fields));
     }
     Ok(())
+}
+
+/// One key's verdicts taken for a round: given back unless the round got through, also when
+/// the round is dropped on its time limit.
+struct Taken<'a> {
+    tenant: &'a Tenant,
+    unsent: Option<Vec<(std::sync::Arc<str>, VerdictCounts)>>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if let Some(unsent) = self.unsent.take() {
+            self.tenant.attainment().untake(unsent);
+        }
+    }
 }
 
 /// A key's hash read back: counts per class, by verdict (fields this build does not know are
