@@ -204,8 +204,17 @@ pin_project! {
         inner: Option<F>,
         headers: Option<HeaderMap>,
         refused: Option<Error>,
-        // The request's charge, to judge it by the error it ends in, if it does.
+        // The request's charge, to judge it by the error it ends in, if it does; dropped before
+        // its answer (the client went away while it waited), it was cancelled.
         charge: Option<Arc<Charge>>,
+    }
+
+    impl<F> PinnedDrop for QuotaFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(charge) = this.project().charge.take() {
+                charge.judged(Verdict::Cancelled);
+            }
+        }
     }
 }
 

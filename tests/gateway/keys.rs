@@ -785,3 +785,46 @@ async fn keys_past_the_series_cap_share_one_metrics_label_and_keep_their_own_usa
     // /admin/keys still tells them apart.
     assert_eq!(usage(&gw, "capped-c").await["requests_total"], 1);
 }
+
+#[tokio::test]
+async fn a_request_whose_client_left_while_it_waited_in_line_is_cancelled_not_missed() {
+    // One slot, taken by a stream of 40 tokens at 20 ms: the next request waits in line.
+    let (_fleet, sim) = support::start_engine("one", support::engine(20.0, 0.0, 8)).await;
+    let backend = support::backend_yaml(
+        "one",
+        sim,
+        "openai",
+        "    models: {m: m}\n    max_concurrency: 1\n",
+    );
+    let gw = support::gateway(&format!(
+        "backends:\n{backend}classes:\n  - {{name: waits, on_miss: queue, queue_max_wait_ms: 20000}}\napi_keys:\n  - {{key_env: A, name: a}}\n"
+    ))
+    .await;
+    let mut open = held_stream(gw.addr(), "key-of-A", 40).await;
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        chat(gw.addr(), "key-of-A", 4),
+    )
+    .await;
+    assert!(
+        gave_up.is_err(),
+        "it was still waiting when its client left"
+    );
+    while open.frame().await.is_some() {}
+    until(|| async {
+        slo_of(&gw, "a", "waits")
+            .await
+            .is_some_and(|c| c["requests"] == 2)
+    })
+    .await;
+    let waits = slo_of(&gw, "a", "waits").await.unwrap();
+    assert_eq!(
+        waits["by_verdict"],
+        json!({"met": 1, "cancelled": 1}),
+        "{waits}"
+    );
+    assert_eq!(
+        waits["attainment"], 1.0,
+        "a request given up counts neither way"
+    );
+}
