@@ -50,5 +50,7 @@ mod traces;
 mod translate;
 #[path = "gateway/transport.rs"]
 mod transport;
+#[path = "gateway/usage.rs"]
+mod usage;
 #[path = "gateway/windows.rs"]
 mod windows;
