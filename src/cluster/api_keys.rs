@@ -158,12 +158,9 @@ fn period_name(period: BudgetPeriod) -> &'static str {
     }
 }
 
-/// The fields of a key's hash beside its verdicts: tokens used, and millionths of a dollar spent.
-const USED: [&str; 2] = ["tokens", "micro_usd"];
-
 /// Each key's verdicts against its classes' SLOs across the fleet: every round, what this
-/// replica judged since the last goes into the key's hash in Redis (a field per class and
-/// verdict, `CLASS/VERDICT`), and the fleet's counts come back, one `HGETALL` per key. On an
+/// replica judged since the last goes into the key's hash in Redis (fields `CLASS/VERDICT`,
+/// `CLASS/tokens` and `CLASS/usd`), and the fleet's counts come back, one `HGETALL` per key. On an
 /// error, or a round given up unanswered, what was taken is kept for the next round (sent
 /// twice where Redis had applied it, as the limits' usage is).
 pub(super) async fn sync_attainment(
@@ -177,17 +174,20 @@ pub(super) async fn sync_attainment(
         let key = format!("{{{prefix}}}:key:{}:slo", tenant.name());
         let unsent = tenant.attainment().take_unsent();
         for (class, counts) in &unsent {
-            let labels = Verdict::ALL.iter().map(|v| v.label()).chain(USED);
-            let values = counts
-                .verdicts
-                .iter()
-                .copied()
-                .chain([counts.tokens, counts.micro_usd]);
-            for (label, n) in labels.zip(values).filter(|(_, n)| *n > 0) {
+            let labels = Verdict::ALL.iter().map(|v| v.label()).chain(["tokens"]);
+            let values = counts.verdicts.iter().chain([&counts.tokens]);
+            for (label, n) in labels.zip(values).filter(|(_, n)| **n > 0) {
                 pipe.cmd("HINCRBY")
                     .arg(&key)
                     .arg(format!("{class}/{label}"))
-                    .arg(n)
+                    .arg(*n)
+                    .ignore();
+            }
+            if counts.usd > 0.0 {
+                pipe.cmd("HINCRBYFLOAT")
+                    .arg(&key)
+                    .arg(format!("{class}/usd"))
+                    .arg(counts.usd)
                     .ignore();
             }
         }
@@ -203,7 +203,7 @@ pub(super) async fn sync_attainment(
     if taken.is_empty() {
         return Ok(());
     }
-    let replies: Vec<std::collections::HashMap<String, u64>> = pipe.query_async(conn).await?;
+    let replies: Vec<std::collections::HashMap<String, String>> = pipe.query_async(conn).await?;
     for (mut t, fields) in taken.into_iter().zip(replies) {
         t.unsent = None;
         t.tenant.attainment().set_fleet(fleet_counts(&fields));
@@ -228,9 +228,11 @@ impl Drop for Taken<'_> {
 
 /// A key's hash read back: counts per class, by verdict (fields this build does not know are
 /// skipped).
-fn fleet_counts(fields: &std::collections::HashMap<String, u64>) -> Vec<(String, VerdictCounts)> {
+fn fleet_counts(
+    fields: &std::collections::HashMap<String, String>,
+) -> Vec<(String, VerdictCounts)> {
     let mut out: Vec<(String, VerdictCounts)> = Vec::new();
-    for (field, n) in fields {
+    for (field, value) in fields {
         let Some((class, label)) = field.rsplit_once('/') else {
             continue;
         };
@@ -243,9 +245,9 @@ fn fleet_counts(fields: &std::collections::HashMap<String, u64>) -> Vec<(String,
         };
         let counts = &mut out[i].1;
         match (Verdict::ALL.iter().position(|v| v.label() == label), label) {
-            (Some(v), _) => counts.verdicts[v] = *n,
-            (None, "tokens") => counts.tokens = *n,
-            (None, "micro_usd") => counts.micro_usd = *n,
+            (Some(v), _) => counts.verdicts[v] = value.parse().unwrap_or(0),
+            (None, "tokens") => counts.tokens = value.parse().unwrap_or(0),
+            (None, "usd") => counts.usd = value.parse().unwrap_or(0.0),
             _ => {}
         }
     }

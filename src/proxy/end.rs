@@ -415,7 +415,9 @@ impl RequestEnd {
 impl RequestEnd {
     /// What became of the request against its class's SLO, for its key: its first token (from
     /// the client's side, time in a line included) and its stream's speed against the targets;
-    /// a failure the backend's, a client gone first neither met nor missed.
+    /// a failure the backend's (a server error, a 429, a broken stream), a client gone first
+    /// neither met nor missed. A request the backend refused as bad (another 4xx) says nothing
+    /// of the fleet and is not judged.
     fn judge(
         &self,
         charge: &Charge,
@@ -425,8 +427,10 @@ impl RequestEnd {
         let Some(slo) = charge.slo() else {
             return;
         };
-        let verdict = if self.failed() || !self.status.is_success() {
+        let verdict = if self.failed() || self.status == http::StatusCode::TOO_MANY_REQUESTS {
             Verdict::UpstreamError
+        } else if !self.status.is_success() {
+            return;
         } else if self.outcome == Outcome::Cancelled {
             Verdict::Cancelled
         } else {

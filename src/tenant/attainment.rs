@@ -97,14 +97,14 @@ pub(crate) struct Attainment {
 
 /// One key's requests of one class: counted by verdict, in [`Verdict::ALL`]'s order, and what
 /// they used.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub(crate) struct Counts {
     /// Requests by verdict.
     pub verdicts: [u64; Verdict::ALL.len()],
     /// Tokens used, prompt and output.
     pub tokens: u64,
-    /// Spent, millionths of a dollar (whole numbers add up exactly across replicas).
-    pub micro_usd: u64,
+    /// Spent, USD.
+    pub usd: f64,
 }
 
 impl Counts {
@@ -113,7 +113,7 @@ impl Counts {
             *mine += n;
         }
         self.tokens += other.tokens;
-        self.micro_usd += other.micro_usd;
+        self.usd += other.usd;
     }
 
     fn is_empty(&self) -> bool {
@@ -175,26 +175,19 @@ impl Attainment {
         }
     }
 
-    /// One request of `class` (`None`: without one) ended so.
-    pub(crate) fn tally(&self, class: Option<&Arc<str>>, verdict: Verdict) {
-        let mut classes = self.lock();
-        let tally = self.of(&mut classes, class.map_or("none", |c| c));
-        tally.counts.verdicts[verdict as usize] += 1;
-        tally.unsent.verdicts[verdict as usize] += 1;
-        tally.counters[verdict as usize].increment(1);
-    }
-
-    /// One request of `class` used `tokens`, costing `usd`.
-    pub(crate) fn used(&self, class: Option<&Arc<str>>, tokens: u64, usd: f64) {
-        let mut classes = self.lock();
-        let tally = self.of(&mut classes, class.map_or("none", |c| c));
-        let used = Counts {
+    /// One request of `class` (`None`: without one) ended so, having used `tokens` at `usd`.
+    pub(crate) fn tally(&self, class: Option<&Arc<str>>, verdict: Verdict, tokens: u64, usd: f64) {
+        let mut one = Counts {
             tokens,
-            micro_usd: (usd * 1e6).round() as u64,
+            usd,
             ..Counts::default()
         };
-        tally.counts.add(&used);
-        tally.unsent.add(&used);
+        one.verdicts[verdict as usize] = 1;
+        let mut classes = self.lock();
+        let tally = self.of(&mut classes, class.map_or("none", |c| c));
+        tally.counts.add(&one);
+        tally.unsent.add(&one);
+        tally.counters[verdict as usize].increment(1);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Tally>> {
@@ -262,7 +255,7 @@ impl Attainment {
                     class: t.class.to_string(),
                     requests,
                     tokens: counts.tokens,
-                    spent_usd: counts.micro_usd as f64 / 1e6,
+                    spent_usd: counts.usd,
                     attainment: (judged > 0).then(|| met as f64 / judged as f64),
                     by_verdict: Verdict::ALL
                         .iter()
@@ -315,9 +308,9 @@ mod tests {
             Verdict::Shed,
             Verdict::Cancelled,
         ] {
-            a.tally(Some(&chat), v);
+            a.tally(Some(&chat), v, 0, 0.0);
         }
-        a.tally(None, Verdict::UpstreamError);
+        a.tally(None, Verdict::UpstreamError, 0, 0.0);
         let classes = a.classes();
         assert_eq!(classes[0].class, "chat");
         assert_eq!(classes[0].requests, 5);

@@ -314,6 +314,7 @@ impl Tenant {
             settled: AtomicBool::new(false),
             class: std::sync::OnceLock::new(),
             verdict: std::sync::atomic::AtomicU8::new(0),
+            used: std::sync::OnceLock::new(),
         };
         Ok((Arc::new(charge), quota))
     }
@@ -528,6 +529,8 @@ pub(crate) struct Charge {
     class: std::sync::OnceLock<(Option<Arc<str>>, Slo)>,
     /// Its [`Verdict::code`], once judged (0: not yet); tallied when the charge goes.
     verdict: std::sync::atomic::AtomicU8,
+    /// The tokens it used and what they cost, once settled: tallied with the verdict.
+    used: std::sync::OnceLock<(u64, f64)>,
 }
 
 /// What a backend charges for one request: its tokens' prices (0 where unpriced), and its
@@ -582,11 +585,7 @@ impl Charge {
         let input = input.unwrap_or(self.prompt);
         let output = output.unwrap_or(self.output);
         let cost = bill.tokens.usd(input, output) + bill.engine_usd;
-        if let Some((class, _)) = self.class.get() {
-            self.tenant
-                .attainment
-                .used(class.as_ref(), input + output, cost);
-        }
+        let _ = self.used.set((input + output, cost));
         self.tenant
             .settle(self.prompt + self.output, input, output, cost, unix_s);
     }
@@ -596,7 +595,8 @@ impl Drop for Charge {
     fn drop(&mut self) {
         if let Some(verdict) = Verdict::of_code(self.verdict.load(Ordering::Relaxed)) {
             let class = self.class.get().and_then(|(c, _)| c.as_ref());
-            self.tenant.attainment.tally(class, verdict);
+            let (tokens, usd) = self.used.get().copied().unwrap_or_default();
+            self.tenant.attainment.tally(class, verdict, tokens, usd);
         }
         if !self.settled.swap(true, Ordering::Relaxed) {
             self.tenant.refund(self.prompt + self.output);

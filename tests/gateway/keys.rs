@@ -383,10 +383,12 @@ async fn a_reload_keeps_each_keys_usage_and_a_removed_key_stops_at_once() {
     assert_eq!(usage(&gw, "a").await["requests_total"], 4);
 }
 
-#[tokio::test]
-async fn a_key_that_floods_a_queueing_class_waits_behind_itself_not_the_other_keys() {
-    // One slot, 20 ms a token: requests of 4 tokens queue behind each other.
-    let (_fleet, sim) = support::start_engine("one", support::engine(20.0, 0.0, 8)).await;
+/// A gateway of `keys` over one backend of one slot, 20 ms a token, whose only class waits in
+/// line for up to 20 s.
+pub(super) async fn one_slot_in_line(
+    keys: &str,
+) -> (tpsgate::sim::Fleet, tpsgate::gateway::Gateway) {
+    let (fleet, sim) = support::start_engine("one", support::engine(20.0, 0.0, 8)).await;
     let backend = support::backend_yaml(
         "one",
         sim,
@@ -394,9 +396,17 @@ async fn a_key_that_floods_a_queueing_class_waits_behind_itself_not_the_other_ke
         "    models: {m: m}\n    max_concurrency: 1\n",
     );
     let gw = support::gateway(&format!(
-        "backends:\n{backend}classes:\n  - {{name: waits, on_miss: queue, queue_max_wait_ms: 20000}}\napi_keys:\n  - {{key_env: A, name: noisy}}\n  - {{key_env: B, name: polite}}\n"
+        "backends:\n{backend}classes:\n  - {{name: waits, on_miss: queue, queue_max_wait_ms: 20000}}\napi_keys:\n{keys}"
     ))
     .await;
+    (fleet, gw)
+}
+
+#[tokio::test]
+async fn a_key_that_floods_a_queueing_class_waits_behind_itself_not_the_other_keys() {
+    // Requests of 4 tokens queue behind each other.
+    let (_fleet, gw) =
+        one_slot_in_line("  - {key_env: A, name: noisy}\n  - {key_env: B, name: polite}\n").await;
     let start = tokio::time::Instant::now();
     let timed = |key: &'static str| {
         let addr = gw.addr();

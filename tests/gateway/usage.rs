@@ -9,7 +9,7 @@ use http_body_util::BodyExt as _;
 use serde_json::{Value, json};
 use tpsgate::bench::http_client;
 
-use super::keys::{chat, gateway, held_stream, replicas, until, usage};
+use super::keys::{chat, gateway, held_stream, one_slot_in_line, replicas, until, usage};
 use crate::support;
 
 /// A whole (non-stream) request with `key` for `model` on `path` in its dialect's shape
@@ -87,7 +87,7 @@ async fn a_whole_answer_is_charged_the_usage_its_body_reported_at_its_models_pri
         assert_eq!(class["tokens"], inputs + outputs, "{dialect}: {class}");
         let by_class = class["spent_usd"].as_f64().unwrap();
         assert!(
-            (by_class - expected).abs() <= 1e-6,
+            (by_class - expected).abs() < 1e-12,
             "{dialect}: {by_class} against {expected}"
         );
     }
@@ -265,18 +265,8 @@ async fn keys_past_the_series_cap_share_one_metrics_label_and_keep_their_own_usa
 
 #[tokio::test]
 async fn a_request_whose_client_left_while_it_waited_in_line_is_cancelled_not_missed() {
-    // One slot, taken by a stream of 40 tokens at 20 ms: the next request waits in line.
-    let (_fleet, sim) = support::start_engine("one", support::engine(20.0, 0.0, 8)).await;
-    let backend = support::backend_yaml(
-        "one",
-        sim,
-        "openai",
-        "    models: {m: m}\n    max_concurrency: 1\n",
-    );
-    let gw = support::gateway(&format!(
-        "backends:\n{backend}classes:\n  - {{name: waits, on_miss: queue, queue_max_wait_ms: 20000}}\napi_keys:\n  - {{key_env: A, name: a}}\n"
-    ))
-    .await;
+    // The one slot taken by a stream of 40 tokens at 20 ms: the next request waits in line.
+    let (_fleet, gw) = one_slot_in_line("  - {key_env: A, name: a}\n").await;
     let mut open = held_stream(gw.addr(), "key-of-A", 40).await;
     let gave_up = tokio::time::timeout(
         std::time::Duration::from_millis(200),

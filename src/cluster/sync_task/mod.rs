@@ -63,7 +63,14 @@ pub(super) struct SyncTask {
     health_out: HashMap<String, HealthNote>,
     /// The last note read per backend, applied once.
     health_seen: HashMap<String, HealthNote>,
+    /// When the keys' verdicts were last told to the fleet and read back.
+    attainment_at: Option<Instant>,
 }
+
+/// How often the keys' verdicts go to the fleet and come back: a view for `/admin/keys`, not
+/// an input to any decision, so a second apart is enough (and one `HGETALL` per key a second
+/// stays small however many keys there are).
+const ATTAINMENT_EVERY: Duration = Duration::from_secs(1);
 
 /// The peers' integral on one backend as handed to its occupancy: only its growth matters, so
 /// after a gap (Redis away, the peers' load dropped) it continues from where it stood.
@@ -103,6 +110,7 @@ impl SyncTask {
             pending: Vec::new(),
             routed: Vec::new(),
             dropped: 0,
+            attainment_at: None,
             health_out: HashMap::new(),
             health_seen: HashMap::new(),
         }
@@ -214,6 +222,14 @@ impl SyncTask {
             Ok(Err(e)) => self.failed(&e.to_string()),
             Err(_) => self.failed("no answer within the round trip's time limit"),
         }
+        let now = Instant::now();
+        if self
+            .attainment_at
+            .is_some_and(|at| now.saturating_duration_since(at) < ATTAINMENT_EVERY)
+        {
+            return;
+        }
+        self.attainment_at = Some(now);
         let attainment = tokio::time::timeout(
             self.round_timeout(),
             api_keys::sync_attainment(conn, &self.keys.prefix, &live.tenants),
