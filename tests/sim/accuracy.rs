@@ -139,11 +139,17 @@ async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
         (0.009..0.050).contains(&ttft[0]),
         "alone, TTFT is one step: {ttft:?}"
     );
+    // Every position streams at the engine's one speed. The median is held to 3%; each stream to
+    // 8%, because one timer woken 11 ms late on a loaded CI machine moved one stream by 3.6%.
+    let mut speeds = Vec::new();
     for (k, sample) in samples.iter().enumerate() {
         assert!(sample.error.is_none(), "{:?}", sample.error);
         let tps = sample.per_user_tps().unwrap();
-        assert!(rel_err(tps, 100.0) <= 0.03, "position {k}: {tps:.1} tok/s");
+        assert!(rel_err(tps, 100.0) <= 0.08, "position {k}: {tps:.1} tok/s");
+        speeds.push(tps);
     }
+    speeds.sort_by(f64::total_cmp);
+    assert!(rel_err(speeds[2], 100.0) <= 0.03, "median speed: {speeds:?}");
     // Each waits 300 ms more than the one before it (30 tokens x 10 ms) but was sent 5 ms later.
     for k in 1..5 {
         let step = ttft[k] - ttft[k - 1];
