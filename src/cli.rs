@@ -58,6 +58,9 @@ pub(crate) enum Command {
     Replicas(crate::cluster::emulate::ReplicasArgs),
     /// Take a running gateway's curves away: the dashboard's picture as SVG, the numbers as CSV.
     Curves(CurvesArgs),
+    /// Make, list, change, rotate and revoke a running gateway's virtual keys (its admin API;
+    /// `virtual_keys:` on). Prints the gateway's JSON answer.
+    Keys(crate::admin::keys_cli::KeysArgs),
     /// Print shell completions (bash, zsh, fish, elvish, powershell) to stdout.
     Completions {
         /// The shell.
@@ -221,6 +224,11 @@ pub(crate) fn run(cli: Cli) -> ExitCode {
         Command::Bench(args) => block_on(threads, bench::run(*args)),
         Command::Curves(args) => block_on(threads, curves(args)),
         Command::Replicas(args) => block_on(threads, replicas(args)),
+        Command::Keys(args) => block_on(threads, async {
+            let answer = crate::admin::keys_cli::run(args).await?;
+            say(&serde_json::to_string_pretty(&answer).unwrap_or_default());
+            Ok(())
+        }),
     };
     crate::logging::flush();
     code
@@ -414,47 +422,11 @@ async fn curves(args: CurvesArgs) -> Result<(), String> {
 
 /// The `/admin/curves` document of the admin plane at `url`.
 async fn fetch_curves(url: &str, args: &CurvesArgs) -> Result<serde_json::Value, String> {
-    use http_body_util::BodyExt as _;
-    let base = url.trim_end_matches('/');
-    let uri: http::Uri = format!("{base}/admin/curves")
-        .parse()
-        .map_err(|e| format!("--url: `{url}` is not a URL: {e}"))?;
-    let mut request = http::Request::get(uri);
-    if let Some(var) = &args.token_env {
-        let token = std::env::var(var)
-            .ok()
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                format!("--token-env: environment variable {var} is not set (or empty)")
-            })?;
-        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
-    }
-    let request = request
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .map_err(|e| format!("--url: {e}"))?;
-    let client = crate::tls::http_client(args.ca_file.as_deref())?;
-    let response = client
-        .request(request)
-        .await
-        .map_err(|e| format!("{base}: {e}"))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| format!("{base}: the answer broke: {e}"))?
-        .to_bytes();
-    if !status.is_success() {
-        let hint = if status == http::StatusCode::UNAUTHORIZED {
-            " (the admin plane wants its token: --token-env VAR)"
-        } else {
-            ""
-        };
-        return Err(format!(
-            "{base}/admin/curves answered {status}{hint}: {}",
-            String::from_utf8_lossy(&body).trim()
-        ));
-    }
-    serde_json::from_slice(&body)
-        .map_err(|e| format!("{base}/admin/curves is not a tpsgate admin plane ({e})"))
+    let remote = crate::admin::remote::Remote::new(
+        url,
+        args.token_env.as_deref(),
+        true,
+        args.ca_file.clone(),
+    )?;
+    remote.call(http::Method::GET, "/admin/curves", None).await
 }

@@ -141,6 +141,8 @@ impl Gateway {
             stopped(&stop),
         ));
         let [upkeep, forget, oracle, windows] = upkeep_tasks(&live, &stop);
+        // Keys made on another replica (in Redis) are read here within a second.
+        let keys_fresh = tokio::spawn(Arc::clone(&live.load().keys).keep_fresh(stop.subscribe()));
         let reloader = Reloader::new(live, reload_status, drained.clone(), resolver);
         let discovery = tokio::spawn(reloader.clone().keep_discovering(stop.subscribe()));
         Ok(Self {
@@ -152,7 +154,7 @@ impl Gateway {
             drained,
             stop,
             tasks: vec![
-                proxy, admin_task, upkeep, forget, oracle, windows, discovery,
+                proxy, admin_task, upkeep, forget, oracle, windows, discovery, keys_fresh,
             ],
             cluster: cluster.map(|c| c.task),
             cluster_stop,
@@ -244,8 +246,13 @@ async fn build_live(
         )?),
         None => None,
     };
+    let redis = match &config.cluster {
+        Some(c) if config.virtual_keys.is_some() => Some(crate::cluster::redis_client(c)?),
+        _ => None,
+    };
+    let keys = crate::keystore::KeyStore::open(config, redis).await?;
     let live = Arc::new(ArcSwap::from_pointee(Live::build(
-        config, found, None, drained, outbox, tracing,
+        config, found, None, drained, outbox, tracing, keys,
     )?));
     Ok((live, inbox, resolver))
 }

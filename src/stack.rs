@@ -9,6 +9,7 @@ use tower::util::Either;
 use tower_http::cors::{AllowOrigin, Any, Cors, CorsLayer};
 
 use crate::config::{self, Config};
+use crate::keystore::KeyStore;
 use crate::otel::Tracing;
 use crate::proxy::auth::{Auth, AuthLayer};
 use crate::proxy::classify::{BodyPace, Classes, Classify, ClassifyLayer};
@@ -33,12 +34,13 @@ pub(crate) type Inner =
     Rescue<HeadLimit<Auth<Classify<Models<Quotas<Retry<Route<Rewrite<Forward>>>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`, holding its API keys to
-/// `tenants` (one per key, in order); `drained` ends the streams still open at the drain
+/// `tenants` (one per key, in order) and accepting the virtual `keys`; `drained` ends the streams still open at the drain
 /// deadline; `tracing` makes a span of each request.
 pub(crate) fn build(
     config: &Config,
     router: Arc<Router>,
     tenants: &Tenants,
+    keys: &Arc<KeyStore>,
     drained: Signal,
     tracing: Option<&Tracing>,
 ) -> Stack {
@@ -59,9 +61,13 @@ pub(crate) fn build(
         .layer(RescueLayer::new())
         // The head within its limit (431), on HTTP/1.1 and HTTP/2 alike, before anything reads it.
         .layer(HeadLimitLayer::new(config.limits.max_header_bytes))
-        // Gateway API keys, when configured (401 without one); a key may carry a class and
-        // limits.
-        .layer(AuthLayer::new(config.api_keys.clone(), tenants))
+        // Gateway API keys, the config's and the admin API's, when there are any (401 without
+        // one); a key may carry a class and limits.
+        .layer(AuthLayer::new(
+            config.api_keys.clone(),
+            tenants,
+            Arc::clone(keys),
+        ))
         // The body is read once, bounded; method, content type and JSON checked; model and
         // class found.
         .layer(ClassifyLayer::new(

@@ -52,5 +52,7 @@ mod translate;
 mod transport;
 #[path = "gateway/usage.rs"]
 mod usage;
+#[path = "gateway/virtual_keys.rs"]
+mod virtual_keys;
 #[path = "gateway/windows.rs"]
 mod windows;

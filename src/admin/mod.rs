@@ -4,7 +4,10 @@
 //! `/`.
 
 pub(crate) mod export;
+mod keys;
+pub(crate) mod keys_cli;
 pub(crate) mod metrics;
+pub(crate) mod remote;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,9 +49,18 @@ pub(crate) struct AdminState {
 /// the gateway by an IP address, `localhost` or an allowed host name. A web page that rebinds
 /// its own name to 127.0.0.1 (DNS rebinding) sends its own name as `Host`, and is refused.
 fn authorized<B>(state: &AdminState, req: &Request<B>) -> bool {
+    match &state.token {
+        Some(_) => holds_token(state, req),
+        None => addressed_directly(req, &state.hosts),
+    }
+}
+
+/// Whether `req` carries the admin token (`Authorization: Bearer`, the scheme in any case,
+/// compared in constant time); never without one configured.
+fn holds_token<B>(state: &AdminState, req: &Request<B>) -> bool {
     use subtle::ConstantTimeEq as _;
     let Some(token) = &state.token else {
-        return addressed_directly(req, &state.hosts);
+        return false;
     };
     let given = req
         .headers()
@@ -107,11 +119,36 @@ fn secure(resp: &mut Response<Full<Bytes>>, page: bool) {
 pub(crate) async fn handle<B>(
     state: Arc<AdminState>,
     req: Request<B>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+) -> Result<Response<Full<Bytes>>, Infallible>
+where
+    B: hyper::body::Body,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
     let page = req.uri().path() == "/";
-    let mut resp = answer(&state, &req);
+    let keys = req.uri().path() == "/admin/keys" || req.uri().path().starts_with("/admin/keys/");
+    let mut resp = if keys && authorized(&state, &req) {
+        let (status, body) = keys::answer(&state, req).await;
+        let mut resp = json_response(status, &body);
+        // Some answers carry a secret, shown once: no cache may keep it.
+        resp.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        resp
+    } else {
+        answer(&state, &req)
+    };
     secure(&mut resp, page);
     Ok(resp)
+}
+
+/// A JSON answer.
+fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
 }
 
 fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
@@ -131,13 +168,7 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
             "the admin plane answers only to its IP address, localhost or admin.allowed_hosts (or set admin.token_env)"
         };
         let body = json!({"error": {"message": message, "type": "invalid_request_error", "code": "invalid_api_key"}});
-        let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-        *resp.status_mut() = StatusCode::UNAUTHORIZED;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        return resp;
+        return json_response(StatusCode::UNAUTHORIZED, &body);
     }
     if let Some(format) = export::Format::of_path(req.uri().path()) {
         let doc = curves(&state.live.load().router);
@@ -154,7 +185,10 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         return resp;
     }
     if req.uri().path() == "/metrics" {
-        state.live.load().tenants.publish(crate::tenant::unix_now());
+        let unix_s = crate::tenant::unix_now();
+        for tenant in state.live.load().every_tenant() {
+            tenant.publish(unix_s);
+        }
         let last_reload = state
             .reload
             .lock()
@@ -182,7 +216,6 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
         "/admin/backends" => (StatusCode::OK, backends(&state.live.load().router)),
         "/admin/curves" => (StatusCode::OK, curves(&state.live.load().router)),
         "/admin/cluster" => (StatusCode::OK, cluster(state.cluster.as_deref())),
-        "/admin/keys" => (StatusCode::OK, keys(&state.live.load().tenants)),
         "/admin/reload" => {
             let status = state.reload.lock().map(|s| s.clone()).unwrap_or_default();
             (StatusCode::OK, json!(status))
@@ -192,13 +225,7 @@ fn answer<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
             json!({"error": {"message": "no such admin endpoint; try /metrics, /healthz, /readyz, /admin/backends, /admin/curves (.svg, .csv), /admin/cluster, /admin/keys, /admin/reload", "type": "invalid_request_error", "code": "not_found"}}),
         ),
     };
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    json_response(status, &body)
 }
 
 fn backends(router: &Router) -> serde_json::Value {
@@ -321,12 +348,6 @@ fn predicted(curve: &crate::curve::Curve) -> Vec<serde_json::Value> {
             json!({"concurrency": n, "ttft_p50_s": p.ttft_p50_s, "per_user_tps_p50": p.per_user_tps_p50})
         })
         .collect()
-}
-
-/// `/admin/keys`: each API key by its name (never the key), its limits and what it used on
-/// this replica.
-fn keys(tenants: &crate::tenant::Tenants) -> serde_json::Value {
-    json!({"keys": tenants.usage(tokio::time::Instant::now(), crate::tenant::unix_now())})
 }
 
 /// `/admin/cluster`: this replica, its link to the cluster's Redis and its peers; or that it

@@ -20,11 +20,13 @@
 //! once of two replicas, a fifth per second of a hundred at the default 50 ms), and before a
 //! replica's first round its keys count on it alone.
 
+use std::sync::Arc;
+
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 
 use crate::config::BudgetPeriod;
-use crate::tenant::{Delta, FleetView, Tenant, Tenants, Verdict, VerdictCounts};
+use crate::tenant::{Delta, FleetView, Tenant, Verdict, VerdictCounts};
 
 /// A key's fleet-wide token bucket: refilled to `now` on Redis's clock, what a replica used
 /// (ARGV[2], negative where settling gave back) taken out, the level returned.
@@ -61,7 +63,7 @@ struct Planned<'a> {
 pub(super) async fn sync(
     conn: &mut ConnectionManager,
     prefix: &str,
-    tenants: &Tenants,
+    tenants: &[Arc<Tenant>],
     replicas: usize,
     peers_in_flight: impl Fn(&str) -> u64,
 ) -> redis::RedisResult<()> {
@@ -166,7 +168,7 @@ fn period_name(period: BudgetPeriod) -> &'static str {
 pub(super) async fn sync_attainment(
     conn: &mut ConnectionManager,
     prefix: &str,
-    tenants: &Tenants,
+    tenants: &[Arc<Tenant>],
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     let mut taken: Vec<Taken<'_>> = Vec::new();

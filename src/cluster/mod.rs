@@ -81,6 +81,11 @@ pub(crate) fn start(
     Ok(Cluster { status, task })
 }
 
+/// The Redis client of `config`, for what else keeps fleet-wide state there (virtual keys).
+pub(crate) fn redis_client(config: &ClusterConfig) -> Result<redis::Client, String> {
+    client::client(config)
+}
+
 /// How long a replica's part holds without a round: eight intervals, and half a second at
 /// least. Also how long the sums last read count as the peers' load while Redis is away.
 fn lease(interval: Duration) -> Duration {

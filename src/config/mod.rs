@@ -18,7 +18,7 @@ use http::{HeaderMap, HeaderValue, Uri};
 
 pub use raw::{BackendDialect, BudgetPeriod, OnMiss, Policy, ResponsesApi};
 pub(crate) use slo::Slo;
-pub(crate) use validate::{validate, without_password};
+pub(crate) use validate::{validate, validate_key_limits, validate_key_models, without_password};
 
 pub(crate) use crate::curve::PriorPoint;
 use crate::yaml::{self, ConfigError};
@@ -52,8 +52,10 @@ pub struct Config {
     pub default_class: Option<usize>,
     /// Rules giving requests a class by path and model, first match wins.
     pub routes: Vec<RouteRule>,
-    /// Gateway API keys; empty means clients need none.
+    /// Gateway API keys; empty (and no `virtual_keys`) means clients need none.
     pub api_keys: Vec<ApiKey>,
+    /// Keys made at runtime through the admin API, when on.
+    pub virtual_keys: Option<VirtualKeys>,
     /// Policy defaults and exploration.
     pub routing: Routing,
     /// Half-life of curve observations, seconds.
@@ -408,8 +410,9 @@ pub struct ApiKey {
     pub key: Secret,
     /// Its name, unique among the keys: what metrics, `/admin/keys` and logs show.
     pub name: std::sync::Arc<str>,
-    /// Index into `classes` of its requests' class, if it gives one.
-    pub class: Option<usize>,
+    /// The class its requests get, if it gives one (by name: a key outlives a reload that
+    /// reorders the classes).
+    pub class: Option<std::sync::Arc<str>>,
     /// What its requests may claim (shared with every request that carries the key).
     pub grant: std::sync::Arc<KeyGrant>,
     /// What it may use.
@@ -445,10 +448,19 @@ pub struct Budget {
 /// What a request with a given API key may claim: the most it may ask for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct KeyGrant {
-    /// Indexes into `classes` that `x-tpsgate-class` may name.
-    pub classes: Vec<usize>,
+    /// The classes `x-tpsgate-class` may name.
+    pub classes: Vec<std::sync::Arc<str>>,
     /// Whether SLO-override headers are honoured.
     pub slo_overrides: bool,
+    /// The models (as clients name them) it may ask for; `None`: any.
+    pub models: Option<Vec<String>>,
+}
+
+/// `virtual_keys:` validated: keys made at runtime through the admin API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VirtualKeys {
+    /// The file they are kept in; `None`: in the cluster's Redis.
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// `routing:` validated.

@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::discovery::{self, Found, Resolver};
 use crate::fleet::{Backend, Line, Outbox};
+use crate::keystore::KeyStore;
 use crate::otel::Tracing;
 use crate::router::{Entries, Router};
 use crate::signal::Signal;
@@ -51,13 +52,15 @@ pub(crate) struct Live {
     pub tracing: Option<Tracing>,
     /// Each API key's limits and usage (usage kept across reloads by the key's name).
     pub tenants: Tenants,
+    /// The keys made through the admin API (the same store across reloads).
+    pub keys: Arc<KeyStore>,
 }
 
 impl Live {
     /// Builds the router and stack for `config` with the addresses `found` for its discovered
     /// entries, reusing `old` backends that did not change; `drained` ends streams still open
     /// at the drain deadline; `outbox` (a cluster's) is where every backend's samples and
-    /// health events go.
+    /// health events go; `keys` are the virtual keys the stack also accepts.
     pub(crate) fn build(
         config: &Config,
         found: Found,
@@ -65,6 +68,7 @@ impl Live {
         drained: &Signal,
         outbox: Option<Outbox>,
         tracing: Option<Tracing>,
+        keys: Arc<KeyStore>,
     ) -> Result<Self, String> {
         let classes_same = old.is_some_and(|o| o.config.classes == config.classes);
         // Waiters are woken by releases on any backend: reused backends keep waking the line
@@ -136,6 +140,7 @@ impl Live {
             config,
             Arc::clone(&router),
             &tenants,
+            &keys,
             drained.clone(),
             tracing.as_ref(),
         );
@@ -147,7 +152,17 @@ impl Live {
             outbox,
             tracing,
             tenants,
+            keys,
         })
+    }
+}
+
+impl Live {
+    /// Every API key's tenant: the config's, in order, then the admin API's, by name.
+    pub(crate) fn every_tenant(&self) -> Vec<Arc<crate::tenant::Tenant>> {
+        let mut all: Vec<_> = self.tenants.iter().cloned().collect();
+        all.extend(self.keys.tenants());
+        all
     }
 }
 
@@ -264,6 +279,9 @@ impl Reloader {
             if config.tracing != old.tracing {
                 return Err("tracing applies at start only: restart to change it".to_owned());
             }
+            if config.virtual_keys != old.virtual_keys {
+                return Err("virtual_keys applies at start only: restart to change it".to_owned());
+            }
         }
         let mut fresh = Found::default();
         let known = self.live.load_full();
@@ -278,6 +296,7 @@ impl Reloader {
             &self.drained,
             current.outbox.clone(),
             current.tracing.clone(),
+            Arc::clone(&current.keys),
         )?;
         self.live.store(Arc::new(next));
         Ok(())
@@ -331,6 +350,7 @@ impl Reloader {
             &self.drained,
             current.outbox.clone(),
             current.tracing.clone(),
+            Arc::clone(&current.keys),
         ) {
             Ok(next) => {
                 tracing::info!(%changes, "discovered backends changed");

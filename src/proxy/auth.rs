@@ -1,8 +1,10 @@
-//! Auth: when gateway API keys are configured, a request must carry one (`Authorization: Bearer`
-//! or `x-api-key`, as the OpenAI and Anthropic SDKs send them), else 401. The key's class, if it
-//! has one, goes into the extensions for classify, and its tenant (limits and usage) for quota.
-//! Keys are compared in constant time, every configured key each time, so that timing tells
-//! nothing about how much of a key matched or which one.
+//! Auth: when gateway API keys are configured (in the config, or made through the admin API with
+//! `virtual_keys:` on), a request must carry one (`Authorization: Bearer` or `x-api-key`, as the
+//! OpenAI and Anthropic SDKs send them), else 401. The key's class, if it has one, goes into the
+//! extensions for classify, and its tenant (limits and usage) for quota. The config's keys are
+//! compared in constant time, every one each time, so that timing tells nothing about how much
+//! of a key matched or which one; a virtual key is found by its secret's digest
+//! (`keystore::secret` says why that tells nothing either).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -15,7 +17,8 @@ use tower::{Layer, Service};
 use super::classify::KeyClass;
 use crate::config::ApiKey;
 use crate::error::{Error, ErrorKind};
-use crate::tenant::{Tenant, Tenants};
+use crate::keystore::{Denied, KeyStore};
+use crate::tenant::{Tenant, Tenants, unix_now};
 
 /// `x-api-key`: Anthropic's credential header, which clients of either dialect may send.
 pub(crate) const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-api-key");
@@ -24,18 +27,20 @@ pub(crate) const X_API_KEY: http::HeaderName = http::HeaderName::from_static("x-
 #[derive(Debug, Clone)]
 pub(crate) struct AuthLayer {
     keys: Arc<[(ApiKey, Option<Arc<Tenant>>)]>,
+    store: Arc<KeyStore>,
 }
 
 impl AuthLayer {
-    /// The layer; no keys means no check. The `i`-th key's requests are charged to the
-    /// `i`-th of `tenants`.
-    pub(crate) fn new(keys: Vec<ApiKey>, tenants: &Tenants) -> Self {
+    /// The layer; no keys (and `store` off) means no check. The `i`-th key's requests are
+    /// charged to the `i`-th of `tenants`.
+    pub(crate) fn new(keys: Vec<ApiKey>, tenants: &Tenants, store: Arc<KeyStore>) -> Self {
         Self {
             keys: keys
                 .into_iter()
                 .enumerate()
                 .map(|(i, key)| (key, tenants.get(i).cloned()))
                 .collect(),
+            store,
         }
     }
 }
@@ -47,6 +52,7 @@ impl<S> Layer<S> for AuthLayer {
         Auth {
             inner,
             keys: Arc::clone(&self.keys),
+            store: Arc::clone(&self.store),
         }
     }
 }
@@ -56,6 +62,7 @@ impl<S> Layer<S> for AuthLayer {
 pub(crate) struct Auth<S> {
     inner: S,
     keys: Arc<[(ApiKey, Option<Arc<Tenant>>)]>,
+    store: Arc<KeyStore>,
 }
 
 /// The key a request presents, if any.
@@ -86,7 +93,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        if self.keys.is_empty() {
+        if self.keys.is_empty() && !self.store.is_on() {
             return Either::Right(self.inner.call(req));
         }
         let Some(given) = presented(&req) else {
@@ -101,21 +108,42 @@ where
                 found = Some(entry);
             }
         }
-        let Some((key, tenant)) = found else {
-            return Either::Left(ready(Err(Error::new(
-                ErrorKind::Unauthorized,
-                "invalid API key",
-            ))));
+        let (key, tenant) = match found {
+            Some((key, tenant)) => (
+                KeyClass {
+                    class: key.class.clone(),
+                    grant: Arc::clone(&key.grant),
+                },
+                tenant.clone(),
+            ),
+            None => match self.store.find(given, unix_now()) {
+                Ok(entry) => (
+                    KeyClass {
+                        class: entry.class.clone(),
+                        grant: Arc::clone(&entry.grant),
+                    },
+                    Some(Arc::clone(&entry.tenant)),
+                ),
+                Err(denied) => return Either::Left(ready(Err(refused(denied)))),
+            },
         };
-        req.extensions_mut().insert(KeyClass {
-            class: key.class,
-            grant: Arc::clone(&key.grant),
-        });
+        req.extensions_mut().insert(key);
         // The key's limits and usage, for quota (below classify, which sizes the request).
         if let Some(tenant) = tenant {
-            req.extensions_mut().insert(Arc::clone(tenant));
+            req.extensions_mut().insert(tenant);
         }
         Either::Right(self.inner.call(req))
+    }
+}
+
+/// The 401 of a key that is not (or no longer) one.
+fn refused(denied: Denied) -> Error {
+    match denied {
+        Denied::Unknown => Error::new(ErrorKind::Unauthorized, "invalid API key"),
+        Denied::Expired(at) => Error::new(
+            ErrorKind::Unauthorized,
+            format!("this API key expired at {at} (seconds since the Unix epoch)"),
+        ),
     }
 }
 
@@ -127,9 +155,13 @@ mod tests {
     use crate::config::{KeyLimits, Secret};
 
     /// Auth over a stand-in that answers with the class index the key gave (or none).
-    async fn check(keys: Vec<ApiKey>, headers: &[(&str, &str)]) -> Result<Option<usize>, Error> {
+    async fn check(keys: Vec<ApiKey>, headers: &[(&str, &str)]) -> Result<Option<Arc<str>>, Error> {
         let inner = service_fn(|req: Request<()>| async move {
-            Ok::<_, Error>(req.extensions().get::<KeyClass>().and_then(|k| k.class))
+            Ok::<_, Error>(
+                req.extensions()
+                    .get::<KeyClass>()
+                    .and_then(|k| k.class.clone()),
+            )
         });
         let mut req = Request::new(());
         for (name, value) in headers {
@@ -138,7 +170,7 @@ mod tests {
                 value.parse().unwrap(),
             );
         }
-        AuthLayer::new(keys, &Tenants::default())
+        AuthLayer::new(keys, &Tenants::default(), KeyStore::off())
             .layer(inner)
             .oneshot(req)
             .await
@@ -149,7 +181,7 @@ mod tests {
             ApiKey {
                 key: Secret::new("sk-batch".to_owned()),
                 name: "batch".into(),
-                class: Some(1),
+                class: Some("batch".into()),
                 grant: Arc::default(),
                 limits: KeyLimits::default(),
                 weight: 1.0,
@@ -183,11 +215,11 @@ mod tests {
     async fn a_key_is_taken_from_either_sdks_header_and_gives_its_class() {
         assert_eq!(
             check(keys(), &[("authorization", "bearer  sk-batch ")]).await,
-            Ok(Some(1))
+            Ok(Some("batch".into()))
         );
         assert_eq!(
             check(keys(), &[("x-api-key", "sk-batch")]).await,
-            Ok(Some(1))
+            Ok(Some("batch".into()))
         );
         assert_eq!(
             check(keys(), &[("authorization", "Bearer sk-plain")]).await,

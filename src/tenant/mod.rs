@@ -204,7 +204,12 @@ impl Tenant {
 
     /// [`Tenant::new`], its metrics labelled `label` (its name, or [`OTHER_KEYS`] past
     /// `admin.max_key_series`).
-    fn labelled(name: Arc<str>, label: Arc<str>, limits: KeyLimits, now: Instant) -> Arc<Self> {
+    pub(crate) fn labelled(
+        name: Arc<str>,
+        label: Arc<str>,
+        limits: KeyLimits,
+        now: Instant,
+    ) -> Arc<Self> {
         static IDS: AtomicU64 = AtomicU64::new(1);
         let metrics = KeyMetrics::new(&label, Limit::ALL.map(Limit::label));
         let attainment = attainment::Attainment::new(label);
@@ -449,7 +454,7 @@ impl Tenant {
 
     /// Sets its gauges (spend this period, requests in flight) for a scrape: gauges not set
     /// for a while leave the metrics page.
-    fn publish(&self, unix_s: i64) {
+    pub(crate) fn publish(&self, unix_s: i64) {
         let mut state = self.state();
         state.roll(unix_s);
         self.metrics.spend.set(state.spend.usd);
@@ -658,13 +663,6 @@ impl Tenants {
     /// The tenant of the `index`-th key.
     pub(crate) fn get(&self, index: usize) -> Option<&Arc<Tenant>> {
         self.keys.get(index)
-    }
-
-    /// Sets every key's gauges, before `/metrics` is rendered.
-    pub(crate) fn publish(&self, unix_s: i64) {
-        for t in &self.keys {
-            t.publish(unix_s);
-        }
     }
 
     /// Every key's tenant, in `api_keys` order.

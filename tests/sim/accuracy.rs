@@ -149,7 +149,10 @@ async fn serial_ttft_grows_with_queue_position_while_speed_stays_flat() {
         speeds.push(tps);
     }
     speeds.sort_by(f64::total_cmp);
-    assert!(rel_err(speeds[2], 100.0) <= 0.03, "median speed: {speeds:?}");
+    assert!(
+        rel_err(speeds[2], 100.0) <= 0.03,
+        "median speed: {speeds:?}"
+    );
     // Each waits 300 ms more than the one before it (30 tokens x 10 ms) but was sent 5 ms later.
     for k in 1..5 {
         let step = ttft[k] - ttft[k - 1];

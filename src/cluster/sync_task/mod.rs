@@ -202,13 +202,13 @@ impl SyncTask {
     /// API keys' limits: what this replica's keys used goes to the fleet's buckets, and each
     /// key takes its part of what is left (see [`keys`]).
     async fn sync_keys(&mut self, conn: &mut ConnectionManager) {
-        let live = self.live.load_full();
+        let tenants = self.live.load().every_tenant();
         let replicas = usize::try_from(self.standing.totals.replicas.max(1)).unwrap_or(usize::MAX);
         let (totals, mine) = (&self.standing.totals, &self.standing.mine);
         let fresh = self.read_at.is_some();
         let synced = tokio::time::timeout(
             self.round_timeout(),
-            api_keys::sync(conn, &self.keys.prefix, &live.tenants, replicas, |name| {
+            api_keys::sync(conn, &self.keys.prefix, &tenants, replicas, |name| {
                 if fresh {
                     totals.peer_key(mine, name)
                 } else {
@@ -232,7 +232,7 @@ impl SyncTask {
         self.attainment_at = Some(now);
         let attainment = tokio::time::timeout(
             self.round_timeout(),
-            api_keys::sync_attainment(conn, &self.keys.prefix, &live.tenants),
+            api_keys::sync_attainment(conn, &self.keys.prefix, &tenants),
         )
         .await;
         match attainment {
@@ -320,7 +320,7 @@ impl SyncTask {
         for b in live.router.backends() {
             self.backend_fields(b, classes, now, t_ms, &mut out);
         }
-        for t in live.tenants.iter() {
+        for t in live.every_tenant() {
             let n = i64::try_from(t.in_flight()).unwrap_or(i64::MAX);
             out.push((sums::field(Kind::Key, &[t.name()]), n));
         }
@@ -462,7 +462,7 @@ impl SyncTask {
     /// counted by this replica alone), say so once.
     fn failed(&mut self, error: &str) {
         let now = Instant::now();
-        for tenant in self.live.load().tenants.iter() {
+        for tenant in self.live.load().every_tenant() {
             tenant.alone(now);
         }
         if self.status.connected.swap(false, Ordering::Relaxed)

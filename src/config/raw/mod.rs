@@ -58,6 +58,9 @@ pub(crate) struct RawConfig {
     /// OpenTelemetry traces: a span per request, exported over OTLP; off when absent.
     #[serde(default)]
     pub tracing: Option<RawTracing>,
+    /// API keys made, changed and revoked at runtime through the admin API; off when absent.
+    #[serde(default)]
+    pub virtual_keys: Option<RawVirtualKeys>,
     /// The gateway's estimate of what each backend's prefix cache holds, and routing by it.
     #[serde(default)]
     pub prefix_cache: RawPrefixCache,
@@ -231,6 +234,10 @@ pub(crate) struct RawAdmin {
     /// Environment variable holding a bearer token that `/metrics` and `/admin/*` require.
     #[serde(default)]
     pub token_env: Option<String>,
+    /// A file holding that token instead (a mounted secret); its surrounding whitespace is
+    /// not part of it.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
     /// Host names (beside IP addresses and `localhost`) under which `/metrics` and `/admin/*`
     /// answer without a token (what a scraper calls the gateway by, e.g. a compose service).
     #[serde(default)]
@@ -246,6 +253,7 @@ impl Default for RawAdmin {
         Self {
             listen: default_admin(),
             token_env: None,
+            token_file: None,
             allowed_hosts: Vec::new(),
             max_key_series: default_max_key_series(),
         }
@@ -461,6 +469,18 @@ pub(crate) struct RawApiKey {
     /// default 1.
     #[serde(default = "one")]
     pub weight: f64,
+    /// The models (as clients name them) its requests may ask for; absent: any.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+}
+
+/// `virtual_keys:`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawVirtualKeys {
+    /// Where the keys are kept without `cluster:` (with it, they live in Redis).
+    #[serde(default)]
+    pub file: Option<PathBuf>,
 }
 
 fn one() -> f64 {
@@ -468,7 +488,7 @@ fn one() -> f64 {
 }
 
 /// `api_keys[].limits`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawKeyLimits {
     /// Requests per minute.

@@ -50,22 +50,23 @@ fn api_key(
         "remove this key",
     )?
     .unwrap_or_else(|| Secret::new(String::new()));
-    let class = match &k.class {
-        Some(name) => class_index(&format!("{at}.class"), name)?,
+    let class: Option<Arc<str>> = match &k.class {
+        Some(name) => class_index(&format!("{at}.class"), name)?.map(|_| name.as_str().into()),
         None => None,
     };
     // Its own class always; others only where listed.
-    let mut classes: Vec<usize> = class.into_iter().collect();
+    let mut classes: Vec<Arc<str>> = class.iter().cloned().collect();
     for (j, name) in k.classes.iter().flatten().enumerate() {
-        if let Some(index) = class_index(&format!("{at}.classes[{j}]"), name)?
-            && !classes.contains(&index)
+        if class_index(&format!("{at}.classes[{j}]"), name)?.is_some()
+            && !classes.iter().any(|c| **c == **name)
         {
-            classes.push(index);
+            classes.push(name.as_str().into());
         }
     }
     let grant = Arc::new(KeyGrant {
         classes,
         slo_overrides: k.slo_overrides,
+        models: models(&format!("{at}.models"), k.models.as_deref())?,
     });
     let name = match &k.name {
         Some(name) if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) => {
@@ -94,8 +95,27 @@ fn api_key(
     })
 }
 
+/// `api_keys[].models`: the models a key may ask for, each named (an empty list would refuse
+/// every request: leaving the field out allows any).
+pub(crate) fn models(at: &str, models: Option<&[String]>) -> Result<Option<Vec<String>>> {
+    match models {
+        Some([]) => Err(ConfigError::at(
+            at,
+            "an empty list allows no model: name at least one, or leave models out to allow any",
+        )),
+        Some(list) => match list.iter().position(String::is_empty) {
+            Some(j) => Err(ConfigError::at(
+                format!("{at}[{j}]"),
+                "a model name is not empty",
+            )),
+            None => Ok(Some(list.to_vec())),
+        },
+        None => Ok(None),
+    }
+}
+
 /// `api_keys[].limits`: each limit at least 1 where given; a period only with a budget.
-fn key_limits(at: &str, raw: &crate::config::raw::RawKeyLimits) -> Result<KeyLimits> {
+pub(crate) fn key_limits(at: &str, raw: &crate::config::raw::RawKeyLimits) -> Result<KeyLimits> {
     let positive = |field: &str, value: Option<u64>| match value {
         Some(0) => Err(ConfigError::at(
             format!("{at}.{field}"),
@@ -128,4 +148,32 @@ fn key_limits(at: &str, raw: &crate::config::raw::RawKeyLimits) -> Result<KeyLim
         max_concurrency: positive("max_concurrency", raw.max_concurrency)?,
         budget,
     })
+}
+
+/// `virtual_keys:`: a file to keep them in without `cluster:` (Redis keeps them with it), and
+/// an admin token, which every call that changes a key needs.
+pub(super) fn virtual_keys(
+    v: &crate::config::raw::RawVirtualKeys,
+    raw: &RawConfig,
+    dir: &std::path::Path,
+) -> Result<crate::config::VirtualKeys> {
+    if raw.admin.token_env.is_none() && raw.admin.token_file.is_none() {
+        return Err(ConfigError::at(
+            "virtual_keys",
+            "making and changing keys needs an admin token: set admin.token_env or admin.token_file",
+        ));
+    }
+    match (&v.file, &raw.cluster) {
+        (Some(_), Some(_)) => Err(ConfigError::at(
+            "virtual_keys.file",
+            "with cluster:, the keys live in its Redis for every replica to see: remove file",
+        )),
+        (None, None) => Err(ConfigError::at(
+            "virtual_keys.file",
+            "keys made through the admin API need a place that outlives a restart: name a file (e.g. /var/lib/tpsgate/keys.json), or configure cluster: to keep them in Redis",
+        )),
+        (file, _) => Ok(crate::config::VirtualKeys {
+            file: file.as_ref().map(|f| dir.join(f)),
+        }),
+    }
 }

@@ -18,6 +18,7 @@ mod services;
 
 use backend::backend;
 use keys::api_keys;
+pub(crate) use keys::{key_limits as validate_key_limits, models as validate_key_models};
 pub(crate) use services::without_password;
 use services::{cluster, cors, resolver, tracing};
 
@@ -85,14 +86,7 @@ pub(crate) fn validate(
     let tls = errors.keep(tls(raw)).flatten();
     let admin_listen = errors.keep(admin_listen(raw, listen));
     let limits = errors.keep(limits(raw));
-    let admin_token = errors
-        .keep(secret_from(
-            env,
-            raw.admin.token_env.as_deref(),
-            "admin.token_env",
-            "remove token_env",
-        ))
-        .flatten();
+    let admin_token = errors.keep(admin_token(raw, env, dir)).flatten();
     let admin_hosts = errors.keep(admin_hosts(raw));
 
     let backends = backends(raw, env, dir, &mut errors);
@@ -157,6 +151,9 @@ pub(crate) fn validate(
     let cors = errors.section(raw.cors.as_ref(), cors);
     let resolver = errors.section(raw.resolver.as_ref(), resolver);
     let tracing = errors.section(raw.tracing.as_ref(), tracing);
+    let virtual_keys = errors.section(raw.virtual_keys.as_ref(), |v| {
+        keys::virtual_keys(v, raw, dir)
+    });
     if let Some(error) = errors.into_error() {
         return Err(error);
     }
@@ -187,6 +184,7 @@ pub(crate) fn validate(
         default_class,
         routes,
         api_keys,
+        virtual_keys,
         routing,
         cluster,
     })
@@ -292,6 +290,43 @@ fn admin_hosts(raw: &RawConfig) -> Result<Vec<String>> {
         ));
     }
     Ok(hosts)
+}
+
+/// `admin.token_env` or `admin.token_file`: the bearer token of the admin plane, if any.
+fn admin_token(
+    raw: &RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    dir: &Path,
+) -> Result<Option<Secret>> {
+    let from_env = secret_from(
+        env,
+        raw.admin.token_env.as_deref(),
+        "admin.token_env",
+        "remove token_env",
+    )?;
+    let Some(file) = &raw.admin.token_file else {
+        return Ok(from_env);
+    };
+    if from_env.is_some() {
+        return Err(ConfigError::at(
+            "admin.token_file",
+            "the token comes from token_env or token_file, not both: remove one",
+        ));
+    }
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        ConfigError::at(
+            "admin.token_file",
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    match text.trim() {
+        "" => Err(ConfigError::at(
+            "admin.token_file",
+            format!("{} is empty: write the token in it", path.display()),
+        )),
+        token => Ok(Some(Secret::new(token.to_owned()))),
+    }
 }
 
 /// The secret in the environment variable `var` (at field `at`), if one is named; a named

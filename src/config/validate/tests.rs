@@ -453,14 +453,23 @@ fn a_key_may_claim_its_own_class_and_the_ones_it_lists_only() {
         "{BASE}classes:\n  - {{name: chat}}\n  - {{name: batch}}\napi_keys:\n  - {{key_env: A, class: batch, classes: [chat, batch]}}\n  - {{key_env: B, class: batch}}\n  - {{key_env: C, slo_overrides: true}}\n"
     );
     let c = parse(&text, env).unwrap();
-    let grants: Vec<(Vec<usize>, bool)> = c
+    let grants: Vec<(Vec<&str>, bool)> = c
         .api_keys
         .iter()
-        .map(|k| (k.grant.classes.clone(), k.grant.slo_overrides))
+        .map(|k| {
+            (
+                k.grant.classes.iter().map(|c| &**c).collect(),
+                k.grant.slo_overrides,
+            )
+        })
         .collect();
     assert_eq!(
         grants,
-        [(vec![1, 0], false), (vec![1], false), (vec![], true)]
+        [
+            (vec!["batch", "chat"], false),
+            (vec!["batch"], false),
+            (vec![], true)
+        ]
     );
     let err = parse(&text.replace("[chat, batch]", "[chat, gold]"), env).unwrap_err();
     assert_eq!(err.path, "api_keys[0].classes[1]");
@@ -729,4 +738,55 @@ fn one_run_names_every_error_each_at_its_line() {
         "{placed}"
     );
     assert!(lines[4].starts_with("gw.yaml:15:"), "{placed}");
+}
+
+#[test]
+fn virtual_keys_need_an_admin_token_and_one_place_to_live() {
+    let env = |_: &str| Some("t".to_owned());
+    let with = |extra: &str| parse(&format!("{BASE}{extra}"), env);
+    let err = with("virtual_keys: {file: keys.json}\n").unwrap_err();
+    assert_eq!(err.path, "virtual_keys");
+    assert!(err.message.contains("admin.token_env"), "{}", err.message);
+    let err = with("admin: {token_env: T}\nvirtual_keys: {}\n").unwrap_err();
+    assert_eq!(err.path, "virtual_keys.file");
+    let err = with("admin: {token_env: T}\nvirtual_keys: {file: k.json}\ncluster: {redis_url: 'redis://127.0.0.1:1'}\n").unwrap_err();
+    assert_eq!(err.path, "virtual_keys.file");
+    assert!(err.message.contains("remove file"), "{}", err.message);
+    let c = with("admin: {token_env: T}\nvirtual_keys: {file: k.json}\n").unwrap();
+    assert!(c.virtual_keys.unwrap().file.unwrap().ends_with("k.json"));
+}
+
+#[test]
+fn the_admin_token_may_come_from_a_file_but_not_from_two_places() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "  s3cret\n").unwrap();
+    let text = format!("{BASE}admin: {{token_file: {}}}\n", file.display());
+    let c = parse(&text, no_env).unwrap();
+    assert_eq!(c.admin_token.unwrap().expose(), "s3cret");
+    let both = text.replace("{token_file", "{token_env: T, token_file");
+    let err = parse(&both, |_| Some("t".to_owned())).unwrap_err();
+    assert_eq!(err.path, "admin.token_file");
+    std::fs::write(&file, "\n").unwrap();
+    assert_eq!(parse(&text, no_env).unwrap_err().path, "admin.token_file");
+}
+
+#[test]
+fn a_key_may_be_held_to_some_models() {
+    let env = |_: &str| Some("sk".to_owned());
+    let c = parse(
+        &format!("{BASE}api_keys:\n  - {{key_env: A, models: [small]}}\n"),
+        env,
+    )
+    .unwrap();
+    assert_eq!(
+        c.api_keys[0].grant.models.as_deref(),
+        Some(&["small".to_owned()][..])
+    );
+    let err = parse(
+        &format!("{BASE}api_keys:\n  - {{key_env: A, models: []}}\n"),
+        env,
+    )
+    .unwrap_err();
+    assert_eq!(err.path, "api_keys[0].models");
 }

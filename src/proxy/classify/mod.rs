@@ -149,8 +149,9 @@ pub(crate) const SLO_TTFT_MS_RANGE: (f64, f64) = (1.0, 600_000.0);
 /// auth layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyClass {
-    /// The class its requests get when nothing else gives one.
-    pub class: Option<usize>,
+    /// The class its requests get when nothing else gives one (by name; none where the
+    /// config has no class of that name).
+    pub class: Option<Arc<str>>,
     /// The classes and SLO overrides its requests may claim.
     pub grant: Arc<KeyGrant>,
 }
@@ -199,7 +200,7 @@ impl Classes {
             let wanted = value.to_str().unwrap_or("");
             return match self.classes.iter().position(|c| *c.name == *wanted) {
                 Some(i) => match key {
-                    Some(k) if !k.grant.classes.contains(&i) => {
+                    Some(k) if !k.grant.classes.iter().any(|c| **c == *wanted) => {
                         Err(self.not_allowed(wanted, &k.grant))
                     }
                     _ => Ok(Some(i)),
@@ -225,17 +226,15 @@ impl Classes {
         });
         Ok(rule
             .and_then(|r| r.class)
-            .or(key.and_then(|k| k.class))
+            .or(key
+                .and_then(|k| k.class.as_deref())
+                .and_then(|name| self.classes.iter().position(|c| *c.name == *name)))
             .or(self.default))
     }
 
     /// The 403 for a class a key does not allow: the class and the ones it does (never the key).
     fn not_allowed(&self, wanted: &str, grant: &KeyGrant) -> Error {
-        let allowed: Vec<&str> = grant
-            .classes
-            .iter()
-            .filter_map(|i| self.classes.get(*i).map(|c| &*c.name))
-            .collect();
+        let allowed: Vec<&str> = grant.classes.iter().map(|c| &**c).collect();
         let allowed = if allowed.is_empty() {
             "none (requests with it get the classes routes and defaults give)".to_owned()
         } else {
@@ -258,6 +257,17 @@ impl Classes {
         key: Option<&KeyClass>,
     ) -> Result<(), Error> {
         let model = c.model.as_deref();
+        if let (Some(allowed), Some(model)) = (key.and_then(|k| k.grant.models.as_ref()), model)
+            && !allowed.iter().any(|m| m == model)
+        {
+            return Err(Error::new(
+                ErrorKind::Forbidden,
+                format!(
+                    "this API key may not use model `{model}`; it allows: {}",
+                    allowed.join(", ")
+                ),
+            ));
+        }
         c.translate &= !self.routes.iter().any(|r| {
             !r.translate
                 && r.path.as_deref().is_none_or(|p| p == path)
