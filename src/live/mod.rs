@@ -282,6 +282,16 @@ impl Reloader {
             if config.virtual_keys != old.virtual_keys {
                 return Err("virtual_keys applies at start only: restart to change it".to_owned());
             }
+            if let Some(key) = config
+                .api_keys
+                .iter()
+                .find(|k| current.keys.record(&k.name).is_some())
+            {
+                return Err(format!(
+                    "api_keys: a virtual key is already called `{}`: give the config's key another name, or revoke the virtual one",
+                    key.name
+                ));
+            }
         }
         let mut fresh = Found::default();
         let known = self.live.load_full();
