@@ -30,6 +30,9 @@ pub(crate) enum ErrorKind {
     RequestTimeout,
     /// 401: gateway API keys are configured and the request carries none of them.
     Unauthorized,
+    /// 503: the request's bearer token is a JWT whose issuer's key set could not be fetched, so
+    /// it can be neither accepted nor refused.
+    IdentityUnavailable,
     /// 403: the request's API key does not allow what the request claims (a class, an SLO).
     Forbidden,
     /// 503: every backend that serves the model is at its concurrency limit.
@@ -80,7 +83,7 @@ impl ErrorKind {
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::NoBackendAvailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::NoBackendAvailable | Self::IdentityUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::SloUnmet | Self::RateLimited | Self::BudgetExhausted => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -104,7 +107,7 @@ impl ErrorKind {
     }
 
     /// Every kind, so that each error counter exists (at zero) before its first error.
-    pub(crate) const ALL: [Self; 19] = [
+    pub(crate) const ALL: [Self; 20] = [
         Self::InvalidRequest,
         Self::ContextLengthExceeded,
         Self::NotFound,
@@ -116,6 +119,7 @@ impl ErrorKind {
         Self::RequestTimeout,
         Self::Unauthorized,
         Self::Forbidden,
+        Self::IdentityUnavailable,
         Self::NoBackendAvailable,
         Self::SloUnmet,
         Self::RateLimited,
@@ -141,6 +145,7 @@ impl ErrorKind {
             Self::RequestTimeout => "request_timeout",
             Self::Unauthorized => "invalid_api_key",
             Self::Forbidden => "claim_not_allowed",
+            Self::IdentityUnavailable => "identity_provider_unavailable",
             Self::NoBackendAvailable => "no_backend_available",
             Self::SloUnmet => "slo_unmet",
             Self::RateLimited => "rate_limit_exceeded",
@@ -168,9 +173,10 @@ impl ErrorKind {
             | Self::RateLimited
             | Self::BudgetExhausted => Fault::Client,
             Self::NoBackendAvailable | Self::SloUnmet => Fault::Gateway,
-            Self::UpstreamUnreachable | Self::UpstreamTimeout | Self::UpstreamResponseTimeout => {
-                Fault::Upstream
-            }
+            Self::UpstreamUnreachable
+            | Self::UpstreamTimeout
+            | Self::UpstreamResponseTimeout
+            | Self::IdentityUnavailable => Fault::Upstream,
             Self::Internal => Fault::Internal,
         }
     }

@@ -39,6 +39,7 @@ pub(crate) mod discovery;
 pub(crate) mod error;
 pub(crate) mod fleet;
 pub mod gateway;
+pub(crate) mod jwt;
 pub(crate) mod keystore;
 pub(crate) mod listen;
 pub(crate) mod live;

@@ -9,6 +9,7 @@ use tower::util::Either;
 use tower_http::cors::{AllowOrigin, Any, Cors, CorsLayer};
 
 use crate::config::{self, Config};
+use crate::jwt::Jwt;
 use crate::keystore::KeyStore;
 use crate::otel::Tracing;
 use crate::proxy::auth::{Auth, AuthLayer};
@@ -34,13 +35,15 @@ pub(crate) type Inner =
     Rescue<HeadLimit<Auth<Classify<Models<Quotas<Retry<Route<Rewrite<Forward>>>>>>>>>;
 
 /// The gateway's request stack for `config`, routing with `router`, holding its API keys to
-/// `tenants` (one per key, in order) and accepting the virtual `keys`; `drained` ends the streams still open at the drain
+/// `tenants` (one per key, then one per JWT tenant, in order) and accepting the virtual
+/// `keys` and the tokens of `jwt`; `drained` ends the streams still open at the drain
 /// deadline; `tracing` makes a span of each request.
 pub(crate) fn build(
     config: &Config,
     router: Arc<Router>,
     tenants: &Tenants,
     keys: &Arc<KeyStore>,
+    jwt: Option<&Arc<Jwt>>,
     drained: Signal,
     tracing: Option<&Tracing>,
 ) -> Stack {
@@ -67,6 +70,7 @@ pub(crate) fn build(
             config.api_keys.clone(),
             tenants,
             Arc::clone(keys),
+            jwt.cloned(),
         ))
         // The body is read once, bounded; method, content type and JSON checked; model and
         // class found.

@@ -30,6 +30,8 @@ mod discovery;
 mod errors;
 #[path = "gateway/hardening.rs"]
 mod hardening;
+#[path = "gateway/jwt.rs"]
+mod jwt;
 #[path = "gateway/keys.rs"]
 mod keys;
 #[path = "gateway/passthrough.rs"]

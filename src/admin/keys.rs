@@ -119,13 +119,16 @@ fn with_secret(record: &Record, secret: &str) -> Value {
 fn every_key(live: &Live) -> Vec<Value> {
     let now = tokio::time::Instant::now();
     let unix_s = crate::tenant::unix_now();
+    // The config's keys come first in its tenants, its JWT tenants after them.
+    let keys = live.config.api_keys.len();
     let mut all: Vec<Value> = live
         .tenants
         .usage(now, unix_s)
         .into_iter()
-        .map(|u| {
+        .enumerate()
+        .map(|(i, u)| {
             let mut v = json!(u);
-            v["source"] = json!("config");
+            v["source"] = json!(if i < keys { "config" } else { "jwt" });
             v
         })
         .collect();

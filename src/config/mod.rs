@@ -56,6 +56,8 @@ pub struct Config {
     pub api_keys: Vec<ApiKey>,
     /// Keys made at runtime through the admin API, when on.
     pub virtual_keys: Option<VirtualKeys>,
+    /// JWT bearer tokens as identities, when on.
+    pub jwt: Option<JwtConfig>,
     /// Policy defaults and exploration.
     pub routing: Routing,
     /// Half-life of curve observations, seconds.
@@ -454,6 +456,40 @@ pub struct KeyGrant {
     pub slo_overrides: bool,
     /// The models (as clients name them) it may ask for; `None`: any.
     pub models: Option<Vec<String>>,
+}
+
+/// `jwt:` validated: bearer tokens of one issuer as identities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JwtConfig {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// The `aud` values one of which it must carry.
+    pub audience: Vec<String>,
+    /// The issuer's JWK set.
+    pub jwks_url: http::Uri,
+    /// The claim naming the tenant, as a path of field names.
+    pub tenant_claim: Vec<String>,
+    /// The tenants a token may name.
+    pub tenants: Vec<Identity>,
+    /// How often the key set is fetched again.
+    pub jwks_refresh: Duration,
+    /// Clock skew allowed on `exp` and `nbf`, seconds.
+    pub leeway_s: u64,
+}
+
+/// Who a request is, and what it may use: a tenant of `jwt:` (an API key's fields but its key).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Identity {
+    /// Its name: what metrics and `/admin/keys` show; unique among keys and tenants.
+    pub name: std::sync::Arc<str>,
+    /// Its requests' class.
+    pub class: Option<std::sync::Arc<str>>,
+    /// What they may claim.
+    pub grant: std::sync::Arc<KeyGrant>,
+    /// What it may use.
+    pub limits: KeyLimits,
+    /// Its weight in a class's line.
+    pub weight: f64,
 }
 
 /// `virtual_keys:` validated: keys made at runtime through the admin API.

@@ -309,9 +309,16 @@ impl KeyStore {
                 "name: 1 to 64 letters, digits, `.`, `_` or `-`".to_owned(),
             ));
         }
-        if config.api_keys.iter().any(|k| *k.name == *name) {
+        let tenants = config.jwt.iter().flat_map(|j| &j.tenants).map(|t| &t.name);
+        if config
+            .api_keys
+            .iter()
+            .map(|k| &k.name)
+            .chain(tenants)
+            .any(|n| **n == *name)
+        {
             return Err(KeyError::Taken(format!(
-                "a key of the config is called `{name}`: give this one a name of its own"
+                "a key or JWT tenant of the config is called `{name}`: give this one a name of its own"
             )));
         }
         check(&spec, config)?;

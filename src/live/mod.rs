@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::discovery::{self, Found, Resolver};
 use crate::fleet::{Backend, Line, Outbox};
+use crate::jwt::Jwt;
 use crate::keystore::KeyStore;
 use crate::otel::Tracing;
 use crate::router::{Entries, Router};
@@ -54,6 +55,8 @@ pub(crate) struct Live {
     pub tenants: Tenants,
     /// The keys made through the admin API (the same store across reloads).
     pub keys: Arc<KeyStore>,
+    /// JWT bearer tokens as identities, when configured (their key set kept across reloads).
+    pub jwt: Option<Arc<Jwt>>,
 }
 
 impl Live {
@@ -130,8 +133,27 @@ impl Live {
             line,
         ));
         // Last, once nothing can fail: a kept key takes its new limits here.
+        let jwt = match &config.jwt {
+            Some(j) => Some(Arc::new(Jwt::new(
+                j.clone(),
+                old.and_then(|o| o.jwt.as_ref())
+                    .map(|o| Arc::clone(o.keys())),
+            )?)),
+            None => None,
+        };
+        let accounts = config
+            .api_keys
+            .iter()
+            .map(|k| (&k.name, k.limits, k.weight))
+            .chain(
+                config
+                    .jwt
+                    .iter()
+                    .flat_map(|j| &j.tenants)
+                    .map(|t| (&t.name, t.limits, t.weight)),
+            );
         let tenants = Tenants::build(
-            &config.api_keys,
+            accounts,
             old.map(|o| &o.tenants),
             Instant::now(),
             config.max_key_series,
@@ -141,6 +163,7 @@ impl Live {
             Arc::clone(&router),
             &tenants,
             &keys,
+            jwt.as_ref(),
             drained.clone(),
             tracing.as_ref(),
         );
@@ -153,6 +176,7 @@ impl Live {
             tracing,
             tenants,
             keys,
+            jwt,
         })
     }
 }
@@ -282,14 +306,16 @@ impl Reloader {
             if config.virtual_keys != old.virtual_keys {
                 return Err("virtual_keys applies at start only: restart to change it".to_owned());
             }
-            if let Some(key) = config
+            let tenants = config.jwt.iter().flat_map(|j| &j.tenants).map(|t| &t.name);
+            if let Some(name) = config
                 .api_keys
                 .iter()
-                .find(|k| current.keys.record(&k.name).is_some())
+                .map(|k| &k.name)
+                .chain(tenants)
+                .find(|name| current.keys.record(name).is_some())
             {
                 return Err(format!(
-                    "api_keys: a virtual key is already called `{}`: give the config's key another name, or revoke the virtual one",
-                    key.name
+                    "a virtual key is already called `{name}`: give the config's key or tenant another name, or revoke the virtual key"
                 ));
             }
         }

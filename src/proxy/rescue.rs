@@ -150,6 +150,7 @@ fn anthropic_type(kind: ErrorKind) -> &'static str {
         ErrorKind::UpstreamUnreachable
         | ErrorKind::UpstreamTimeout
         | ErrorKind::UpstreamResponseTimeout
+        | ErrorKind::IdentityUnavailable
         | ErrorKind::Internal => "api_error",
     }
 }

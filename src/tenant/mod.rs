@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::config::{ApiKey, BudgetPeriod, KeyLimits, Price, Slo};
+use crate::config::{BudgetPeriod, KeyLimits, Price, Slo};
 use crate::telemetry::{KeyMetrics, OTHER_KEYS};
 
 mod attainment;
@@ -625,35 +625,36 @@ pub(crate) struct Tenants {
 }
 
 impl Tenants {
-    /// The tenants of `keys`; a key of the same name in `old` keeps its usage (its limits
-    /// changed to the new ones, its metrics' label as it was), a key gone from `keys` is gone.
-    /// The first `max_series` keys' metrics carry their names, the rest's [`OTHER_KEYS`].
-    pub(crate) fn build(
-        keys: &[ApiKey],
+    /// The tenants of `keys` (each a name, its limits and weight: the config's API keys, then
+    /// its JWT tenants); a key of the same name in `old` keeps its usage (its limits changed to
+    /// the new ones, its metrics' label as it was), a key gone from `keys` is gone. The first
+    /// `max_series` keys' metrics carry their names, the rest's [`OTHER_KEYS`].
+    pub(crate) fn build<'k>(
+        keys: impl IntoIterator<Item = (&'k Arc<str>, KeyLimits, f64)>,
         old: Option<&Self>,
         now: Instant,
         max_series: usize,
     ) -> Self {
         let keys = keys
-            .iter()
+            .into_iter()
             .enumerate()
-            .map(|(i, key)| {
-                let kept = old.and_then(|o| o.keys.iter().find(|t| t.name == key.name));
+            .map(|(i, (name, limits, weight))| {
+                let kept = old.and_then(|o| o.keys.iter().find(|t| t.name == *name));
                 let tenant = match kept {
                     Some(t) => {
-                        t.set_limits(key.limits, now);
+                        t.set_limits(limits, now);
                         Arc::clone(t)
                     }
                     None => {
                         let label = if i < max_series {
-                            Arc::clone(&key.name)
+                            Arc::clone(name)
                         } else {
                             OTHER_KEYS.into()
                         };
-                        Tenant::labelled(Arc::clone(&key.name), label, key.limits, now)
+                        Tenant::labelled(Arc::clone(name), label, limits, now)
                     }
                 };
-                tenant.set_weight(key.weight);
+                tenant.set_weight(weight);
                 tenant
             })
             .collect();

@@ -167,12 +167,19 @@ fn a_reload_keeps_each_keys_usage_by_name_and_applies_its_new_limits() {
         requests_per_minute: Some(n),
         ..limits()
     };
-    let before = Tenants::build(&[key("a", rpm(10)), key("b", rpm(10))], None, now, 1000);
+    let accounts = |keys: &[ApiKey]| -> Vec<(Arc<str>, KeyLimits, f64)> {
+        keys.iter()
+            .map(|k| (Arc::clone(&k.name), k.limits, k.weight))
+            .collect()
+    };
+    let first = accounts(&[key("a", rpm(10)), key("b", rpm(10))]);
+    let before = Tenants::build(first.iter().map(|(n, l, w)| (n, *l, *w)), None, now, 1000);
     for _ in 0..4 {
         drop(before.get(0).unwrap().admit(1, 1, now, NOON).unwrap());
     }
+    let second = accounts(&[key("c", rpm(10)), key("a", rpm(5))]);
     let after = Tenants::build(
-        &[key("c", rpm(10)), key("a", rpm(5))],
+        second.iter().map(|(n, l, w)| (n, *l, *w)),
         Some(&before),
         now,
         1000,

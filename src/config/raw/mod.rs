@@ -61,6 +61,9 @@ pub(crate) struct RawConfig {
     /// API keys made, changed and revoked at runtime through the admin API; off when absent.
     #[serde(default)]
     pub virtual_keys: Option<RawVirtualKeys>,
+    /// JWT bearer tokens of an identity provider as identities; off when absent.
+    #[serde(default)]
+    pub jwt: Option<RawJwt>,
     /// The gateway's estimate of what each backend's prefix cache holds, and routing by it.
     #[serde(default)]
     pub prefix_cache: RawPrefixCache,
@@ -470,6 +473,76 @@ pub(crate) struct RawApiKey {
     #[serde(default = "one")]
     pub weight: f64,
     /// The models (as clients name them) its requests may ask for; absent: any.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+}
+
+/// `jwt:`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwt {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// The `aud` it must carry (one of these).
+    pub audience: OneOrMany,
+    /// Where the issuer publishes its signing keys (a JWK set).
+    pub jwks_url: String,
+    /// The claim naming a token's tenant (a dotted path into nested claims); default `sub`.
+    #[serde(default = "default_tenant_claim")]
+    pub tenant_claim: String,
+    /// Each tenant a token may name: what it may use, like an API key.
+    pub tenants: BTreeMap<String, RawJwtTenant>,
+    /// How often the key set is fetched again (and at once for a key it does not have, at most
+    /// once a second); default 300.
+    #[serde(default = "default_jwks_refresh_s")]
+    pub jwks_refresh_s: u64,
+    /// Clock skew allowed on `exp` and `nbf`, seconds; default 30.
+    #[serde(default = "default_leeway_s")]
+    pub leeway_s: u64,
+}
+
+/// One string or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub(crate) enum OneOrMany {
+    /// One.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+fn default_tenant_claim() -> String {
+    "sub".to_owned()
+}
+
+fn default_jwks_refresh_s() -> u64 {
+    300
+}
+
+fn default_leeway_s() -> u64 {
+    30
+}
+
+/// One `jwt.tenants` entry: an `api_keys[]` entry's fields but its key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawJwtTenant {
+    /// Its requests' class.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// Other classes they may claim.
+    #[serde(default)]
+    pub classes: Option<Vec<String>>,
+    /// Whether they may set their own SLO.
+    #[serde(default)]
+    pub slo_overrides: bool,
+    /// What the tenant may use.
+    #[serde(default)]
+    pub limits: RawKeyLimits,
+    /// Its weight in a class's line.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// The models it may ask for; absent: any.
     #[serde(default)]
     pub models: Option<Vec<String>>,
 }

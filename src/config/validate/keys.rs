@@ -50,24 +50,14 @@ fn api_key(
         "remove this key",
     )?
     .unwrap_or_else(|| Secret::new(String::new()));
-    let class: Option<Arc<str>> = match &k.class {
-        Some(name) => class_index(&format!("{at}.class"), name)?.map(|_| name.as_str().into()),
-        None => None,
-    };
-    // Its own class always; others only where listed.
-    let mut classes: Vec<Arc<str>> = class.iter().cloned().collect();
-    for (j, name) in k.classes.iter().flatten().enumerate() {
-        if class_index(&format!("{at}.classes[{j}]"), name)?.is_some()
-            && !classes.iter().any(|c| **c == **name)
-        {
-            classes.push(name.as_str().into());
-        }
-    }
-    let grant = Arc::new(KeyGrant {
-        classes,
-        slo_overrides: k.slo_overrides,
-        models: models(&format!("{at}.models"), k.models.as_deref())?,
-    });
+    let (class, grant) = grant(
+        at,
+        k.class.as_deref(),
+        k.classes.as_deref(),
+        k.slo_overrides,
+        k.models.as_deref(),
+        class_index,
+    )?;
     let name = match &k.name {
         Some(name) if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) => {
             return Err(ConfigError::at(
@@ -84,15 +74,146 @@ fn api_key(
         class,
         grant,
         limits: key_limits(&format!("{at}.limits"), &k.limits)?,
-        weight: if k.weight.is_finite() && (0.001..=1000.0).contains(&k.weight) {
-            k.weight
-        } else {
-            return Err(ConfigError::at(
-                format!("{at}.weight"),
-                "a weight is a number from 0.001 to 1000 (default 1: keys share a class's line equally)",
-            ));
-        },
+        weight: weight(at, k.weight)?,
     })
+}
+
+/// The class a key (or a tenant) at `at` gives and what it may claim: its own class always,
+/// the others listed, the models named.
+fn grant(
+    at: &str,
+    class: Option<&str>,
+    listed: Option<&[String]>,
+    slo_overrides: bool,
+    allowed: Option<&[String]>,
+    class_index: &Lookup<'_>,
+) -> Result<(Option<Arc<str>>, Arc<KeyGrant>)> {
+    let class: Option<Arc<str>> = match class {
+        Some(name) => class_index(&format!("{at}.class"), name)?.map(|_| name.into()),
+        None => None,
+    };
+    let mut classes: Vec<Arc<str>> = class.iter().cloned().collect();
+    for (j, name) in listed.into_iter().flatten().enumerate() {
+        if class_index(&format!("{at}.classes[{j}]"), name)?.is_some()
+            && !classes.iter().any(|c| **c == **name)
+        {
+            classes.push(name.as_str().into());
+        }
+    }
+    let grant = Arc::new(KeyGrant {
+        classes,
+        slo_overrides,
+        models: models(&format!("{at}.models"), allowed)?,
+    });
+    Ok((class, grant))
+}
+
+/// `jwt:`: the issuer, audience and key set URL, the claim naming a tenant, and each tenant by
+/// an API key's rules; a tenant may not be named as a key is.
+pub(super) fn jwt(
+    raw: &crate::config::raw::RawJwt,
+    keys: &[ApiKey],
+    class_index: &Lookup<'_>,
+) -> Result<crate::config::JwtConfig> {
+    use crate::config::raw::OneOrMany;
+    if raw.issuer.trim().is_empty() {
+        return Err(ConfigError::at(
+            "jwt.issuer",
+            "name the issuer (the `iss` its tokens carry)",
+        ));
+    }
+    let audience = match &raw.audience {
+        OneOrMany::One(a) => vec![a.clone()],
+        OneOrMany::Many(list) => list.clone(),
+    };
+    if audience.is_empty() || audience.iter().any(String::is_empty) {
+        return Err(ConfigError::at(
+            "jwt.audience",
+            "name the audience (the `aud` this gateway's tokens carry)",
+        ));
+    }
+    let jwks_url: http::Uri = raw.jwks_url.parse().ok().filter(|u: &http::Uri| {
+        matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some()
+    }).ok_or_else(|| ConfigError::at("jwt.jwks_url", format!("`{}` is not an http(s) URL: write the issuer's JWK set URL, e.g. https://issuer/.well-known/jwks.json", raw.jwks_url)))?;
+    let tenant_claim: Vec<String> = raw.tenant_claim.split('.').map(str::to_owned).collect();
+    if tenant_claim.iter().any(String::is_empty) {
+        return Err(ConfigError::at(
+            "jwt.tenant_claim",
+            "a claim name, or a dotted path into nested claims (org.team)",
+        ));
+    }
+    if raw.tenants.is_empty() {
+        return Err(ConfigError::at(
+            "jwt.tenants",
+            "list the tenants a token may name (by the value of its tenant_claim)",
+        ));
+    }
+    let mut tenants = Vec::with_capacity(raw.tenants.len());
+    for (name, t) in &raw.tenants {
+        let at = format!("jwt.tenants.{name}");
+        if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
+            return Err(ConfigError::at(
+                at,
+                "a tenant's name is 1 to 64 printable characters (it labels metrics)",
+            ));
+        }
+        if keys.iter().any(|k| *k.name == **name) {
+            return Err(ConfigError::at(
+                at,
+                format!(
+                    "an API key is already named {name:?}: tenants and keys share one set of names"
+                ),
+            ));
+        }
+        let (class, grant) = grant(
+            &at,
+            t.class.as_deref(),
+            t.classes.as_deref(),
+            t.slo_overrides,
+            t.models.as_deref(),
+            class_index,
+        )?;
+        tenants.push(crate::config::Identity {
+            name: name.as_str().into(),
+            class,
+            grant,
+            limits: key_limits(&format!("{at}.limits"), &t.limits)?,
+            weight: weight(&at, t.weight)?,
+        });
+    }
+    if raw.jwks_refresh_s == 0 || raw.jwks_refresh_s > 86_400 {
+        return Err(ConfigError::at(
+            "jwt.jwks_refresh_s",
+            "from 1 to 86400 seconds (default 300)",
+        ));
+    }
+    if raw.leeway_s > 600 {
+        return Err(ConfigError::at(
+            "jwt.leeway_s",
+            "at most 600 seconds of clock skew (default 30)",
+        ));
+    }
+    Ok(crate::config::JwtConfig {
+        issuer: raw.issuer.clone(),
+        audience,
+        jwks_url,
+        tenant_claim,
+        tenants,
+        jwks_refresh: std::time::Duration::from_secs(raw.jwks_refresh_s),
+        leeway_s: raw.leeway_s,
+    })
+}
+
+/// A weight in a class's line, at `at`.
+fn weight(at: &str, weight: f64) -> Result<f64> {
+    if weight.is_finite() && (0.001..=1000.0).contains(&weight) {
+        Ok(weight)
+    } else {
+        Err(ConfigError::at(
+            format!("{at}.weight"),
+            "a weight is a number from 0.001 to 1000 (default 1: keys share a class's line equally)",
+        ))
+    }
 }
 
 /// `api_keys[].models`: the models a key may ask for, each named (an empty list would refuse

@@ -154,6 +154,7 @@ pub(crate) fn validate(
     let virtual_keys = errors.section(raw.virtual_keys.as_ref(), |v| {
         keys::virtual_keys(v, raw, dir)
     });
+    let jwt = errors.section(raw.jwt.as_ref(), |j| keys::jwt(j, &api_keys, &class_index));
     if let Some(error) = errors.into_error() {
         return Err(error);
     }
@@ -185,6 +186,7 @@ pub(crate) fn validate(
         routes,
         api_keys,
         virtual_keys,
+        jwt,
         routing,
         cluster,
     })
@@ -634,5 +636,7 @@ fn limits(raw: &RawConfig) -> Result<Limits> {
     })
 }
 
+#[cfg(test)]
+mod keys_tests;
 #[cfg(test)]
 mod tests;
