@@ -574,8 +574,14 @@ async fn try_stream(gw: SocketAddr) -> Option<hyper::body::Incoming> {
 async fn a_race_for_the_last_slots_passes_max_concurrency_only_by_what_peers_admitted_unclaimed() {
     let redis = Redis::start().await;
     let (_fleet, sim) = support::start_engine("sim", support::engine(20.0, 0.0, 64)).await;
-    let a = support::gateway(&config(sim, "    max_concurrency: 3\n", &redis)).await;
-    let b = support::gateway(&config(sim, "    max_concurrency: 3\n", &redis)).await;
+    // A claim waits two sync intervals for its answer, then the replica decides on its own
+    // view (Redis too slow): at 20 ms, a loaded CI machine once answered too late and both
+    // replicas admitted unclaimed (2 + 3). At 100 ms the claims, which this test is about,
+    // are answered.
+    let text = config(sim, "    max_concurrency: 3\n", &redis)
+        .replace("sync_interval_ms: 20", "sync_interval_ms: 100");
+    let a = support::gateway(&text).await;
+    let b = support::gateway(&text).await;
     for admin in [a.admin_addr(), b.admin_addr()] {
         replicas_become(admin, 2, Duration::from_secs(5)).await;
     }

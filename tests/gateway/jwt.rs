@@ -138,7 +138,7 @@ impl Issuer {
 async fn gateway(jwks: SocketAddr) -> (tpsgate::sim::Fleet, tpsgate::gateway::Gateway) {
     let (fleet, sim) = support::start_engine("sim", support::engine(5.0, 0.0, 8)).await;
     let text = format!(
-        "backends:\n{}classes:\n  - {{name: chat}}\n  - {{name: batch}}\njwt:\n  issuer: '{ISSUER}'\n  audience: tpsgate\n  jwks_url: 'http://{jwks}/jwks.json'\n  tenant_claim: org.team\n  tenants:\n    team-a: {{class: chat, limits: {{requests_per_minute: 100}}}}\n    team-b: {{class: batch, models: [other]}}\n",
+        "backends:\n{}classes:\n  - {{name: chat}}\n  - {{name: batch}}\njwt:\n  issuer: '{ISSUER}'\n  audience: tpsgate\n  jwks_url: 'http://{jwks}/jwks.json'\n  tenant_claim: org.team\n  tenants:\n    jwt-a: {{class: chat, limits: {{requests_per_minute: 100}}}}\n    jwt-b: {{class: batch, models: [other]}}\n",
         support::backend_yaml("sim", sim, "openai", "    models: {m: m}\n")
     );
     (fleet, support::gateway(&text).await)
@@ -163,7 +163,7 @@ async fn a_token_of_the_issuer_names_its_tenant_whose_class_and_limits_apply() {
     let (ed, ec, rs) = (ed25519("ed"), p256("ec"), rsa("rs"));
     let issuer = Issuer::start(&[&ed, &ec, &rs]).await;
     let (_fleet, gw) = gateway(issuer.addr).await;
-    let team_a = json!({"org": {"team": "team-a"}});
+    let team_a = json!({"org": {"team": "jwt-a"}});
     for signer in [&ed, &ec, &rs] {
         let ex = chat(gw.addr(), &signer.token(team_a.clone()), 4).await;
         assert_eq!(ex.status, StatusCode::OK, "{:?}", signer.alg);
@@ -173,12 +173,12 @@ async fn a_token_of_the_issuer_names_its_tenant_whose_class_and_limits_apply() {
             "the tenant's limits"
         );
     }
-    let b = ed.token(json!({"org": {"team": "team-b"}}));
+    let b = ed.token(json!({"org": {"team": "jwt-b"}}));
     let ex = chat(gw.addr(), &b, 4).await;
     assert_eq!(
         ex.status,
         StatusCode::FORBIDDEN,
-        "team-b may use `other` only"
+        "jwt-b may use `other` only"
     );
 
     let keys = support::get_json(gw.admin_addr(), "/admin/keys").await;
@@ -186,17 +186,17 @@ async fn a_token_of_the_issuer_names_its_tenant_whose_class_and_limits_apply() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|k| k["name"] == "team-a")
+        .find(|k| k["name"] == "jwt-a")
         .unwrap()
         .clone();
     assert_eq!(a["source"], "jwt");
     assert_eq!(a["requests_total"], 3, "{a}");
 
-    let late = ed.token(json!({"org": {"team": "team-a"}, "exp": 1000}));
+    let late = ed.token(json!({"org": {"team": "jwt-a"}, "exp": 1000}));
     assert!(refusal(&chat(gw.addr(), &late, 4).await, &late).contains("expired"));
-    let elsewhere = ed.token(json!({"org": {"team": "team-a"}, "aud": "another-app"}));
+    let elsewhere = ed.token(json!({"org": {"team": "jwt-a"}, "aud": "another-app"}));
     assert!(refusal(&chat(gw.addr(), &elsewhere, 4).await, &elsewhere).contains("audience"));
-    let foreign = ed.token(json!({"org": {"team": "team-a"}, "iss": "https://evil.test"}));
+    let foreign = ed.token(json!({"org": {"team": "jwt-a"}, "iss": "https://evil.test"}));
     assert!(refusal(&chat(gw.addr(), &foreign, 4).await, &foreign).contains("issuer"));
     let forged = Signer {
         kid: "ed",
@@ -204,13 +204,13 @@ async fn a_token_of_the_issuer_names_its_tenant_whose_class_and_limits_apply() {
     }
     .token(team_a.clone());
     assert!(refusal(&chat(gw.addr(), &forged, 4).await, &forged).contains("signature"));
-    let nobody = ed.token(json!({"org": {"team": "team-z"}}));
+    let nobody = ed.token(json!({"org": {"team": "jwt-z"}}));
     assert!(refusal(&chat(gw.addr(), &nobody, 4).await, &nobody).contains("jwt.tenants"));
     let unnamed = ed.token(json!({"sub": "x"}));
     assert!(refusal(&chat(gw.addr(), &unnamed, 4).await, &unnamed).contains("org.team"));
     let mut hs = Header::new(Algorithm::HS256);
     hs.kid = Some("ed".to_owned());
-    let hmac = jsonwebtoken::encode(&hs, &json!({"iss": ISSUER, "aud": "tpsgate", "exp": 9_999_999_999u64, "org": {"team": "team-a"}}), &EncodingKey::from_secret(b"guess")).unwrap();
+    let hmac = jsonwebtoken::encode(&hs, &json!({"iss": ISSUER, "aud": "tpsgate", "exp": 9_999_999_999u64, "org": {"team": "jwt-a"}}), &EncodingKey::from_secret(b"guess")).unwrap();
     assert!(refusal(&chat(gw.addr(), &hmac, 4).await, &hmac).contains("EdDSA"));
     assert!(refusal(&chat(gw.addr(), "eyJ.not.ajwt", 4).await, "eyJ.not.ajwt").contains("JWT"));
 }
@@ -220,7 +220,7 @@ async fn the_gateway_follows_the_issuers_key_rotation_and_asks_it_at_most_once_a
     let (old, new) = (ed25519("2026-11"), p256("2026-12"));
     let issuer = Issuer::start(&[&old]).await;
     let (_fleet, gw) = gateway(issuer.addr).await;
-    let team = json!({"org": {"team": "team-a"}});
+    let team = json!({"org": {"team": "jwt-a"}});
     assert_eq!(
         chat(gw.addr(), &old.token(team.clone()), 4).await.status,
         StatusCode::OK
@@ -274,7 +274,7 @@ fn keyset_gap() -> std::time::Duration {
 async fn a_token_that_cannot_be_judged_for_want_of_the_key_set_gets_503() {
     let (_socket, refusing) = support::refusing_port();
     let (_fleet, gw) = gateway(refusing).await;
-    let token = ed25519("k").token(json!({"org": {"team": "team-a"}}));
+    let token = ed25519("k").token(json!({"org": {"team": "jwt-a"}}));
     let auth = format!("Bearer {token}");
     let ex = support::send(
         &http_client(None).unwrap(),

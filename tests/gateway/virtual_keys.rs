@@ -94,7 +94,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     );
     let text = config(sim, &store);
     let gw = support::gateway(&text).await;
-    let spec = json!({"name": "team-a", "class": "chat", "models": ["m"],
+    let spec = json!({"name": "vk-a", "class": "chat", "models": ["m"],
         "limits": {"requests_per_minute": 100}, "metadata": {"owner": "a@example.com"}});
 
     // Without the admin token, nothing is made.
@@ -139,7 +139,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     assert_eq!(status, StatusCode::OK);
     let keys = list["keys"].as_array().unwrap();
     assert_eq!(keys.len(), 2, "{list}");
-    let made = keys.iter().find(|k| k["name"] == "team-a").unwrap();
+    let made = keys.iter().find(|k| k["name"] == "vk-a").unwrap();
     assert_eq!(made["source"], "api");
     assert_eq!(made["requests_total"], 1, "{made}");
     assert_eq!(made["metadata"]["owner"], "a@example.com");
@@ -160,7 +160,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let (status, _) = admin(
         gw.admin_addr(),
         Method::PATCH,
-        "/admin/keys/team-a",
+        "/admin/keys/vk-a",
         Some(past),
         Some(TOKEN),
     )
@@ -173,7 +173,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let (status, changed) = admin(
         gw.admin_addr(),
         Method::PATCH,
-        "/admin/keys/team-a",
+        "/admin/keys/vk-a",
         Some(renewed),
         Some(TOKEN),
     )
@@ -188,7 +188,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let (status, bad) = admin(
         gw.admin_addr(),
         Method::PATCH,
-        "/admin/keys/team-a",
+        "/admin/keys/vk-a",
         Some(json!({"class": "gold"})),
         Some(TOKEN),
     )
@@ -213,7 +213,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let (status, rotated) = admin(
         gw.admin_addr(),
         Method::POST,
-        "/admin/keys/team-a/rotate",
+        "/admin/keys/vk-a/rotate",
         Some(json!({"grace_s": 0})),
         Some(TOKEN),
     )
@@ -228,7 +228,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let (_, graced) = admin(
         gw.admin_addr(),
         Method::POST,
-        "/admin/keys/team-a/rotate",
+        "/admin/keys/vk-a/rotate",
         None,
         Some(TOKEN),
     )
@@ -245,7 +245,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let (status, _) = admin(
         gw.admin_addr(),
         Method::DELETE,
-        "/admin/keys/team-a",
+        "/admin/keys/vk-a",
         None,
         Some(TOKEN),
     )
@@ -262,7 +262,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let (status, _) = admin(
         gw.admin_addr(),
         Method::DELETE,
-        "/admin/keys/team-a",
+        "/admin/keys/vk-a",
         None,
         Some(TOKEN),
     )
@@ -282,7 +282,7 @@ async fn a_key_made_or_revoked_on_one_replica_is_seen_by_the_others_within_a_sec
     let b = support::gateway(&config(sim, &store)).await;
     let key = create(
         &a,
-        json!({"name": "team-b", "limits": {"max_concurrency": 1}}),
+        json!({"name": "vk-b", "limits": {"max_concurrency": 1}}),
     )
     .await;
     let seen = |gw: SocketAddr, key: String, want: StatusCode| async move {
@@ -313,7 +313,7 @@ async fn a_key_made_or_revoked_on_one_replica_is_seen_by_the_others_within_a_sec
     let (status, _) = admin(
         b.admin_addr(),
         Method::DELETE,
-        "/admin/keys/team-b",
+        "/admin/keys/vk-b",
         None,
         Some(TOKEN),
     )
