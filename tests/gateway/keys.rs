@@ -33,7 +33,17 @@ pub(super) async fn gateway(
 
 /// A streamed chat completion with `key`, of `max_tokens`, its usage asked for.
 pub(super) async fn chat(gw: SocketAddr, key: &str, max_tokens: u32) -> support::Exchange {
-    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}],
+    chat_for(gw, key, "m", max_tokens).await
+}
+
+/// [`chat`] asking for `model`.
+pub(super) async fn chat_for(
+    gw: SocketAddr,
+    key: &str,
+    model: &str,
+    max_tokens: u32,
+) -> support::Exchange {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hello there"}],
         "max_tokens": max_tokens, "stream": true, "stream_options": {"include_usage": true}});
     let auth = format!("Bearer {key}");
     support::send(

@@ -9,7 +9,7 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 use tpsgate::bench::http_client;
 
-use super::keys::{chat, held_stream};
+use super::keys::{chat, chat_for, held_stream};
 use crate::support::{self, Redis};
 
 /// The admin token of these gateways: `admin.token_env: ADMIN`, which the tests' environment
@@ -53,34 +53,24 @@ async fn admin(
 
 /// Makes a key of `spec` (with its name) on `gw`: its secret.
 async fn create(gw: &tpsgate::gateway::Gateway, spec: Value) -> String {
-    let (status, made) = admin(
-        gw.admin_addr(),
-        Method::POST,
-        "/admin/keys",
-        Some(spec),
-        Some(TOKEN),
-    )
-    .await;
+    let (status, made) = call(gw, Method::POST, "/admin/keys", Some(spec)).await;
     assert_eq!(status, StatusCode::CREATED, "{made}");
     made["key"].as_str().unwrap().to_owned()
 }
 
-/// A chat completion with `key` for `model`.
-async fn chat_for(gw: SocketAddr, key: &str, model: &str) -> support::Exchange {
-    let body = json!({"model": model, "messages": [], "max_tokens": 4});
-    let auth = format!("Bearer {key}");
-    support::send(
-        &http_client(None).unwrap(),
-        gw,
-        Method::POST,
-        "/v1/chat/completions",
-        Some(body.to_string().as_bytes()),
-        &[
-            ("content-type", "application/json"),
-            ("authorization", &auth),
-        ],
-    )
-    .await
+/// `method path` with `body` on `gw`'s admin plane, with the admin token.
+async fn call(
+    gw: &tpsgate::gateway::Gateway,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    admin(gw.admin_addr(), method, path, body, Some(TOKEN)).await
+}
+
+/// The status of a short chat through `gw` with `key`.
+async fn answer(gw: &tpsgate::gateway::Gateway, key: &str) -> StatusCode {
+    chat(gw.addr(), key, 4).await.status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,11 +105,11 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     assert_eq!(ex.status, StatusCode::OK);
     assert_eq!(ex.headers["x-tpsgate-class"], "chat", "the key's class");
     assert_eq!(
-        chat(gw.addr(), "key-of-OPS", 4).await.status,
+        answer(&gw, "key-of-OPS").await,
         StatusCode::OK,
         "the config's keys work beside it"
     );
-    let other = chat_for(gw.addr(), &key, "not-m").await;
+    let other = chat_for(gw.addr(), &key, "not-m", 4).await;
     assert_eq!(
         other.status,
         StatusCode::FORBIDDEN,
@@ -128,14 +118,7 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     assert!(String::from_utf8_lossy(&other.body()).contains("may not use model `not-m`"));
 
     // The list shows its usage and spec, never its secret nor its digest.
-    let (status, list) = admin(
-        gw.admin_addr(),
-        Method::GET,
-        "/admin/keys",
-        None,
-        Some(TOKEN),
-    )
-    .await;
+    let (status, list) = call(&gw, Method::GET, "/admin/keys", None).await;
     assert_eq!(status, StatusCode::OK);
     let keys = list["keys"].as_array().unwrap();
     assert_eq!(keys.len(), 2, "{list}");
@@ -145,52 +128,30 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     assert_eq!(made["metadata"]["owner"], "a@example.com");
     assert!(!list.to_string().contains(&key[7..]), "{list}");
     assert!(!list.to_string().contains("sha256"), "{list}");
-    let (status, again) = admin(
-        gw.admin_addr(),
-        Method::POST,
-        "/admin/keys",
-        Some(spec),
-        Some(TOKEN),
-    )
-    .await;
+    let (status, again) = call(&gw, Method::POST, "/admin/keys", Some(spec)).await;
     assert_eq!(status, StatusCode::CONFLICT, "{again}");
 
     // A change applies to the next request: expired, then not.
     let past = json!({"expires_at_unix_s": 1});
-    let (status, _) = admin(
-        gw.admin_addr(),
-        Method::PATCH,
-        "/admin/keys/vk-a",
-        Some(past),
-        Some(TOKEN),
-    )
-    .await;
+    let (status, _) = call(&gw, Method::PATCH, "/admin/keys/vk-a", Some(past)).await;
     assert_eq!(status, StatusCode::OK);
     let expired = chat(gw.addr(), &key, 4).await;
     assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
     assert!(String::from_utf8_lossy(&expired.body()).contains("expired"));
     let renewed = json!({"expires_at_unix_s": null, "limits": {"max_concurrency": 1}});
-    let (status, changed) = admin(
-        gw.admin_addr(),
-        Method::PATCH,
-        "/admin/keys/vk-a",
-        Some(renewed),
-        Some(TOKEN),
-    )
-    .await;
+    let (status, changed) = call(&gw, Method::PATCH, "/admin/keys/vk-a", Some(renewed)).await;
     assert_eq!(status, StatusCode::OK, "{changed}");
     assert_eq!(changed["limits"]["max_concurrency"], 1);
     assert_eq!(
         changed["limits"]["requests_per_minute"], 100,
         "what the patch did not name stays"
     );
-    assert_eq!(chat(gw.addr(), &key, 4).await.status, StatusCode::OK);
-    let (status, bad) = admin(
-        gw.admin_addr(),
+    assert_eq!(answer(&gw, &key).await, StatusCode::OK);
+    let (status, bad) = call(
+        &gw,
         Method::PATCH,
         "/admin/keys/vk-a",
         Some(json!({"class": "gold"})),
-        Some(TOKEN),
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
@@ -207,66 +168,35 @@ async fn a_key_made_through_the_admin_api_serves_at_once_within_its_limits_and_o
     let text_on_disk = std::fs::read_to_string(dir.path().join("keys.json")).unwrap();
     assert!(!text_on_disk.contains(&key), "{text_on_disk}");
     let gw = support::gateway(&text).await;
-    assert_eq!(chat(gw.addr(), &key, 4).await.status, StatusCode::OK);
+    assert_eq!(answer(&gw, &key).await, StatusCode::OK);
 
     // Rotation: the old secret works for its grace (none here), the new one at once.
-    let (status, rotated) = admin(
-        gw.admin_addr(),
+    let (status, rotated) = call(
+        &gw,
         Method::POST,
         "/admin/keys/vk-a/rotate",
         Some(json!({"grace_s": 0})),
-        Some(TOKEN),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{rotated}");
     let new_key = rotated["key"].as_str().unwrap();
-    assert_eq!(
-        chat(gw.addr(), &key, 4).await.status,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(chat(gw.addr(), new_key, 4).await.status, StatusCode::OK);
-    let (_, graced) = admin(
-        gw.admin_addr(),
-        Method::POST,
-        "/admin/keys/vk-a/rotate",
-        None,
-        Some(TOKEN),
-    )
-    .await;
+    assert_eq!(answer(&gw, &key).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(answer(&gw, new_key).await, StatusCode::OK);
+    let (_, graced) = call(&gw, Method::POST, "/admin/keys/vk-a/rotate", None).await;
     let newest = graced["key"].as_str().unwrap();
     assert_eq!(
-        chat(gw.addr(), new_key, 4).await.status,
+        answer(&gw, new_key).await,
         StatusCode::OK,
         "the default grace is an hour"
     );
-    assert_eq!(chat(gw.addr(), newest, 4).await.status, StatusCode::OK);
+    assert_eq!(answer(&gw, newest).await, StatusCode::OK);
 
     // Revoked: both secrets stop at once.
-    let (status, _) = admin(
-        gw.admin_addr(),
-        Method::DELETE,
-        "/admin/keys/vk-a",
-        None,
-        Some(TOKEN),
-    )
-    .await;
+    let (status, _) = call(&gw, Method::DELETE, "/admin/keys/vk-a", None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        chat(gw.addr(), newest, 4).await.status,
-        StatusCode::UNAUTHORIZED
-    );
-    assert_eq!(
-        chat(gw.addr(), new_key, 4).await.status,
-        StatusCode::UNAUTHORIZED
-    );
-    let (status, _) = admin(
-        gw.admin_addr(),
-        Method::DELETE,
-        "/admin/keys/vk-a",
-        None,
-        Some(TOKEN),
-    )
-    .await;
+    assert_eq!(answer(&gw, newest).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(answer(&gw, new_key).await, StatusCode::UNAUTHORIZED);
+    let (status, _) = call(&gw, Method::DELETE, "/admin/keys/vk-a", None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
 
