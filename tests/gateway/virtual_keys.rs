@@ -231,6 +231,16 @@ async fn a_key_made_or_revoked_on_one_replica_is_seen_by_the_others_within_a_sec
     );
 
     // Its limit is the fleet's: a stream held open through one replica fills it on the other.
+    // First the chats above must have left both replicas' counts (a round may lag).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let (_, keys) = call(&a, Method::GET, "/admin/keys/vk-b", None).await;
+        let idle = keys["in_flight"] == 0 && keys["peers_in_flight"] == 0;
+        if idle || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let held = held_stream(a.addr(), &key, 2000).await;
     let full = seen(b.addr(), key.clone(), StatusCode::TOO_MANY_REQUESTS).await;
     assert_eq!(
