@@ -132,7 +132,7 @@ fn every_key(live: &Live) -> Vec<Value> {
             v
         })
         .collect();
-    for (record, tenant) in live.keys.records().iter().zip(live.keys.tenants()) {
+    for (record, tenant) in live.keys.listed() {
         all.push(merged(record.view(), json!(tenant.usage(now, unix_s))));
     }
     all

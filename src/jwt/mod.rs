@@ -68,11 +68,13 @@ impl Jwt {
         }
         let keys = self.keys.keys();
         let Some(key) = keys.find(header.kid.as_deref(), header.alg) else {
-            return Err(match (keys.fetched, self.keys.failure()) {
-                (None, Some(failure)) => Refused::Unavailable(failure),
-                (None, None) => Refused::UnknownKey,
-                (Some(_), _) => Refused::UnknownKey,
-            });
+            // Never fetched, and the last try failed: the token cannot be judged.
+            return Err(
+                match self.keys.failure().filter(|_| keys.fetched.is_none()) {
+                    Some(failure) => Refused::Unavailable(failure),
+                    None => Refused::UnknownKey,
+                },
+            );
         };
         if key.alg != header.alg {
             return Err(invalid("the token's algorithm is not its key's"));
@@ -92,8 +94,9 @@ impl Jwt {
             .iter()
             .try_fold(&claims, |at, field| at.get(field))
             .and_then(Value::as_str);
-        let claim = self.config.tenant_claim.join(".");
+        let claim = || self.config.tenant_claim.join(".");
         let Some(name) = named else {
+            let claim = claim();
             return Err(Refused::Invalid(format!(
                 "the token names no tenant: it has no string claim `{claim}` (jwt.tenant_claim)"
             )));
@@ -104,7 +107,8 @@ impl Jwt {
             .position(|t| *t.name == *name)
             .ok_or_else(|| {
                 Refused::Invalid(format!(
-                    "the token's tenant (claim `{claim}`) is not one of jwt.tenants"
+                    "the token's tenant (claim `{}`) is not one of jwt.tenants",
+                    claim()
                 ))
             })
     }

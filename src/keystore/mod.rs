@@ -177,11 +177,6 @@ impl KeyStore {
         }
     }
 
-    /// Every key, in name order.
-    pub(crate) fn records(&self) -> Vec<Arc<Record>> {
-        self.index.load().records.values().cloned().collect()
-    }
-
     /// One key.
     pub(crate) fn record(&self, name: &str) -> Option<Arc<Record>> {
         self.index.load().records.get(name).cloned()
@@ -190,6 +185,17 @@ impl KeyStore {
     /// Every key's tenant, in name order.
     pub(crate) fn tenants(&self) -> Vec<Arc<Tenant>> {
         self.index.load().tenants.clone()
+    }
+
+    /// Every key with its tenant, in name order, from one reading of the index.
+    pub(crate) fn listed(&self) -> Vec<(Arc<Record>, Arc<Tenant>)> {
+        let index = self.index.load();
+        index
+            .records
+            .values()
+            .cloned()
+            .zip(index.tenants.iter().cloned())
+            .collect()
     }
 
     /// Reads every key from the store and swaps the index.
