@@ -1,14 +1,15 @@
 //! The candidates of one request: each backend that serves its model, under its hard limit and
 //! healthy (or all of those when none is), as the rungs of the decision ladder read it; what
-//! its curve predicts there, when it predicts anything, is its [`Estimate`]. Evaluating them is
-//! [`evaluate`](super::evaluate).
+//! its curve predicts there, when it predicts anything, is its [`Estimate`], drawn when a rung
+//! first asks for it. Evaluating them is [`evaluate`](super::evaluate).
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
 use super::ask::Ask;
+use super::device::NeighbourCost;
 use super::predictor::Predictor;
 use crate::config::{ClassConfig, Slo};
 use crate::curve::Prediction;
@@ -16,7 +17,9 @@ use crate::fleet::{Backend, Hit};
 
 /// One candidate backend as the router sees it for one request. What a rung of the decision
 /// ladder needs of it is read here: a field where every decision needs it, a method where only
-/// some rungs ask (the prefill's stall over the streams there is read once, when first asked).
+/// some rungs ask. Its estimate and the prefill's stall over the streams there are each drawn
+/// once, when first asked: a rung that looks only at the backends holding the prompt predicts
+/// nothing of the others (docs/benchmarks/overhead.md, "Estimates drawn when asked").
 #[derive(Debug, Clone)]
 pub(crate) struct Candidate<'r> {
     /// Index in the router's backend list.
@@ -25,9 +28,6 @@ pub(crate) struct Candidate<'r> {
     pub backend: &'r Arc<Backend>,
     /// In flight there once this request joins.
     pub joining: u32,
-    /// What its curve (or the oracle) predicts there; `None` for a backend never observed, and
-    /// under a baseline policy, which predicts nothing.
-    pub estimate: Option<Estimate>,
     /// What its prefix index expects of the request, `cached_tokens` no more than the prompt
     /// (nothing without an index).
     pub cache: Hit,
@@ -52,6 +52,11 @@ pub(crate) struct Candidate<'r> {
     pub(super) predictor: Predictor<'r>,
     /// The moment of the decision.
     pub(super) now: Instant,
+    /// What its estimate is drawn against.
+    pub(super) terms: Terms<'r>,
+    /// Its estimate, once asked ([`Candidate::estimate`]): boxed, so that the candidates a
+    /// rung never asks about are not moved with room for one.
+    pub(super) estimate: OnceCell<Option<Box<Estimate>>>,
     /// The good completions the streams there lose to this prompt's prefill, once asked
     /// ([`Candidate::stall_loss`]).
     pub(super) stall: Cell<Option<f64>>,
@@ -89,7 +94,60 @@ pub(crate) struct Estimate {
     pub next_slack: f64,
 }
 
+/// What every candidate's estimate is drawn against, the same for the whole decision.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Terms<'r> {
+    /// The request's targets as they stand at the decision.
+    pub slo: Slo,
+    /// Batch placement: the policy places throughput, or the request's class is batch.
+    pub batch: bool,
+    /// The output tokens the request is expected to stream.
+    pub tokens: f64,
+    /// Every class, in config order: what the requests already on a backend are held to.
+    pub classes: &'r [ClassConfig],
+}
+
 impl Estimate {
+    /// What prediction `p` of `backend` (its source `predictor`), which the request would join
+    /// as the `joining`-th in flight, says of the request there and of the others, with what it
+    /// costs the backends sharing its device (`next_slack` is set by the evaluator's look
+    /// ahead, where a device is shared).
+    pub(super) fn new(
+        terms: &Terms<'_>,
+        (backend, joining): (&Backend, u32),
+        predictor: &Predictor<'_>,
+        p: Prediction,
+        neighbours: NeighbourCost,
+    ) -> Self {
+        let n = f64::from(joining);
+        let tokens = terms.tokens;
+        // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds, so a
+        // backend that queues (TTFT growing with n) adds nothing by taking more.
+        let system =
+            |c: f64, p: &Prediction| c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50);
+        let marginal_tps = if terms.batch {
+            let before = if n > 1.0 {
+                predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
+            } else {
+                0.0
+            };
+            system(n, &p) - before
+        } else {
+            0.0
+        };
+        Self {
+            prediction: p,
+            slack: terms.slo.slack(&p),
+            slo: terms.slo,
+            keeps_classes: classes_keep_speed(terms.classes, backend, &p) && neighbours.keeps,
+            neighbour_loss: neighbours.loss,
+            leaves_room: !terms.batch
+                || (leaves_room(terms.classes, predictor, n + 1.0) && neighbours.leaves_room),
+            marginal_tps,
+            next_slack: f64::INFINITY,
+        }
+    }
+
     /// How likely the request is to meet both its targets there
     /// ([`Prediction::chance`](crate::curve::Prediction::chance)).
     pub(crate) fn chance(&self) -> f64 {
@@ -98,10 +156,53 @@ impl Estimate {
     }
 }
 
+/// Whether a latency-class request joining as the `next`-th would meet its SLO, for every
+/// latency class of `classes` the backend can serve at all (a lone request meets it).
+pub(super) fn leaves_room(classes: &[ClassConfig], predictor: &Predictor<'_>, next: f64) -> bool {
+    let (Some(then), Some(alone)) = (predictor.at(next), predictor.at(1.0)) else {
+        return true;
+    };
+    classes
+        .iter()
+        .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
+        .all(|c| c.slo.slack(&then) >= 0.0)
+}
+
+/// Whether every class of `classes` with requests decoding on `backend` keeps its speed at `p`.
+pub(super) fn classes_keep_speed(
+    classes: &[ClassConfig],
+    backend: &Backend,
+    p: &Prediction,
+) -> bool {
+    classes
+        .iter()
+        .enumerate()
+        .all(|(i, c)| backend.class_in_flight(i) == 0 || c.slo.speed_holds(p))
+}
+
 impl Candidate<'_> {
+    /// What its curve (or the oracle) predicts there, drawn the first time it is asked;
+    /// `None` for a backend never observed, and under a baseline policy, which predicts
+    /// nothing. A backend sharing a device has its estimate drawn with the others' costs when
+    /// it is evaluated.
+    pub(crate) fn estimate(&self) -> Option<&Estimate> {
+        self.estimate
+            .get_or_init(|| {
+                let p = self.predictor.at(f64::from(self.joining))?;
+                Some(Box::new(Estimate::new(
+                    &self.terms,
+                    (self.backend, self.joining),
+                    &self.predictor,
+                    p,
+                    NeighbourCost::NONE,
+                )))
+            })
+            .as_deref()
+    }
+
     /// Its prediction, if it has one.
-    pub(crate) fn prediction(&self) -> Option<Prediction> {
-        self.estimate.map(|e| e.prediction)
+    pub(crate) fn prediction(&self) -> Option<&Prediction> {
+        self.estimate().map(|e| &e.prediction)
     }
 
     /// Meets the SLO on a prediction the curve stands behind, or its ramp does where the curve
@@ -116,7 +217,7 @@ impl Candidate<'_> {
     /// a rung filters on before it asks the stall of the few it would choose
     /// ([`Candidate::keeps_others`], [`super::scene::kept_best`]).
     pub(crate) fn meets_slo(&self) -> bool {
-        self.estimate.is_some_and(|e| {
+        self.estimate().is_some_and(|e| {
             (!e.prediction.beyond_evidence || self.ramping) && e.slack >= 0.0 && e.keeps_classes
         })
     }
@@ -125,7 +226,7 @@ impl Candidate<'_> {
     /// curve has seen: what exploration would try. The stall aside, as in
     /// [`Candidate::meets_slo`]: a rung asks [`Candidate::keeps_others`] next.
     pub(crate) fn may_stretch_slo(&self) -> bool {
-        self.estimate
+        self.estimate()
             .is_some_and(|e| e.prediction.beyond_evidence && e.slack >= 0.0 && e.keeps_classes)
     }
 
@@ -134,7 +235,7 @@ impl Candidate<'_> {
     /// streams there less than half a good completion between them
     /// ([`Candidate::stall_loss`]).
     pub(crate) fn keeps_others(&self) -> bool {
-        self.estimate.is_none_or(|e| e.keeps_classes) && self.stall_loss() < 0.5
+        self.estimate().is_none_or(|e| e.keeps_classes) && self.stall_loss() < 0.5
     }
 
     /// The good completions the streams there lose to this prompt's prefill
@@ -146,7 +247,7 @@ impl Candidate<'_> {
         }
         let loss = self
             .predictor
-            .stall_loss(self.backend, self.now, self.prediction().as_ref());
+            .stall_loss(self.backend, self.now, self.prediction());
         self.stall.set(Some(loss));
         loss
     }
@@ -230,7 +331,7 @@ impl Candidate<'_> {
     /// Never observed, and would take its first request alone, or one more that its ramp
     /// allows.
     pub(crate) fn cold_start(&self) -> bool {
-        self.estimate.is_none() && (self.joining == 1 || self.ramping)
+        self.estimate().is_none() && (self.joining == 1 || self.ramping)
     }
 
     /// The room placing the request here leaves: its own slack, or the next request's where
@@ -239,19 +340,19 @@ impl Candidate<'_> {
     /// A backend never observed has no room to speak of: 0, below every backend that meets
     /// the SLO and above every one that misses it.
     pub(crate) fn room(&self) -> f64 {
-        self.estimate.map_or(0.0, |e| e.slack.min(e.next_slack))
+        self.estimate().map_or(0.0, |e| e.slack.min(e.next_slack))
     }
 
     /// It runs, and the request would wait there behind the requests it has
     /// ([`Predictor::queues`]): batch work is not sent to wait in a backend's queue. Asked by
     /// the rungs that place batch work (a second prediction, of a lone request).
     pub(crate) fn queues(&self) -> bool {
-        self.estimate
+        self.estimate()
             .is_some_and(|e| self.predictor.queues(self.backend, &e.prediction))
     }
 
     /// Taken on its ramp's evidence alone: a probe, whose first token and speed tell the ramp.
     pub(crate) fn on_ramp(&self) -> bool {
-        self.ramping && self.estimate.is_none_or(|e| e.prediction.beyond_evidence)
+        self.ramping && self.estimate().is_none_or(|e| e.prediction.beyond_evidence)
     }
 }

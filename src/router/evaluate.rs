@@ -9,12 +9,12 @@ use std::sync::Arc;
 
 use super::ask::{ASSUMED_OUTPUT_TOKENS, Ask, Reach};
 use super::baseline;
-use super::candidates::{Candidate, Estimate};
-use super::device::{Devices, NeighbourCost};
+use super::candidates::{Candidate, Estimate, Terms, classes_keep_speed, leaves_room};
+use super::device::Devices;
 use super::oracle::Oracle;
 use super::predictor::Predictor;
 use super::served::{Served, Server};
-use crate::config::{ClassConfig, Policy, PrefixRouting, Slo};
+use crate::config::{ClassConfig, Policy, PrefixRouting};
 use crate::curve::Prediction;
 use crate::fleet::claim::EDGE;
 use crate::fleet::{Backend, Hit};
@@ -116,7 +116,7 @@ impl<'r> Evaluator<'r> {
     }
 
     /// `server` as a candidate for the request `basis` was drawn from.
-    fn candidate(self, basis: &Basis<'_, '_>, server: Server<'r>) -> Candidate<'r> {
+    fn candidate(self, basis: &Basis<'_, '_, 'r>, server: Server<'r>) -> Candidate<'r> {
         let Server { index, backend, .. } = server;
         let ask = basis.ask;
         let joining = backend.in_flight() + 1;
@@ -135,14 +135,30 @@ impl<'r> Evaluator<'r> {
         } else {
             Predictor::Nothing
         };
-        let estimate = predictor
-            .at(f64::from(joining))
-            .map(|p| self.estimate(basis, (index, backend, joining), &predictor, p));
+        // A backend sharing a device is estimated now, with what it costs the others there
+        // (whether it queues is asked only where they would pay for it); any other when a rung
+        // first asks.
+        let estimate = OnceCell::new();
+        if self.devices.of(index).is_some() {
+            let drawn = predictor.at(f64::from(joining)).map(|p| {
+                let queues = predictor.queues(backend, &p);
+                let neighbours = self
+                    .devices
+                    .cost(index, backend, queues, ask.model, self.classes);
+                Box::new(Estimate::new(
+                    &basis.terms,
+                    (backend, joining),
+                    &predictor,
+                    p,
+                    neighbours,
+                ))
+            });
+            let _ = estimate.set(drawn);
+        }
         Candidate {
             index,
             backend,
             joining,
-            estimate,
             cache,
             holds_prefix: hit.hint || cached_tokens >= basis.min_match,
             affinity: basis
@@ -153,58 +169,9 @@ impl<'r> Evaluator<'r> {
             starts_beside: basis.predicts && joining == 1 && self.devices.active_beside(index),
             predictor,
             now: ask.now,
+            terms: basis.terms,
+            estimate,
             stall: Cell::new(None),
-        }
-    }
-
-    /// What prediction `p` of backend `index`, which the request would join as the `joining`-th
-    /// in flight, says of the request there and of the others (`next_slack` is set by
-    /// [`Evaluator::look_ahead`] once every candidate is evaluated).
-    fn estimate(
-        self,
-        basis: &Basis<'_, '_>,
-        (index, backend, joining): (usize, &Backend, u32),
-        predictor: &Predictor<'_>,
-        p: Prediction,
-    ) -> Estimate {
-        let ask = basis.ask;
-        let n = f64::from(joining);
-        // Whether it queues is asked only where the engines beside it would pay for it.
-        let neighbours = match self.devices.of(index) {
-            Some(_) => self.devices.cost(
-                index,
-                backend,
-                predictor.queues(backend, &p),
-                ask.model,
-                self.classes,
-            ),
-            None => NeighbourCost::NONE,
-        };
-        // System TPS of n requests: each yields T tokens per TTFT + T / TPS seconds, so a
-        // backend that queues (TTFT growing with n) adds nothing by taking more.
-        let tokens = ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from);
-        let system =
-            |c: f64, p: &Prediction| c * tokens / (p.ttft_p50_s + tokens / p.per_user_tps_p50);
-        let marginal_tps = if basis.batch {
-            let before = if n > 1.0 {
-                predictor.at(n - 1.0).map_or(0.0, |p| system(n - 1.0, &p))
-            } else {
-                0.0
-            };
-            system(n, &p) - before
-        } else {
-            0.0
-        };
-        Estimate {
-            prediction: p,
-            slack: basis.slo.slack(&p),
-            slo: basis.slo,
-            keeps_classes: self.classes_keep_speed(backend, &p) && neighbours.keeps,
-            neighbour_loss: neighbours.loss,
-            leaves_room: !basis.batch
-                || (self.leaves_room(predictor, n + 1.0) && neighbours.leaves_room),
-            marginal_tps,
-            next_slack: f64::INFINITY,
         }
     }
 
@@ -223,7 +190,7 @@ impl<'r> Evaluator<'r> {
         let ahead: Vec<Option<(f64, f64)>> = candidates
             .iter()
             .map(|c| {
-                c.estimate.filter(|_| shares(c))?;
+                c.estimate().filter(|_| shares(c))?;
                 let n = f64::from(c.joining);
                 Some((
                     slack(c.at(n + 1.0)),
@@ -244,7 +211,7 @@ impl<'r> Evaluator<'r> {
             // for them.
             let starts = {
                 let c = &candidates[x];
-                c.estimate.is_some_and(|e| {
+                c.estimate().is_some_and(|e| {
                     !c.backend.occupancy.busy() || c.predictor.queues(c.backend, &e.prediction)
                 })
             };
@@ -253,7 +220,7 @@ impl<'r> Evaluator<'r> {
                 .enumerate()
                 .filter(|&(y, _)| y != x)
                 .filter_map(|(y, c)| {
-                    let e = c.estimate?;
+                    let e = c.estimate()?;
                     Some(if starts && device(c) == on {
                         ahead[y].map_or(f64::NEG_INFINITY, |(_, beside)| beside)
                     } else {
@@ -261,7 +228,7 @@ impl<'r> Evaluator<'r> {
                     })
                 })
                 .fold(f64::NEG_INFINITY, f64::max);
-            if let Some(e) = &mut candidates[x].estimate {
+            if let Some(Some(e)) = candidates[x].estimate.get_mut() {
                 e.next_slack = here.max(elsewhere);
             }
         }
@@ -285,13 +252,13 @@ impl<'r> Evaluator<'r> {
         edge(cap, c.joining, |m| {
             let at = f64::from(m);
             if batch {
-                return self.leaves_room(predictor, at + 1.0);
+                return leaves_room(self.classes, predictor, at + 1.0);
             }
             match predictor.at(at) {
                 Some(p) => {
                     (!p.beyond_evidence || backend.ramp.allows(m))
                         && slo.slack(&p) >= 0.0
-                        && self.classes_keep_speed(backend, &p)
+                        && classes_keep_speed(self.classes, backend, &p)
                 }
                 None => m == 1 || backend.ramp.allows(m),
             }
@@ -336,26 +303,6 @@ impl<'r> Evaluator<'r> {
             }
         }
     }
-
-    /// Whether a latency-class request joining as the `next`-th would meet its SLO, for every
-    /// latency class the backend can serve at all (a lone request meets it).
-    fn leaves_room(self, predictor: &Predictor<'_>, next: f64) -> bool {
-        let (Some(then), Some(alone)) = (predictor.at(next), predictor.at(1.0)) else {
-            return true;
-        };
-        self.classes
-            .iter()
-            .filter(|c| !c.slo.is_batch() && c.slo.slack(&alone) >= 0.0)
-            .all(|c| c.slo.slack(&then) >= 0.0)
-    }
-
-    /// Whether every class with requests decoding on `backend` keeps its speed at `p`.
-    fn classes_keep_speed(self, backend: &Backend, p: &Prediction) -> bool {
-        self.classes
-            .iter()
-            .enumerate()
-            .all(|(i, c)| backend.class_in_flight(i) == 0 || c.slo.speed_holds(p))
-    }
 }
 
 /// The most requests the fleet may have on a backend with this one among them (`joining` in
@@ -373,15 +320,13 @@ fn edge(max_concurrency: Option<u32>, joining: u32, fits: impl Fn(u32) -> bool) 
 }
 
 /// What every candidate of one request is evaluated against, drawn once per decision.
-struct Basis<'a, 'b> {
+struct Basis<'a, 'b, 'r> {
     ask: &'a Ask<'b>,
     policy: Policy,
     /// The policy predicts (it is not a baseline).
     predicts: bool,
-    /// Batch placement: the policy places throughput, or the request's class is batch.
-    batch: bool,
-    /// The SLO as it stands at the decision.
-    slo: Slo,
+    /// What each candidate's estimate is drawn against.
+    terms: Terms<'r>,
     /// The prefix index's `min_match_tokens` (none: no backend holds a prefix).
     min_match: u64,
     /// The request's key in rendezvous orders: its hint, else the block that makes a match.
@@ -390,8 +335,8 @@ struct Basis<'a, 'b> {
     fastest: OnceCell<Option<f64>>,
 }
 
-impl<'a, 'b> Basis<'a, 'b> {
-    fn new(eval: Evaluator<'_>, ask: &'a Ask<'b>, policy: Policy) -> Self {
+impl<'a, 'b, 'r> Basis<'a, 'b, 'r> {
+    fn new(eval: Evaluator<'r>, ask: &'a Ask<'b>, policy: Policy) -> Self {
         let min_match = eval.prefix.map_or(u64::MAX, |p| p.min_match_tokens);
         let key = eval.prefix.zip(ask.prefix).and_then(|(routing, prefix)| {
             let blocks = min_match.div_ceil(u64::from(routing.block_tokens.max(1)));
@@ -404,8 +349,12 @@ impl<'a, 'b> Basis<'a, 'b> {
             ask,
             policy,
             predicts: !baseline::is_baseline(policy),
-            batch: policy == Policy::Throughput || ask.slo.is_batch(),
-            slo: ask.slo_at(ask.now),
+            terms: Terms {
+                slo: ask.slo_at(ask.now),
+                batch: policy == Policy::Throughput || ask.slo.is_batch(),
+                tokens: ask.max_tokens.map_or(ASSUMED_OUTPUT_TOKENS, f64::from),
+                classes: eval.classes,
+            },
             min_match,
             key,
             fastest: OnceCell::new(),

@@ -529,7 +529,7 @@ impl Router {
             joining = c.joining,
             predicted_tps = c.prediction().map(|p| p.per_user_tps_p50),
             predicted_ttft_ms = c.prediction().map(|p| p.ttft_p50_s * 1e3),
-            slack = c.estimate.map(|e| e.slack),
+            slack = c.estimate().map(|e| e.slack),
             beyond_evidence = c.prediction().map(|p| p.beyond_evidence),
             keeps_others = c.keeps_others(),
             cached_tokens = c.cache.cached_tokens,
@@ -540,7 +540,7 @@ impl Router {
             backend: Arc::clone(c.backend),
             index: c.index,
             guard,
-            prediction: c.prediction(),
+            prediction: c.prediction().copied(),
             reason,
             claim: edge,
         })
@@ -665,14 +665,14 @@ fn left_holder(candidates: &[Candidate<'_>], chosen: &Candidate<'_>) {
     let p = holder.prediction();
     tracing::debug!(
         holder = &*holder.backend.config.name,
-        holder_slack = holder.estimate.map(|e| e.slack),
+        holder_slack = holder.estimate().map(|e| e.slack),
         holder_ttft_p90_ms = p.map(|p| p.ttft_p90_s * 1e3),
         holder_tps_p10 = p.map(|p| p.per_user_tps_p10),
         holder_beyond_evidence = p.map(|p| p.beyond_evidence),
         holder_keeps_others = holder.keeps_others(),
         holder_joining = holder.joining,
         chosen = &*chosen.backend.config.name,
-        chosen_slack = chosen.estimate.map(|e| e.slack),
+        chosen_slack = chosen.estimate().map(|e| e.slack),
         chosen_ttft_p90_ms = chosen.prediction().map(|p| p.ttft_p90_s * 1e3),
         "left the prefix's holder"
     );
@@ -682,7 +682,7 @@ fn left_holder(candidates: &[Candidate<'_>], chosen: &Candidate<'_>) {
 /// decision weighed, for the operator asking why a request went where it did.
 fn trace_candidate(c: &Candidate<'_>) {
     let p = c.prediction();
-    let e = c.estimate;
+    let e = c.estimate();
     tracing::trace!(
         backend = &*c.backend.config.name,
         joining = c.joining,

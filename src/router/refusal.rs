@@ -109,7 +109,7 @@ impl<'a> Refusal<'a> {
     pub(crate) fn explain(candidates: &'a [Candidate<'_>], slo: Slo, waited_s: f64) -> Self {
         let best = candidates
             .iter()
-            .filter_map(|c| c.estimate.map(|e| (c, e)))
+            .filter_map(|c| c.estimate().map(|e| (c, e)))
             .max_by(|(_, a), (_, b)| {
                 a.chance()
                     .total_cmp(&b.chance())

@@ -73,7 +73,7 @@ impl Scene<'_, '_> {
     pub(crate) fn placed(&self, i: usize) -> Pick {
         let reason = if self.turn.is_some() {
             Reason::Queued
-        } else if self.candidates[i].estimate.is_none() {
+        } else if self.candidates[i].estimate().is_none() {
             Reason::ColdStart
         } else {
             Reason::Feasible

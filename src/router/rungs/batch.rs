@@ -28,7 +28,8 @@ impl Rung for Batch {
             kept_best(
                 scene.candidates,
                 |c| {
-                    c.estimate.is_some_and(|e| e.keeps_classes && e.leaves_room)
+                    c.estimate()
+                        .is_some_and(|e| e.keeps_classes && e.leaves_room)
                         && !c.queues()
                         && !c.starts_beside
                 },
@@ -45,5 +46,5 @@ impl Rung for Batch {
 
 /// System tokens per second the request adds there (nothing known: nothing added).
 pub(super) fn marginal_tps(c: &Candidate<'_>) -> f64 {
-    c.estimate.map_or(f64::NEG_INFINITY, |e| e.marginal_tps)
+    c.estimate().map_or(f64::NEG_INFINITY, |e| e.marginal_tps)
 }

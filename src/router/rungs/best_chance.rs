@@ -48,7 +48,7 @@ impl Rung for BestChance {
         let last_resort = scene.turn.as_ref().is_some_and(|t| *t.last_resort);
         let refused = scene.turn.is_some() || waits.is_none();
         let gain_of = |c: &Candidate<'_>| -> Option<(f64, bool)> {
-            let e = c.estimate?;
+            let e = c.estimate()?;
             if refused && let Some(chance) = c.probe_chance(ask) {
                 let gain = chance - e.neighbour_loss - c.stall_loss();
                 return (gain >= MIN_CHANCE).then_some((gain, true));
@@ -56,7 +56,7 @@ impl Rung for BestChance {
             if e.prediction.beyond_evidence && !c.ramping && !(last_resort && c.first_guess()) {
                 return None;
             }
-            let gain = c.chance_gain(ask, scene.classes, &e, waits)?;
+            let gain = c.chance_gain(ask, scene.classes, e, waits)?;
             (gain >= MIN_CHANCE).then_some((gain, false))
         };
         let (i, gain, probe) = scene

@@ -16,7 +16,7 @@ use crate::router::candidates::Candidate;
 /// prediction, the fewest in flight.
 pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usize> {
     let all = || candidates.iter().enumerate();
-    let predicted = || all().filter(|(_, c)| c.estimate.is_some());
+    let predicted = || all().filter(|(_, c)| c.estimate().is_some());
     let pick = if slo.is_batch() {
         predicted().max_by(|(_, a), (_, b)| marginal_tps(a).total_cmp(&marginal_tps(b)))
     } else {
@@ -39,8 +39,8 @@ pub(crate) fn best_effort(slo: &Slo, candidates: &[Candidate<'_>]) -> Option<usi
 /// the one with fewer in flight.
 fn likelier(a: &Candidate<'_>, b: &Candidate<'_>) -> Ordering {
     // A backend never observed counts as no chance and no slack: below any that has some.
-    let gain = |c: &Candidate<'_>| c.estimate.map_or(0.0, |e| e.chance()) - c.stall_loss();
-    let slack = |c: &Candidate<'_>| c.estimate.map_or(0.0, |e| e.slack);
+    let gain = |c: &Candidate<'_>| c.estimate().map_or(0.0, |e| e.chance()) - c.stall_loss();
+    let slack = |c: &Candidate<'_>| c.estimate().map_or(0.0, |e| e.slack);
     gain(a)
         .total_cmp(&gain(b))
         .then(slack(a).total_cmp(&slack(b)))

@@ -32,7 +32,7 @@ impl Rung for Explore {
             scene.candidates,
             |c| {
                 !c.starts_shared
-                    && match c.estimate {
+                    && match c.estimate() {
                         None => true,
                         Some(e) if c.joining == 1 && e.prediction.confidence < 0.5 => {
                             e.keeps_classes
@@ -47,7 +47,7 @@ impl Rung for Explore {
                         }
                     }
             },
-            |c| c.estimate.is_none() || c.keeps_others(),
+            |c| c.estimate().is_none() || c.keeps_others(),
         )?;
         Some(Pick {
             candidate: i,

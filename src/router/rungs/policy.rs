@@ -73,5 +73,5 @@ fn price(c: &Candidate<'_>, ask: &Ask<'_>) -> f64 {
 /// The request's slack there; a backend never observed has none to speak of (0, as its
 /// [`room`](Candidate::room)).
 fn slack(c: &Candidate<'_>) -> f64 {
-    c.estimate.map_or(0.0, |e| e.slack)
+    c.estimate().map_or(0.0, |e| e.slack)
 }

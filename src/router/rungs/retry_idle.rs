@@ -30,7 +30,7 @@ impl Rung for RetryIdle {
             scene.candidates,
             |c| {
                 c.joining == 1
-                    && c.estimate.is_some_and(|e| {
+                    && c.estimate().is_some_and(|e| {
                         e.leaves_room
                             && e.keeps_classes
                             && e.neighbour_loss < super::best_chance::MIN_CHANCE

@@ -62,14 +62,14 @@ fn a_request_stays_off_an_engine_whose_device_it_would_take_from_the_requests_be
     let candidates = router.candidates(&ask, Policy::Headroom);
     let serial = &candidates[1];
     assert!(
-        serial.estimate.unwrap().slack >= 0.0,
+        serial.estimate().unwrap().slack >= 0.0,
         "it meets its own SLO there: {serial:?}"
     );
     assert!(!serial.keeps_others(), "but not the others'");
     assert!(
-        serial.estimate.unwrap().neighbour_loss > 1.0,
+        serial.estimate().unwrap().neighbour_loss > 1.0,
         "{}",
-        serial.estimate.unwrap().neighbour_loss
+        serial.estimate().unwrap().neighbour_loss
     );
     assert_eq!(chosen(&router, 0), Ok("batching"));
     // Alone on its device, the serial engine is as good a place as any.
@@ -109,7 +109,7 @@ fn a_running_engine_slows_its_neighbours_by_its_pass_not_by_the_requests_it_carr
     // adds no pass beside it, and costs it nothing.
     let _serial = decoding(1, 1);
     let loss = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
-        .estimate
+        .estimate()
         .unwrap()
         .neighbour_loss;
     assert_eq!(loss, 0.0);
@@ -179,7 +179,9 @@ fn backends_that_share_no_device_are_not_charged_for_each_other() {
     let router = shared_host("");
     let _decoding = occupy(&router, 0, 0, 2);
     let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
-    assert!(candidates[1].keeps_others() && candidates[1].estimate.unwrap().neighbour_loss == 0.0);
+    assert!(
+        candidates[1].keeps_others() && candidates[1].estimate().unwrap().neighbour_loss == 0.0
+    );
     assert_eq!(
         chosen(&router, 0),
         Ok("serial"),
@@ -197,13 +199,13 @@ fn with_both_engines_idle_a_request_goes_where_it_leaves_the_next_one_room() {
     let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
     let (batching, serial) = (&candidates[0], &candidates[1]);
     let rooms = (
-        batching.estimate.unwrap().slack,
+        batching.estimate().unwrap().slack,
         batching.room(),
-        serial.estimate.unwrap().slack,
+        serial.estimate().unwrap().slack,
         serial.room(),
     );
     assert!(
-        serial.estimate.unwrap().slack >= batching.estimate.unwrap().slack,
+        serial.estimate().unwrap().slack >= batching.estimate().unwrap().slack,
         "{rooms:?}"
     );
     assert!(serial.room() < 0.5 && batching.room() > 0.9, "{rooms:?}");
@@ -212,7 +214,7 @@ fn with_both_engines_idle_a_request_goes_where_it_leaves_the_next_one_room() {
     // nothing on the other.
     let untold = shared_host("");
     for c in untold.candidates(&ask(&untold, 0), Policy::Headroom) {
-        assert_eq!(c.room(), c.estimate.unwrap().slack);
+        assert_eq!(c.room(), c.estimate().unwrap().slack);
     }
 }
 
@@ -238,7 +240,7 @@ fn batch_work_queued_on_a_busy_engine_is_charged_the_pass_it_keeps_beside_its_ne
         .candidates(&ask(&router, 1), Policy::Headroom)
         .swap_remove(1);
     assert!(
-        !on_serial.keeps_others() && on_serial.estimate.unwrap().neighbour_loss > 1.0,
+        !on_serial.keeps_others() && on_serial.estimate().unwrap().neighbour_loss > 1.0,
         "{on_serial:?}"
     );
     assert_eq!(chosen(&router, 1), Err(ErrorKind::NoBackendAvailable));
@@ -247,7 +249,7 @@ fn batch_work_queued_on_a_busy_engine_is_charged_the_pass_it_keeps_beside_its_ne
     let on_serial = router
         .candidates(&ask(&router, 1), Policy::Headroom)
         .swap_remove(1);
-    assert!(!on_serial.estimate.unwrap().leaves_room, "{on_serial:?}");
+    assert!(!on_serial.estimate().unwrap().leaves_room, "{on_serial:?}");
 }
 
 #[test]
@@ -278,11 +280,11 @@ fn until_the_device_tells_what_a_pass_costs_it_is_charged_a_lone_token_of_the_en
     };
     let latency = on_serial(0);
     assert!(
-        !latency.keeps_others() && latency.estimate.unwrap().neighbour_loss > 1.0,
+        !latency.keeps_others() && latency.estimate().unwrap().neighbour_loss > 1.0,
         "{latency:?}"
     );
     assert!(
-        !on_serial(1).estimate.unwrap().leaves_room,
+        !on_serial(1).estimate().unwrap().leaves_room,
         "{:?}",
         on_serial(1)
     );
@@ -293,11 +295,11 @@ fn until_the_device_tells_what_a_pass_costs_it_is_charged_a_lone_token_of_the_en
     teach_beside(&router, 0, &beside);
     let latency = on_serial(0);
     assert!(
-        latency.keeps_others() && latency.estimate.unwrap().neighbour_loss < 0.1,
+        latency.keeps_others() && latency.estimate().unwrap().neighbour_loss < 0.1,
         "{latency:?}"
     );
     assert!(
-        on_serial(1).estimate.unwrap().leaves_room,
+        on_serial(1).estimate().unwrap().leaves_room,
         "{:?}",
         on_serial(1)
     );
@@ -359,7 +361,7 @@ fn assert_half_of_eight_lose_their_target_beside_the_serial_pass(
         .candidates(&ask(router, 0), Policy::Headroom)
         .swap_remove(1);
     assert!(
-        !serial.keeps_others() && serial.estimate.unwrap().neighbour_loss >= 4.0 - 1e-9,
+        !serial.keeps_others() && serial.estimate().unwrap().neighbour_loss >= 4.0 - 1e-9,
         "{serial:?}"
     );
 }
@@ -398,14 +400,14 @@ fn requests_on_an_engine_short_of_the_target_even_alone_are_charged_a_neighbours
         .candidates(&ask(&router, 0), Policy::Headroom)
         .swap_remove(1);
     assert!(
-        serial.estimate.unwrap().chance() > 0.9,
+        serial.estimate().unwrap().chance() > 0.9,
         "{}",
-        serial.estimate.unwrap().chance()
+        serial.estimate().unwrap().chance()
     );
     assert!(
-        serial.estimate.unwrap().neighbour_loss < 0.5,
+        serial.estimate().unwrap().neighbour_loss < 0.5,
         "{}",
-        serial.estimate.unwrap().neighbour_loss
+        serial.estimate().unwrap().neighbour_loss
     );
     assert_eq!(chosen(&router, 0), Ok("serial"));
 }
@@ -444,13 +446,13 @@ fn an_idle_engine_is_not_tried_beside_requests_whose_share_of_the_target_its_pas
         assert!(
             serial.keeps_others(),
             "{extra}: {}",
-            serial.estimate.unwrap().neighbour_loss
+            serial.estimate().unwrap().neighbour_loss
         );
         assert_eq!(
-            serial.estimate.unwrap().neighbour_loss > 0.05,
+            serial.estimate().unwrap().neighbour_loss > 0.05,
             !tried,
             "{extra}: {}",
-            serial.estimate.unwrap().neighbour_loss
+            serial.estimate().unwrap().neighbour_loss
         );
         let reason = reason_of(&router, &ask(&router, 0));
         assert_eq!(reason == Ok(Reason::Explore), tried, "{extra}: {reason:?}");
@@ -571,7 +573,7 @@ fn batch_work_never_starts_an_idle_engine_beside_a_running_one() {
     assert!(
         on_serial.starts_beside
             && on_serial.keeps_others()
-            && on_serial.estimate.unwrap().leaves_room,
+            && on_serial.estimate().unwrap().leaves_room,
         "by its curves the pass would cost nobody: {on_serial:?}"
     );
     assert_eq!(

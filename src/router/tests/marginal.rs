@@ -86,9 +86,9 @@ fn a_backend_whose_p10_sits_just_below_the_target_still_serves() {
     let candidates = router.candidates(&ask, Policy::Headroom);
     assert!(!candidates[0].feasible(), "its p10 misses the target");
     assert!(
-        candidates[0].estimate.unwrap().chance() > 0.7,
+        candidates[0].estimate().unwrap().chance() > 0.7,
         "{}",
-        candidates[0].estimate.unwrap().chance()
+        candidates[0].estimate().unwrap().chance()
     );
     let _held = occupy(&router, 0, 0, 3);
     assert_eq!(reason_of(&router, &ask), Ok(Reason::BestChance));
@@ -124,6 +124,7 @@ fn a_two_sample_fit_does_not_lock_a_backend_out() {
     teach_each(&router, 0, &[(1.0, 0.139, 64.0), (2.0, 4.95, 64.0)]);
     let p = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
         .prediction()
+        .copied()
         .unwrap();
     assert!(p.ttft_p50_s < 0.2, "{p:?}");
     assert!(matches!(
@@ -432,6 +433,7 @@ fn past_its_trusted_levels_a_slow_sample_is_weighed_against_the_line_not_believe
     let _held = occupy(&router, 0, 0, 8);
     let p = router.candidates(&ask(&router, 0), Policy::Headroom)[0]
         .prediction()
+        .copied()
         .unwrap();
     assert!(
         p.per_user_tps_p50 > 6.5 && p.per_user_tps_p50 < 9.0,
