@@ -21,6 +21,11 @@ use tpsgate::{Ask, Router};
 use tpsgate::{Backend, InFlightGuard, Line};
 use tpsgate::{FirstToken, Observation, Outcome};
 
+// The gateway's allocator (src/main.rs), so that a decision costs what it costs there.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// A router over `n` backends serving `m`, each taught a batching curve, with an interactive
 /// class (>= 20 tok/s at the median, TTFT <= 1 s) that sheds on a miss. Backend `i` has
 /// `streams(i)` requests in flight.
