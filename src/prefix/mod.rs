@@ -263,6 +263,7 @@ impl Held {
                 None => self.counts.add(hash),
             }
         }
+        self.recency.settle();
     }
 }
 

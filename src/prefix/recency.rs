@@ -8,6 +8,11 @@
 //! held block's latest), so a rank is a count of live numbers above one: `O(log n)`. Numbers
 //! run up to twice the capacity before they are given out afresh in LRU order, so the tree is
 //! rebuilt (`O(n)`) at most once per `capacity` touches.
+//!
+//! A prompt's blocks are touched together and were mostly touched together before, so their
+//! new numbers are one run and their old ones a few: the tree takes each run at once
+//! ([`Recency::settle`]), `O(k + log n)` for a run of `k` where one number at a time is
+//! `O(k log n)`.
 
 /// Live touch numbers, counted by a Fenwick tree.
 #[derive(Debug)]
@@ -16,6 +21,10 @@ pub(super) struct Recency {
     tree: Vec<u32>,
     live: u32,
     next: u32,
+    /// Numbers from here to `next` are given out but not yet counted in `tree`.
+    counted: u32,
+    /// A run of numbers forgotten but still counted in `tree`: its first and its length.
+    forgotten: (u32, u32),
 }
 
 impl Recency {
@@ -25,31 +34,55 @@ impl Recency {
             tree: Vec::new(),
             live: 0,
             next: 0,
+            counted: 0,
+            forgotten: (0, 0),
         };
         recency.renumbered(0, capacity);
         recency
     }
 
-    /// The number for a touch now, or `None` when they have run out: renumber first.
+    /// The number for a touch now, or `None` when they have run out: renumber first. Counted
+    /// when [`Recency::settle`]d.
     pub(super) fn touch(&mut self) -> Option<u32> {
         let n = self.next;
         if n as usize >= self.tree.len() - 1 {
             return None;
         }
         self.next += 1;
-        self.add(n, 1);
         self.live += 1;
         Some(n)
     }
 
-    /// Number `n` is no longer a held block's latest touch.
+    /// Number `n` is no longer a held block's latest touch. Taken out when
+    /// [`Recency::settle`]d.
     pub(super) fn forget(&mut self, n: u32) {
-        self.add(n, u32::MAX);
+        if n >= self.counted {
+            self.settle();
+        }
         self.live -= 1;
+        let (first, len) = &mut self.forgotten;
+        if *len > 0 && n == *first + *len {
+            *len += 1;
+        } else if *len > 0 && n + 1 == *first {
+            *first = n;
+            *len += 1;
+        } else {
+            let (first, len) = std::mem::replace(&mut self.forgotten, (n, 1));
+            self.add_run(first, len, u32::MAX);
+        }
     }
 
-    /// Live numbers above `n`: blocks touched after the one that holds `n`.
+    /// Brings the tree up to date with the touches and forgets since the last time.
+    pub(super) fn settle(&mut self) {
+        self.add_run(self.counted, self.next - self.counted, 1);
+        self.counted = self.next;
+        let (first, len) = std::mem::take(&mut self.forgotten);
+        self.add_run(first, len, u32::MAX);
+    }
+
+    /// Live numbers above `n`: blocks touched after the one that holds `n`. Settled first.
     pub(super) fn newer_than(&self, n: u32) -> u32 {
+        debug_assert!(self.counted == self.next && self.forgotten.1 == 0);
         self.live - self.up_to(n)
     }
 
@@ -64,21 +97,35 @@ impl Recency {
             if i <= live {
                 self.tree[i] += 1;
             }
-            let parent = i + (i & i.wrapping_neg());
+            let parent = i + lowbit(i);
             if parent <= slots {
                 self.tree[parent] += self.tree[i];
             }
         }
         self.live = u32::try_from(live).unwrap_or(u32::MAX);
         self.next = self.live;
+        self.counted = self.next;
+        self.forgotten = (0, 0);
     }
 
-    /// Adds `delta` (wrapping: `u32::MAX` takes one away) at number `n`.
-    fn add(&mut self, n: u32, delta: u32) {
-        let mut i = n as usize + 1;
-        while i < self.tree.len() {
-            self.tree[i] = self.tree[i].wrapping_add(delta);
-            i += i & i.wrapping_neg();
+    /// Adds `delta` (wrapping: `u32::MAX` takes one away) at each of the `len` numbers from
+    /// `first`. The nodes counting any of them are the ones between the run's ends and those
+    /// above its last position that count that position (a node above it that counts an
+    /// earlier one counts every later one too).
+    fn add_run(&mut self, first: u32, len: u32, delta: u32) {
+        let (lo, hi) = (first as usize, first as usize + len as usize);
+        let top = self.tree.len() - 1;
+        let counted = |i: usize| (i.min(hi) - (i - lowbit(i)).max(lo)) as u32;
+        for i in lo + 1..=hi.min(top) {
+            self.tree[i] = self.tree[i].wrapping_add(counted(i).wrapping_mul(delta));
+        }
+        if len == 0 {
+            return;
+        }
+        let mut i = hi + lowbit(hi);
+        while i <= top {
+            self.tree[i] = self.tree[i].wrapping_add(counted(i).wrapping_mul(delta));
+            i += lowbit(i);
         }
     }
 
@@ -92,4 +139,9 @@ impl Recency {
         }
         sum
     }
+}
+
+/// The lowest set bit of `i`: Fenwick node `i` counts the numbers in `(i - lowbit(i), i]`.
+fn lowbit(i: usize) -> usize {
+    i & i.wrapping_neg()
 }

@@ -88,10 +88,10 @@ proptest! {
             if k % 37 == 36 {
                 held.resize(capacity);
             }
-        }
-        for h in 0..60 {
-            let want = order.iter().position(|o| *o == h).map(|p| p as u32);
-            prop_assert_eq!(held.depth(h), want, "block {}", h);
+            for h in 0..60 {
+                let want = order.iter().position(|o| *o == h).map(|p| p as u32);
+                prop_assert_eq!(held.depth(h), want, "block {} after insert {}", h, k);
+            }
         }
     }
 
