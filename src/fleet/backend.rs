@@ -164,6 +164,12 @@ impl Backend {
         self.fitted.get(slot)?.load_full()
     }
 
+    /// Where [`Backend::fitted`] of the `slot`-th configured name is published, to be read
+    /// without taking a count on the model.
+    pub(crate) fn published(&self, slot: usize) -> Option<&ArcSwapOption<Model>> {
+        self.fitted.get(slot)
+    }
+
     /// Tells `fitted` that the curve under `key` changed, where `key` is a configured name and
     /// its model is a new one.
     fn publish(&self, key: &str, curve: &Curve) {

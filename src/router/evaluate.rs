@@ -280,7 +280,7 @@ impl<'r> Evaluator<'r> {
     /// uncached tokens as prefill.
     fn predictor(
         self,
-        server: Server<'_>,
+        server: Server<'r>,
         ask: &Ask<'_>,
         policy: Policy,
         cached_tokens: u64,
@@ -289,12 +289,18 @@ impl<'r> Evaluator<'r> {
         if policy == Policy::Oracle {
             Predictor::Oracle(self.oracle, index)
         } else {
-            let model = server.model(ask.model);
+            let model = server.fitted(ask.model);
+            let (prefill_rate, per_neighbour_s) = model
+                .read(|m| {
+                    (
+                        m.fit.prefill_tokens_per_s,
+                        self.devices.per_neighbour_s(index, m, ask.model),
+                    )
+                })
+                .unwrap_or((None, 0.0));
             Predictor::Curve {
-                prefill_rate: model.as_ref().and_then(|m| m.fit.prefill_tokens_per_s),
-                per_neighbour_s: model
-                    .as_ref()
-                    .map_or(0.0, |m| self.devices.per_neighbour_s(index, m, ask.model)),
+                prefill_rate,
+                per_neighbour_s,
                 model,
                 neighbours: self.devices.load(index),
                 prompt_tokens: ask.prompt_tokens - cached_tokens,

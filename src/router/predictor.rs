@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwapOption;
 use tokio::time::Instant;
 
 use super::oracle::Oracle;
@@ -15,13 +16,36 @@ use crate::fleet::Backend;
 /// turning over (see the curve's `QUEUE_GROWTH_SHARE`).
 const QUEUED_SHARE: f64 = 1.0 / 16.0;
 
+/// A candidate's fitted model. Where the backend publishes it, it is read there each time a
+/// prediction is drawn, so that a candidate no rung asks about takes no count on it: at 256
+/// backends, the counts taken and given back were a quarter of a decision
+/// (docs/benchmarks/overhead.md, "Models read where they are published; a prompt's touches
+/// counted as runs").
+#[derive(Debug, Clone)]
+pub(crate) enum Fitted<'r> {
+    /// The backend's published model of a configured name.
+    Published(&'r ArcSwapOption<Model>),
+    /// A model in hand (a name the backend tracks under another, or its prior's), if any.
+    Held(Option<Arc<Model>>),
+}
+
+impl Fitted<'_> {
+    /// `read` of the model, `None` before the first observation.
+    pub(crate) fn read<T>(&self, read: impl FnOnce(&Model) -> T) -> Option<T> {
+        match self {
+            Self::Published(slot) => slot.load().as_deref().map(read),
+            Self::Held(model) => model.as_deref().map(read),
+        }
+    }
+}
+
 /// A backend's source of predictions for one request.
 #[derive(Debug, Clone)]
 pub(crate) enum Predictor<'r> {
     /// The backend's curve.
     Curve {
         /// Its fitted model (none before the first observation).
-        model: Option<Arc<Model>>,
+        model: Fitted<'r>,
         /// The backends sharing its device that run now.
         neighbours: f64,
         /// What each of them adds to its tokens ([`Devices::per_neighbour_s`](super::device::Devices::per_neighbour_s)).
@@ -66,12 +90,16 @@ impl Predictor<'_> {
     /// engine keeps the device from the engine beside it the whole while
     /// (docs/benchmarks/real-engines.md, "Why the device's rules are as they are").
     pub(crate) fn queues(&self, backend: &Backend, p: &Prediction) -> bool {
-        let Self::Curve { model: Some(m), .. } = self else {
+        let Self::Curve { model, .. } = self else {
             return false;
         };
-        backend.occupancy.busy()
-            && p.ttft_p50_s - self.at(1.0).map_or(0.0, |a| a.ttft_p50_s)
-                > QUEUED_SHARE * m.mean_duration_s
+        if !backend.occupancy.busy() {
+            return false;
+        }
+        let Some(mean_duration_s) = model.read(|m| m.mean_duration_s) else {
+            return false;
+        };
+        p.ttft_p50_s - self.at(1.0).map_or(0.0, |a| a.ttft_p50_s) > QUEUED_SHARE * mean_duration_s
     }
 
     /// The good completions the streams on `backend` lose at `now` to this request's prefill,
@@ -119,13 +147,13 @@ impl Predictor<'_> {
                 prefill_waiting,
                 prefill_rate,
             } => {
-                let model = model.as_ref()?;
                 // Prefills run one after another (a queue of prefills, as engines schedule
                 // them): this one's first token comes after the waiting ones' and its own, and
                 // the curve learned TTFT against the same count (`FirstToken::prompt_tokens`).
                 let prefill = *prefill_waiting + *prompt_tokens;
-                let mut p =
-                    model.predict_beside(concurrency, *neighbours, *per_neighbour_s, prefill);
+                let mut p = model.read(|m| {
+                    m.predict_beside(concurrency, *neighbours, *per_neighbour_s, prefill)
+                })?;
                 if concurrency > 1.0 {
                     p.raise_ttft(*queue_s);
                 }

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::predictor::Fitted;
 use crate::config::{BackendDialect, ModelMap};
 use crate::curve::Model;
 use crate::fleet::Backend;
@@ -82,6 +83,15 @@ impl<'r> Server<'r> {
         match self.slot {
             Some(slot) => self.backend.fitted(slot),
             None => self.backend.model(model),
+        }
+    }
+
+    /// The same model as a [`Fitted`] to read when a prediction is drawn: where the name is a
+    /// configured one, its published slot, with no count taken on the model.
+    pub(crate) fn fitted(&self, model: &str) -> Fitted<'r> {
+        match self.slot.and_then(|slot| self.backend.published(slot)) {
+            Some(slot) => Fitted::Published(slot),
+            None => Fitted::Held(self.model(model)),
         }
     }
 }
