@@ -16,6 +16,7 @@
 # whose table would replace the recorded one).
 #
 # Usage: [BIN=path] [FIRST_RUN=1] benches/conversations.sh [RUNS=1] [RATES=2,4,6,8,12,16] [DURATION_S=20] [ARMS...]
+# WORKLOADS (default "uniform hot") names the workloads to run.
 # FIRST_RUN=k with arms given measures runs k..RUNS of those arms and keeps their earlier runs.
 # Needs ports 8181, 9191 and 9111-9114 free. About a minute per rate per arm per workload.
 set -euo pipefail
@@ -49,7 +50,7 @@ bench() { # shared-prefix extra, then bench args...
     --conversation turns=4,think_s=1 --slo-tps 25 --slo-ttft-ms 1000 --timeout 30 "$@" 2>/dev/null
 }
 for run in $(seq "$first" "$runs"); do
-  for workload in uniform hot; do
+  for workload in ${WORKLOADS:-uniform hot}; do
     shared=""; [ "$workload" = hot ] && shared=",hot=0.5"
     for arm in $arms; do
       case $arm in
@@ -74,4 +75,4 @@ for run in $(seq "$first" "$runs"); do
 done
 python3 benches/conversations_table.py "$out/results.jsonl" >"$out/table.md"
 cat "$out/table.md"
-if [ "${SPLICE:-1}" = 1 ]; then python3 benches/splice.py conversations "$out/table.md"; fi
+python3 benches/splice.py conversations "$out/table.md"

@@ -81,4 +81,4 @@ for run in $(seq "$runs"); do
 done
 SLO_TPS=$slo_tps SLO_TTFT_MS=$slo_ttft python3 benches/goodput_table.py "$out/results.jsonl" >"$out/table.md"
 cat "$out/table.md"
-if [ "$out" = target/goodput ] && [ "${SPLICE:-1}" = 1 ]; then python3 benches/splice.py goodput "$out/table.md"; fi
+if [ "$out" = target/goodput ]; then python3 benches/splice.py goodput "$out/table.md"; fi

@@ -1,8 +1,15 @@
 """Replaces the text between `<!-- NAME:start -->` and `<!-- NAME:end -->` in whichever
 benchmarks page holds them (BENCHMARKS.md or docs/benchmarks/*.md) with the contents of a file.
-Usage: python3 benches/splice.py NAME FILE"""
+Usage: python3 benches/splice.py NAME FILE
+With SPLICE=0 in the environment it changes nothing (an A/B run, whose table is not the
+recorded one)."""
 import glob
+import os
 import sys
+
+if os.environ.get("SPLICE", "1") == "0":
+    print("SPLICE=0: no page updated", file=sys.stderr)
+    sys.exit(0)
 
 name, path = sys.argv[1], sys.argv[2]
 table = open(path).read()
