@@ -11,6 +11,7 @@ use tokio::time::Instant;
 mod device;
 mod each_rung;
 mod marginal;
+mod no_regret;
 mod stall;
 
 /// A router over `backends` (each serving `m`, on unused ports) with classes `interactive`
