@@ -1,5 +1,6 @@
 """Before and after from benches/behaviour-ab.sh's logs: every table row each benchmark printed,
-cell by cell, the median over runs of each build with the runs in brackets.
+cell by cell (tables numbered in the order the benchmark printed them), the median over runs of
+each build with the runs in brackets.
 Usage: python3 benches/behaviour_table.py [DIR=target/behaviour-ab]"""
 import collections
 import glob
@@ -33,10 +34,11 @@ for path in sorted(glob.glob(f"{where}/*.log")):
         label = tuple(c for c in row if not number.match(c))[:2]
         key = (name, table, " / ".join(label))
         heads[key] = head
-        for col, cell in zip(head, row):
+        # A header may repeat a name (attainment and batch tokens per rate): keep the position.
+        for at, (col, cell) in enumerate(zip(head, row)):
             m = number.match(cell)
             if m and col:
-                cells[key][col][arm].append(float(m.group()))
+                cells[key][(at, col)][arm].append(float(m.group()))
 
 
 def show(values):
@@ -45,8 +47,8 @@ def show(values):
     return f"{statistics.median(values):g} ({', '.join(f'{v:g}' for v in values)})"
 
 
-print("| benchmark | row | column | before | after |")
-print("|---|---|---|---|---|")
-for (name, _table, label), columns in cells.items():
-    for col, arms in columns.items():
-        print(f"| {name} | {label} | {col} | {show(arms['before'])} | {show(arms['after'])} |")
+print("| benchmark | table | row | column | before | after |")
+print("|---|---|---|---|---|---|")
+for (name, table, label), columns in cells.items():
+    for (_at, col), arms in columns.items():
+        print(f"| {name} | {table + 1} | {label} | {col} | {show(arms['before'])} | {show(arms['after'])} |")
