@@ -115,16 +115,16 @@ impl Recency {
     fn add_run(&mut self, first: u32, len: u32, delta: u32) {
         let (lo, hi) = (first as usize, first as usize + len as usize);
         let top = self.tree.len() - 1;
-        let counted = |i: usize| (i.min(hi) - (i - lowbit(i)).max(lo)) as u32;
+        let covered = |i: usize| (i.min(hi) - (i - lowbit(i)).max(lo)) as u32;
         for i in lo + 1..=hi.min(top) {
-            self.tree[i] = self.tree[i].wrapping_add(counted(i).wrapping_mul(delta));
+            self.tree[i] = self.tree[i].wrapping_add(covered(i).wrapping_mul(delta));
         }
         if len == 0 {
             return;
         }
         let mut i = hi + lowbit(hi);
         while i <= top {
-            self.tree[i] = self.tree[i].wrapping_add(counted(i).wrapping_mul(delta));
+            self.tree[i] = self.tree[i].wrapping_add(covered(i).wrapping_mul(delta));
             i += lowbit(i);
         }
     }
