@@ -2,7 +2,7 @@
 //! SLO, the router sends it there, on evidence as noisy as real engines and busy machines give.
 //! A round robin would have served such a request; refusing it is a loss by definition.
 
-use super::marginal::{reason_of, teach_each};
+use super::marginal::{noisy_engine, reason_of, teach_each};
 use super::*;
 
 /// A class that wants 17 tok/s from nine requests in ten and a first token within 400 ms,
@@ -63,4 +63,25 @@ fn a_request_is_not_refused_where_a_backend_with_room_would_meet_its_slo() {
     let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
     assert!(!candidates[0].feasible(), "`full` has no room");
     assert_eq!(chosen(&router, 0), Ok("roomy"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_behind_others_in_line_is_not_held_for_the_slots_they_will_take() {
+    // The noisy engine (`marginal::noisy_engine`), a request taking 1.3 s or so, its first
+    // tokens at two and three in flight within the 1-s target eight times in ten. Two in
+    // flight: a slot is due in about 0.65 s, and the first in line waits for it. The second in
+    // line needs the slot after that one, due past its target: waiting could only end in a
+    // 429, so at its turn it takes its chance as the third at once.
+    let router = noisy_engine(8, 2);
+    let mut third = vec![(3.0, 0.2, 60.0); 8];
+    third.extend([(3.0, 2.0, 60.0); 2]);
+    teach_each(&router, 0, &third);
+    let _held = occupy(&router, 0, 0, 2);
+    let first = router.line.join(0, Share::default());
+    let round = first.turn().expect("the first in line holds the turn");
+    first.pass(round);
+    let second = ask(&router, 0);
+    let decision = wait::in_line(&router, &second, Share::default()).await;
+    assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
+    assert_eq!(second.received.elapsed(), Duration::ZERO, "it did not wait");
 }
