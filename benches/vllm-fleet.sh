@@ -9,7 +9,7 @@
 # a warm-up at the first rate, then the rates; run k offers every arm the same arrivals
 # (bench --seed k) and starts at its k-th arm, so that no arm always follows the same one.
 #
-# Usage: benches/vllm-fleet.sh [RUNS=3] [RATES=4,8,12] [DURATION_S=30] [ARMS...]
+# Usage: benches/vllm-fleet.sh [RUNS=3] [RATES=1,2,4] [DURATION_S=30] [ARMS...]
 #   VENV=dir (default target/vllm-venv, made by benches/vllm-venv.sh when missing)
 #   SHAPES='default;--max-num-seqs 2' (one server per `;`-separated entry: its extra
 #     `vllm serve` arguments, `default` for none; at most as many as cores)
@@ -26,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
-rates=${2:-4,8,12}
+rates=${2:-1,2,4}
 duration=${3:-30}
 shift $(( $# < 3 ? $# : 3 ))
 arms=${*:-headroom headroom:best_effort round_robin least_inflight p2c_peak_ewma}
