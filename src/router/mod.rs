@@ -572,8 +572,8 @@ impl Router {
     }
 
     /// A 429 whose Retry-After is when the curves expect a slot to free
-    /// ([`Evaluator::slots_free_in_s`](evaluate::Evaluator::slots_free_in_s)), explained in [`refusal::HEADER`] by the candidates as
-    /// they stand now.
+    /// ([`Evaluator::slots_free_in_s`](evaluate::Evaluator::slots_free_in_s)), explained in
+    /// [`refusal::HEADER`] by the candidates as they stand now.
     fn shed(&self, ask: &Ask<'_>, why: &str) -> Error {
         self.count(ask, Reason::Shed);
         let candidates = self.evaluator().candidates(ask, self.policy(ask));
