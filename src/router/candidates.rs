@@ -294,22 +294,8 @@ impl Candidate<'_> {
     /// its own chance of meeting its SLO, less what it costs the requests already here (per
     /// latency class of `classes` decoding here, its requests times how much less likely each
     /// is to reach its speed target with one more beside it; their first tokens are behind them,
-    /// or ahead of this one in the queue) and on the backends sharing its device. Where the
-    /// class would rather wait (`waits` is `Some`) and the backend meets its SLO at the class's
-    /// percentiles alone, the backend is full, not short of the target: the request is
-    /// committed to it only where that adds at least what `waits` holds (else `None`), as it
-    /// takes the slot a waiting request would get whichever backend frees first.
-    pub(crate) fn chance_gain(
-        &self,
-        ask: &Ask<'_>,
-        classes: &[ClassConfig],
-        e: &Estimate,
-        waits: Option<f64>,
-    ) -> Option<f64> {
-        let full = waits.is_some()
-            && self
-                .at(1.0)
-                .is_some_and(|alone| ask.slo.slack(&alone) >= 0.0);
+    /// or ahead of this one in the queue) and on the backends sharing its device.
+    pub(crate) fn chance_gain(&self, classes: &[ClassConfig], e: &Estimate) -> f64 {
         let loss = match self.at(f64::from(self.joining.saturating_sub(1))) {
             Some(before) if self.joining > 1 => classes
                 .iter()
@@ -324,8 +310,14 @@ impl Candidate<'_> {
                 .sum(),
             _ => 0.0,
         };
-        let gain = e.chance() - loss.max(self.stall_loss()) - e.neighbour_loss;
-        (!full || waits.is_some_and(|least| gain >= least)).then_some(gain)
+        e.chance() - loss.max(self.stall_loss()) - e.neighbour_loss
+    }
+
+    /// It meets the request's SLO at the class's percentiles alone: where nothing is feasible
+    /// it is full, not short of the target, and a slot here frees for a request that waits.
+    pub(crate) fn full(&self, ask: &Ask<'_>) -> bool {
+        self.at(1.0)
+            .is_some_and(|alone| ask.slo.slack(&alone) >= 0.0)
     }
 
     /// Never observed, and would take its first request alone, or one more that its ramp

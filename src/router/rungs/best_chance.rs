@@ -36,10 +36,14 @@ impl Rung for BestChance {
 
     /// The candidate where the request's chance of meeting both targets, less what it costs
     /// the requests already there ([`Candidate::chance_gain`]), is largest, if at least
-    /// [`MIN_CHANCE`]. For a class that queues a full backend counts only as [`waits`] says. A
-    /// prediction beyond the curve's evidence is a guess, and counts only where the backend's
-    /// ramp would admit it anyway, or at a last resort, one guess at a time
-    /// ([`Candidate::first_guess`]). Where the other end is a refusal or the line, a level
+    /// [`MIN_CHANCE`]. For a class that queues a full backend ([`Candidate::full`]) must clear
+    /// the bar [`waits`] sets for the request to go rather than wait. Once one candidate
+    /// clears its bar the request goes, and it goes where it gains most: a full backend's bar
+    /// weighs going against waiting, not one backend against another. Only where the line
+    /// claims the full backends' slots (behind others, or at its turn with a slot due) does a
+    /// full backend stay out. A prediction beyond the curve's evidence is a guess, and counts
+    /// only where the backend's ramp would admit it anyway, or at a last resort, one guess at a
+    /// time ([`Candidate::first_guess`]). Where the other end is a refusal or the line, a level
     /// whose speed is unproven takes one request as a probe, at the chance the level below's
     /// speed gives it ([`Candidate::probe_chance`]), read a few tokens in.
     fn pick(&self, scene: &Scene<'_, '_>) -> Option<Pick> {
@@ -47,24 +51,37 @@ impl Rung for BestChance {
         let waits = waits(scene);
         let last_resort = scene.turn.as_ref().is_some_and(|t| *t.last_resort);
         let refused = scene.turn.is_some() || waits.is_none();
-        let gain_of = |c: &Candidate<'_>| -> Option<(f64, bool)> {
+        // Its gain, whether it is a probe, and the bar it must clear for the request to go.
+        let gain_of = |c: &Candidate<'_>| -> Option<(f64, bool, f64)> {
             let e = c.estimate()?;
             if refused && let Some(chance) = c.probe_chance(ask) {
                 let gain = chance - e.neighbour_loss - c.stall_loss();
-                return (gain >= MIN_CHANCE).then_some((gain, true));
+                return (gain >= MIN_CHANCE).then_some((gain, true, MIN_CHANCE));
             }
             if e.prediction.beyond_evidence && !c.ramping && !(last_resort && c.first_guess()) {
                 return None;
             }
-            let gain = c.chance_gain(ask, scene.classes, e, waits)?;
-            (gain >= MIN_CHANCE).then_some((gain, false))
+            let gain = c.chance_gain(scene.classes, e);
+            let bar = match waits {
+                Some(least) if c.full(ask) => least,
+                _ => MIN_CHANCE,
+            };
+            (gain >= MIN_CHANCE && bar.is_finite()).then_some((gain, false, bar))
         };
-        let (i, gain, probe) = scene
+        let mut goes = false;
+        let mut best: Option<(usize, f64, bool)> = None;
+        for (i, (gain, probe, bar)) in scene
             .candidates
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| gain_of(c).map(|(gain, probe)| (i, gain, probe)))
-            .max_by(|(_, a, _), (_, b, _)| a.total_cmp(b))?;
+            .filter_map(|(i, c)| gain_of(c).map(|g| (i, g)))
+        {
+            goes |= gain >= bar;
+            if best.is_none_or(|(_, most, _)| gain >= most) {
+                best = Some((i, gain, probe));
+            }
+        }
+        let (i, gain, probe) = best.filter(|_| goes)?;
         tracing::debug!(
             backend = &*scene.candidates[i].backend.config.name,
             gain,

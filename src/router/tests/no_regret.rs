@@ -4,6 +4,7 @@
 
 use super::marginal::{noisy_engine, reason_of, teach_each};
 use super::*;
+use crate::router::rungs::best_chance::QUEUE_CHANCE;
 
 /// A class that wants 17 tok/s from nine requests in ten and a first token within 400 ms,
 /// shedding what it cannot place.
@@ -84,4 +85,33 @@ async fn a_request_behind_others_in_line_is_not_held_for_the_slots_they_will_tak
     let decision = wait::in_line(&router, &second, Share::default()).await;
     assert_eq!(decision.map(|d| d.reason).ok(), Some(Reason::BestChance));
     assert_eq!(second.received.elapsed(), Duration::ZERO, "it did not wait");
+}
+
+#[test]
+fn a_request_that_goes_anyway_goes_where_it_is_likeliest_to_be_good() {
+    // `edge` meets the SLO alone; with one in flight, three first tokens in ten come within
+    // the 1-s target, too few to commit a request that could wait instead. `slow` is idle and
+    // short of 10 tok/s even alone, two requests in ten reaching it: worth a request that
+    // would otherwise get nothing, so the request goes now. Going, it goes to `edge`, where it
+    // is half again likelier to be good; taking the slow one is the worse of two commitments.
+    let classes = "- {name: waits, min_tps: 10, max_ttft_ms: 1000, on_miss: queue}\n";
+    let router = router_from(&["edge", "slow"], classes, 0.0);
+    let mut edge = vec![(1.0, 0.1, 60.0); 8];
+    edge.extend([(2.0, 0.2, 60.0); 3]);
+    edge.extend([(2.0, 2.0, 60.0); 7]);
+    teach_each(&router, 0, &edge);
+    let speeds = [7.0, 7.5, 8.0, 8.5, 9.0, 9.2, 9.5, 9.8, 10.3, 10.8];
+    let slow: Vec<_> = speeds.iter().flat_map(|&s| [(1.0, 0.1, s); 2]).collect();
+    teach_each(&router, 1, &slow);
+    let _held = occupy(&router, 0, 0, 1);
+    let candidates = router.candidates(&ask(&router, 0), Policy::Headroom);
+    let chance = |i: usize| candidates[i].estimate().unwrap().chance();
+    assert!(
+        chance(0) < QUEUE_CHANCE && chance(0) > chance(1),
+        "{} {}",
+        chance(0),
+        chance(1)
+    );
+    assert!(candidates[0].full(&ask(&router, 0)) && !candidates[1].full(&ask(&router, 0)));
+    assert_eq!(chosen(&router, 0), Ok("edge"));
 }
