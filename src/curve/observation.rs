@@ -126,6 +126,18 @@ impl Observation {
             neighbours,
         }
     }
+
+    /// Where its token count was estimated from its content events (no usage reported, or
+    /// not yet), each event counted as `per_event` tokens, as the backend's finished streams
+    /// showed theirs carry: the time per token shrinks alike (a stream's TPOT is its window
+    /// over its tokens after the first event's share).
+    pub(crate) fn counted_at(mut self, per_event: f64) -> Self {
+        if self.estimated && per_event > 0.0 {
+            self.output_tokens = (self.output_tokens as f64 * per_event).round() as u64;
+            self.tpot = self.tpot.map(|t| t / per_event);
+        }
+        self
+    }
 }
 
 #[cfg(test)]
@@ -171,6 +183,33 @@ mod tests {
         assert_eq!(obs.prompt_tokens, Some(7));
         // Two in flight the whole time: the 20 ms after the last event are taken back.
         assert!((obs.concurrency.unwrap() - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_stream_read_before_its_usage_counts_its_events_at_the_tokens_they_carry() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        // The first test's stream read a few events in, before its usage came: one token an
+        // event would be 10 tokens and half its speed. Its backend's streams carry two an event.
+        let timing = StreamTiming {
+            cached_tokens: None,
+            first_content: Some(ms(100)),
+            last_content: Some(ms(280)),
+            content_events: 10,
+            output_tokens: None,
+            prompt_tokens: None,
+            finished: None,
+        };
+        let first = reading(1.0, 2, ms(100));
+        let end = reading(1.0 + 2.0 * 0.18, 2, ms(280));
+        let read = |per_event| {
+            Observation::of_stream(&timing, Outcome::Completed, t0, Some(&first), &end, ms(280))
+                .counted_at(per_event)
+        };
+        assert!((read(1.0).tpot.unwrap() - 0.020).abs() < 1e-12);
+        let obs = read(2.0);
+        assert!((obs.tpot.unwrap() - 0.010).abs() < 1e-12);
+        assert_eq!((obs.output_tokens, obs.estimated), (20, true));
     }
 
     #[test]

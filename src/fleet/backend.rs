@@ -9,6 +9,7 @@ use arc_swap::ArcSwapOption;
 use dashmap::DashMap;
 use tokio::time::Instant;
 
+use super::chunking::Chunking;
 use super::claim::Claimed;
 use super::health::{Health, State};
 use super::outbox::{Event, Learned, Outbox};
@@ -81,6 +82,8 @@ pub struct Backend {
     pub paces: Paces,
     /// Its context windows by model: configured, and reported by its `/v1/models`.
     pub windows: Windows,
+    /// How many tokens its content events carry.
+    pub chunking: Chunking,
 }
 
 /// The name models beyond a backend's `max_models` are tracked under.
@@ -144,6 +147,7 @@ impl Backend {
             level_probe: LevelProbe::default(),
             paces: Paces::default(),
             windows,
+            chunking: Chunking::default(),
         }))
     }
 

@@ -79,7 +79,8 @@ impl InFlightGuard {
     /// `events` content events so far, the latest at `at`.
     pub fn progress(&self, events: u32, at: Instant) {
         if let Some(pace) = &self.pace {
-            pace.progress(&self.backend.paces, events, at);
+            let tokens = self.backend.chunking.tokens(events);
+            pace.progress(&self.backend.paces, tokens, at);
         }
     }
 

@@ -3,13 +3,15 @@
 //! flight, and the integral behind experienced concurrency), its [`health`], its curves and its
 //! metric handles; an [`InFlightGuard`] is one request's slot there; the [`waiters`] line holds
 //! requests waiting for a slot to free; a backend's [`ramp`] is its slow start before its curve
-//! has evidence, and a request's [`trial`] what it probes of that ramp or of its curve; the [`outbox`] carries what a backend learns to the
+//! has evidence, and a request's [`trial`] what it probes of that ramp or of its curve; its
+//! [`chunking`] how many tokens its content events carry; the [`outbox`] carries what a backend learns to the
 //! other replicas of a cluster, and its [`claim`]s of the slots at a backend's edge.
 //!
 //! Below the router, above the curves and the transport: it imports `curve`, `upstream`,
 //! `telemetry` and `config`, never `router` or `proxy`.
 
 pub(crate) mod backend;
+pub(crate) mod chunking;
 pub(crate) mod claim;
 pub(crate) mod health;
 pub(crate) mod in_flight;

@@ -34,8 +34,8 @@ pub(crate) struct Pace {
     /// (`u64::MAX`: none yet).
     first_us: AtomicU64,
     last_us: AtomicU64,
-    /// Content events so far.
-    events: AtomicU32,
+    /// Tokens streamed so far: its content events, at the tokens its backend's events carry.
+    streamed: AtomicU32,
     /// The registry's prefill count when its first token came.
     prefilled_at_first: AtomicU64,
 }
@@ -57,8 +57,8 @@ impl Pace {
     /// (the registry's clock) with `ahead` seconds of prefill due first (a stream still waiting
     /// for its first token has its whole allowance: its own prefill runs before).
     fn due(&self, now_us: u64, ahead: f64) -> (f64, f64) {
-        let events = self.events.load(Ordering::Relaxed);
-        let remaining = f64::from(self.tokens.saturating_sub(events.max(1)));
+        let streamed = self.streamed.load(Ordering::Relaxed);
+        let remaining = f64::from(self.tokens.saturating_sub(streamed.max(1)));
         let first = self.first_us.load(Ordering::Relaxed);
         let left = if first == u64::MAX {
             self.allowed_s
@@ -68,8 +68,8 @@ impl Pace {
         (remaining, left)
     }
 
-    /// `n` content events so far, the latest at `now` (the first of them its first token).
-    pub(crate) fn progress(&self, paces: &Paces, events: u32, now: Instant) {
+    /// `streamed` tokens so far, the latest at `now` (the first of them its first token).
+    pub(crate) fn progress(&self, paces: &Paces, streamed: u32, now: Instant) {
         let us = paces.micros(now);
         if self.first_us.load(Ordering::Relaxed) == u64::MAX {
             self.first_us.store(us, Ordering::Relaxed);
@@ -78,7 +78,7 @@ impl Pace {
             paces.decoding.fetch_add(1, Ordering::Relaxed);
         }
         self.last_us.store(us, Ordering::Relaxed);
-        self.events.store(events, Ordering::Relaxed);
+        self.streamed.store(streamed, Ordering::Relaxed);
     }
 }
 
@@ -225,7 +225,7 @@ impl Paces {
                 .map_or(f64::INFINITY, |m| f64::from(tokens.saturating_sub(1)) / m),
             first_us: AtomicU64::new(u64::MAX),
             last_us: AtomicU64::new(u64::MAX),
-            events: AtomicU32::new(0),
+            streamed: AtomicU32::new(0),
             prefilled_at_first: AtomicU64::new(0),
         });
         self.lock_streams().push(Arc::clone(&pace));
@@ -242,7 +242,7 @@ impl Paces {
                 streams.swap_remove(i);
             }
         }
-        let events = pace.events.load(Ordering::Relaxed);
+        let streamed = pace.streamed.load(Ordering::Relaxed);
         let (first, last) = (
             pace.first_us.load(Ordering::Relaxed),
             pace.last_us.load(Ordering::Relaxed),
@@ -250,7 +250,7 @@ impl Paces {
         if first != u64::MAX {
             self.decoding.fetch_sub(1, Ordering::Relaxed);
         }
-        if events < 4 || first == u64::MAX || last <= first {
+        if streamed < 4 || first == u64::MAX || last <= first {
             return;
         }
         let beside = self
@@ -262,7 +262,7 @@ impl Paces {
             fit.add(
                 beside as f64 / decode_s,
                 in_flight,
-                f64::from(events - 1) / decode_s,
+                f64::from(streamed - 1) / decode_s,
             );
         });
     }

@@ -107,7 +107,7 @@ impl Trial {
         };
         let per_event = match tokens {
             Some(t) if ended && t > u64::from(events) => t as f64 / f64::from(events),
-            _ => 1.0,
+            _ => self.backend.chunking.per_event(),
         };
         let tps = f64::from(events - 1) * per_event / visible_s;
         if !ended && probe.min_tps.is_some_and(|min| tps < min) {

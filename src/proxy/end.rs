@@ -237,7 +237,8 @@ impl RequestEnd {
                 self.first_reading.as_ref(),
                 &slot.reading(now),
                 now,
-            );
+            )
+            .counted_at(slot.backend().chunking.per_event());
             slot.backend().record(model, &obs);
             if let Some(trial) = slot.trial_mut() {
                 trial.read_early_done();
@@ -295,7 +296,8 @@ impl RequestEnd {
 
     /// What the backend's curve learns of a successful response: a first token held until the
     /// stream reported its cached tokens, the stream's observation (unless it was read early),
-    /// and for a completed stream, how much of the prompt its prefix cache held. The
+    /// and for a completed stream, how much of the prompt its prefix cache held and how many
+    /// tokens its content events carried. The
     /// observation and the stream's longest gap, for the metrics.
     fn teach(&mut self, meter: Option<&StreamMeter>, now: Instant) -> Option<(Observation, f64)> {
         let (Some(slot), Some(model)) = (&self.slot, &self.model) else {
@@ -314,6 +316,11 @@ impl RequestEnd {
             backend.first_token(model, &start);
         }
         let meter = meter.filter(|_| self.status.is_success())?;
+        if let Some(tokens) = meter.timing.output_tokens
+            && self.outcome == Outcome::Completed
+        {
+            backend.chunking.learn(tokens, meter.timing.content_events);
+        }
         let obs = Observation::of_stream(
             &meter.timing,
             self.outcome,
@@ -321,7 +328,8 @@ impl RequestEnd {
             self.first_reading.as_ref(),
             &slot.reading(now),
             now,
-        );
+        )
+        .counted_at(backend.chunking.per_event());
         if !slot.trial_ref().is_some_and(|t| t.was_read_early()) {
             backend.record(model, &obs);
         }
