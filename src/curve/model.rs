@@ -23,6 +23,16 @@ const SPARSE_WEIGHT: f64 = 0.5;
 /// had been seen.
 const FIT_WEIGHT: f64 = 1.0;
 
+/// Decayed weight at which a level's own speed tail is trusted as well as its middle: below
+/// it, the 10th percentile rests on its slowest sample or two, and one slow draw reads as a
+/// level that misses (docs/benchmarks/routing.md, "A level trusted from a few samples: its
+/// tail tried, not believed").
+const TAIL_WEIGHT: f64 = 20.0;
+
+/// The standard normal's 10th percentile, negated: how many spreads below its median a
+/// log-normal's 10th percentile lies.
+const Z_10: f64 = 1.2816;
+
 /// What a curve that has seen no spread of its own guesses: a speed tail 10% below the median
 /// (at its 10th percentile) and a first token 25% later than the median (at its 90th).
 const GUESSED_TPS_P10: f64 = 0.9;
@@ -49,9 +59,11 @@ pub struct Prediction {
     pub beyond_evidence: bool,
     /// Past the levels whose speed the curve trusts, at a level without enough samples of its
     /// own ([`MIN_BUCKET_WEIGHT`]): its speed is the fit's drawn through the levels below, or a
-    /// few samples weighed against it. Either errs either way, and only a request sent there
-    /// tells which; routing tries such a level one request at a time where the other end is a
-    /// refusal (`Candidate::probe_chance` in `router/candidates.rs`).
+    /// few samples weighed against it. Or right above a level whose tail it trusts
+    /// ([`TAIL_WEIGHT`]), at one whose median agrees with the fit, so that only its few
+    /// samples' tail may miss. Either errs either way, and only a request sent there tells which;
+    /// routing tries such a level one request at a time where the other end is a refusal
+    /// (`Candidate::probe_chance` in `router/candidates.rs`).
     #[serde(skip)]
     pub unproven: bool,
     /// How per-user TPS spreads there: how likely a request is to reach a speed.
@@ -306,6 +318,8 @@ impl Model {
                 w / (w + FIT_WEIGHT)
             }
         };
+        // Whether a level trusted from few samples has a middle no slower than the fit's.
+        let mut middle_agrees = false;
         let tps = match self.buckets[i] {
             Some(s) => {
                 // A bucket spans a range (16 holds 14 to 19): move it along the fit.
@@ -329,6 +343,7 @@ impl Model {
                     observed_share(s.weight)
                 };
                 if s.weight >= MIN_BUCKET_WEIGHT {
+                    middle_agrees = self.median_agrees(seen.median(), fitted, s.weight);
                     seen
                 } else {
                     let median = share * seen.median() + (1.0 - share) * fitted;
@@ -368,12 +383,24 @@ impl Model {
         };
         let (floor_p50, floor_p90) = self.floors[j];
         let ttft = ttft.at_least(floor_p50 + prefill, floor_p90 + prefill);
-        // Past the trusted levels, at one without enough samples of its own to be trusted.
-        let unproven = concurrency > self.speed_trusted && speed_weight < MIN_BUCKET_WEIGHT;
+        // Past the trusted levels, at one without enough samples of its own to be trusted; or
+        // right above a level whose tail is trusted, at one whose middle agrees with the fit.
+        let tail_below = i > 0 && self.buckets[i - 1].is_some_and(|s| s.weight >= TAIL_WEIGHT);
+        let unproven = (concurrency > self.speed_trusted && speed_weight < MIN_BUCKET_WEIGHT)
+            || (tail_below && speed_weight < TAIL_WEIGHT && middle_agrees);
         Prediction {
             unproven,
             ..Prediction::new(tps, ttft, confidence, beyond_evidence)
         }
+    }
+
+    /// Whether a level's median speed `seen`, from `weight` samples, is within its sampling
+    /// error of the fit's `fitted` or above it: the standard error of a median of `w` draws
+    /// is about 1.25 spreads over the root of `w`, the spread the pooled shape's.
+    fn median_agrees(&self, seen: f64, fitted: f64, weight: f64) -> bool {
+        let shape = &self.tps_shape;
+        let sigma = (shape.median() / shape.quantile(0.1)).ln().max(0.0) / Z_10;
+        seen >= fitted * (-1.25 * sigma / weight.sqrt()).exp()
     }
 
     /// The levels that hold samples, for `/admin/curves`, the dashboard and the gauges.

@@ -115,3 +115,41 @@ fn a_request_that_goes_anyway_goes_where_it_is_likeliest_to_be_good() {
     assert!(candidates[0].full(&ask(&router, 0)) && !candidates[1].full(&ask(&router, 0)));
     assert_eq!(chosen(&router, 0), Ok("edge"));
 }
+
+#[test]
+fn a_level_whose_few_samples_miss_only_in_their_tail_is_tried_not_shut() {
+    // A hosted engine streams 100 tok/s ±15% at every load. Six in flight, 24 samples there
+    // and 16 a level below: nine requests in ten above 85 tok/s. At seven, seven samples, one a slow draw at
+    // 65: the tenth percentile of so few is about that one, while their middle agrees with the
+    // levels below. The level is tried, one request at a time, at the speed the six there now
+    // stream, rather than shut for a half-life by one sample. (Six slow samples, a slow middle,
+    // shut it: `marginal::a_level_whose_few_samples_read_slow_is_tried_again_not_shut`.)
+    let classes = "- {name: fast, min_tps: 85, max_ttft_ms: 400, on_miss: shed}\n";
+    let router = router_from(&["hosted"], classes, 0.0);
+    let spread = [0.85, 0.9, 0.95, 1.0, 1.0, 1.05, 1.1, 1.15];
+    let below: Vec<_> = (1..=6_u32)
+        .flat_map(|c| {
+            let repeats = if c == 6 { 3 } else { 2 };
+            spread
+                .repeat(repeats)
+                .into_iter()
+                .map(move |k| (f64::from(c), 0.1, 100.0 * k))
+        })
+        .collect();
+    teach_each(&router, 0, &below);
+    let seventh = [0.95, 0.98, 1.0, 1.0, 1.02, 1.05, 0.65];
+    teach_each(&router, 0, &seventh.map(|k| (7.0, 0.1, 100.0 * k)));
+    let ask = ask(&router, 0);
+    let _held = occupy(&router, 0, 0, 6);
+    let candidate = router.candidates(&ask, Policy::Headroom).swap_remove(0);
+    assert!(
+        !candidate.feasible() && candidate.prediction().is_some_and(|p| p.unproven),
+        "{candidate:?}"
+    );
+    let probe = router.route(&ask).unwrap().unwrap();
+    assert_eq!(probe.reason, Reason::BestChance);
+    assert!(
+        router.backends[0].level_probe.out(),
+        "a probe, read a few tokens in before the next"
+    );
+}
