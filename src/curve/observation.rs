@@ -186,33 +186,6 @@ mod tests {
     }
 
     #[test]
-    fn a_stream_read_before_its_usage_counts_its_events_at_the_tokens_they_carry() {
-        let t0 = Instant::now();
-        let ms = |n: u64| t0 + Duration::from_millis(n);
-        // The first test's stream read a few events in, before its usage came: one token an
-        // event would be 10 tokens and half its speed. Its backend's streams carry two an event.
-        let timing = StreamTiming {
-            cached_tokens: None,
-            first_content: Some(ms(100)),
-            last_content: Some(ms(280)),
-            content_events: 10,
-            output_tokens: None,
-            prompt_tokens: None,
-            finished: None,
-        };
-        let first = reading(1.0, 2, ms(100));
-        let end = reading(1.0 + 2.0 * 0.18, 2, ms(280));
-        let read = |per_event| {
-            Observation::of_stream(&timing, Outcome::Completed, t0, Some(&first), &end, ms(280))
-                .counted_at(per_event)
-        };
-        assert!((read(1.0).tpot.unwrap() - 0.020).abs() < 1e-12);
-        let obs = read(2.0);
-        assert!((obs.tpot.unwrap() - 0.010).abs() < 1e-12);
-        assert_eq!((obs.output_tokens, obs.estimated), (20, true));
-    }
-
-    #[test]
     fn with_usage_decode_runs_to_the_finish_event_through_text_held_back() {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
@@ -243,7 +216,7 @@ mod tests {
     }
 
     #[test]
-    fn without_usage_content_events_are_counted_as_tokens_and_marked_estimated() {
+    fn without_usage_content_events_are_counted_at_the_tokens_they_carry_and_marked_estimated() {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let timing = StreamTiming {
@@ -261,6 +234,11 @@ mod tests {
             Observation::of_stream(&timing, Outcome::Completed, t0, Some(&first), &end, ms(150));
         assert_eq!((obs.output_tokens, obs.estimated), (11, true));
         assert!((obs.tpot.unwrap() - 0.010).abs() < 1e-12);
+        // Read before its usage came, on a backend whose streams showed two tokens an event:
+        // twice the tokens, at twice the speed.
+        let obs = obs.counted_at(2.0);
+        assert_eq!((obs.output_tokens, obs.estimated), (22, true));
+        assert!((obs.tpot.unwrap() - 0.005).abs() < 1e-12);
     }
 
     #[test]
