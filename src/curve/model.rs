@@ -318,8 +318,10 @@ impl Model {
                 w / (w + FIT_WEIGHT)
             }
         };
-        // Whether a level trusted from few samples has a middle no slower than the fit's.
-        let mut middle_agrees = false;
+        // A level trusted from fewer samples than its tail needs, right above one whose tail
+        // is trusted, with a middle no slower than the fit's: only its thin tail may miss.
+        let tail_below = i > 0 && self.buckets[i - 1].is_some_and(|s| s.weight >= TAIL_WEIGHT);
+        let mut thin_tail = false;
         let tps = match self.buckets[i] {
             Some(s) => {
                 // A bucket spans a range (16 holds 14 to 19): move it along the fit.
@@ -343,7 +345,9 @@ impl Model {
                     observed_share(s.weight)
                 };
                 if s.weight >= MIN_BUCKET_WEIGHT {
-                    middle_agrees = self.median_agrees(seen.median(), fitted, s.weight);
+                    thin_tail = tail_below
+                        && s.weight < TAIL_WEIGHT
+                        && self.median_agrees(seen.median(), fitted, s.weight);
                     seen
                 } else {
                     let median = share * seen.median() + (1.0 - share) * fitted;
@@ -384,10 +388,9 @@ impl Model {
         let (floor_p50, floor_p90) = self.floors[j];
         let ttft = ttft.at_least(floor_p50 + prefill, floor_p90 + prefill);
         // Past the trusted levels, at one without enough samples of its own to be trusted; or
-        // right above a level whose tail is trusted, at one whose middle agrees with the fit.
-        let tail_below = i > 0 && self.buckets[i - 1].is_some_and(|s| s.weight >= TAIL_WEIGHT);
-        let unproven = (concurrency > self.speed_trusted && speed_weight < MIN_BUCKET_WEIGHT)
-            || (tail_below && speed_weight < TAIL_WEIGHT && middle_agrees);
+        // at a level whose thin tail alone may miss.
+        let unproven =
+            (concurrency > self.speed_trusted && speed_weight < MIN_BUCKET_WEIGHT) || thin_tail;
         Prediction {
             unproven,
             ..Prediction::new(tps, ttft, confidence, beyond_evidence)
