@@ -91,6 +91,14 @@ pub struct Fit {
     pub prefill_tokens_per_s: Option<f64>,
 }
 
+impl Fit {
+    /// The fitted time per output token at `concurrency` in flight, `neighbours` engines running
+    /// beside it on its device, each costing a token `per_neighbour_s`.
+    pub(crate) fn tpot_s(&self, concurrency: f64, neighbours: f64, per_neighbour_s: f64) -> f64 {
+        self.tpot_base_s + self.tpot_per_seq_s * concurrency + per_neighbour_s * neighbours
+    }
+}
+
 /// One bucket as `/admin/curves` shows it. Speed is bucketed by experienced concurrency, TTFT by
 /// the occupancy a request found at admission, so a level may have one without the other.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]

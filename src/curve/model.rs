@@ -300,8 +300,7 @@ impl Model {
         let i = bucket_of(concurrency);
         let j = ttft_bucket_of(concurrency);
         let fit = &self.fit;
-        let tpot_at =
-            |c: f64, n: f64| fit.tpot_base_s + fit.tpot_per_seq_s * c + per_neighbour_s * n;
+        let tpot_at = |c: f64, n: f64| fit.tpot_s(c, n, per_neighbour_s);
         // The requests ahead: a lone request waits for none.
         let queue_at = |c: f64| fit.ttft_base_s + fit.ttft_per_seq_s * (c - 1.0).max(0.0);
         let speed_weight = self.buckets[i].map_or(0.0, |s| s.weight);

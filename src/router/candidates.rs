@@ -293,19 +293,25 @@ impl Candidate<'_> {
     /// What admitting the request here (estimated `e`) adds to the expected good completions:
     /// its own chance of meeting its SLO, less what it costs the requests already here (per
     /// latency class of `classes` decoding here, its requests times how much less likely each
-    /// is to reach its speed target with one more beside it; their first tokens are behind them,
-    /// or ahead of this one in the queue) and on the backends sharing its device.
+    /// is to reach its speed target once slowed by one more beside it, as the fit slows a
+    /// request ([`Predictor::speed_kept`]); their first tokens are behind them, or ahead of
+    /// this one in the queue) and on the backends sharing its device.
     pub(crate) fn chance_gain(&self, classes: &[ClassConfig], e: &Estimate) -> f64 {
-        let loss = match self.at(f64::from(self.joining.saturating_sub(1))) {
-            Some(before) if self.joining > 1 => classes
+        let now = f64::from(self.joining.saturating_sub(1));
+        let slowed = || {
+            let before = self.at(now)?;
+            let kept = self.predictor.speed_kept(now, now + 1.0)?;
+            Some((before.tps, before.tps.scaled(kept.min(1.0))))
+        };
+        let loss = match slowed() {
+            Some((before, after)) if self.joining > 1 => classes
                 .iter()
                 .enumerate()
                 .filter_map(|(i, class)| {
                     Some((self.backend.class_in_flight(i), class.slo.min_tps?))
                 })
                 .map(|(n, min)| {
-                    f64::from(n)
-                        * (before.tps.share_above(min) - e.prediction.tps.share_above(min)).max(0.0)
+                    f64::from(n) * (before.share_above(min) - after.share_above(min)).max(0.0)
                 })
                 .sum(),
             _ => 0.0,

@@ -135,6 +135,26 @@ impl Predictor<'_> {
         self
     }
 
+    /// The share of its speed a request streaming at `from` in flight keeps at `to`, by the
+    /// fit: a smooth line through every level, where the difference of two levels' own
+    /// quantiles is two samples' noise (docs/benchmarks/routing.md, "One more request's cost:
+    /// the fit's slope, not two levels' difference").
+    pub(crate) fn speed_kept(&self, from: f64, to: f64) -> Option<f64> {
+        match self {
+            Self::Curve {
+                model,
+                neighbours,
+                per_neighbour_s,
+                ..
+            } => model.read(|m| {
+                m.fit.tpot_s(from, *neighbours, *per_neighbour_s)
+                    / m.fit.tpot_s(to, *neighbours, *per_neighbour_s)
+            }),
+            Self::Oracle(..) => Some(self.at(to)?.tps.median() / self.at(from)?.tps.median()),
+            Self::Nothing => None,
+        }
+    }
+
     /// What a request joining at `concurrency` (itself included) would see.
     pub(crate) fn at(&self, concurrency: f64) -> Option<Prediction> {
         match self {

@@ -153,3 +153,33 @@ fn a_level_whose_few_samples_miss_only_in_their_tail_is_tried_not_shut() {
         "a probe, read a few tokens in before the next"
     );
 }
+
+#[test]
+fn a_flat_engine_is_not_shut_by_the_difference_of_two_levels_draws() {
+    // A hosted engine streams 100 tok/s at every load, each request ±20% (up to +30%). The
+    // eight requests there drew no speed under 80 tok/s; the twenty seen at nine drew three
+    // between 60 and 70, with the same middle. A ninth request reaches 75 tok/s eight times in
+    // ten: taken at face value, the difference of the two levels' draws says it would cost the
+    // eight there more than two good completions between them, and it is shed. The fit
+    // through every level is flat: one more costs them nothing, and it goes.
+    let classes = "- {name: fast, min_tps: 75, max_ttft_ms: 400, on_miss: shed}\n";
+    let router = router_from(&["hosted"], classes, 0.0);
+    let even = [0.8, 0.85, 0.9, 0.95, 1.0, 1.0, 1.05, 1.1, 1.15, 1.2];
+    let tail = [0.6, 0.65, 0.7, 0.9, 1.0, 1.0, 1.05, 1.1, 1.2, 1.3];
+    let levels = (1..=7_u32).map(|c| (c, 1, even));
+    let levels = levels.chain([(8, 2, even), (9, 2, tail)]);
+    let seen: Vec<_> = levels
+        .flat_map(|(c, n, speeds)| speeds.repeat(n).into_iter().map(move |k| (c, k)))
+        .map(|(c, k)| (f64::from(c), 0.1, 100.0 * k))
+        .collect();
+    teach_each(&router, 0, &seen);
+    let _held = occupy(&router, 0, 0, 8);
+    let ask = ask(&router, 0);
+    let candidate = router.candidates(&ask, Policy::Headroom).swap_remove(0);
+    let chance = candidate.estimate().map(|e| e.chance());
+    assert!(
+        !candidate.feasible() && chance.is_some_and(|c| (0.6..0.9).contains(&c)),
+        "{chance:?}"
+    );
+    assert_eq!(reason_of(&router, &ask), Ok(Reason::BestChance));
+}
