@@ -13,6 +13,10 @@
 # A `-cold` setup (one-cold, eight-cold, eight-cold-cluster) is the same right after start: a
 # warm-up of only 10 s at 2 req/s, then one level at COLD_RATE (default 16) req/s.
 #
+# FLEET=mock runs the same fleet's engines as mock servers written apart from the simulator
+# (benches/mock_fleet.py, one asyncio process: issue 73's independent fleet rebuilt) and writes
+# its table between the replicas-mock markers.
+#
 # FLEET=sharp runs the same against benches/sharp-fleet.yaml behind benches/sharp-gateway.yaml
 # (knees that are sharp: small batches, a serial backend, a hosted one with a fixed TTFT near the
 # SLO) and writes its table between the replicas-sharp markers.
@@ -24,7 +28,7 @@
 # SYNC_MS sets `cluster.sync_interval_ms` (default 50, the default). FIRST_RUN (default 1) numbers
 # the runs from there: run N uses the same seeds whatever the build, so more runs are new draws.
 #
-# Usage: [BIN=path] [FLEET=sim|sharp] [SYNC_MS=50] [FIRST_RUN=1] benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
+# Usage: [BIN=path] [FLEET=sim|sharp|mock] [SYNC_MS=50] [FIRST_RUN=1] benches/replicas.sh [RUNS=1] [RATES=8,12,16,20] [DURATION_S=30] [SETUPS...]
 #   setups: one, four, four-cluster, eight, eight-cluster (default: these five), one-as-eight,
 #   and the -cold ones
 # Needs ports 8181-8188, 9191-9198, 9101-9104 and 6399 free; installs redis-server with apt
@@ -43,7 +47,8 @@ fleet=${FLEET:-sim}
 case $fleet in
   sim) sim_config=config/sim-fleet.yaml gateway_config=benches/goodput-gateway.yaml marker=replicas ;;
   sharp) sim_config=benches/sharp-fleet.yaml gateway_config=benches/sharp-gateway.yaml marker=replicas-sharp ;;
-  *) echo "FLEET must be sim or sharp" >&2; exit 2 ;;
+  mock) gateway_config=benches/goodput-gateway.yaml marker=replicas-mock ;;
+  *) echo "FLEET must be sim, sharp or mock" >&2; exit 2 ;;
 esac
 out=$PWD/target/$marker
 mkdir -p "$out"
@@ -97,7 +102,11 @@ redis_pid=$!
 first=${FIRST_RUN:-1}
 for run in $(seq "$first" "$((first + runs - 1))"); do
   for setup in $setups; do
-    "$bin" sim --config "$sim_config" >/dev/null 2>&1 & pids+=($!)
+    if [ "$fleet" = mock ]; then
+      python3 benches/mock_fleet.py 9101 >/dev/null 2>&1 & pids+=($!)
+    else
+      "$bin" sim --config "$sim_config" >/dev/null 2>&1 & pids+=($!)
+    fi
     read -r -a shares <<<"$(split "$setup")"
     gws=$(gateways "$setup")
     for i in $(seq "$gws"); do
