@@ -297,14 +297,15 @@ impl Candidate<'_> {
     /// request ([`Predictor::speed_kept`]); their first tokens are behind them, or ahead of
     /// this one in the queue) and on the backends sharing its device.
     pub(crate) fn chance_gain(&self, classes: &[ClassConfig], e: &Estimate) -> f64 {
-        let now = f64::from(self.joining.saturating_sub(1));
+        // The requests there now, and how their speed spreads with one more beside them.
         let slowed = || {
+            let now = f64::from(self.joining.checked_sub(1).filter(|&n| n > 0)?);
             let before = self.at(now)?;
             let kept = self.predictor.speed_kept(now, now + 1.0)?;
             Some((before.tps, before.tps.scaled(kept.min(1.0))))
         };
         let loss = match slowed() {
-            Some((before, after)) if self.joining > 1 => classes
+            Some((before, after)) => classes
                 .iter()
                 .enumerate()
                 .filter_map(|(i, class)| {

@@ -119,7 +119,7 @@ impl Devices {
                 return learned;
             }
             curves()
-                .map(|m| m.fit.tpot_base_s + m.fit.tpot_per_seq_s)
+                .map(|m| m.fit.tpot_s(1.0, 0.0, 0.0))
                 .fold(0.0, f64::max)
         })
     }
