@@ -20,7 +20,8 @@
 #   PREFIX_CACHING=0 (1 leaves vLLM's automatic prefix caching on)  BIN=path  WARMUP_S=10
 #   REQUEST_TIMEOUT_S=20 (a request not done by then is failed and cancelled: far past any
 #     good one's end, it keeps a run's tail short)
-# Writes target/vllm-fleet/results-TTFT-TPS.jsonl and the table beside it. Needs ports
+# Writes target/vllm-fleet/results-TTFT-TPS.jsonl and the table beside it, with the gateway's
+# passive timings set against vLLM's own histograms (benches/passive_vs_vllm.py). Needs ports
 # 8401-8404, 8490 and 9490 free. The issue this answers: 73 (docs/benchmarks/real-engines.md,
 # "Real vLLM on CPU").
 set -euo pipefail
@@ -104,6 +105,10 @@ classes:
 default_class: interactive
 routing: {policy: $policy}
 YAML
+      # /metrics around the arm, for the passive timings against vLLM's own (passive_vs_vllm.py).
+      snap=$out/metrics-$ttft_ms-$min_tps/$arm-$run
+      mkdir -p "$snap"
+      for i in "${!shapes[@]}"; do curl -s "http://127.0.0.1:$((8401 + i))/metrics" >"$snap/vllm-$i.before" || true; done
       RUST_LOG=${RUST_LOG:-info} "$bin" serve --config "$out/gateway-$arm.yaml" \
         >"$out/gateway-$ttft_ms-$min_tps-$arm-$run.log" 2>&1 & gateway=$!
       sleep 1
@@ -112,10 +117,13 @@ YAML
         | sed "s/^/{\"policy\":\"$arm\",\"run\":$run,\"r\":/; s/$/}/" >>"$results"
       # The refusals by cause and the curves the router held, for reading a refusal afterwards.
       curl -s http://127.0.0.1:9490/admin/curves >"$out/curves-$ttft_ms-$min_tps-$arm-$run.json" || true
+      curl -s http://127.0.0.1:9490/metrics >"$snap/gateway.after" || true
+      for i in "${!shapes[@]}"; do curl -s "http://127.0.0.1:$((8401 + i))/metrics" >"$snap/vllm-$i.after" || true; done
       kill "$gateway"; wait "$gateway" 2>/dev/null || true
       echo "SLO $ttft_ms ms / $min_tps tok/s, run $run: $arm done" >&2
     done
   done
   SLO_TPS=$min_tps SLO_TTFT_MS=$ttft_ms python3 benches/goodput_table.py "$results" \
     | tee "$out/table-$ttft_ms-$min_tps.md"
+  python3 benches/passive_vs_vllm.py "$out/metrics-$ttft_ms-$min_tps" | tee -a "$out/table-$ttft_ms-$min_tps.md"
 done

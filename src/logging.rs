@@ -170,6 +170,8 @@ pub(crate) struct RequestLine<'a> {
     pub bytes: u64,
     /// Receipt to the end of the response.
     pub total: Duration,
+    /// Why the router chose the backend: its decision's reason, as the route metric names it.
+    pub route: &'a str,
 }
 
 /// The target request lines are logged under: `RUST_LOG=info,tpsgate::request=off` silences
@@ -222,7 +224,7 @@ impl Value<'_> {
 
 impl RequestLine<'_> {
     /// The fields in the order they are written; absent ones are left out.
-    fn fields(&self) -> [(&'static str, Option<Value<'_>>); 10] {
+    fn fields(&self) -> [(&'static str, Option<Value<'_>>); 11] {
         [
             ("request_id", Some(Value::Text(self.request_id))),
             ("backend", Some(Value::Text(self.backend))),
@@ -234,6 +236,7 @@ impl RequestLine<'_> {
             ("output_tokens", self.output_tokens.map(Value::Count)),
             ("bytes", Some(Value::Count(self.bytes))),
             ("total_ms", Some(Value::Millis(self.total))),
+            ("route", Some(Value::Text(self.route))),
         ]
     }
 
@@ -604,6 +607,7 @@ mod tests {
             output_tokens: Some(64),
             bytes: 2048,
             total: std::time::Duration::from_micros(1_000_007),
+            route: "feasible",
         }
     }
 
@@ -623,6 +627,7 @@ mod tests {
         assert_eq!(v["output_tokens"], 64);
         assert_eq!(v["bytes"], 2048);
         assert_eq!(v["total_ms"], 1000.007);
+        assert_eq!(v["route"], "feasible");
         assert_eq!(v["target"], REQUEST_TARGET);
         let mut no_timing = String::new();
         RequestLine {
@@ -645,7 +650,7 @@ mod tests {
             after_time,
             "INFO tpsgate::request: request request_id=\"tg-1\" backend=\"vllm \\\"a\\\"\" \
              model=\"m\" class=\"interactive\" status=200 outcome=\"ok\" ttft_ms=12.345 \
-             output_tokens=64 bytes=2048 total_ms=1000.007\n"
+             output_tokens=64 bytes=2048 total_ms=1000.007 route=\"feasible\"\n"
         );
     }
 

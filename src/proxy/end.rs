@@ -15,6 +15,7 @@ use super::meter::StreamMeter;
 use crate::curve::{FirstToken, Observation, Outcome, Reading};
 use crate::fleet::{Backend, Hit, InFlightGuard};
 use crate::logging::RequestLine;
+use crate::router::Reason;
 use crate::sse::StreamTiming;
 use crate::sse::events::Usage;
 use crate::tenant::{Bill, Charge, Verdict};
@@ -61,6 +62,8 @@ pub(crate) struct RequestEnd {
     charge: Option<Arc<Charge>>,
     /// A whole answer's usage, as its body reported it.
     whole_usage: Option<Usage>,
+    /// Why the router chose the backend.
+    reason: Reason,
 }
 
 /// What a request's end needs to know of it from before its backend answered, for its
@@ -81,6 +84,8 @@ pub(crate) struct RequestFacts {
     pub span: Option<crate::otel::RequestSpan>,
     /// Its API key's charge, when the key is counted.
     pub charge: Option<Arc<Charge>>,
+    /// Why the router chose its backend.
+    pub reason: Reason,
 }
 
 impl RequestEnd {
@@ -110,6 +115,7 @@ impl RequestEnd {
             span: request.span,
             charge: request.charge,
             whole_usage: None,
+            reason: request.reason,
         }
     }
 
@@ -371,6 +377,7 @@ impl RequestEnd {
             output_tokens: timing.and_then(|t| t.output_tokens),
             bytes: self.bytes,
             total: now - self.start,
+            route: self.reason.label(),
         });
     }
 

@@ -65,7 +65,6 @@ struct Pending {
     whole: Option<StreamDialect>,
     deadlines: Deadlines,
     prediction: Option<crate::curve::Prediction>,
-    reason: crate::router::Reason,
     drained: Signal,
     /// The response's translation: which way, the client's stream dialect, and whether an
     /// OpenAI client asked for the usage chunk.
@@ -130,7 +129,7 @@ impl Pending {
         }
         parts.headers.insert(
             X_TPSGATE_ROUTE_REASON,
-            HeaderValue::from_static(self.reason.label()),
+            HeaderValue::from_static(self.request.reason.label()),
         );
         if let Some(told) = &self.told {
             told.tell(&mut parts.headers);
@@ -228,12 +227,12 @@ impl Service<Request<UpstreamBody>> for Forward {
                     start,
                     span,
                     charge,
+                    reason: routed.reason,
                 },
                 stream,
                 whole,
                 deadlines,
                 prediction: routed.prediction,
-                reason: routed.reason,
                 drained: self.drained.clone(),
                 translate,
                 told,

@@ -255,6 +255,20 @@ async fn serve_never_logs_the_api_key() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_line_says_why_the_router_chose_its_backend() {
+    let (_, out) = one_stream_through_serve("json", "info").await;
+    let line: serde_json::Value = out
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .find(|v: &serde_json::Value| v["message"] == "request")
+        .unwrap_or_else(|| panic!("no request line: {out}"));
+    // A request without a class on a backend whose curve knows nothing yet: the exploration
+    // budget's pick (the `reason` label of `tpsgate_route_decisions_total`).
+    assert_eq!(line["route"], "explore", "{line}");
+    assert_eq!(line["backend"], "sim", "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_lines_can_be_silenced_alone_by_their_log_target() {
     let (_, out) = one_stream_through_serve("json", "info,tpsgate::request=off").await;
     assert!(!out.contains("\"message\":\"request\""), "{out}");

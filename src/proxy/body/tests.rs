@@ -22,6 +22,7 @@ fn request() -> end::RequestFacts {
         start: Instant::now(),
         span: None,
         charge: None,
+        reason: crate::router::Reason::Feasible,
     }
 }
 
