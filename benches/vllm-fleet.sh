@@ -18,6 +18,9 @@
 #     measured after warming, or `comfortable`: half of that)  PROMPT=256  MAX_TOKENS=64
 #   HIDDEN=512 LAYERS=6 HEADS=8 DTYPE=float32 (the model; bfloat16 is slow on a CPU without AVX512-BF16)  KV_GIB=2 (each server's KV cache)
 #   PREFIX_CACHING=0 (1 leaves vLLM's automatic prefix caching on)  BIN=path  WARMUP_S=10
+#   BUILDS='before=PATH after=PATH' (every arm runs once on each gateway build, labelled
+#     ARM@NAME, one after the other in each run: two builds' behaviour in one sitting; an arm
+#     given as ARM@NAME runs on that build alone)
 #   REQUEST_TIMEOUT_S=20 (a request not done by then is failed and cancelled: far past any
 #     good one's end, it keeps a run's tail short)
 # Writes target/vllm-fleet/results-TTFT-TPS.jsonl and the table beside it, with the gateway's
@@ -31,6 +34,16 @@ rates=${2:-1,2,4}
 duration=${3:-30}
 shift $(( $# < 3 ? $# : 3 ))
 arms=${*:-headroom headroom:best_effort round_robin least_inflight p2c_peak_ewma}
+declare -A build_bin=()
+if [ -n "${BUILDS:-}" ]; then
+  expanded=""
+  for b in $BUILDS; do build_bin[${b%%=*}]=${b#*=}; done
+  for a in $arms; do
+    if [ "${a%@*}" != "$a" ]; then expanded+=" $a"; continue; fi
+    for b in $BUILDS; do expanded+=" $a@${b%%=*}"; done
+  done
+  arms=${expanded# }
+fi
 venv=${VENV:-$PWD/target/vllm-venv}
 prompt=${PROMPT:-256}
 max_tokens=${MAX_TOKENS:-64}
@@ -92,9 +105,12 @@ for slo in ${SLOS:-1000/marginal 1000/comfortable}; do
     read -ra order <<<"$arms"
     shift_by=$(( (run - 1) % ${#order[@]} ))
     for arm in "${order[@]:shift_by}" "${order[@]:0:shift_by}"; do
-      policy=${arm%%:*}
+      gateway_bin=$bin
+      [ "${arm%@*}" = "$arm" ] || gateway_bin=${build_bin[${arm#*@}]}
+      spec=${arm%@*}
+      policy=${spec%%:*}
       on_miss=queue
-      [ "$policy" = "$arm" ] || on_miss=${arm#*:}
+      [ "$policy" = "$spec" ] || on_miss=${spec#*:}
       cat >"$out/gateway-$arm.yaml" <<YAML
 listen: {address: 127.0.0.1:8490}
 admin: {listen: 127.0.0.1:9490}
@@ -109,7 +125,7 @@ YAML
       snap=$out/metrics-$ttft_ms-$min_tps/$arm-$run
       mkdir -p "$snap"
       for i in "${!shapes[@]}"; do curl -s "http://127.0.0.1:$((8401 + i))/metrics" >"$snap/vllm-$i.before" || true; done
-      RUST_LOG=${RUST_LOG:-info} "$bin" serve --config "$out/gateway-$arm.yaml" \
+      RUST_LOG=${RUST_LOG:-info} "$gateway_bin" serve --config "$out/gateway-$arm.yaml" \
         >"$out/gateway-$ttft_ms-$min_tps-$arm-$run.log" 2>&1 & gateway=$!
       sleep 1
       bench --rate "${rates%%,*}" --duration "${WARMUP_S:-10}" --seed "$((1000 + run))" >/dev/null
