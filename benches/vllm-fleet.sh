@@ -44,6 +44,10 @@ if [ -n "${BUILDS:-}" ]; then
   done
   arms=${expanded# }
 fi
+for a in $arms; do
+  [ "${a%@*}" = "$a" ] || [ -x "${build_bin[${a#*@}]:-}" ] ||
+    { echo "arm $a: BUILDS names no executable build '${a#*@}' (BUILDS='${BUILDS:-}')" >&2; exit 2; }
+done
 venv=${VENV:-$PWD/target/vllm-venv}
 prompt=${PROMPT:-256}
 max_tokens=${MAX_TOKENS:-64}
