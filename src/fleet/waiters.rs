@@ -225,14 +225,6 @@ impl Place<'_> {
         line.wake_turn(round);
     }
 
-    /// The requests of its class waiting before it in the fair order.
-    pub(crate) fn ahead(&self) -> usize {
-        self.line
-            .classes()
-            .get(self.class)
-            .map_or(0, |line| line.order.range(..self.key()).count())
-    }
-
     /// Whether it is first in its class's line (whatever the turn).
     pub(crate) fn is_first(&self) -> bool {
         self.line

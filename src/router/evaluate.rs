@@ -66,11 +66,10 @@ impl<'r> Evaluator<'r> {
             })
     }
 
-    /// When the curves expect `nth` slots to have freed, seconds from now: `nth` over the
-    /// rate the backends serving the model finish requests at, each its requests in flight
-    /// over a request's mean duration there (infinite where no curve has a duration yet). The
-    /// request waiting behind others in line needs the slot after theirs.
-    pub(crate) fn slots_free_in_s(self, ask: &Ask<'_>, nth: usize) -> f64 {
+    /// When the curves expect a slot to free, seconds from now: one over the rate the backends
+    /// serving the model finish requests at, each its requests in flight over a request's mean
+    /// duration there (infinite where no curve has a duration yet).
+    pub(crate) fn slot_free_in_s(self, ask: &Ask<'_>) -> f64 {
         let per_s: f64 = self
             .serving(ask)
             .filter_map(|s| {
@@ -79,7 +78,7 @@ impl<'r> Evaluator<'r> {
                     .then(|| f64::from(s.backend.in_flight().max(1)) / model.mean_duration_s)
             })
             .sum();
-        nth as f64 / per_s
+        per_s.recip()
     }
 
     /// The candidates for `ask`, each evaluated: serving, under the hard limit, healthy (or all

@@ -329,17 +329,20 @@ impl Router {
         ))
     }
 
-    /// No slot is expected to free for the request, behind the `ahead` waiting before it in
-    /// its class's line, before its first-token target or its class's queue wait runs out:
-    /// waiting longer would only end in a 429.
-    fn no_slot_in_time(&self, ask: &Ask<'_>, ahead: usize) -> bool {
+    /// No slot is expected to free before the request's first-token target or its class's
+    /// queue wait runs out: waiting longer would only end in a 429. The slot counted is the
+    /// next one, not the one after those the requests ahead in line will take: counting theirs
+    /// sent the newest of a flooding key's requests, the deepest in line, onto full backends
+    /// ahead of the fair order (docs/benchmarks/routing.md, "The last resort counts the
+    /// request's own slot").
+    fn no_slot_in_time(&self, ask: &Ask<'_>) -> bool {
         let (_, max_wait) = self.on_miss(ask);
         let waited = ask.now.saturating_duration_since(ask.received);
         let mut left_s = max_wait.saturating_sub(waited).as_secs_f64();
         if let Some(ttft_s) = ask.slo_at(ask.now).max_ttft_s {
             left_s = left_s.min(ttft_s);
         }
-        self.evaluator().slots_free_in_s(ask, ahead + 1) >= left_s
+        self.evaluator().slot_free_in_s(ask) >= left_s
     }
 
     /// Decides for `ask` now. `Ok(None)`: its class queues and nothing is feasible yet, so
@@ -391,7 +394,7 @@ impl Router {
         let missed = if queued_before {
             None
         } else {
-            match self.try_decide(ask, policy, None) {
+            match self.try_decide(ask, policy, false) {
                 Ok(decision) => return Ok(Some(decision)),
                 Err(candidates) => Some(candidates),
             }
@@ -412,15 +415,14 @@ impl Router {
 
     /// One climb of the decision ladder ([`ladder`]); on a miss (every rung passed, or no slot
     /// left where they picked), the candidates as evaluated, for `on_miss`. A request waiting in
-    /// line (`in_line`: the requests ahead of it there) neither explores nor counts again toward
-    /// the exploration budget.
+    /// line (`queued`, at its turn) neither explores nor counts again toward the exploration
+    /// budget.
     fn try_decide(
         &self,
         ask: &Ask<'_>,
         policy: Policy,
-        in_line: Option<usize>,
+        queued: bool,
     ) -> Result<Decision, Vec<Candidate<'_>>> {
-        let queued = in_line.is_some();
         let in_time = ask.slo.max_ttft_s.is_none_or(|t| {
             ask.now
                 .saturating_duration_since(ask.received)
@@ -439,7 +441,7 @@ impl Router {
         if tracing::enabled!(tracing::Level::TRACE) {
             candidates.iter().for_each(trace_candidate);
         }
-        let no_slot_in_time = || self.no_slot_in_time(ask, in_line.unwrap_or(0));
+        let no_slot_in_time = || self.no_slot_in_time(ask);
         let decision = {
             let scene = Scene {
                 ask,
@@ -572,7 +574,7 @@ impl Router {
     }
 
     /// A 429 whose Retry-After is when the curves expect a slot to free
-    /// ([`Evaluator::slots_free_in_s`](evaluate::Evaluator::slots_free_in_s)), explained in
+    /// ([`Evaluator::slot_free_in_s`](evaluate::Evaluator::slot_free_in_s)), explained in
     /// [`refusal::HEADER`] by the candidates as they stand now.
     fn shed(&self, ask: &Ask<'_>, why: &str) -> Error {
         self.count(ask, Reason::Shed);
@@ -587,7 +589,7 @@ impl Router {
         if let Ok(value) = http::HeaderValue::from_str(&refusal.to_string()) {
             headers.insert(refusal::HEADER, value);
         }
-        let soonest = self.evaluator().slots_free_in_s(ask, 1);
+        let soonest = self.evaluator().slot_free_in_s(ask);
         let retry_after = if soonest.is_finite() {
             soonest.ceil().clamp(1.0, 60.0) as u32
         } else {

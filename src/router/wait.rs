@@ -34,7 +34,7 @@ pub(crate) async fn in_line(
         tokio::pin!(notified);
         notified.as_mut().enable();
         if let Some(round) = place.turn() {
-            match router.try_decide(&ask.at(Instant::now()), policy, Some(place.ahead())) {
+            match router.try_decide(&ask.at(Instant::now()), policy, true) {
                 Ok(decision) => match claim(router, ask, decision).await {
                     Some(decision) => {
                         tracing::debug!(

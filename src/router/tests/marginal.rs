@@ -373,7 +373,7 @@ async fn a_request_at_its_turn_in_line_probes_a_level_nobody_has_tried_rather_th
     teach_each(&router, 0, &a_line_up_to_eight());
     let _held = occupy(&router, 0, 0, 8);
     assert!(
-        !router.no_slot_in_time(&ask(&router, 0), 0),
+        !router.no_slot_in_time(&ask(&router, 0)),
         "a slot is due in time"
     );
     arrives_in_line_and_goes_at_its_turn(&router).await;
