@@ -41,14 +41,23 @@ for seed in $(seq "${range%-*}" "${range#*-}"); do
       "$out/$seed/gateway.yaml" >"$out/$seed/gateway-$arm.yaml"
     "$bin" serve --config "$out/$seed/gateway-$arm.yaml" >"$out/$seed/gateway-$arm.log" 2>&1 & pids+=($!)
     sleep 1
-    bench() {
-      "$bin" bench --url http://127.0.0.1:8191 --model zoo-model --prompt-tokens 256 --max-tokens 128 \
-        --slo-tps "$tps" --slo-ttft-ms "$ttft" --timeout 30 --json "$@" 2>/dev/null
+    # A watchdog over each bench run (a client once sat idle with 20 streams open, its own
+    # --timeout never firing): past it, the arm's rows are missing and it says so.
+    bench() { # WATCHDOG_S ARGS...
+      local limit=$1
+      shift
+      timeout "$limit" "$bin" bench --url http://127.0.0.1:8191 --model zoo-model \
+        --prompt-tokens 256 --max-tokens 128 --slo-tps "$tps" --slo-ttft-ms "$ttft" \
+        --timeout 30 --json "$@" 2>/dev/null
     }
-    bench --rate "$warm" --duration 15 --seed "$((1000 + run))" >/dev/null
-    bench --rate "$rates" --duration "$duration" --seed "$run" \
+    bench 60 --rate "$warm" --duration 15 --seed "$((1000 + run))" >/dev/null || true
+    if bench "$((3 * (duration + 40)))" --rate "$rates" --duration "$duration" --seed "$run" \
       | sed "s/^/{\"seed\":$seed,\"arm\":\"$arm\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results.jsonl"
-    echo "  $arm done" >&2
+    then
+      echo "  $arm done" >&2
+    else
+      echo "  $arm: the bench client was stopped by its watchdog; this arm's rows are missing" >&2
+    fi
     stop
   done
 done
