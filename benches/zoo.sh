@@ -42,7 +42,7 @@ for seed in $(seq "${range%-*}" "${range#*-}"); do
     "$bin" serve --config "$out/$seed/gateway-$arm.yaml" >"$out/$seed/gateway-$arm.log" 2>&1 & pids+=($!)
     sleep 1
     # A watchdog over each bench run (a client once sat idle with 20 streams open, its own
-    # --timeout never firing): past it, the arm's rows are missing and it says so.
+    # --timeout never firing): past it, the zoo goes on to the next arm and says what is missing.
     bench() { # WATCHDOG_S ARGS...
       local limit=$1
       shift
@@ -50,13 +50,19 @@ for seed in $(seq "${range%-*}" "${range#*-}"); do
         --prompt-tokens 256 --max-tokens 128 --slo-tps "$tps" --slo-ttft-ms "$ttft" \
         --timeout 30 --json "$@" 2>/dev/null
     }
-    bench 60 --rate "$warm" --duration 15 --seed "$((1000 + run))" >/dev/null || true
+    # A watchdog's kill exits 124; any other failure is the client's own.
+    said() { # STATUS WHAT
+      [ "$1" = 124 ] && echo "  $arm: $2 stopped by its watchdog" >&2 \
+        || echo "  $arm: $2 failed (exit $1)" >&2
+    }
+    bench 60 --rate "$warm" --duration 15 --seed "$((1000 + run))" >/dev/null \
+      || said $? "warm-up (the measured rates run on colder curves)"
     if bench "$((3 * (duration + 40)))" --rate "$rates" --duration "$duration" --seed "$run" \
       | sed "s/^/{\"seed\":$seed,\"arm\":\"$arm\",\"run\":$run,\"r\":/; s/$/}/" >>"$out/results.jsonl"
     then
       echo "  $arm done" >&2
     else
-      echo "  $arm: the bench client was stopped by its watchdog; this arm's rows are missing" >&2
+      said $? "measured run (rates after the last written row are missing)"
     fi
     stop
   done
