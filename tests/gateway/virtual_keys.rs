@@ -232,12 +232,22 @@ async fn a_key_made_or_revoked_on_one_replica_is_seen_by_the_others_within_a_sec
 
     // Its limit is the fleet's: a stream held open through one replica fills it on the other.
     // First the chats above must have left both replicas' counts (a round may lag, and on a
-    // machine busy with the rest of the suite, by seconds).
+    // machine busy with the rest of the suite, by seconds). A zero read before `a` ever saw
+    // `b`'s chat proves nothing, so the count must stay zero for many rounds.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut idle_since = None;
     loop {
         let (_, keys) = call(&a, Method::GET, "/admin/keys/vk-b", None).await;
-        let idle = keys["in_flight"] == 0 && keys["peers_in_flight"] == 0;
-        if idle || tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if keys["in_flight"] == 0 && keys["peers_in_flight"] == 0 {
+            let since = *idle_since.get_or_insert(now);
+            if now - since >= Duration::from_millis(400) {
+                break;
+            }
+        } else {
+            idle_since = None;
+        }
+        if now >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
