@@ -11,7 +11,8 @@ Usage: benches/decode_levels.py MIN_TPS CLASS BACKEND PREFIX GATEWAY_LOG...
 Reads the request lines (`tpsgate::request`) of status 200 whose id starts with PREFIX; a
 stream's speed is its tokens after the first over its time after the first token, and it
 decodes from its first token to its end. Streams of every class count toward the levels;
-those of CLASS toward the speed counts.
+those of CLASS toward the speed counts. A line without a first token (not streamed) is left
+out, and counted as such.
 """
 
 import collections
@@ -39,7 +40,11 @@ def summary(path, min_tps, class_name, backend, prefix):
     served = collections.Counter()
     slow = collections.Counter()
     edges = []
+    unstreamed = 0
     for end, f in requests(path, prefix):
+        if not {"ttft_ms", "total_ms", "output_tokens"} <= f.keys():
+            unstreamed += 1
+            continue
         ttft_s = float(f["ttft_ms"]) / 1e3
         decode_s = float(f["total_ms"]) / 1e3 - ttft_s
         if f.get("backend") == backend:
@@ -65,13 +70,18 @@ def summary(path, min_tps, class_name, backend, prefix):
     return (
         f"{path}: {sum(slow.values())} of {sum(served.values())} under {min_tps:g} tok/s "
         f"({routes}); {backend} decoding {levels}"
+        + (f"; {unstreamed} not streamed, left out" if unstreamed else "")
     )
 
 
 def main():
     if len(sys.argv) < 6:
         sys.exit(__doc__)
-    min_tps, class_name, backend, prefix = float(sys.argv[1]), *sys.argv[2:5]
+    try:
+        min_tps = float(sys.argv[1])
+    except ValueError:
+        sys.exit(f"MIN_TPS must be a number of tokens a second, not {sys.argv[1]!r}\n{__doc__}")
+    class_name, backend, prefix = sys.argv[2:5]
     for path in sys.argv[5:]:
         print(summary(path, min_tps, class_name, backend, prefix))
 
